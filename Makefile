@@ -1,0 +1,37 @@
+# The two commands: `make demo` runs the demo campaign, `make test` runs every check.
+# Both install what they need first, so they work on a fresh clone of a fresh machine.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck pytest sysdeps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --editable '.[dev]'
+	touch $(STAMP)
+
+.venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/harness run campaigns/demo.yaml
+
+sysdeps:
+	bash scripts/install-sysdeps.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) sysdeps
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,57 @@
+"""The names a card may use: metrics, counters and cache states, with units and direction.
+
+One table, read by card validation (is this metric known?) and by analysis (is higher better?),
+so a metric cannot be valid on a card and unknown to the analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """What one metric means, its unit, and which direction is an improvement."""
+
+    unit: str
+    higher_is_better: bool
+    description: str
+    # Deterministic metrics (hit counts, bytes read) cannot be moved by machine drift (seed 004).
+    deterministic: bool = False
+
+
+METRICS: dict[str, MetricInfo] = {
+    "decode_tok_s": MetricInfo(
+        "tok/s", True, "geomean over held-out prompts of (n-1)/(E2EL-TTFT), per request"
+    ),
+    "c1_tok_s": MetricInfo("tok/s", True, "decode speed at one concurrent request (geomean)"),
+    "tpot_p50_ms": MetricInfo("ms", False, "median time per output token, (E2EL-TTFT)/(n-1)"),
+    "tpot_p95_ms": MetricInfo("ms", False, "95th percentile time per output token"),
+    "tpot_p99_ms": MetricInfo("ms", False, "99th percentile time per output token"),
+    "ttft_ms": MetricInfo("ms", False, "geomean time to first content chunk"),
+    "e2el_ms": MetricInfo("ms", False, "geomean end-to-end latency"),
+    "itl_p99_ms": MetricInfo("ms", False, "99th percentile inter-token latency, pooled chunks"),
+    "prefill_tok_s": MetricInfo("tok/s", True, "prompt tokens / TTFT (geomean)"),
+    "first_request_tok_s": MetricInfo(
+        "tok/s", True, "decode speed of the first request after each boot"
+    ),
+    "hit_rate": MetricInfo("", True, "expert lookups served from the fast tier", True),
+    "cold_share": MetricInfo("", False, "cold lookups / all lookups", True),
+    "expert_loads": MetricInfo("", False, "experts read from the slow tier", True),
+    "bytes_read": MetricInfo("B", False, "bytes read from the slow tier", True),
+    "t90_s": MetricInfo("s", False, "time after a shift until cold share stays within 10%"),
+    "t2x_s": MetricInfo("s", False, "time after a shift until cold share stays under 2x C"),
+    "churn_per_min": MetricInfo("swaps/min", False, "swaps per minute over the converged span"),
+}
+
+COUNTERS: dict[str, str] = {
+    "new_swapout_pages": "pages swapped out on the box during the run (before/after delta)",
+    "expert_loads": "experts read from the slow tier",
+    "bytes_read": "bytes read from the slow tier",
+    "swaps": "residency swaps applied",
+    "cold_lookups": "expert lookups that missed the fast tier",
+    "lost_ring_records": "telemetry ring records overwritten before they were read",
+    "failed_runs": "runs that did not complete",
+}
+
+CACHE_STATES = ("warm", "cold")

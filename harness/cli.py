@@ -1,0 +1,196 @@
+"""The ``harness`` command: a thin layer that parses arguments and calls the stages.
+
+Expected failures (:class:`HarnessError`) are printed without a traceback and mapped to exit codes:
+0 pass, 1 a gate failed, 2 bad input or usage, 3 infrastructure. ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from harness import __version__
+from harness.card import load_card
+from harness.errors import EXIT_OK, HarnessError
+from harness.plan import build_plan, plan_json_text
+
+Handler = Callable[[argparse.Namespace, TextIO], int]
+
+
+def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    failed: list[HarnessError] = []
+    for path in args.cards:
+        try:
+            loaded = load_card(Path(path))
+        except HarnessError as problem:
+            failed.append(problem)
+            continue
+        plan = build_plan(loaded)
+        cells = len(loaded.card.cells)
+        out.write(f"ok: {path} ({cells} cells, {len(plan.runs)} runs)\n")
+    if failed:
+        for earlier in failed[:-1]:
+            _print_error(earlier)
+        raise failed[-1]
+    return EXIT_OK
+
+
+def _format_duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
+    plan = build_plan(load_card(Path(args.card)))
+    if args.json:
+        out.write(plan_json_text(plan) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    card = plan.card.card
+    table = Table(title=f"{card.campaign}: {len(plan.runs)} runs", title_justify="left")
+    for column in ("#", "run id", "cell", "cycle", "pattern", "slot", "arm", "cache", "box"):
+        table.add_column(column)
+    for run in plan.runs:
+        table.add_row(
+            str(run.index),
+            run.run_id,
+            run.cell,
+            str(run.cycle),
+            run.pattern,
+            str(run.slot),
+            run.arm,
+            run.cache_state,
+            run.box,
+        )
+    console = Console(file=out, width=120, highlight=False)
+    console.print(table)
+    console.print(
+        f"estimated: {_format_duration(plan.estimated_run_s())} per run, "
+        f"{_format_duration(plan.estimated_total_s())} in all "
+        f"(boot {plan.card.runtime.expected_boot_s:g} s and "
+        f"{plan.card.runtime.expected_tok_s:g} tok/s assumed by runtime "
+        f"{plan.card.runtime.name!r})"
+    )
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.benchmarks import Figure
+
+    names = _bench_names()
+    if args.name not in names:
+        raise HarnessError(f"unknown benchmark {args.name!r}; known: {', '.join(names) or 'none'}")
+    module = importlib.import_module(f"harness.benchmarks.{args.name}")
+    figures: list[Figure] = module.run_bench(quick=args.quick)
+    if args.json:
+        payload = [figure.__dict__ for figure in figures]
+        out.write(json.dumps({"benchmark": args.name, "figures": payload}, indent=2) + "\n")
+        return EXIT_OK
+    for figure in figures:
+        verdict = "" if figure.passed is None else (" ok" if figure.passed else " MISSED")
+        target = f"  (target {figure.target}{verdict})" if figure.target else ""
+        baseline = f"  vs {figure.baseline}" if figure.baseline else ""
+        out.write(f"{figure.name}: {figure.value:.4g} {figure.unit}{baseline}{target}\n")
+    return EXIT_OK
+
+
+def _bench_names() -> list[str]:
+    folder = Path(__file__).resolve().parent / "benchmarks"
+    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+
+
+def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.telemetry import describe_ring
+
+    out.write(describe_ring(Path(args.file)) + "\n")
+    return EXIT_OK
+
+
+def _cmd_refbox(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.refbox.server import serve_main
+
+    code: int = serve_main(list(args.rest))
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every verb."""
+    parser = argparse.ArgumentParser(
+        prog="harness",
+        description="Benchmark and A/B campaigns for two-tier mixture-of-experts runtimes.",
+    )
+    parser.add_argument("--version", action="version", version=f"harness {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    validate = verbs.add_parser("validate", help="check cards without touching a box")
+    validate.add_argument("cards", nargs="+", metavar="CARD")
+    validate.set_defaults(handler=_cmd_validate)
+
+    plan = verbs.add_parser("plan", help="print the ordered runs of a card")
+    plan.add_argument("card", metavar="CARD")
+    plan.add_argument("--json", action="store_true", help="machine-readable plan")
+    plan.set_defaults(handler=_cmd_plan)
+
+    bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
+    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
+    bench.add_argument("--json", action="store_true", help="machine-readable figures")
+    bench.set_defaults(handler=_cmd_bench)
+
+    ring = verbs.add_parser("ring", help="telemetry ring files")
+    ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)
+    show = ring_verbs.add_parser("show", help="print a ring's header and a summary")
+    show.add_argument("file", metavar="FILE")
+    show.set_defaults(handler=_cmd_ring_show)
+
+    refbox = verbs.add_parser(
+        "refbox", help="the bundled reference runtime", add_help=False, prefix_chars="\0"
+    )
+    refbox.add_argument("rest", nargs=argparse.REMAINDER)
+    refbox.set_defaults(handler=_cmd_refbox)
+    return parser
+
+
+def _print_error(exc: HarnessError) -> None:
+    for line in exc.lines():
+        sys.stderr.write(f"{line}\n")
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit code instead of exiting, so tests can call it."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(arguments)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    handler: Handler = args.handler
+    try:
+        return handler(args, out or sys.stdout)
+    except HarnessError as exc:
+        if args.debug:
+            traceback.print_exc()
+        _print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

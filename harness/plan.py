@@ -1,0 +1,171 @@
+"""The planner: a card becomes an ordered list of runs.
+
+Order is the whole defence against drift. ``abba`` alternates mirrored cycles ABBA, BAAB, ABBA, …:
+one mirrored cycle cancels linear drift, an ABBA+BAAB pair also cancels quadratic drift (DESIGN.md,
+Statistics). With more than two cells (a ladder B0/B1/B2…), every cell gets its own mirrored
+sub-cycle against the control in each cycle, so each comparison has an adjacent control. Cache
+states expand into separate mirrored sub-cycles (cold and warm are never averaged, seed 004), and
+repeats stay inside a block (one block = one boot of one arm), so the mirror is never broken.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from harness.card import LoadedCard
+from harness.errors import PlanError
+
+SCHEMA_VERSION = 1  # 1: first version
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run: a cell, in a block of a mirrored sub-cycle, in one cache state."""
+
+    index: int
+    run_id: str
+    cell: str
+    cycle: int
+    slot: int  # position 0..3 inside a mirrored sub-cycle; control and cell slot sums are equal
+    repeat: int
+    cache_state: str
+    box: str
+    pattern: str  # "ABBA", "BAAB" or "SEQ"
+    comparison: str  # the treatment cell this sub-cycle compares with the control
+    block: str  # runs sharing a block share one boot of one arm
+
+    @property
+    def arm(self) -> str:
+        """ "A" for the control side of the sub-cycle, "B" for the treatment."""
+        return self.pattern[self.slot] if self.pattern != "SEQ" else "A"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The ordered runs of a campaign and the card they came from."""
+
+    card: LoadedCard
+    runs: tuple[Run, ...]
+
+    def estimated_run_s(self) -> float:
+        """Rough seconds per run: boot plus the workload at the profile's expected speed."""
+        card = self.card.card
+        runtime = self.card.runtime
+        workload = card.workload
+        if workload.phases:
+            seconds = 0.0
+            for phase in workload.phases:
+                if phase.duration_s is not None:
+                    seconds += phase.duration_s
+                else:
+                    count = phase.requests or len(self._heldout(phase.domains))
+                    seconds += count * workload.max_tokens / runtime.expected_tok_s
+        else:
+            count = len(self.card.split("heldout")) * workload.passes
+            seconds = count * workload.max_tokens / runtime.expected_tok_s
+        seconds += workload.warmup_requests * workload.max_tokens / runtime.expected_tok_s
+        return runtime.expected_boot_s + seconds
+
+    def _heldout(self, domains: list[str]) -> list[str]:
+        return [p.id for p in self.card.split("heldout") if p.domain in domains]
+
+    def estimated_total_s(self) -> float:
+        """Rough seconds for the whole plan."""
+        return self.estimated_run_s() * len(self.runs)
+
+    def to_json(self) -> dict[str, object]:
+        """The plan as ``{"schema_version", "campaign", "runs": [...]}`` in execution order."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "campaign": self.card.card.campaign,
+            "estimated_total_s": round(self.estimated_total_s(), 1),
+            "runs": [
+                {
+                    "run_id": r.run_id,
+                    "cell": r.cell,
+                    "cycle": r.cycle,
+                    "slot": r.slot,
+                    "repeat": r.repeat,
+                    "cache_state": r.cache_state,
+                    "box": r.box,
+                    "pattern": r.pattern,
+                    "arm": r.arm,
+                    "comparison": r.comparison,
+                    "block": r.block,
+                }
+                for r in self.runs
+            ],
+        }
+
+
+def cycle_pattern(cycle: int) -> str:
+    """ABBA for even cycles, BAAB for odd ones: each pair cancels linear and quadratic drift."""
+    return "ABBA" if cycle % 2 == 0 else "BAAB"
+
+
+def _mirrored(items: list[str], cycle: int) -> list[str]:
+    """Card order on even cycles, reversed on odd ones, so no item is always first."""
+    return list(items) if cycle % 2 == 0 else list(reversed(items))
+
+
+def build_plan(loaded: LoadedCard) -> Plan:
+    """Expand cells × cycles × cache states × repeats into the ordered runs of the card."""
+    card = loaded.card
+    design = card.design
+    specs: list[tuple[str, int, int, str, str, str, str]] = []
+    # (cell, cycle, slot, cache_state, pattern, comparison, block)
+    if design.order == "sequential":
+        for cycle in range(design.cycles):
+            for state in _mirrored(list(design.cache_states), cycle):
+                for slot, cell in enumerate(card.cells):
+                    block = f"c{cycle}-{state}-{cell}"
+                    specs.append((cell, cycle, slot, state, "SEQ", cell, block))
+    else:
+        control = card.control
+        if control is None or not card.treatments:
+            raise PlanError(f"order {design.order!r} needs a control and at least one other cell")
+        for cycle in range(design.cycles):
+            pattern = cycle_pattern(cycle)
+            for state in _mirrored(list(design.cache_states), cycle):
+                for treatment in _mirrored(card.treatments, cycle):
+                    for slot, arm in enumerate(pattern):
+                        cell = control if arm == "A" else treatment
+                        block = f"c{cycle}-{state}-{treatment}-s{slot}"
+                        specs.append((cell, cycle, slot, state, pattern, treatment, block))
+    runs: list[Run] = []
+    for cell, cycle, slot, state, pattern, comparison, block in specs:
+        for repeat in range(design.repeats):
+            index = len(runs)
+            run_id = f"{index:04d}-{cell}-c{cycle}-{state}-s{slot}-r{repeat}"
+            runs.append(
+                Run(
+                    index=index,
+                    run_id=run_id,
+                    cell=cell,
+                    cycle=cycle,
+                    slot=slot,
+                    repeat=repeat,
+                    cache_state=state,
+                    box=loaded.box_name,
+                    pattern=pattern,
+                    comparison=comparison,
+                    block=block,
+                )
+            )
+    return Plan(card=loaded, runs=tuple(runs))
+
+
+def plan_json_text(plan: Plan) -> str:
+    """The plan as indented JSON text."""
+    return json.dumps(plan.to_json(), indent=2)
+
+
+def run_from_json(raw: dict[str, object], index: int) -> Run:
+    """Rebuild a Run from its JSON form (``plan.json`` of a campaign directory)."""
+    fields = {k: raw[k] for k in ("run_id", "cell", "cycle", "slot", "repeat", "cache_state")}
+    fields.update({k: raw[k] for k in ("box", "pattern", "comparison", "block")})
+    return Run(index=index, **fields)  # type: ignore[arg-type]
+
+
+__all__ = ["Plan", "Run", "build_plan", "cycle_pattern", "plan_json_text"]

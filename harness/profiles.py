@@ -1,0 +1,203 @@
+"""Boxes (where commands run) and runtime profiles (how to boot and talk to a runtime), as data.
+
+Adding a runtime is a YAML file under ``campaigns/runtimes/``, not code. These models are the
+schema of those files and of the inline mappings a card may use instead of a name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Platform = Literal["linux-cpu", "linux-cuda", "macos-metal", "any"]
+
+
+class Strict(BaseModel):
+    """Base of every user-facing model: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BoxSpec(Strict):
+    """Where commands run: this machine, or a host over SSH (fabric)."""
+
+    kind: Literal["local", "ssh"] = Field("local", description="local subprocesses, or ssh")
+    host: str | None = Field(None, description="ssh host name or alias from ~/.ssh/config")
+    port: int | None = Field(None, ge=1, le=65535, description="ssh port (default: ssh config/22)")
+    user: str | None = Field(None, description="ssh user (default: ssh config/current user)")
+    key: str | None = Field(None, description="private key file, ~ expanded")
+    gateway: str | None = Field(None, description="ProxyJump host, as user@host:port")
+    python: str = Field("python3", description="Python interpreter on the box (for the refbox)")
+    platform: Platform = Field("linux-cpu", description="what the box is, for cache drops etc.")
+    workdir: str = Field(
+        "~/.cache/harness/runs", description="directory on the box for run files and uploads"
+    )
+    insecure_accept_unknown_host_key: bool = Field(
+        False, description="accept host keys missing from known_hosts (off: check known_hosts)"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="env for every command")
+
+    @model_validator(mode="after")
+    def _ssh_needs_host(self) -> BoxSpec:
+        if self.kind == "ssh" and not self.host:
+            raise ValueError("an ssh box needs `host`")
+        if self.kind == "local" and self.host:
+            raise ValueError("a local box takes no `host`; set kind: ssh")
+        return self
+
+
+class HttpProbe(Strict):
+    """Ready when GET ``path`` answers ``status``."""
+
+    path: str = Field("/health", description="path probed on the runtime's port")
+    status: int = Field(200, description="HTTP status meaning ready")
+
+
+class ReadyProbe(Strict):
+    """How to tell that a booted runtime is ready to serve."""
+
+    http: HttpProbe | None = Field(None, description="HTTP readiness probe")
+    log_line: str | None = Field(None, description="regex; ready once the log shows a match")
+    timeout_s: float = Field(120, gt=0, description="give up (boot failed) after this long")
+    interval_s: float = Field(0.2, gt=0, description="probe interval")
+
+    @model_validator(mode="after")
+    def _needs_one(self) -> ReadyProbe:
+        if self.http is None and self.log_line is None:
+            raise ValueError("a readiness probe needs `http` and/or `log_line`")
+        return self
+
+
+class Api(Strict):
+    """The OpenAI-compatible surface the workload driver speaks."""
+
+    flavour: Literal["completions", "chat"] = Field("completions", description="endpoint kind")
+    streaming: bool = Field(True, description="stream with SSE")
+    model: str = Field("default", description="model name sent in requests")
+    extra_body: dict[str, object] = Field(
+        default_factory=dict, description="fields merged into every request (cache_prompt…)"
+    )
+
+
+class KnobSpec(Strict):
+    """One knob a cell may set by name: how it reaches the runtime and what values are valid."""
+
+    env: str | None = Field(None, description="environment variable it sets")
+    arg: str | None = Field(None, description="command-line flag it sets (value follows)")
+    live: str | None = Field(None, description="key in the live-knob endpoint's JSON body")
+    choices: list[str] | None = Field(None, description="allowed values")
+    pattern: str | None = Field(None, description="regex a value must match in full")
+    help: str = Field("", description="what the knob does, for error messages")
+
+    @model_validator(mode="after")
+    def _one_route(self) -> KnobSpec:
+        if not (self.env or self.arg or self.live):
+            raise ValueError("a knob needs `env`, `arg` or `live`")
+        if self.pattern is not None:
+            re.compile(self.pattern)
+        return self
+
+    def check(self, value: str) -> str | None:
+        """None when ``value`` is valid, else the message naming what is allowed."""
+        if self.choices is not None and value in self.choices:
+            return None
+        if self.pattern is not None and re.fullmatch(self.pattern, value):
+            return None
+        if self.choices is None and self.pattern is None:
+            return None
+        allowed = ", ".join(self.choices or [])
+        if self.pattern is not None:
+            extra = self.help or f"a value matching {self.pattern}"
+            allowed = f"{allowed}, or {extra}" if allowed else extra
+        return f"must be one of {allowed}" if self.choices else f"must be {allowed}"
+
+
+class RingSpec(Strict):
+    """Where the runtime's telemetry ring lives and how to read it."""
+
+    path: str = Field(description="path template, e.g. {run_dir}/ring.bin")
+    header: bool = Field(True, description="self-describing ring (false: declare `fields`)")
+    fields: list[str] | None = Field(None, description="int64 field names of a header-less ring")
+
+    @model_validator(mode="after")
+    def _fields_when_headerless(self) -> RingSpec:
+        if not self.header and not self.fields:
+            raise ValueError("a header-less ring needs `fields`")
+        return self
+
+
+class Telemetry(Strict):
+    """What the executor collects from a run besides the client-side timings."""
+
+    ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
+    counters_http: str | None = Field(None, description="GET path returning counters as JSON")
+    metrics_http: str | None = Field(None, description="GET path of Prometheus text metrics")
+    counters_file: str | None = Field(None, description="counters JSON written at shutdown")
+    dump_http: str | None = Field(None, description="POST path returning a route-count dump")
+    live_knobs_http: str | None = Field(None, description="POST path taking live knobs as JSON")
+    route_trace: str | None = Field(None, description="routing trace path template")
+
+
+class Boot(Strict):
+    """How to start the runtime; templates may use {port} {run_dir} {python} {files.NAME}."""
+
+    command: list[str] = Field(min_length=1, description="argv template")
+    env: dict[str, str] = Field(default_factory=dict, description="env templates")
+    cwd: str | None = Field(None, description="working directory template")
+
+
+class Stop(Strict):
+    """How to stop the runtime: a signal to its process group, then SIGKILL after a grace."""
+
+    signal: Literal["TERM", "INT", "KILL"] = Field("TERM", description="first signal sent")
+    grace_s: float = Field(30, ge=0, description="seconds before SIGKILL")
+
+
+class Version(Strict):
+    """How to record which build ran."""
+
+    command: list[str] | None = Field(None, description="argv printing the version")
+    binary: str | None = Field(None, description="file whose SHA-256 is recorded")
+
+
+FileRoute = Annotated[str, Field(pattern=r"^(arg|env):\S+$")]
+
+
+class RuntimeProfile(Strict):
+    """A runtime the harness can boot: a YAML file under campaigns/runtimes/."""
+
+    name: str = Field(description="profile name")
+    description: str = Field("", description="one line for humans")
+    platforms: list[Platform] = Field(["any"], description="platforms it runs on")
+    boot: Boot
+    ready: ReadyProbe
+    api: Api = Field(default_factory=lambda: Api())
+    telemetry: Telemetry = Field(default_factory=lambda: Telemetry())
+    stop: Stop = Field(default_factory=lambda: Stop())
+    version: Version = Field(default_factory=lambda: Version())
+    knobs: dict[str, KnobSpec] = Field(default_factory=dict, description="named cell knobs")
+    files: dict[str, FileRoute] = Field(
+        default_factory=dict,
+        description="file knobs: name -> 'arg:--flag' or 'env:VAR' receiving the uploaded path",
+    )
+    expected_boot_s: float = Field(10.0, ge=0, description="typical boot time, for plan estimates")
+    expected_tok_s: float = Field(100.0, gt=0, description="typical decode speed, for estimates")
+    phase_live_knob: str | None = Field(
+        None, description="live knob that tags the ring with the workload phase"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", value):
+            raise ValueError("use lower-case letters, digits, '-' and '.'")
+        return value
+
+    def knob_for_env(self, var: str) -> tuple[str, KnobSpec] | None:
+        """The declared knob that sets environment variable ``var``, if any."""
+        for name, spec in self.knobs.items():
+            if spec.env == var:
+                return name, spec
+        return None

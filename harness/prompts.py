@@ -1,0 +1,117 @@
+"""Prompt pools: JSONL files of prompts tagged with a domain and a fit/held-out split."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BadInput
+
+_ALLOWED_KEYS = {"id", "domain", "split", "prompt", "messages", "max_tokens", "check"}
+_CHECK_KINDS = {"regex", "json_valid", "json_schema"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a pool; ``text`` is the prompt or the rendered messages, for overlap checks."""
+
+    id: str
+    domain: str
+    split: str
+    prompt: str | None
+    messages: tuple[dict[str, str], ...] | None
+    max_tokens: int | None = None
+    check: dict[str, Any] | None = field(default=None, compare=False)
+    source: str = ""
+
+    @property
+    def text(self) -> str:
+        """The prompt text, or the messages' contents joined."""
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(m.get("content", "") for m in self.messages or ())
+
+
+def normalise(text: str) -> str:
+    """Text compared for fit/held-out overlap: case-folded, whitespace collapsed."""
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def _parse_line(raw: dict[str, Any], where: str) -> tuple[Prompt | None, list[str]]:
+    problems = []
+    unknown = set(raw) - _ALLOWED_KEYS
+    if unknown:
+        problems.append(
+            f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_ALLOWED_KEYS)}"
+        )
+    for key in ("id", "domain", "split"):
+        if not isinstance(raw.get(key), str) or not raw.get(key):
+            problems.append(f"{where}: `{key}` must be a non-empty string")
+    has_prompt = isinstance(raw.get("prompt"), str)
+    messages = raw.get("messages")
+    has_messages = isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+    )
+    if has_prompt == has_messages:
+        problems.append(f"{where}: give exactly one of `prompt` (string) or `messages` (list)")
+    max_tokens = raw.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        problems.append(f"{where}: `max_tokens` must be a positive integer")
+    check = raw.get("check")
+    if check is not None and (not isinstance(check, dict) or check.get("kind") not in _CHECK_KINDS):
+        problems.append(f"{where}: `check.kind` must be one of {sorted(_CHECK_KINDS)}")
+    if problems:
+        return None, problems
+    prompt = Prompt(
+        id=raw["id"],
+        domain=raw["domain"],
+        split=raw["split"],
+        prompt=raw["prompt"] if has_prompt else None,
+        messages=tuple(messages) if has_messages and messages is not None else None,
+        max_tokens=max_tokens,
+        check=check,
+        source=where,
+    )
+    return prompt, []
+
+
+def load_pool(path: Path) -> list[Prompt]:
+    """Read one JSONL pool; every bad line is reported at once as ``file:line: message``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read prompt pool: {exc.strerror}") from exc
+    prompts: list[Prompt] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: invalid JSON: {exc.msg}")
+            continue
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: each line must be a JSON object")
+            continue
+        prompt, line_problems = _parse_line(raw, where)
+        problems.extend(line_problems)
+        if prompt is None:
+            continue
+        if prompt.id in seen:
+            problems.append(
+                f"{where}: duplicate id {prompt.id!r} (first on line {seen[prompt.id]})"
+            )
+            continue
+        seen[prompt.id] = number
+        prompts.append(prompt)
+    if problems:
+        raise BadInput(f"{path}: invalid prompt pool", problems)
+    if not prompts:
+        raise BadInput(f"{path}: prompt pool is empty")
+    return prompts

@@ -1,0 +1,114 @@
+"""Card validation: every shipped card validates, every invalid card says what and where."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.card import load_card
+from harness.errors import BadInput, CardError
+from tests.conftest import DATA, REPO
+
+INVALID = sorted((DATA / "cards" / "invalid").glob("*.yaml"))
+
+
+def _expected(path: Path) -> list[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [m.group(1) for line in lines if (m := re.match(r"# expect: (.*)", line))]
+
+
+def test_there_is_an_invalid_card_for_each_required_case() -> None:
+    names = {p.stem for p in INVALID}
+    required = {
+        "unknown-key",
+        "wrong-type",
+        "missing-control",
+        "control-not-cell",
+        "unknown-gate",
+        "unknown-metric",
+        "missing-prompt-file",
+        "overlap",
+        "duplicate-key",
+        "tabs",
+        "zero-cycles",
+    }
+    assert required <= names
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_invalid_card_reports_file_line_field_and_message(path: Path) -> None:
+    expected = _expected(path)
+    assert expected, f"{path} has no '# expect:' line"
+    with pytest.raises(BadInput) as caught:
+        load_card(path)
+    report = "\n".join(caught.value.lines())
+    for fragment in expected:
+        assert fragment in report, f"expected {fragment!r} in:\n{report}"
+    for line in caught.value.lines():
+        assert re.match(r"^\S+:\d+: ", line), f"not file:line: {line!r}"
+
+
+def test_valid_fixture_card_loads_everything() -> None:
+    loaded = load_card(DATA / "cards" / "valid.yaml")
+    assert loaded.card.control == "control"
+    assert loaded.card.treatments == ["fitted"]
+    assert loaded.runtime.name == "refbox"
+    assert loaded.box.kind == "local"
+    assert [p.id for p in loaded.split("fit")] == ["en-fit-1", "en-fit-2", "py-fit-1"]
+    assert len(loaded.split("heldout")) == 4
+    assert len(loaded.quality) == 2
+
+
+def test_every_shipped_card_validates() -> None:
+    cards = sorted((REPO / "campaigns").glob("*.yaml"))
+    cards = [c for c in cards if c.name != "boxes.yaml"]
+    assert any(c.name == "demo.yaml" for c in cards)
+    for card in cards:
+        load_card(card)
+
+
+def test_names_resolve_from_a_card_anywhere_on_disk(tmp_path: Path) -> None:
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text((DATA / "pools" / "small.jsonl").read_text(encoding="utf-8"))
+    card = tmp_path / "card.yaml"
+    card.write_text(
+        "campaign: elsewhere\nbox: local\nruntime: refbox\nprompts: {pools: [pool.jsonl]}\n"
+        "cells: {a: {}, b: {}}\ncontrol: a\n"
+    )
+    loaded = load_card(card)
+    assert loaded.runtime.name == "refbox"
+
+
+def test_inline_box_and_runtime(tmp_path: Path) -> None:
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text((DATA / "pools" / "small.jsonl").read_text(encoding="utf-8"))
+    card = tmp_path / "card.yaml"
+    card.write_text(
+        "campaign: inline\n"
+        "box: {kind: ssh, host: gh200-a, port: 2222, user: bench}\n"
+        "runtime:\n"
+        "  name: custom\n"
+        "  boot: {command: [./server, --port, '{port}']}\n"
+        "  ready: {http: {path: /v1/models}}\n"
+        "prompts: {pools: [pool.jsonl]}\n"
+        "cells: {a: {}, b: {env: {X: '1'}}}\n"
+        "control: a\n"
+    )
+    loaded = load_card(card)
+    assert loaded.box.kind == "ssh" and loaded.box.port == 2222
+    assert loaded.runtime.name == "custom"
+
+
+def test_unknown_box_suggests_a_name(tmp_path: Path) -> None:
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text((DATA / "pools" / "small.jsonl").read_text(encoding="utf-8"))
+    card = tmp_path / "card.yaml"
+    card.write_text(
+        "campaign: x\nbox: locl\nprompts: {pools: [pool.jsonl]}\ncells: {a: {}, b: {}}\n"
+        "control: a\n"
+    )
+    with pytest.raises(CardError) as caught:
+        load_card(card)
+    assert "card.yaml:2: box: unknown box 'locl'; did you mean `local`?" in caught.value.lines()[0]

@@ -1,0 +1,66 @@
+"""The CLI in a subprocess: exit codes, and an empty stderr on success."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import DATA, run_cli
+
+VALID = str(DATA / "cards" / "valid.yaml")
+
+
+def test_validate_ok_has_empty_stderr() -> None:
+    result = run_cli("validate", VALID)
+    assert result.code == 0, result.stderr
+    assert result.stderr == ""
+    assert "ok:" in result.stdout
+
+
+def test_validate_bad_card_exits_2_without_traceback() -> None:
+    result = run_cli("validate", str(DATA / "cards" / "invalid" / "unknown-key.yaml"))
+    assert result.code == 2
+    assert "Traceback" not in result.stderr
+    assert "unknown-key.yaml:9: cells.b.evn: unknown key; did you mean `env`?" in result.stderr
+
+
+def test_validate_reports_every_bad_card_and_still_checks_good_ones() -> None:
+    bad = str(DATA / "cards" / "invalid" / "zero-cycles.yaml")
+    worse = str(DATA / "cards" / "invalid" / "unknown-gate.yaml")
+    result = run_cli("validate", bad, VALID, worse)
+    assert result.code == 2
+    assert "zero-cycles.yaml:8" in result.stderr and "unknown-gate.yaml:8" in result.stderr
+    assert "ok:" in result.stdout
+
+
+def test_debug_shows_a_traceback() -> None:
+    result = run_cli("--debug", "validate", str(DATA / "cards" / "invalid" / "tabs.yaml"))
+    assert result.code == 2
+    assert "Traceback" in result.stderr
+
+
+def test_plan_json_lists_runs_in_execution_order() -> None:
+    result = run_cli("plan", VALID, "--json")
+    assert result.code == 0 and result.stderr == ""
+    runs = json.loads(result.stdout)["runs"]
+    assert len(runs) == 48
+    keys = {"run_id", "cell", "cycle", "slot", "repeat", "cache_state", "box"}
+    assert keys <= set(runs[0])
+    first_cycle = [r["cell"] for r in runs if r["cycle"] == 0 and r["repeat"] == 0]
+    assert first_cycle[:4] == ["control", "fitted", "fitted", "control"]
+
+
+def test_plan_table_shows_estimate() -> None:
+    result = run_cli("plan", VALID)
+    assert result.code == 0 and result.stderr == ""
+    assert "estimated:" in result.stdout
+
+
+def test_usage_error_exits_2() -> None:
+    result = run_cli("no-such-verb")
+    assert result.code == 2
+
+
+def test_unknown_benchmark_is_bad_input() -> None:
+    result = run_cli("bench", "no-such-bench")
+    assert result.code == 2
+    assert "unknown benchmark" in result.stderr
