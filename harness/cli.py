@@ -17,7 +17,7 @@ from typing import TextIO
 
 from harness import __version__
 from harness.card import load_card
-from harness.errors import EXIT_OK, HarnessError
+from harness.errors import EXIT_INFRASTRUCTURE, EXIT_OK, HarnessError
 from harness.plan import build_plan, plan_json_text
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
@@ -83,6 +83,50 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.execute.progress import make_progress
+    from harness.execute.run import CampaignRunner, new_campaign_dir
+    from harness.records import open_campaign
+
+    if args.resume:
+        campaign = open_campaign(Path(args.resume))
+        card_path = Path(campaign.card_path().parent / "card.path").read_text().strip()
+        loaded = load_card(Path(card_path))
+        plan = build_plan(loaded)
+        if plan_json_text(plan) != (campaign.root / "plan.json").read_text().strip():
+            raise HarnessError(
+                f"{card_path}: the card changed since {campaign.root} was planned; "
+                "resume needs the same plan (restore the card, or start a new campaign)"
+            )
+        campaign.journal.append("campaign_resume")
+    else:
+        if args.card is None:
+            raise HarnessError("give a CARD to run, or --resume DIR")
+        loaded = load_card(Path(args.card))
+        plan = build_plan(loaded)
+        campaign = new_campaign_dir(loaded, plan, Path(args.reports))
+    out.write(f"campaign directory: {campaign.root}\n")
+    out.flush()
+    with make_progress(plan, quiet=args.quiet, out=out) as progress:
+        outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
+    if outcome.interrupted:
+        out.write(f"interrupted; resume with: harness run --resume {campaign.root}\n")
+        return 130
+    out.write(f"runs: {len(outcome.done)} done, {len(outcome.failed)} failed\n")
+    return _after_run(args, campaign.root, outcome.failed, out)
+
+
+def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: TextIO) -> int:
+    """Analysis, gates and report after a campaign, when those stages are installed."""
+    if failed:
+        out.write(
+            f"{len(failed)} runs could not be completed (see their run.json for reasons); "
+            f"retry them with: harness run --resume {root}\n"
+        )
+        return EXIT_INFRASTRUCTURE
+    return EXIT_OK
+
+
 def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     from harness.benchmarks import Figure
 
@@ -140,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("card", metavar="CARD")
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
     plan.set_defaults(handler=_cmd_plan)
+
+    run = verbs.add_parser("run", help="execute a campaign (or resume one)")
+    run.add_argument("card", nargs="?", metavar="CARD")
+    run.add_argument("--resume", metavar="DIR", help="continue the campaign in DIR")
+    run.add_argument("--reports", default="reports", help="where campaign folders go")
+    run.add_argument("--quiet", action="store_true", help="no progress bar (for CI logs)")
+    run.set_defaults(handler=_cmd_run)
 
     bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
     bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")

@@ -7,6 +7,7 @@ schema of those files and of the inline mappings a card may use instead of a nam
 from __future__ import annotations
 
 import re
+import sys
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -29,7 +30,11 @@ class BoxSpec(Strict):
     user: str | None = Field(None, description="ssh user (default: ssh config/current user)")
     key: str | None = Field(None, description="private key file, ~ expanded")
     gateway: str | None = Field(None, description="ProxyJump host, as user@host:port")
-    python: str = Field("python3", description="Python interpreter on the box (for the refbox)")
+    python: str | None = Field(
+        None,
+        description="Python interpreter on the box (for the refbox); default: this harness's "
+        "own interpreter on a local box, python3 over ssh",
+    )
     platform: Platform = Field("linux-cpu", description="what the box is, for cache drops etc.")
     workdir: str = Field(
         "~/.cache/harness/runs", description="directory on the box for run files and uploads"
@@ -38,6 +43,12 @@ class BoxSpec(Strict):
         False, description="accept host keys missing from known_hosts (off: check known_hosts)"
     )
     env: dict[str, str] = Field(default_factory=dict, description="env for every command")
+
+    def python_path(self) -> str:
+        """The interpreter to run on the box."""
+        if self.python:
+            return self.python
+        return sys.executable if self.kind == "local" else "python3"
 
     @model_validator(mode="after")
     def _ssh_needs_host(self) -> BoxSpec:
@@ -141,7 +152,10 @@ class Telemetry(Strict):
 
 
 class Boot(Strict):
-    """How to start the runtime; templates may use {port} {run_dir} {python} {files.NAME}."""
+    """How to start the runtime.
+
+    Templates may use {port} {run_dir} {python} {bind_host} {cache_dir} and {files.NAME}.
+    """
 
     command: list[str] = Field(min_length=1, description="argv template")
     env: dict[str, str] = Field(default_factory=dict, description="env templates")
@@ -181,6 +195,10 @@ class RuntimeProfile(Strict):
     files: dict[str, FileRoute] = Field(
         default_factory=dict,
         description="file knobs: name -> 'arg:--flag' or 'env:VAR' receiving the uploaded path",
+    )
+    cache_files: list[str] = Field(
+        default_factory=list,
+        description="files (templates, globs allowed) evicted from the page cache for cold runs",
     )
     expected_boot_s: float = Field(10.0, ge=0, description="typical boot time, for plan estimates")
     expected_tok_s: float = Field(100.0, gt=0, description="typical decode speed, for estimates")

@@ -1,0 +1,472 @@
+"""Runtime-side metrics from the telemetry ring: cold share, recovery times, churn, swap cost.
+
+DESIGN.md "Metrics → Runtime side, from the ring", adopted exactly:
+
+- cold share = Σcold_lookups / Σlookups per window (default 2 s);
+- converged value C = median of the last window span of a phase; peak P = max after the shift;
+- T90 = time from the shift until the cold share enters and stays (for a hold window) at or
+  below C + 0.10·(P − C); T2x the same for 2·C; speed recovery: decode speed back at ≥ 90 % of
+  its converged value;
+- churn = swaps per minute over the converged span;
+- swap cost = mean duration of swap-bearing steps ÷ p95 of swap-free steps, and ms per swap;
+- inter-token p99 over a whole soak from the ring.
+
+Input is one row per host step in time order with the ring's int64 columns (a pandas DataFrame
+or a mapping of numpy arrays). Every pass over steps is vectorised (np.add.reduceat), so a
+48-hour soak of 15 million steps takes seconds. Percentiles interpolate linearly
+(np.percentile), as everywhere in the harness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from harness.errors import BadInput, RingError
+
+RING_COLUMNS = (
+    "t_ns",
+    "dur_ns",
+    "tokens",
+    "lookups",
+    "cold_lookups",
+    "swaps",
+    "bytes_read",
+    "phase",
+)
+WINDOW_COLUMNS = (
+    "t_s",
+    "span_s",
+    "segment",
+    "phase",
+    "steps",
+    "cold_share",
+    "lookups",
+    "cold_lookups",
+    "swaps",
+    "tokens",
+    "busy_s",
+    "decode_tok_s",
+)
+DEFAULT_WINDOW_S = 2.0
+DEFAULT_CONVERGED_SPAN_S = 10.0
+DEFAULT_HOLD_S = 4.0
+NS_PER_S = 1_000_000_000
+# Tokens a decode step emits: one request decoding (C1). Prefill steps emit other counts.
+DECODE_TOKENS = 1
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+RingInput = pd.DataFrame | Mapping[str, npt.ArrayLike]
+
+
+def ring_columns(frame: RingInput) -> dict[str, IntArray]:
+    """The ring columns as int64 numpy arrays (views where possible), validated.
+
+    Raises RingError naming the missing column, a length mismatch, an empty ring or time going
+    backwards — the signs of a ring that was not unwrapped by its write sequence.
+    """
+    missing = [c for c in RING_COLUMNS if c not in frame]
+    if missing:
+        raise RingError(
+            f"ring: missing column(s) {', '.join(missing)}; a ring needs {', '.join(RING_COLUMNS)}"
+        )
+    cols = {c: np.asarray(frame[c], dtype=np.int64) for c in RING_COLUMNS}
+    sizes = {a.shape for a in cols.values()}
+    if len(sizes) != 1 or len(next(iter(sizes))) != 1:
+        raise RingError("ring: columns must be one-dimensional and of equal length")
+    t = cols["t_ns"]
+    if t.size == 0:
+        raise RingError("ring: no steps recorded; was the ring path in the runtime profile right?")
+    if t.size > 1 and not bool(np.all(t[1:] >= t[:-1])):
+        first = int(np.argmax(t[1:] < t[:-1])) + 1
+        raise RingError(
+            f"ring: t_ns goes backwards at step {first}; unwrap the ring by its write sequence "
+            "before analysis"
+        )
+    return cols
+
+
+def cold_share_windows(
+    frame: RingInput, window_s: float = DEFAULT_WINDOW_S, *, decode_tokens: int = DECODE_TOKENS
+) -> pd.DataFrame:
+    """Per-window sums and cold share, windows restarting at every phase shift.
+
+    Windows are ``window_s`` long and aligned to the first step of each phase span (a span is a
+    run of equal ``phase``), so no window mixes two phases and a shift always starts a window;
+    the last window of a span may be shorter (``span_s``). Columns: t_s (window start, seconds
+    after the first step), span_s, segment (span number), phase, steps, cold_share
+    (Σcold_lookups/Σlookups; NaN with no lookups), lookups, cold_lookups, swaps, tokens,
+    busy_s (Σdur_ns), decode_tok_s (decode tokens ÷ decode steps' Σdur: a rate over step time,
+    idle gaps and prefill steps excluded; a decode step emits exactly ``decode_tokens`` tokens —
+    1 for one request decoding, the C1 setting of soaks; NaN in a window without one).
+    Windows with no step do not appear.
+    """
+    if not math.isfinite(window_s) or window_s <= 0:
+        raise BadInput(f"window_s: must be a positive number of seconds, got {window_s!r}")
+    cols = ring_columns(frame)
+    t, phase = cols["t_ns"], cols["phase"]
+    n = t.size
+    w_ns = max(1, round(window_s * NS_PER_S))
+
+    seg_starts = np.flatnonzero(phase[1:] != phase[:-1]) + 1
+    seg_first = np.concatenate(([0], seg_starts))
+    seg_next = np.concatenate((seg_starts, [n]))
+    # Window edges per span, t0 + k·w, located with one searchsorted: O(windows·log steps)
+    # instead of a per-step window number (this is what keeps 15M steps fast).
+    seg_t0 = t[seg_first]
+    n_edges = (t[seg_next - 1] - seg_t0) // w_ns + 1
+    edge_segment = np.repeat(np.arange(seg_first.size), n_edges)
+    k = np.arange(edge_segment.size) - np.repeat(np.cumsum(n_edges) - n_edges, n_edges)
+    edge_ns = seg_t0[edge_segment] + k * w_ns
+    # Clipping keeps equal timestamps on both sides of a phase change in their own span.
+    idx = np.clip(
+        np.searchsorted(t, edge_ns, side="left"),
+        seg_first[edge_segment],
+        seg_next[edge_segment],
+    )
+    keep = np.append(idx[1:], n) > idx  # drop windows without a step
+    starts, segment, start_ns = idx[keep], edge_segment[keep], edge_ns[keep]
+
+    sums = {
+        name: np.add.reduceat(cols[name], starts)
+        for name in ("lookups", "cold_lookups", "swaps", "tokens", "dur_ns")
+    }
+    steps = np.diff(np.concatenate((starts, [n])))
+    # Decode sums = all steps minus the (rare) other steps, so only those few are gathered.
+    other = np.flatnonzero(cols["tokens"] != decode_tokens)
+    other_window = np.searchsorted(starts, other, side="right") - 1
+    decode_steps = steps - np.bincount(other_window, minlength=starts.size)
+    decode_ns = sums["dur_ns"] - np.bincount(
+        other_window, weights=cols["dur_ns"][other], minlength=starts.size
+    ).astype(np.int64)
+    # A window ends at the next window's start in the same span, else at the span's end (the
+    # next span's first step, or the last step's end for the final span).
+    seg_end_ns = np.concatenate((t[seg_starts], [t[-1] + cols["dur_ns"][-1]]))
+    end_ns = np.minimum(start_ns + w_ns, seg_end_ns[segment])
+    lookups = sums["lookups"]
+    busy_s = sums["dur_ns"] / NS_PER_S
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cold_share = np.where(lookups > 0, sums["cold_lookups"] / np.maximum(lookups, 1), np.nan)
+        tok_s = np.where(
+            decode_ns > 0,
+            decode_steps * decode_tokens * NS_PER_S / np.maximum(decode_ns, 1),
+            np.nan,
+        )
+    return pd.DataFrame(
+        {
+            "t_s": (start_ns - t[0]) / NS_PER_S,
+            "span_s": np.maximum(end_ns - start_ns, 0) / NS_PER_S,
+            "segment": segment.astype(np.int64),
+            "phase": phase[starts],
+            "steps": steps.astype(np.int64),
+            "cold_share": cold_share,
+            "lookups": lookups,
+            "cold_lookups": sums["cold_lookups"],
+            "swaps": sums["swaps"],
+            "tokens": sums["tokens"],
+            "busy_s": busy_s,
+            "decode_tok_s": tok_s,
+        },
+        columns=list(WINDOW_COLUMNS),
+    )
+
+
+def time_to_stay(
+    t_s: npt.ArrayLike,
+    values: npt.ArrayLike,
+    shift_t_s: float,
+    threshold: float,
+    *,
+    below: bool = True,
+    hold_s: float = DEFAULT_HOLD_S,
+    end_t_s: float | None = None,
+) -> float | None:
+    """Time from the shift until the series enters the band and stays there to the end.
+
+    Precisely: among samples at t ≥ shift_t_s, find the earliest sample i such that sample i and
+    EVERY later sample lie in the band (value ≤ threshold when ``below``, ≥ threshold
+    otherwise). The series then stays in the band until the phase ends (``end_t_s``, default
+    the last sample's time); that stay must last at least ``hold_s`` (end_t_s − tᵢ ≥ hold_s),
+    or the phase ended too soon to tell. The answer is tᵢ − shift_t_s, so a dip into the band
+    that leaves it again does not count: only the final entry does. With windowed series tᵢ is
+    a window start — the end of the last window outside the band — so the resolution is one
+    window. NaN samples (windows without lookups) carry no evidence and are skipped. Returns
+    None when the series never enters-and-stays (never 0 in that case).
+    """
+    t = np.asarray(t_s, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    if t.shape != v.shape or t.ndim != 1:
+        raise BadInput("time_to_stay: t_s and values must be 1-D arrays of equal length")
+    keep = (t >= shift_t_s) & ~np.isnan(v)
+    t, v = t[keep], v[keep]
+    if t.size == 0:
+        return None
+    end = float(t[-1]) if end_t_s is None else float(end_t_s)
+    outside = (v > threshold) if below else (v < threshold)
+    last_out = np.flatnonzero(outside)
+    first_in = 0 if last_out.size == 0 else int(last_out[-1]) + 1
+    if first_in >= t.size:
+        return None
+    entered = float(t[first_in])
+    if end - entered < hold_s:
+        return None
+    return entered - shift_t_s
+
+
+def recovery_time(
+    t_s: npt.ArrayLike,
+    values: npt.ArrayLike,
+    shift_t_s: float,
+    converged: float,
+    peak: float,
+    *,
+    fraction: float = 0.1,
+    hold_s: float = DEFAULT_HOLD_S,
+    end_t_s: float | None = None,
+) -> float | None:
+    """T90 (fraction 0.1): time until the series enters and stays at or below C + f·(P − C).
+
+    ``t_s``/``values`` are the new phase's series (e.g. cold share per window); see
+    :func:`time_to_stay` for "enters and stays". When P ≤ C there is no excess to clear and the
+    recovery time is 0.0 (phase_recovery notes "no excess"). None: never recovered.
+    """
+    if not 0 < fraction < 1:
+        raise BadInput(f"fraction: must lie in (0, 1), got {fraction!r}")
+    if peak <= converged:
+        return 0.0
+    threshold = converged + fraction * (peak - converged)
+    return time_to_stay(
+        t_s, values, shift_t_s, threshold, below=True, hold_s=hold_s, end_t_s=end_t_s
+    )
+
+
+@dataclass(frozen=True)
+class ShiftRecovery:
+    """Recovery after one phase shift; times in seconds from the shift, None = never."""
+
+    from_phase: int
+    to_phase: int
+    shift_t_s: float
+    peak: float
+    converged: float
+    t90_s: float | None
+    t2x_s: float | None
+    speed_recovery_s: float | None
+    converged_tok_s: float
+    notes: tuple[str, ...]
+
+
+def phase_recovery(
+    frame: RingInput,
+    window_s: float = DEFAULT_WINDOW_S,
+    *,
+    converged_span_s: float = DEFAULT_CONVERGED_SPAN_S,
+    fraction: float = 0.1,
+    hold_s: float = DEFAULT_HOLD_S,
+    speed_fraction: float = 0.9,
+) -> list[ShiftRecovery]:
+    """T90, T2x and speed recovery for every phase shift of a ring (one row per host step)."""
+    windows = cold_share_windows(frame, window_s)
+    return recovery_from_windows(
+        windows,
+        converged_span_s=converged_span_s,
+        fraction=fraction,
+        hold_s=hold_s,
+        speed_fraction=speed_fraction,
+    )
+
+
+def recovery_from_windows(
+    windows: pd.DataFrame,
+    *,
+    converged_span_s: float = DEFAULT_CONVERGED_SPAN_S,
+    fraction: float = 0.1,
+    hold_s: float = DEFAULT_HOLD_S,
+    speed_fraction: float = 0.9,
+) -> list[ShiftRecovery]:
+    """:func:`phase_recovery` over windows already built by :func:`cold_share_windows`.
+
+    For each span after the first: C = median cold share of the windows starting in the span's
+    last ``converged_span_s``; P = max cold share in the span; T90 threshold C + f·(P − C), T2x
+    threshold 2·C; converged speed = median decode_tok_s over the same converged windows, and
+    speed recovery = enter-and-stay at ≥ speed_fraction of it.
+    """
+    if converged_span_s <= 0 or hold_s < 0:
+        raise BadInput("converged_span_s must be > 0 and hold_s >= 0")
+    out: list[ShiftRecovery] = []
+    seg = windows["segment"].to_numpy()
+    phases = windows["phase"].to_numpy(dtype=np.int64)
+    bounds = np.flatnonzero(np.diff(seg)) + 1
+    firsts = np.concatenate(([0], bounds))
+    lasts = np.concatenate((bounds, [seg.size]))
+    for i in range(1, firsts.size):
+        span = windows.iloc[firsts[i] : lasts[i]]
+        t = span["t_s"].to_numpy(dtype=np.float64)
+        share = span["cold_share"].to_numpy(dtype=np.float64)
+        speed = span["decode_tok_s"].to_numpy(dtype=np.float64)
+        shift_t = float(t[0])
+        end_t = float(t[-1] + span["span_s"].to_numpy()[-1])
+        conv = t >= end_t - converged_span_s
+        notes: list[str] = []
+        if end_t - shift_t < converged_span_s + hold_s:
+            notes.append(
+                f"phase lasted {end_t - shift_t:.1f} s, under converged_span_s + hold_s "
+                f"({converged_span_s + hold_s:g} s): the converged value may include the transient"
+            )
+        c = _nan_stat(np.nanmedian, share[conv])
+        p = _nan_stat(np.nanmax, share)
+        c_speed = _nan_stat(np.nanmedian, speed[conv])
+        if math.isnan(c) or math.isnan(p):
+            notes.append("no lookups in this phase: no cold share")
+            t90 = t2x = None
+        elif p <= c:
+            notes.append("no excess: the peak does not exceed the converged value")
+            t90 = t2x = 0.0
+        else:
+            t90 = recovery_time(
+                t, share, shift_t, c, p, fraction=fraction, hold_s=hold_s, end_t_s=end_t
+            )
+            t2x = time_to_stay(t, share, shift_t, 2.0 * c, hold_s=hold_s, end_t_s=end_t)
+        speed_rec = (
+            None
+            if math.isnan(c_speed)
+            else time_to_stay(
+                t,
+                speed,
+                shift_t,
+                speed_fraction * c_speed,
+                below=False,
+                hold_s=hold_s,
+                end_t_s=end_t,
+            )
+        )
+        defined = (("T90", t90, c), ("T2x", t2x, c), ("speed recovery", speed_rec, c_speed))
+        for name, value, basis in defined:
+            if value is None and not math.isnan(basis):
+                notes.append(
+                    f"{name}: never recovered (held for {hold_s:g} s) before the phase ended"
+                )
+        out.append(
+            ShiftRecovery(
+                from_phase=int(phases[firsts[i - 1]]),
+                to_phase=int(phases[firsts[i]]),
+                shift_t_s=shift_t,
+                peak=p,
+                converged=c,
+                t90_s=t90,
+                t2x_s=t2x,
+                speed_recovery_s=speed_rec,
+                converged_tok_s=c_speed,
+                notes=tuple(notes),
+            )
+        )
+    return out
+
+
+def _nan_stat(fn: Callable[[FloatArray], np.floating[Any]], values: FloatArray) -> float:
+    """nanmedian/nanmax without numpy's all-NaN RuntimeWarning: NaN when nothing is finite."""
+    finite = values[~np.isnan(values)]
+    if finite.size == 0:
+        return math.nan
+    return float(fn(finite))
+
+
+def converged_mask(windows: pd.DataFrame, converged_span_s: float) -> npt.NDArray[np.bool_]:
+    """Windows that start within the last ``converged_span_s`` of their phase span."""
+    t = windows["t_s"].to_numpy(dtype=np.float64)
+    end = (windows["t_s"] + windows["span_s"]).groupby(windows["segment"]).transform("max")
+    mask: npt.NDArray[np.bool_] = t >= end.to_numpy(dtype=np.float64) - converged_span_s
+    return mask
+
+
+def swap_cost(frame: RingInput) -> dict[str, float | None]:
+    """Swap cost from step durations (seed 000 measured ~1.9×).
+
+    swap_cost_ratio = mean dur_ns of swap-bearing steps (swaps > 0) ÷ p95 of swap-free steps;
+    swap_ms_per_swap = (mean swap-step dur − mean swap-free dur) / mean swaps per swap-step, in
+    ms. None where a side has no steps.
+    """
+    cols = ring_columns(frame)
+    return _swap_cost(cols)
+
+
+def _swap_cost(cols: Mapping[str, IntArray]) -> dict[str, float | None]:
+    dur, swaps = cols["dur_ns"], cols["swaps"]
+    # Swap-bearing steps are rare: gather them by index, copy the rest once for the p95.
+    swap_idx = np.flatnonzero(swaps > 0)
+    n_swap = int(swap_idx.size)
+    n_free = int(dur.size - n_swap)
+    out: dict[str, float | None] = {
+        "swap_steps": float(n_swap),
+        "swap_cost_ratio": None,
+        "swap_ms_per_swap": None,
+    }
+    if n_swap == 0 or n_free == 0:
+        return out
+    mean_swap = float(dur[swap_idx].mean())
+    free_dur = np.delete(dur, swap_idx)  # a copy: percentile may partition it in place
+    mean_free = float(free_dur.mean())
+    p95_free = float(np.percentile(free_dur, 95, overwrite_input=True))
+    mean_swaps = float(swaps[swap_idx].mean())
+    out["swap_cost_ratio"] = mean_swap / p95_free if p95_free > 0 else None
+    out["swap_ms_per_swap"] = (mean_swap - mean_free) / mean_swaps / 1e6
+    return out
+
+
+def ring_summary(
+    frame: RingInput,
+    window_s: float = DEFAULT_WINDOW_S,
+    *,
+    converged_span_s: float = DEFAULT_CONVERGED_SPAN_S,
+    windows: pd.DataFrame | None = None,
+    decode_tokens: int = DECODE_TOKENS,
+) -> dict[str, float | None]:
+    """Whole-ring figures for reports and soak gates; None where undefined.
+
+    Keys: steps, duration_s, cold_share (Σcold/Σlookups over the ring), converged_cold_share
+    and churn_per_min (swaps per minute) over the converged spans — the last
+    ``converged_span_s`` of every phase span —, swap_steps, swap_cost_ratio, swap_ms_per_swap,
+    decode_tok_s (decode tokens ÷ Σdur of decode steps), itl_p50_ms and itl_p99_ms (dur_ns of
+    decode steps, tokens == ``decode_tokens``, linear-interpolation percentiles).
+    Pass ``windows`` to reuse a cold_share_windows result.
+    """
+    cols = ring_columns(frame)
+    if windows is None:
+        windows = cold_share_windows(frame, window_s, decode_tokens=decode_tokens)
+    dur = cols["dur_ns"]
+    # Whole-ring totals come from the window sums: no further pass over the steps.
+    lookups = int(windows["lookups"].sum())
+    conv = converged_mask(windows, converged_span_s)
+    conv_lookups = int(windows["lookups"].to_numpy()[conv].sum())
+    conv_minutes = float(windows["span_s"].to_numpy()[conv].sum()) / 60.0
+    decode = np.delete(dur, np.flatnonzero(cols["tokens"] != decode_tokens))  # a copy
+    decode_ns = int(decode.sum())
+    itl_ms: list[float | None] = [None, None]
+    if decode.size:
+        p50, p99 = np.percentile(decode, [50, 99], overwrite_input=True)
+        itl_ms = [float(p50) / 1e6, float(p99) / 1e6]
+    summary: dict[str, float | None] = {
+        "steps": float(dur.size),
+        "duration_s": float(cols["t_ns"][-1] + dur[-1] - cols["t_ns"][0]) / NS_PER_S,
+        "cold_share": float(windows["cold_lookups"].sum()) / lookups if lookups else None,
+        "converged_cold_share": (
+            float(windows["cold_lookups"].to_numpy()[conv].sum()) / conv_lookups
+            if conv_lookups
+            else None
+        ),
+        "churn_per_min": (
+            float(windows["swaps"].to_numpy()[conv].sum()) / conv_minutes if conv_minutes else None
+        ),
+        "decode_tok_s": (decode.size * decode_tokens * NS_PER_S / decode_ns if decode_ns else None),
+        "itl_p50_ms": itl_ms[0],
+        "itl_p99_ms": itl_ms[1],
+    }
+    summary.update(_swap_cost(cols))
+    return summary

@@ -1,0 +1,410 @@
+"""Statistics of mirrored A/B campaigns, checked against scipy and against DESIGN.md's examples."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from harness.analyze.stats import (
+    Comparison,
+    Cycle,
+    apply_holm,
+    block_value,
+    compare_cycles,
+    cycle_from_prompt_values,
+    cycles_needed,
+    geomean,
+    holm,
+    margin_log,
+    raw_effect,
+    t_interval,
+    wilcoxon_p,
+)
+from harness.errors import BadInput
+
+SEED_004 = (160.0, 141.0, 122.0, 103.0)  # A1, B1, B2, A2 prefill t/s: pure drift, no effect
+
+
+def _order(j: int) -> str:
+    """Thue–Morse order of cycle j: ABBA, BAAB, BAAB, ABBA, …"""
+    return "BAAB" if bin(j).count("1") % 2 else "ABBA"
+
+
+def _cycles_from_effects(effects: np.ndarray, base: float = 4.0) -> list[Cycle]:
+    """Cycles whose D equals the given effects exactly (A at base, B at base + D)."""
+    out = []
+    for j, d in enumerate(effects):
+        a, b = base, base + float(d)
+        y = (a, b, b, a) if _order(j) == "ABBA" else (b, a, a, b)
+        out.append(Cycle(j, _order(j), y))
+    return out
+
+
+def _campaign(
+    rng: np.random.Generator,
+    m: int,
+    effect: float,
+    *,
+    k: int = 8,
+    prompt_sd: float = 0.04,
+    boot_sd: float = 0.0,
+) -> list[Cycle]:
+    """Simulated campaign: k aligned prompts with fixed prompt effects, per-prompt noise and
+    optional boot-to-boot noise; B multiplies every rate by exp(effect)."""
+    prompt_effect = rng.normal(0.0, 0.1, size=k)  # prompts differ by ~10 %, as in seed 000
+    cycles = []
+    for j in range(m):
+        order = _order(j)
+        blocks = []
+        for arm in order:
+            logs = 4.0 + prompt_effect + rng.normal(0.0, prompt_sd, size=k)
+            logs += rng.normal(0.0, boot_sd) + (effect if arm == "B" else 0.0)
+            blocks.append(np.exp(logs))
+        cycles.append(cycle_from_prompt_values(j, order, blocks, prompts_aligned=True))
+    return cycles
+
+
+# --- basic formulas ---------------------------------------------------------------------------
+
+
+def test_geomean_and_block_value_match_scipy() -> None:
+    values = np.random.default_rng(1).uniform(5, 9, size=17)
+    assert geomean(values) == pytest.approx(sps.gmean(values), rel=1e-12)
+    assert block_value(values) == pytest.approx(math.log(sps.gmean(values)), rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [[1.0, 0.0], [2.0, -1.0], [], [1.0, float("nan")]])
+def test_geomean_rejects_non_positive(bad: list[float]) -> None:
+    with pytest.raises(BadInput, match="geomean"):
+        geomean(bad)
+
+
+def test_arm_helpers_for_both_orders() -> None:
+    abba = Cycle(0, "ABBA", (1.0, 2.0, 3.0, 4.0))
+    baab = Cycle(1, "BAAB", (1.0, 2.0, 3.0, 4.0))
+    assert (abba.y_a1, abba.y_a2, abba.y_b1, abba.y_b2) == (1.0, 4.0, 2.0, 3.0)
+    assert (baab.y_a1, baab.y_a2, baab.y_b1, baab.y_b2) == (2.0, 3.0, 1.0, 4.0)
+    assert abba.effect == 0.0
+    assert baab.effect == 0.0
+
+
+def test_cycle_rejects_bad_input() -> None:
+    with pytest.raises(BadInput, match="ABBA or BAAB"):
+        Cycle(0, "ABAB", (1.0, 1.0, 1.0, 1.0))
+    logs = tuple(np.log(np.array([2.0, 3.0])) for _ in range(4))
+    with pytest.raises(BadInput, match="not the mean of its prompt_logs"):
+        Cycle(0, "ABBA", (1.0, 1.0, 1.0, 1.0), logs)
+    with pytest.raises(BadInput, match="no cycles"):
+        compare_cycles([], metric="tok_s")
+
+
+# --- against scipy ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [2, 3, 5, 9])
+def test_t_interval_and_p_match_scipy(m: int) -> None:
+    d = np.random.default_rng(m).normal(0.03, 0.02, size=m)
+    cmp = compare_cycles(_cycles_from_effects(d), metric="tok_s", bootstrap_resamples=0)
+    low, high = sps.t.interval(0.95, m - 1, loc=d.mean(), scale=sps.sem(d))
+    assert cmp.ci_low == pytest.approx(math.exp(low), rel=1e-9)
+    assert cmp.ci_high == pytest.approx(math.exp(high), rel=1e-9)
+    assert cmp.p_value == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, rel=1e-9)
+    assert cmp.ratio == pytest.approx(math.exp(d.mean()), rel=1e-12)
+    low90, high90 = sps.t.interval(0.90, m - 1, loc=d.mean(), scale=sps.sem(d))
+    assert cmp.tost_ci == pytest.approx((math.exp(low90), math.exp(high90)), rel=1e-9)
+    assert t_interval(d, 0.95) == pytest.approx((low, high), rel=1e-9)
+
+
+def _wilcoxon_exact_by_hand(d: np.ndarray) -> float:
+    """Two-sided exact signed-rank p by enumerating all 2^m sign patterns (no ties, no zeros)."""
+    ranks = sps.rankdata(np.abs(d))
+    w_obs = ranks[d > 0].sum()
+    totals = [
+        sum(r for r, s in zip(ranks, signs, strict=True) if s)
+        for signs in itertools.product([0, 1], repeat=d.size)
+    ]
+    totals_arr = np.asarray(totals)
+    lower = np.mean(totals_arr <= w_obs)
+    upper = np.mean(totals_arr >= w_obs)
+    return float(min(1.0, 2 * min(lower, upper)))
+
+
+@pytest.mark.parametrize("m", [6, 8])
+def test_wilcoxon_matches_scipy_and_hand_enumeration(m: int) -> None:
+    d = np.random.default_rng(10 + m).normal(0.01, 0.02, size=m)
+    cmp = compare_cycles(_cycles_from_effects(d), metric="tok_s", bootstrap_resamples=0)
+    assert cmp.wilcoxon_p == pytest.approx(sps.wilcoxon(d).pvalue, rel=1e-9)
+    assert wilcoxon_p(d) == pytest.approx(_wilcoxon_exact_by_hand(d), rel=1e-9)
+
+
+def test_wilcoxon_only_from_six_cycles() -> None:
+    d = np.random.default_rng(3).normal(0.01, 0.02, size=5)
+    assert compare_cycles(_cycles_from_effects(d), metric="x").wilcoxon_p is None
+
+
+def test_bootstrap_is_reproducible_for_a_seed() -> None:
+    cycles = _campaign(np.random.default_rng(7), 4, 0.05)
+    first = compare_cycles(cycles, metric="tok_s", seed=11).bootstrap_ci
+    again = compare_cycles(cycles, metric="tok_s", seed=11).bootstrap_ci
+    other = compare_cycles(cycles, metric="tok_s", seed=12).bootstrap_ci
+    assert first is not None and other is not None
+    assert first == again
+    assert first != other
+    # The interval brackets the point estimate and agrees in direction with the t-interval.
+    cmp = compare_cycles(cycles, metric="tok_s", seed=11)
+    assert first[0] < cmp.ratio < first[1]
+    assert first[0] > 1.0
+
+
+def test_bootstrap_one_level_without_prompts_is_cycle_resampling() -> None:
+    d = np.array([0.01, 0.03, 0.02])
+    cmp = compare_cycles(_cycles_from_effects(d), metric="x", seed=0)
+    assert cmp.bootstrap_ci is not None
+    # Resampling three cycles can only produce means inside [min D, max D].
+    low, high = cmp.bootstrap_ci
+    assert math.exp(d.min()) - 1e-12 <= low <= high <= math.exp(d.max()) + 1e-12
+    assert low < high
+
+
+# --- DESIGN.md worked example (seed 004's drift) ------------------------------------------------
+
+
+def test_seed_004_drift_worked_example() -> None:
+    a1, b1, b2, a2 = SEED_004
+    raw_in_time_order = (a1, b1, b2, a2)
+    cycle = Cycle(0, "ABBA", tuple(math.log(v) for v in raw_in_time_order))  # type: ignore[arg-type]
+    cmp = compare_cycles([cycle], metric="prefill_tok_s")
+
+    assert raw_effect("ABBA", raw_in_time_order) == 0.0  # drift linear in t/s cancels exactly
+    assert cmp.mean_log_effect == pytest.approx(0.0214, abs=5e-5)
+    assert cmp.ratio == pytest.approx(1.0216, abs=1e-4)
+    assert cycle.nonlinearity == pytest.approx(0.006, abs=5e-4)
+    assert cycle.y_a2 - cycle.y_a1 == pytest.approx(-0.44, abs=5e-3)
+    assert [f.kind for f in cmp.flags] == ["DRIFT"]
+    assert cmp.confounded
+    assert cmp.label == "confounded"
+    assert cmp.raw_label == "inconclusive"
+    assert cmp.ci_low is None and cmp.p_value is None
+    assert any("only 1 cycle: no interval; run at least" in w for w in cmp.warnings)
+    assert b1 / a1 - 1 == pytest.approx(-0.119, abs=5e-4)  # the naive A1-vs-B1 reading
+
+
+# --- error rates --------------------------------------------------------------------------------
+
+
+def test_aa_campaigns_rarely_declare_better() -> None:
+    rng = np.random.default_rng(2024)
+    n = 400
+    raw_better = final_better = 0
+    for i in range(n):
+        cycles = _campaign(rng, 3 + i % 4, 0.0, boot_sd=0.01)
+        cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0)
+        raw_better += cmp.raw_label == "better"
+        final_better += cmp.label == "better"
+    # One-sided false "better" rate is at most α/2; allow binomial slack at α.
+    assert raw_better <= sps.binom.ppf(0.999, n, 0.05)
+    assert final_better <= raw_better
+
+
+def test_real_ten_percent_effect_is_found_with_three_cycles() -> None:
+    rng = np.random.default_rng(99)
+    n = 200
+    raw_better = final_better = 0
+    for _ in range(n):
+        # Block noise ≈ 0.045/√8 ≈ 1.6 % per block from per-prompt noise.
+        cmp = compare_cycles(
+            _campaign(rng, 3, math.log(1.10), prompt_sd=0.045),
+            metric="tok_s",
+            bootstrap_resamples=0,
+        )
+        raw_better += cmp.raw_label == "better"
+        final_better += cmp.label == "better"
+    assert raw_better / n > 0.9
+    assert final_better / n > 0.6  # the rest are confounded by chance drift flags
+
+
+def test_lower_is_better_flips_labels_not_the_ratio() -> None:
+    d = np.array([-0.08, -0.1, -0.09, -0.11])  # TPOT 9 % lower in the cell
+    cycles = _cycles_from_effects(d)
+    tpot = compare_cycles(cycles, metric="tpot_ms", higher_is_better=False)
+    rate = compare_cycles(cycles, metric="tok_s")
+    assert tpot.ratio == rate.ratio < 1
+    assert tpot.label == "better"
+    assert rate.label == "worse"
+
+
+def test_within_noise_needs_the_90_percent_interval_inside_the_margin() -> None:
+    d = np.random.default_rng(5).normal(0.0, 0.002, size=6)
+    cmp = compare_cycles(_cycles_from_effects(d), metric="tok_s")
+    assert cmp.label == "within noise"
+    wide = compare_cycles(_cycles_from_effects(d * 20), metric="tok_s")
+    assert wide.label == "inconclusive"
+    assert any("more cycle(s)" in w and "--resume" in w for w in wide.warnings)
+    assert wide.cycles_needed is not None and wide.cycles_needed > 6
+
+
+# --- drift ----------------------------------------------------------------------------------------
+
+
+def _drifted(m: int, effect: float, beta: float = 0.0, gamma: float = 0.0) -> list[Cycle]:
+    """Cycles at global slots t = 4j + s (s = 0..3) with drift βt + γt², B = A + effect."""
+    cycles = []
+    for j in range(m):
+        order = _order(j)
+        y = []
+        for s, arm in enumerate(order):
+            t = 4 * j + s
+            y.append(4.0 + beta * t + gamma * t * t + (effect if arm == "B" else 0.0))
+        cycles.append(Cycle(j, order, (y[0], y[1], y[2], y[3])))
+    return cycles
+
+
+def test_linear_drift_leaves_every_cycle_effect_unbiased() -> None:
+    cycles = _drifted(4, 0.05, beta=0.03)
+    for c in cycles:
+        assert c.effect == pytest.approx(0.05, abs=1e-12)
+        assert c.nonlinearity == pytest.approx(0.0, abs=1e-12)
+        assert c.outer_change == pytest.approx(3 * c.inner_change, abs=1e-12)
+    cmp = compare_cycles(cycles, metric="tok_s")
+    assert cmp.ratio == pytest.approx(math.exp(0.05), rel=1e-12)
+    assert {f.kind for f in cmp.flags} == {"DRIFT"}  # 3β = 0.09 per cycle > Δ
+    assert cmp.label == "confounded"
+    assert cmp.raw_label == "better"
+
+
+def test_quadratic_drift_biases_single_cycles_and_cancels_in_pairs() -> None:
+    gamma = 0.002
+    cycles = _drifted(4, 0.05, gamma=gamma)
+    for c in cycles:
+        expected = 0.05 - 2 * gamma if c.order == "ABBA" else 0.05 + 2 * gamma
+        assert c.effect == pytest.approx(expected, abs=1e-12)
+        assert c.nonlinearity == pytest.approx(0.0, abs=1e-12)
+    cmp = compare_cycles(cycles[:3], metric="tok_s")  # ABBA, BAAB, BAAB: one pair
+    assert cmp.n_pairs == 1
+    assert cmp.pair_ratio == pytest.approx(math.exp(0.05), rel=1e-12)
+    assert cmp.ratio != pytest.approx(math.exp(0.05), rel=1e-6)
+
+
+def test_step_mid_cycle_flags_nonlinear_and_never_claims_better() -> None:
+    cycles = _cycles_from_effects(np.array([0.1, 0.1, 0.1]))
+    a = 4.0
+    stepped = Cycle(1, "BAAB", (a + 0.1, a, a + 0.08, a + 0.1 + 0.08))  # +8 % after slot 2
+    cycles[1] = stepped
+    cmp = compare_cycles(cycles, metric="tok_s")
+    assert "NONLINEAR" in {f.kind for f in cmp.flags}
+    assert cmp.label == "confounded"
+    deterministic = compare_cycles(cycles, metric="bytes_read", drift_sensitive=False)
+    assert not deterministic.confounded and deterministic.flags == cmp.flags
+
+
+def test_drift_threshold_uses_within_block_sd() -> None:
+    # Noisy prompts: s_w large, so a 5 % outer change stays under 2·s_w·√(2/k).
+    rng = np.random.default_rng(0)
+    k = 4
+    blocks = [np.exp(4.0 + rng.normal(0, 0.2, size=k)) for _ in range(4)]
+    base = cycle_from_prompt_values(0, "ABBA", blocks)
+    shifted = [blocks[0], blocks[1], blocks[2], blocks[3] * math.exp(0.05 - base.outer_change)]
+    cycle = cycle_from_prompt_values(0, "ABBA", shifted)
+    assert cycle.outer_change == pytest.approx(0.05)
+    cmp = compare_cycles([cycle], metric="tok_s")
+    assert "DRIFT" not in {f.kind for f in cmp.flags}
+    bare = Cycle(0, "ABBA", cycle.y)  # without s_w the threshold is Δ alone
+    assert "DRIFT" in {f.kind for f in compare_cycles([bare], metric="tok_s").flags}
+
+
+# --- multiplicity, power, warnings -------------------------------------------------------------
+
+
+def test_holm_against_hand_computation() -> None:
+    # Sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → max-accumulated 0.06.
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+    with pytest.raises(BadInput):
+        holm([1.5])
+
+
+def test_apply_holm_relabels_with_adjusted_p() -> None:
+    strong = compare_cycles(_cycles_from_effects(np.array([0.1, 0.11, 0.09, 0.1])), metric="a")
+    first = compare_cycles(
+        _cycles_from_effects(np.array([0.01, 0.09, 0.06, 0.02, 0.1])), metric="b"
+    )
+    second = compare_cycles(
+        _cycles_from_effects(np.array([0.0, 0.09, 0.06, 0.02, 0.1])), metric="c"
+    )
+    assert [c.label for c in (strong, first, second)] == ["better"] * 3
+    assert strong.p_value is not None and first.p_value is not None
+    assert second.p_value is not None
+    assert strong.p_value < first.p_value < second.p_value < 0.05
+    adjusted = apply_holm([strong, first, second])
+    # By hand: p₍₁₎·3, then max(p₍₁₎·3, p₍₂₎·2), then max(…, p₍₃₎·1).
+    hand_first = max(3 * strong.p_value, 2 * first.p_value)
+    assert [c.p_adjusted for c in adjusted] == pytest.approx(
+        [3 * strong.p_value, hand_first, max(hand_first, second.p_value)]
+    )
+    assert adjusted[0].label == "better"
+    assert [c.label for c in adjusted[1:]] == ["inconclusive", "inconclusive"]
+    assert adjusted[1].ci_low == first.ci_low  # intervals are left as they were
+
+
+@pytest.mark.parametrize(("d", "expected"), [(0.5, 34), (0.8, 15), (0.2, 199)])
+def test_cycles_needed_matches_published_power_tables(d: float, expected: int) -> None:
+    # One-sample two-sided t-test, α = 0.05, power 0.8 (Cohen; G*Power gives 34, 15, 199).
+    assert cycles_needed(1.0, d, 0.05) == expected
+
+
+def test_cycles_needed_is_exact_noncentral_t() -> None:
+    s, margin = 0.02, margin_log(2.0)
+    m = cycles_needed(s, margin, 0.05)
+
+    def power(n: int) -> float:
+        tc = sps.t.ppf(0.975, n - 1)
+        nc = math.sqrt(n) * margin / s
+        return float(sps.nct.sf(tc, n - 1, nc) + sps.nct.cdf(-tc, n - 1, nc))
+
+    assert power(m) >= 0.8 > power(m - 1)
+    assert cycles_needed(0.0, margin, 0.05) == 2
+
+
+def test_one_cycle_with_prompts_estimates_cycles_needed() -> None:
+    cycles = _campaign(np.random.default_rng(4), 1, 0.0, prompt_sd=0.06)
+    cmp = compare_cycles(cycles, metric="tok_s")
+    assert cmp.raw_label == "inconclusive"
+    assert cmp.cycles_needed is not None and cmp.cycles_needed >= 2
+    assert any(w.startswith("tok_s: only 1 cycle: no interval") for w in cmp.warnings)
+
+
+# --- invariants ---------------------------------------------------------------------------------
+
+_FLIP = {"better": "worse", "worse": "better"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(*[st.floats(-0.3, 0.3, allow_nan=False) for _ in range(4)]),
+        min_size=1,
+        max_size=6,
+    ),
+    st.booleans(),
+)
+def test_swapping_arms_inverts_ratio_and_labels(
+    ys: list[tuple[float, float, float, float]], higher: bool
+) -> None:
+    cycles = [Cycle(j, _order(j), tuple(4.0 + v for v in y)) for j, y in enumerate(ys)]  # type: ignore[misc]
+    swapped = [c.swapped() for c in cycles]
+    kw = {"metric": "m", "higher_is_better": higher, "bootstrap_resamples": 0}
+    ab: Comparison = compare_cycles(cycles, **kw)  # type: ignore[arg-type]
+    ba: Comparison = compare_cycles(swapped, **kw)  # type: ignore[arg-type]
+    assert ba.ratio == pytest.approx(1 / ab.ratio, rel=1e-9)
+    assert ba.raw_label == _FLIP.get(ab.raw_label, ab.raw_label)
+    assert [(f.kind, f.cycle) for f in ba.flags] == [(f.kind, f.cycle) for f in ab.flags]
+    if ab.ci_low is not None:
+        assert ba.ci_low == pytest.approx(1 / ab.ci_high, rel=1e-9)  # type: ignore[operator]
+        assert ba.p_value == pytest.approx(ab.p_value, rel=1e-9, abs=1e-300)
