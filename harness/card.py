@@ -716,3 +716,14 @@ def load_card(path: Path) -> LoadedCard:
 
 
 __all__ = ["CACHE_STATES", "Card", "Cell", "LoadedCard", "load_card", "validate_card"]
+
+
+def read_card_schema(path: Path) -> Card:
+    """The card of a campaign directory, schema-checked only (its files may live elsewhere)."""
+    doc = load_yaml(path)
+    if doc.problems:
+        raise CardError(f"{path}: invalid card", doc.problems)
+    try:
+        return Card.model_validate(doc.data)
+    except ValidationError as exc:
+        raise CardError(f"{path}: invalid card", _pydantic_problems(exc, doc, Card)) from None

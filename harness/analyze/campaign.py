@@ -1,0 +1,297 @@
+"""Analysis of a whole campaign directory: run table, cell table, comparisons and flags.
+
+Pure over the records it reads: no network, no boxes. Writes ``analysis/*.parquet`` and
+``analysis/summary.json``; the same numbers feed the gates and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
+from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
+from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
+from harness.errors import RecordError
+from harness.records import CampaignDir, read_json, read_parquet, write_json_atomic, write_parquet
+
+RUN_KEYS = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state", "pattern", "comparison")
+
+
+@dataclass
+class CampaignAnalysis:
+    """Everything computed from a campaign directory."""
+
+    campaign: CampaignDir
+    card: Card
+    runs: pd.DataFrame  # one row per planned run, status and metrics
+    shifts: pd.DataFrame  # one row per run × phase shift
+    domains: pd.DataFrame  # one row per run × domain: decode tok/s
+    outputs: pd.DataFrame  # one row per run × prompt: output hash and text
+    cells: pd.DataFrame  # one row per cell × cache state: medians over ok runs
+    comparisons: list[CellComparison]
+    flags: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    simulated: bool = False
+
+    def comparison_table(self) -> pd.DataFrame:
+        """Comparisons as rows."""
+        return pd.DataFrame(comparison_rows(self.comparisons))
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``harness analyze --json`` payload."""
+        cells: dict[str, dict[str, Any]] = {}
+        for row in self.cells.to_dict("records"):
+            key = (
+                row["cell"]
+                if len(self.card.design.cache_states) == 1
+                else (f"{row['cell']}/{row['cache_state']}")
+            )
+            cells[str(key)] = {str(k): _clean(v) for k, v in row.items() if k != "cell"}
+        comparisons = [
+            {k: _clean(v) for k, v in row.items()} for row in comparison_rows(self.comparisons)
+        ]
+        return {
+            "campaign": self.card.campaign,
+            "simulated": self.simulated,
+            "cells": cells,
+            "comparisons": comparisons,
+            "flags": self.flags,
+            "warnings": self.warnings,
+        }
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float | np.floating):
+        return None if not math.isfinite(float(value)) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def _prompt_logs(requests: pd.DataFrame) -> np.ndarray:
+    scored = request_metrics(requests)
+    scored = scored[scored["decode_tok_s"] > 0].sort_values("request")
+    logs: np.ndarray = np.log(scored["decode_tok_s"].to_numpy(dtype=float))
+    return logs
+
+
+@dataclass
+class RunTables:
+    """The per-run tables of a campaign, and per-prompt log speeds for the bootstrap."""
+
+    runs: pd.DataFrame
+    shifts: pd.DataFrame
+    domains: pd.DataFrame
+    outputs: pd.DataFrame
+    prompt_logs: dict[str, np.ndarray]
+
+
+def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
+    """Read every run record and compute its metrics."""
+    plan = campaign.plan()
+    rows, shift_rows, domain_rows, output_rows = [], [], [], []
+    logs: dict[str, np.ndarray] = {}
+    for raw in plan["runs"]:
+        run_id = raw["run_id"]
+        row: dict[str, Any] = {key: raw[key] for key in RUN_KEYS}
+        record = campaign.run_record(run_id)
+        if record is None:
+            row.update(status="missing", reason="never ran (resume the campaign)")
+            rows.append(row)
+            continue
+        row.update(
+            status=record["status"],
+            reason=record.get("reason", ""),
+            ring_lost=record.get("ring_lost", 0),
+            started_at=record.get("started_at"),
+            ended_at=record.get("ended_at"),
+        )
+        if record["status"] != "ok":
+            rows.append(row)
+            continue
+        run_dir = campaign.run_dir(run_id)
+        requests = read_parquet(run_dir / "requests.parquet")
+        chunks = read_parquet(run_dir / "chunks.parquet")
+        counters = read_json(run_dir / "counters.json")
+        ring_path = run_dir / "ring.parquet"
+        ring = read_parquet(ring_path) if ring_path.is_file() else None
+        metrics, shifts = run_metrics(
+            requests,
+            chunks,
+            counters,
+            ring,
+            concurrency=card.workload.concurrency,
+            window_s=card.analysis.window_s,
+            converged_span_s=card.analysis.converged_span_s,
+            hold_s=card.analysis.hold_s,
+        )
+        row.update(metrics)
+        rows.append(row)
+        logs[run_id] = _prompt_logs(requests)
+        names = {i: p.name for i, p in enumerate(card.workload.phases or [])}
+        for shift in shifts:
+            shift_rows.append(
+                {
+                    "run_id": run_id,
+                    "cell": raw["cell"],
+                    "cache_state": raw["cache_state"],
+                    "from_phase": names.get(shift.from_phase, str(shift.from_phase)),
+                    "to_phase": names.get(shift.to_phase, str(shift.to_phase)),
+                    "shift_t_s": shift.shift_t_s,
+                    "peak": shift.peak,
+                    "converged": shift.converged,
+                    "t90_s": shift.t90_s,
+                    "t2x_s": shift.t2x_s,
+                    "speed_recovery_s": shift.speed_recovery_s,
+                    "converged_tok_s": shift.converged_tok_s,
+                    "notes": "; ".join(shift.notes),
+                }
+            )
+        for domain, speed in domain_speeds(requests).items():
+            domain_rows.append(
+                {
+                    "run_id": run_id,
+                    "cell": raw["cell"],
+                    "cache_state": raw["cache_state"],
+                    "domain": domain,
+                    "decode_tok_s": speed,
+                }
+            )
+        scored = requests[~requests["warmup"]]
+        for _, request in scored.iterrows():
+            output_rows.append(
+                {
+                    "run_id": run_id,
+                    "cell": raw["cell"],
+                    "cache_state": raw["cache_state"],
+                    "prompt_id": request["prompt_id"],
+                    "phase": request["phase"],
+                    "ok": bool(request["ok"]),
+                    "output_sha256": request["output_sha256"],
+                    "output_text": request["output_text"],
+                }
+            )
+    return RunTables(
+        runs=pd.DataFrame(rows),
+        shifts=pd.DataFrame(shift_rows),
+        domains=pd.DataFrame(domain_rows),
+        outputs=pd.DataFrame(output_rows),
+        prompt_logs=logs,
+    )
+
+
+def _cell_table(runs: pd.DataFrame, card: Card) -> pd.DataFrame:
+    ok = runs[runs["status"] == "ok"]
+    numeric = [c for c in ok.columns if c not in RUN_KEYS and ok[c].dtype.kind in "fi"]
+    numeric = [c for c in numeric if c not in ("started_at", "ended_at")]
+    rows = []
+    for cell in card.cells:
+        for state in card.design.cache_states:
+            group = ok[(ok["cell"] == cell) & (ok["cache_state"] == state)]
+            total = runs[(runs["cell"] == cell) & (runs["cache_state"] == state)]
+            row: dict[str, Any] = {
+                "cell": cell,
+                "cache_state": state,
+                "runs_ok": len(group),
+                "runs_planned": len(total),
+            }
+            for column in numeric:
+                values = group[column].dropna()
+                row[column] = float(values.median()) if len(values) else None
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _metrics_to_compare(card: Card) -> list[str]:
+    metrics = list(DEFAULT_METRICS)
+    for gate in card.gates:
+        extra = [gate.metric] if isinstance(gate, BetterGate) else []
+        if isinstance(gate, SurvivesGate):
+            extra = list(gate.metrics or [])
+        for metric in extra:
+            if metric not in metrics:
+                metrics.append(metric)
+    return metrics
+
+
+def analyze_campaign(root: Path) -> CampaignAnalysis:
+    """Compute every table of a campaign directory (reads records, writes nothing)."""
+    from harness.records import open_campaign
+
+    campaign = open_campaign(root)
+    card = read_card_schema(campaign.card_path())
+    tables = load_runs(campaign, card)
+    runs = tables.runs
+    warnings: list[str] = []
+    bad = runs[runs["status"] != "ok"]
+    for _, row in bad.iterrows():
+        warnings.append(f"run {row['run_id']} {row['status']}: {row.get('reason', '')}")
+    comparisons: list[CellComparison] = []
+    if card.control is not None and card.design.order != "sequential":
+        comparisons = compare_cells(
+            runs,
+            tables.prompt_logs,
+            control=card.control,
+            cells=card.treatments,
+            cache_states=card.design.cache_states,
+            metrics=_metrics_to_compare(card),
+            margin_pct=card.analysis.margin_pct,
+            alpha=card.analysis.alpha,
+            seed=card.design.seed,
+        )
+    flags = []
+    for item in comparisons:
+        for flag in item.comparison.flags:
+            flags.append(
+                {
+                    "kind": flag.kind,
+                    "cell": item.cell,
+                    "cache_state": item.cache_state,
+                    "metric": item.comparison.metric,
+                    "detail": f"cycle {flag.cycle}: {flag.detail}",
+                }
+            )
+    simulated = (root / "SIMULATED").is_file()
+    return CampaignAnalysis(
+        campaign=campaign,
+        card=card,
+        runs=runs,
+        shifts=tables.shifts,
+        domains=tables.domains,
+        outputs=tables.outputs,
+        cells=_cell_table(runs, card),
+        comparisons=comparisons,
+        flags=flags,
+        warnings=warnings,
+        simulated=simulated,
+    )
+
+
+def write_analysis(analysis: CampaignAnalysis) -> Path:
+    """Write the tables under ``analysis/`` and return that folder."""
+    folder = analysis.campaign.analysis_dir
+    write_parquet(analysis.runs, folder / "runs.parquet")
+    write_parquet(analysis.shifts, folder / "shifts.parquet")
+    write_parquet(analysis.domains, folder / "domains.parquet")
+    write_parquet(analysis.outputs, folder / "outputs.parquet")
+    write_parquet(analysis.cells, folder / "cells.parquet")
+    write_parquet(analysis.comparison_table(), folder / "comparisons.parquet")
+    write_json_atomic(folder / "summary.json", analysis.to_json())
+    return folder
+
+
+def summary_text(analysis: CampaignAnalysis) -> str:
+    """JSON text of the summary (for ``--json``)."""
+    return json.dumps(analysis.to_json(), indent=2, default=str)
+
+
+__all__ = ["CampaignAnalysis", "RecordError", "analyze_campaign", "write_analysis"]

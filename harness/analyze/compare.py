@@ -1,0 +1,161 @@
+"""Comparisons of each cell against the control, per cache state and metric.
+
+One block = one boot of one arm, summarised as y = ln(metric), averaged over the block's repeats;
+never pooled across boots. Cycles come from the plan's mirrored sub-cycles; a cycle with a missing
+or failed run is dropped with a warning rather than filled in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from harness.analyze.stats import Comparison, Cycle, apply_holm, compare_cycles
+from harness.catalog import METRICS
+
+# Metrics compared by default for every cell (gates may add others from the catalog).
+DEFAULT_METRICS = (
+    "decode_tok_s",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "ttft_ms",
+    "hit_rate",
+    "expert_loads",
+    "bytes_read",
+)
+
+
+@dataclass(frozen=True)
+class CellComparison:
+    """One comparison: a cell vs the control, in one cache state, on one metric."""
+
+    cell: str
+    vs: str
+    cache_state: str
+    comparison: Comparison
+    dropped_cycles: tuple[str, ...]
+
+
+def _cycles(
+    runs: pd.DataFrame,
+    prompt_logs: dict[str, np.ndarray],
+    cell: str,
+    state: str,
+    metric: str,
+) -> tuple[list[Cycle], list[str]]:
+    cycles: list[Cycle] = []
+    dropped: list[str] = []
+    subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
+    for cycle, group in subset.groupby("cycle"):
+        pattern = str(group["pattern"].iloc[0])
+        blocks: list[float] = []
+        logs: list[np.ndarray] = []
+        missing = ""
+        for slot in range(4):
+            block = group[group["slot"] == slot]
+            values = block[metric].to_numpy(dtype=float) if metric in block else np.array([])
+            ok = block["status"].eq("ok").all() and len(block) > 0
+            if not ok or not np.all(np.isfinite(values)) or np.any(values <= 0):
+                missing = f"slot {slot}" + ("" if ok else " (failed or missing run)")
+                break
+            blocks.append(float(np.mean(np.log(values))))
+            if metric == "decode_tok_s":
+                logs.append(np.concatenate([prompt_logs[r] for r in block["run_id"]]))
+        if missing:
+            dropped.append(f"cycle {cycle}: {missing}")
+            continue
+        aligned = len(logs) == 4 and len({len(x) for x in logs}) == 1
+        if aligned:
+            # Replace block means by the prompt-level means so the two agree exactly.
+            blocks = [float(np.mean(x)) for x in logs]
+        cycles.append(
+            Cycle(
+                index=int(str(cycle)),
+                order=pattern,
+                y=(blocks[0], blocks[1], blocks[2], blocks[3]),
+                prompt_logs=tuple(logs) if aligned else None,
+                prompts_aligned=aligned,
+            )
+        )
+    return cycles, dropped
+
+
+def compare_cells(
+    runs: pd.DataFrame,
+    prompt_logs: dict[str, np.ndarray],
+    *,
+    control: str,
+    cells: Sequence[str],
+    cache_states: Sequence[str],
+    metrics: Sequence[str],
+    margin_pct: float,
+    alpha: float,
+    seed: int = 0,
+) -> list[CellComparison]:
+    """Every cell × cache state × metric comparison, Holm-corrected per (cell, state)."""
+    out: list[CellComparison] = []
+    for cell in cells:
+        for state in cache_states:
+            family: list[tuple[Comparison, tuple[str, ...]]] = []
+            for metric in metrics:
+                if metric not in runs.columns or runs[metric].isna().all():
+                    continue
+                cycles, dropped = _cycles(runs, prompt_logs, cell, state, metric)
+                if not cycles:
+                    continue
+                info = METRICS[metric]
+                comparison = compare_cycles(
+                    cycles,
+                    metric=metric,
+                    margin_pct=margin_pct,
+                    alpha=alpha,
+                    higher_is_better=info.higher_is_better,
+                    seed=seed,
+                    drift_sensitive=not info.deterministic,
+                )
+                family.append((comparison, tuple(dropped)))
+            corrected = apply_holm([c for c, _ in family])
+            for comparison, (_, skipped) in zip(corrected, family, strict=True):
+                out.append(CellComparison(cell, control, state, comparison, skipped))
+    return out
+
+
+def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, object]]:
+    """Flat rows for the parquet table and ``--json``."""
+    rows: list[dict[str, object]] = []
+    for item in comparisons:
+        c = item.comparison
+        rows.append(
+            {
+                "cell": item.cell,
+                "vs": item.vs,
+                "cache_state": item.cache_state,
+                "metric": c.metric,
+                "ratio": _finite(c.ratio),
+                "ci_low": _finite(c.ci_low),
+                "ci_high": _finite(c.ci_high),
+                "p_value": _finite(c.p_value),
+                "p_adjusted": _finite(c.p_adjusted),
+                "label": c.label,
+                "raw_label": c.raw_label,
+                "confounded": c.confounded,
+                "n_cycles": c.n_cycles,
+                "pair_ratio": _finite(c.pair_ratio),
+                "bootstrap_low": _finite(c.bootstrap_ci[0]) if c.bootstrap_ci else None,
+                "bootstrap_high": _finite(c.bootstrap_ci[1]) if c.bootstrap_ci else None,
+                "cycles_needed": c.cycles_needed,
+                "warnings": " | ".join(c.warnings + tuple(item.dropped_cycles)),
+                "deterministic": METRICS[c.metric].deterministic,
+            }
+        )
+    return rows
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)

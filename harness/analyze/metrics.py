@@ -1,0 +1,157 @@
+"""Per-request and per-run metrics from run records (DESIGN.md, "Metrics").
+
+Client side, comparable with vLLM and SGLang: TTFT = first content chunk − t0; E2EL = last content
+chunk − t0; n = server ``usage.completion_tokens``; TPOT = (E2EL − TTFT)/(n − 1) for n > 1;
+decode tok/s = (n − 1)/(E2EL − TTFT); ITL = gaps between chunks, pooled. Percentiles by linear
+interpolation; geomeans across prompts. Runtime side from counters (deltas) and the ring.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analyze.recovery import ShiftRecovery, phase_recovery, ring_summary
+
+_SCORED_COLUMNS = [
+    "request",
+    "first_after_boot",
+    "domain",
+    "prompt_id",
+    "tpot_ms",
+    "decode_tok_s",
+    "ttft_ms",
+    "e2el_ms",
+    "prefill_tok_s",
+]
+_EMPTY_SCORED = pd.DataFrame({column: [] for column in _SCORED_COLUMNS})
+
+
+def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """Scored requests (ok, not warm-up) with tpot_ms, decode_tok_s, ttft_ms, e2el_ms added."""
+    if requests.empty:
+        return _EMPTY_SCORED.copy()
+    scored = requests[requests["ok"] & ~requests["warmup"]].copy()
+    n = scored["completion_tokens"].astype(float)
+    decode_s = scored["e2el_s"].astype(float) - scored["ttft_s"].astype(float)
+    valid = (n > 1) & (decode_s > 0)
+    scored["tpot_ms"] = np.where(valid, decode_s / (n - 1) * 1e3, np.nan)
+    scored["decode_tok_s"] = np.where(valid, (n - 1) / decode_s.where(valid, 1.0), np.nan)
+    scored["ttft_ms"] = scored["ttft_s"].astype(float) * 1e3
+    scored["e2el_ms"] = scored["e2el_s"].astype(float) * 1e3
+    prompt_tokens = scored["prompt_tokens"].astype(float)
+    scored["prefill_tok_s"] = prompt_tokens / scored["ttft_s"].astype(float)
+    return scored
+
+
+def _geomean(values: pd.Series | np.ndarray) -> float | None:
+    array = np.asarray(values, dtype=float)
+    array = array[np.isfinite(array) & (array > 0)]
+    if array.size == 0:
+        return None
+    return float(np.exp(np.mean(np.log(array))))
+
+
+def _percentile(values: pd.Series | np.ndarray, q: float) -> float | None:
+    array = np.asarray(values, dtype=float)
+    array = array[np.isfinite(array)]
+    return float(np.percentile(array, q)) if array.size else None
+
+
+def itl_ms(chunks: pd.DataFrame, scored_requests: pd.Series) -> np.ndarray:
+    """Inter-token gaps in ms between consecutive chunks of the scored requests, pooled."""
+    if chunks.empty:
+        return np.array([], dtype=float)
+    chunks = chunks[chunks["request"].isin(scored_requests)].sort_values(["request", "chunk"])
+    gaps = chunks.groupby("request")["t_s"].diff().dropna().to_numpy(dtype=float)
+    return gaps * 1e3
+
+
+def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
+    """Hit rate, cold share, expert loads, bytes read and new swap-out pages from deltas."""
+    delta = counters.get("delta") or {}
+
+    def get(key: str) -> float | None:
+        value = delta.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    hits, misses = get("hits"), get("misses")
+    lookups, cold = get("lookups"), get("cold_lookups")
+    return {
+        "hit_rate": hits / (hits + misses)
+        if hits is not None and misses and hits + misses
+        else (1.0 if hits and not misses else None),
+        "cold_share": cold / lookups if cold is not None and lookups else None,
+        "expert_loads": get("expert_loads"),
+        "bytes_read": get("bytes_read"),
+        "swaps": get("swaps"),
+        "cold_lookups": cold,
+        "new_swapout_pages": get("new_swapout_pages"),
+    }
+
+
+def run_metrics(
+    requests: pd.DataFrame,
+    chunks: pd.DataFrame,
+    counters: dict[str, Any],
+    ring: pd.DataFrame | None,
+    *,
+    concurrency: int,
+    window_s: float,
+    converged_span_s: float,
+    hold_s: float,
+) -> tuple[dict[str, Any], list[ShiftRecovery]]:
+    """Every per-run metric of the catalog, plus the shift recoveries from the ring."""
+    scored = request_metrics(requests) if not requests.empty else _EMPTY_SCORED
+    decode = _geomean(scored["decode_tok_s"])
+    first = scored[scored["first_after_boot"].astype(bool)]
+    gaps = itl_ms(chunks, scored["request"])
+    out: dict[str, Any] = {
+        "requests": len(scored),
+        "decode_tok_s": decode,
+        "c1_tok_s": decode if concurrency == 1 else None,
+        "tpot_p50_ms": _percentile(scored["tpot_ms"], 50),
+        "tpot_p95_ms": _percentile(scored["tpot_ms"], 95),
+        "tpot_p99_ms": _percentile(scored["tpot_ms"], 99),
+        "ttft_ms": _geomean(scored["ttft_ms"]),
+        "e2el_ms": _geomean(scored["e2el_ms"]),
+        "prefill_tok_s": _geomean(scored["prefill_tok_s"]),
+        "first_request_tok_s": (float(first["decode_tok_s"].iloc[0]) if len(first) else None),
+        "itl_p99_ms": _percentile(gaps, 99),
+    }
+    out.update(counter_metrics(counters))
+    shifts: list[ShiftRecovery] = []
+    if ring is not None and len(ring):
+        summary = ring_summary(ring, window_s, converged_span_s=converged_span_s)
+        out["churn_per_min"] = summary.get("churn_per_min")
+        out["swap_cost_ratio"] = summary.get("swap_cost_ratio")
+        out["swap_ms_per_swap"] = summary.get("swap_ms_per_swap")
+        out["ring_itl_p99_ms"] = summary.get("itl_p99_ms")
+        out["ring_duration_s"] = summary.get("duration_s")
+        out["ring_cold_share"] = summary.get("cold_share")
+        shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
+        t90 = [s.t90_s for s in shifts]
+        out["t90_s"] = _nan_max(t90)
+        out["t2x_s"] = _nan_max([s.t2x_s for s in shifts])
+    return out, shifts
+
+
+def _nan_max(values: list[float | None]) -> float | None:
+    """The worst recovery; None when any shift never recovered (or there were none)."""
+    if not values or any(v is None for v in values):
+        return None
+    return max(v for v in values if v is not None)
+
+
+def domain_speeds(requests: pd.DataFrame) -> dict[str, float]:
+    """Geomean decode tok/s per domain (seed 000's per-domain C1)."""
+    scored = request_metrics(requests)
+    out = {}
+    for domain, group in scored.groupby("domain"):
+        value = _geomean(group["decode_tok_s"])
+        if value is not None and not math.isnan(value):
+            out[str(domain)] = value
+    return out
