@@ -13,12 +13,15 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from harness import __version__
 from harness.card import load_card
-from harness.errors import EXIT_INFRASTRUCTURE, EXIT_OK, HarnessError
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK, HarnessError
 from harness.plan import build_plan, plan_json_text
+
+if TYPE_CHECKING:
+    from harness.gate import Verdict
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
 
@@ -117,14 +120,101 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: TextIO) -> int:
-    """Analysis, gates and report after a campaign, when those stages are installed."""
+    """Analysis, gates and the report after a campaign; the exit code of the whole job."""
+    verdict_code = _analyze_and_gate(root, out, quiet=False)
     if failed:
         out.write(
             f"{len(failed)} runs could not be completed (see their run.json for reasons); "
             f"retry them with: harness run --resume {root}\n"
         )
         return EXIT_INFRASTRUCTURE
+    return verdict_code
+
+
+def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
+    from harness.analyze.campaign import analyze_campaign, write_analysis
+    from harness.gate import evaluate_gates, write_verdict
+
+    analysis = analyze_campaign(root)
+    write_analysis(analysis)
+    verdict = evaluate_gates(analysis)
+    write_verdict(verdict, root)
+    if not quiet:
+        _print_verdict(verdict, out)
+    report = _render_report_if_available(root, analysis, verdict)
+    if report is not None:
+        out.write(f"report: {report}\n")
+    if verdict.passed:
+        return EXIT_OK
+    return EXIT_INFRASTRUCTURE if verdict.incomplete_runs else EXIT_GATE_FAILED
+
+
+def _render_report_if_available(root: Path, analysis: object, verdict: object) -> Path | None:
+    try:
+        report_module = importlib.import_module("harness.report")
+    except ModuleNotFoundError:
+        return None
+    path: Path = report_module.render_report(root, analysis, verdict)
+    return path
+
+
+def _print_verdict(verdict: Verdict, out: TextIO) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"verdict: {'PASS' if verdict.passed else 'FAIL'}", title_justify="left")
+    table.add_column("gate")
+    table.add_column("result")
+    table.add_column("reason", overflow="fold")
+    for gate in verdict.gates:
+        mark = "[green]pass[/green]" if gate.passed else "[bold red]FAIL[/bold red]"
+        table.add_row(gate.name, mark, gate.reason)
+    if not verdict.gates:
+        table.add_row("(none)", "[bold red]FAIL[/bold red]", "the card declares no gates")
+    Console(file=out, width=140, highlight=False).print(table)
+
+
+def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.analyze.campaign import analyze_campaign, summary_text, write_analysis
+
+    analysis = analyze_campaign(Path(args.dir))
+    folder = write_analysis(analysis)
+    if args.json:
+        out.write(summary_text(analysis) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out, width=140, highlight=False)
+    table = Table(title="comparisons (cell / control)", title_justify="left")
+    for column in ("cell", "state", "metric", "ratio", "95% CI", "label", "cycles"):
+        table.add_column(column)
+    for row in analysis.comparison_table().to_dict("records"):
+        ci = (
+            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+            if row["ci_low"] is not None and row["ci_high"] is not None
+            else "no interval"
+        )
+        table.add_row(
+            str(row["cell"]),
+            str(row["cache_state"]),
+            str(row["metric"]),
+            f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
+            ci,
+            str(row["label"]),
+            str(row["n_cycles"]),
+        )
+    console.print(table)
+    for flag in analysis.flags:
+        console.print(f"{flag['kind']}: {flag['cell']} {flag['metric']}: {flag['detail']}")
+    for warning in analysis.warnings:
+        console.print(f"warning: {warning}")
+    console.print(f"tables written to {folder}")
     return EXIT_OK
+
+
+def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
+    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet)
 
 
 def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
@@ -191,6 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reports", default="reports", help="where campaign folders go")
     run.add_argument("--quiet", action="store_true", help="no progress bar (for CI logs)")
     run.set_defaults(handler=_cmd_run)
+
+    analyze = verbs.add_parser("analyze", help="compute the tables of a campaign directory")
+    analyze.add_argument("dir", metavar="DIR")
+    analyze.add_argument("--json", action="store_true", help="print the summary as JSON")
+    analyze.set_defaults(handler=_cmd_analyze)
+
+    gate = verbs.add_parser("gate", help="evaluate the card's gates (exit 0 pass, 1 fail)")
+    gate.add_argument("dir", metavar="DIR")
+    gate.add_argument("--quiet", action="store_true", help="no verdict table")
+    gate.set_defaults(handler=_cmd_gate)
 
     bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
     bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")

@@ -34,7 +34,8 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     """Scored requests (ok, not warm-up) with tpot_ms, decode_tok_s, ttft_ms, e2el_ms added."""
     if requests.empty:
         return _EMPTY_SCORED.copy()
-    scored = requests[requests["ok"] & ~requests["warmup"]].copy()
+    timed = requests["phase"] != "quality"  # the quality suite's outputs are checked, not timed
+    scored = requests[requests["ok"] & ~requests["warmup"] & timed].copy()
     n = scored["completion_tokens"].astype(float)
     decode_s = scored["e2el_s"].astype(float) - scored["ttft_s"].astype(float)
     valid = (n > 1) & (decode_s > 0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Figure:
-    """One measured figure: ``value`` in ``unit``, compared with ``target`` where the issue sets one."""
+    """One measured figure: ``value`` in ``unit``, against ``target`` where an issue sets one."""
 
     name: str
     value: float

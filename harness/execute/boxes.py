@@ -4,10 +4,15 @@ Both boxes run the same shell text built by :func:`shell_command`, so quoting is
 tested on both paths: every argv item and env value is ``shlex.quote``-d, the environment goes
 inline (sshd drops protocol env), and a background server is started with ``setsid nohup … &`` so
 its PID is also its process-group id and the whole group can be signalled.
+
+Over SSH every command runs under ``timeout`` on the box, because a command that times out here
+keeps running there; host keys are checked against known_hosts unless the box opts out.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import subprocess
 import tarfile
@@ -31,6 +36,11 @@ _EVICT_SNIPPET = (
 _FREE_PORT_SNIPPET = (
     "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"
 )
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Seconds between the remote timeout's TERM and its KILL.
+_KILL_AFTER_S = 5
+# Extra seconds the local side waits beyond the remote guard before giving up on the channel.
+_LOCAL_SLACK_S = 15
 
 
 @dataclass(frozen=True)
@@ -51,16 +61,43 @@ def shell_command(
         parts.append(f"cd {quote_path(cwd)} &&")
     if env:
         parts.append("env")
-        parts.extend(shlex.quote(f"{key}={value}") for key, value in env.items())
+        for key, value in env.items():
+            if not key or "=" in key:
+                raise BoxError(f"environment variable name {key!r} is invalid (empty or has '=')")
+            parts.append(shlex.quote(f"{key}={value}"))
     parts.extend(shlex.quote(item) for item in argv)
     return " ".join(parts)
 
 
+def export_prefix(env: Mapping[str, str]) -> str:
+    """``export K=V; …`` text that sets ``env`` for a whole shell script, not one command."""
+    exports = []
+    for key, value in env.items():
+        if not _ENV_NAME.fullmatch(key):
+            raise BoxError(f"box env: {key!r} is not a valid environment variable name")
+        exports.append(f"export {shlex.quote(f'{key}={value}')}; ")
+    return "".join(exports)
+
+
 def quote_path(path: str) -> str:
     """Quote a path for the shell, keeping a leading ``~/`` expandable."""
+    if path == "~":
+        return '"$HOME"'
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])
     return shlex.quote(path)
+
+
+def _group_alive_command(pgid: int) -> str:
+    # `kill -0` succeeds on zombies, and a server whose parent shell has exited is reparented to
+    # PID 1, which in containers often never reaps it; so a zombie-only group counts as gone.
+    group = int(pgid)
+    return (
+        "if command -v ps >/dev/null 2>&1; then "
+        f"ps -A -o pgid= -o stat= | awk -v g={group} "
+        "'$1 == g && $2 !~ /^Z/ {alive = 1} END {exit !alive}'; "
+        f"else kill -0 -- -{group} 2>/dev/null; fi"
+    )
 
 
 class Box(ABC):
@@ -69,6 +106,7 @@ class Box(ABC):
     def __init__(self, name: str, spec: BoxSpec) -> None:
         self.name = name
         self.spec = spec
+        self._home: str | None = None
 
     @abstractmethod
     def sh(self, command: str, *, timeout_s: float = 60, check: bool = True) -> CommandResult:
@@ -88,6 +126,11 @@ class Box(ABC):
         """Host name the harness uses to reach servers on the box."""
 
     @property
+    def where(self) -> str:
+        """The box as error messages name it."""
+        return f"box {self.name}"
+
+    @property
     def bind_host(self) -> str:
         """Address servers on the box should listen on."""
         return "127.0.0.1" if self.spec.kind == "local" else "0.0.0.0"
@@ -95,14 +138,21 @@ class Box(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def _failed(self, command: str, result: CommandResult) -> BoxError:
+        return BoxError(
+            f"{self.where}: command failed (exit {result.code}): {command}\n"
+            f"{result.stderr.strip()[-2000:]}"
+        )
+
     # ---- derived operations, written once over sh() ------------------------------------------
 
     def home_path(self, path: str) -> str:
-        """Absolute form of a path that may start with ``~/``."""
+        """Absolute form of a path that may start with ``~/`` (the box's $HOME, asked once)."""
         if not path.startswith("~"):
             return path
-        home = self.sh('printf %s "$HOME"').stdout
-        return home + path[1:]
+        if self._home is None:
+            self._home = self.sh('printf %s "$HOME"').stdout
+        return self._home + path[1:]
 
     def mkdirs(self, path: str) -> None:
         """Create a directory and its parents."""
@@ -121,22 +171,29 @@ class Box(ABC):
     def start_background(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, log_path: str
     ) -> int:
-        """Start a server detached from this shell; returns its PID, which is also its group id."""
-        inner = shell_command(argv, env)
-        cd = f"cd {quote_path(cwd)} && " if cwd else ""
+        """Start a server detached from this shell; returns its PID, which is also its group id.
+
+        ``setsid`` is exec'd by a background job, which is never a group leader, so it calls
+        setsid() itself without forking; ``nohup``, ``sh`` and ``env`` exec in turn, so the PID
+        ``$!`` reports is the server's, and the server leads its own session and process group.
+        The ``cd`` runs inside that ``sh``: ``cd X && cmd &`` would background a subshell instead.
+        """
+        inner = "exec " + shell_command(argv, env)
+        if cwd:
+            inner = f"cd {quote_path(cwd)} && {inner}"
         command = (
-            f"{cd}setsid nohup sh -c {shlex.quote('exec ' + inner)} "
+            f"setsid nohup sh -c {shlex.quote(inner)} "
             f"</dev/null >{quote_path(log_path)} 2>&1 & echo $!"
         )
         result = self.sh(command, timeout_s=30)
         try:
             return int(result.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise BoxError(f"box {self.name}: could not start {argv[0]}: {result.stderr}") from None
+            raise BoxError(f"{self.where}: could not start {argv[0]}: {result.stderr}") from None
 
     def group_alive(self, pgid: int) -> bool:
-        """True while any process of the group is alive."""
-        return self.sh(f"kill -0 -- -{int(pgid)} 2>/dev/null", check=False).code == 0
+        """True while any process of the group is alive (zombies do not count)."""
+        return self.sh(_group_alive_command(pgid), check=False).code == 0
 
     def signal_group(self, pgid: int, signal: str) -> None:
         """Send ``signal`` (TERM, INT, KILL) to the whole process group."""
@@ -145,7 +202,11 @@ class Box(ABC):
     def free_port(self) -> int:
         """A TCP port free on the box right now."""
         command = shell_command([self.spec.python_path(), "-c", _FREE_PORT_SNIPPET])
-        return int(self.sh(command).stdout.strip())
+        text = self.sh(command).stdout.strip()
+        try:
+            return int(text)
+        except ValueError:
+            raise BoxError(f"{self.where}: free port probe printed {text!r}") from None
 
     def evict_from_page_cache(self, paths: Sequence[str]) -> bool:
         """Drop files from the page cache (Linux fadvise, macOS ``purge``); False if impossible."""
@@ -193,13 +254,15 @@ class Box(ABC):
         """Copy a directory from the box as one tar."""
         staging = f"{remote.rstrip('/')}.download.tar"
         self.sh(f"tar -cf {quote_path(staging)} -C {quote_path(remote)} .")
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = Path(tmp) / "dir.tar"
-            self.get_file(staging, archive)
-            local.mkdir(parents=True, exist_ok=True)
-            with tarfile.open(archive) as tar:
-                tar.extractall(local, filter="data")
-        self.sh(f"rm -f {quote_path(staging)}", check=False)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                archive = Path(tmp) / "dir.tar"
+                self.get_file(staging, archive)
+                local.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(archive) as tar:
+                    tar.extractall(local, filter="data")
+        finally:
+            self.sh(f"rm -f {quote_path(staging)}", check=False)
 
 
 class LocalBox(Box):
@@ -212,10 +275,10 @@ class LocalBox(Box):
 
     def sh(self, command: str, *, timeout_s: float = 60, check: bool = True) -> CommandResult:
         """Run shell text with bash; a timeout kills the whole process group."""
-        env_prefix = shell_command([], self.spec.env) + " " if self.spec.env else ""
+        script = export_prefix(self.spec.env) + command
         try:
             done = subprocess.run(
-                ["bash", "-c", env_prefix + command],
+                ["bash", "-c", script],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
@@ -223,13 +286,10 @@ class LocalBox(Box):
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise BoxError(f"box {self.name}: timed out after {timeout_s:g} s: {command}") from exc
+            raise BoxError(f"{self.where}: timed out after {timeout_s:g} s: {command}") from exc
         result = CommandResult(done.returncode, done.stdout, done.stderr)
         if check and result.code != 0:
-            raise BoxError(
-                f"box {self.name}: command failed (exit {result.code}): {command}\n"
-                f"{result.stderr.strip()[-2000:]}"
-            )
+            raise self._failed(command, result)
         return result
 
     def put_file(self, local: Path, remote: str) -> None:
@@ -243,18 +303,92 @@ class LocalBox(Box):
         self.sh(f"cp {quote_path(remote)} {shlex.quote(str(local))}")
 
 
-class SshBox(Box):
-    """A remote host over SSH (fabric), honouring ~/.ssh/config and known_hosts."""
+def remote_guard(command: str, timeout_s: float) -> str:
+    """Shell text that runs ``command`` under ``timeout`` (or ``gtimeout``) on the box.
 
-    def __init__(self, name: str, spec: BoxSpec) -> None:
+    ``timeout`` puts itself in a new process group and signals the whole group when time is up,
+    so children of the command die too; ``-k`` follows TERM with KILL. A box with neither tool
+    runs the command unguarded (``harness box check`` reports it).
+    """
+    limit_s = int(timeout_s) + 1
+    body = shlex.quote(command)
+    return (
+        "if command -v timeout >/dev/null 2>&1; then "
+        f"exec timeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
+        "elif command -v gtimeout >/dev/null 2>&1; then "
+        f"exec gtimeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
+        f"else exec bash -c {body}; fi"
+    )
+
+
+def _host_key_fix(host: str, port: int) -> str:
+    target = f"-p {port} {host}" if port != 22 else host
+    return (
+        f"; check the key out of band, then add it with `ssh-keyscan {target} >> "
+        "~/.ssh/known_hosts` (or set `insecure_accept_unknown_host_key: true` on the box)"
+    )
+
+
+class SshBox(Box):
+    """A remote host over SSH (fabric), honouring ~/.ssh/config and checking known_hosts.
+
+    Host keys come from ``~/.ssh/known_hosts``, the ssh config's ``UserKnownHostsFile`` and
+    ``GlobalKnownHostsFile``, and the files in ``known_hosts``; an unknown key is refused unless
+    the spec sets ``insecure_accept_unknown_host_key`` (accepted keys are never written to disk).
+    """
+
+    def __init__(
+        self, name: str, spec: BoxSpec, *, known_hosts: Sequence[str | Path] = ()
+    ) -> None:
         super().__init__(name, spec)
+        self.known_hosts = [Path(p).expanduser() for p in known_hosts]
         self._connection: Any = None
+        self._target = f"{spec.user + '@' if spec.user else ''}{spec.host}"
+        if spec.port:
+            self._target += f":{spec.port}"
 
     @property
     def http_host(self) -> str:
         """Servers on the box are reached at its host name."""
         assert self.spec.host is not None
         return self.spec.host
+
+    @property
+    def where(self) -> str:
+        """The box and the ssh target it resolves to (user@host:port)."""
+        return f"box {self.name} ({self._target})"
+
+    def _secure(self, connection: Any) -> None:
+        """Host-key policy for a connection and each gateway under it (fabric auto-adds)."""
+        import paramiko
+
+        client = connection.client
+        client.load_system_host_keys()  # ~/.ssh/known_hosts, read only (never saved to)
+        extra = list(self.known_hosts)
+        for key in ("userknownhostsfile", "globalknownhostsfile"):
+            value = connection.ssh_config.get(key)
+            if isinstance(value, list):
+                value = " ".join(value)
+            if value:
+                extra.extend(Path(p).expanduser() for p in str(value).split())
+        extra.append(Path("/etc/ssh/ssh_known_hosts"))
+        for path in extra:
+            if path.is_file():
+                try:
+                    client.load_system_host_keys(str(path))
+                except (OSError, paramiko.SSHException) as exc:
+                    raise BoxError(f"{self.where}: cannot read known_hosts {path}: {exc}") from exc
+            elif path in self.known_hosts:
+                raise BoxError(f"{self.where}: known_hosts file {path} does not exist")
+        policy = (
+            paramiko.AutoAddPolicy()
+            if self.spec.insecure_accept_unknown_host_key
+            else paramiko.RejectPolicy()
+        )
+        client.set_missing_host_key_policy(policy)
+        gateway = getattr(connection, "gateway", None)
+        if gateway is not None and not isinstance(gateway, str):
+            self._secure(gateway)
 
     def _connect(self) -> Any:
         if self._connection is not None:
@@ -267,72 +401,82 @@ class SshBox(Box):
             connect_kwargs["key_filename"] = str(Path(self.spec.key).expanduser())
         config = Config(overrides={"run": {"hide": True, "warn": True}})
         gateway = Connection(self.spec.gateway, config=config) if self.spec.gateway else None
-        connection = Connection(
-            host=self.spec.host,
-            user=self.spec.user,
-            port=self.spec.port,
-            config=config,
-            gateway=gateway,
-            connect_kwargs=connect_kwargs,
-            connect_timeout=15,
-        )
-        client = connection.client
-        client.load_system_host_keys()
-        known = Path("~/.ssh/known_hosts").expanduser()
-        if known.is_file():
-            client.load_host_keys(str(known))
-        policy = (
-            paramiko.AutoAddPolicy()
-            if self.spec.insecure_accept_unknown_host_key
-            else paramiko.RejectPolicy()
-        )
-        client.set_missing_host_key_policy(policy)
+        try:
+            connection = Connection(
+                host=self.spec.host,
+                user=self.spec.user,
+                port=self.spec.port,
+                config=config,
+                gateway=gateway,
+                connect_kwargs=connect_kwargs,
+                connect_timeout=15,
+            )
+        except Exception as exc:  # fabric parses ssh config and host strings; name the box
+            raise BoxError(f"{self.where}: bad ssh settings: {exc}") from exc
+        self._target = f"{connection.user}@{connection.host}:{connection.port}"
+        self._secure(connection)
         try:
             connection.open()
+        except paramiko.BadHostKeyException as exc:
+            raise BoxError(
+                f"{self.where}: the host key does not match known_hosts ({exc}); if the host "
+                "was really reinstalled, remove the old line with `ssh-keygen -R HOST`, "
+                "otherwise do not connect"
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            raise BoxError(
+                f"{self.where}: authentication failed ({exc}); check `user` and `key` on the "
+                f"box, and that the key is in the box's authorized_keys (`ssh-copy-id`)"
+            ) from exc
         except paramiko.SSHException as exc:
             hint = (
-                "; add the host key (ssh-keyscan) to ~/.ssh/known_hosts or set "
-                "insecure_accept_unknown_host_key: true on the box"
+                _host_key_fix(connection.host, int(connection.port))
                 if "not found in known_hosts" in str(exc)
                 else ""
             )
-            raise BoxError(f"box {self.name}: ssh to {self.spec.host}: {exc}{hint}") from exc
+            raise BoxError(f"{self.where}: ssh: {exc}{hint}") from exc
         except OSError as exc:
-            raise BoxError(f"box {self.name}: cannot reach {self.spec.host}: {exc}") from exc
+            raise BoxError(
+                f"{self.where}: cannot reach the host: {exc}; check `host` and `port`, and that "
+                "sshd runs there"
+            ) from exc
         self._connection = connection
         return connection
 
     def sh(self, command: str, *, timeout_s: float = 60, check: bool = True) -> CommandResult:
         """Run shell text remotely; ``timeout`` on the box kills it there, not only here."""
-        env_prefix = shell_command([], self.spec.env) + " " if self.spec.env else ""
-        guarded = f"timeout -k 5 {int(timeout_s) + 1} bash -c {shlex.quote(env_prefix + command)}"
+        guarded = remote_guard(export_prefix(self.spec.env) + command, timeout_s)
         connection = self._connect()
         try:
             result = connection.run(
-                guarded, timeout=timeout_s + 15, hide=True, warn=True, in_stream=False
+                guarded, timeout=timeout_s + _LOCAL_SLACK_S, hide=True, warn=True, in_stream=False
             )
         except Exception as exc:  # fabric/invoke/paramiko raise many types; wrap them all
-            raise BoxError(f"box {self.name}: {type(exc).__name__}: {exc}: {command}") from exc
+            raise BoxError(f"{self.where}: {type(exc).__name__}: {exc}: {command}") from exc
         outcome = CommandResult(result.exited, result.stdout, result.stderr)
-        if outcome.code == 124:
+        # 124: timeout's TERM ended it; 137 (KILL) only counts when the command ignored TERM.
+        if outcome.code == 124 or (outcome.code == 137 and "Killed" not in outcome.stderr):
             raise BoxError(
-                f"box {self.name}: timed out after {timeout_s:g} s (killed there): {command}"
+                f"{self.where}: timed out after {timeout_s:g} s (killed there): {command}"
             )
         if check and outcome.code != 0:
-            raise BoxError(
-                f"box {self.name}: command failed (exit {outcome.code}): {command}\n"
-                f"{outcome.stderr.strip()[-2000:]}"
-            )
+            raise self._failed(command, outcome)
         return outcome
+
+    def _transfer_error(self, what: str, exc: Exception) -> BoxError:
+        hint = ""
+        if "sftp" in str(exc).lower() or "EOF" in str(exc) or "subsystem" in str(exc).lower():
+            hint = "; file transfer needs SFTP on the box (Debian: apt-get install openssh-sftp-server)"
+        return BoxError(f"{self.where}: {what}: {type(exc).__name__}: {exc}{hint}")
 
     def put_file(self, local: Path, remote: str) -> None:
         """Upload one file (sftp)."""
         target = self.home_path(remote)
-        self.mkdirs(str(Path(target).parent))
+        self.mkdirs(os.path.dirname(target) or ".")
         try:
             self._connect().put(str(local), target)
         except Exception as exc:
-            raise BoxError(f"box {self.name}: upload {local} -> {remote}: {exc}") from exc
+            raise self._transfer_error(f"upload {local} -> {remote}", exc) from exc
 
     def get_file(self, remote: str, local: Path) -> None:
         """Download one file (sftp)."""
@@ -340,15 +484,22 @@ class SshBox(Box):
         try:
             self._connect().get(self.home_path(remote), str(local))
         except Exception as exc:
-            raise BoxError(f"box {self.name}: download {remote}: {exc}") from exc
+            raise self._transfer_error(f"download {remote} -> {local}", exc) from exc
 
     def close(self) -> None:
-        """Close the SSH connection."""
+        """Close the SSH connection (and its gateway)."""
         if self._connection is not None:
             self._connection.close()
+            gateway = getattr(self._connection, "gateway", None)
+            if gateway is not None and not isinstance(gateway, str):
+                gateway.close()
             self._connection = None
 
 
 def open_box(name: str, spec: BoxSpec) -> Box:
     """The box for a spec."""
-    return LocalBox(name, spec) if spec.kind == "local" else SshBox(name, spec)
+    if spec.kind == "local":
+        return LocalBox(name, spec)
+    # `known_hosts` is a proposed BoxSpec field; until it exists the getattr finds nothing.
+    extra = getattr(spec, "known_hosts", None)
+    return SshBox(name, spec, known_hosts=[extra] if extra else [])

@@ -45,6 +45,7 @@ from harness.records import (
 )
 from harness.telemetry import read_ring
 
+QUALITY_PHASE = -2  # phase index of the quality suite: outputs checked, timings not scored
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
 
 
@@ -70,6 +71,12 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
     (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
     (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
     (root / "plan.json").write_text(plan_json_text(plan) + "\n", encoding="utf-8")
+    if loaded.quality:
+        suite = [
+            {"id": p.id, "domain": p.domain, "check": p.check, "max_tokens": p.max_tokens}
+            for p in loaded.quality
+        ]
+        write_json_atomic(root / "quality.json", {"prompts": suite})
     campaign = CampaignDir(root)
     campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
     return campaign
@@ -98,15 +105,30 @@ def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
     if warmup:
         items = tuple(item(i, "warmup", -1, None) for i in range(workload.warmup_requests))
         return [PhasePlan("warmup", -1, items)] if items else []
+    phases = []
     if not workload.phases:
         count = len(heldout) * workload.passes
-        return [PhasePlan("main", 0, tuple(item(i, "main", 0, None) for i in range(count)))]
-    phases = []
-    for index, phase in enumerate(workload.phases):
+        phases.append(PhasePlan("main", 0, tuple(item(i, "main", 0, None) for i in range(count))))
+    for index, phase in enumerate(workload.phases or []):
         pool_size = len([p for p in heldout if p.domain in phase.domains])
         count = phase.requests or pool_size
         items = tuple(item(i, phase.name, index, phase.domains) for i in range(count))
         phases.append(PhasePlan(phase.name, index, items, phase.duration_s))
+    if loaded.quality:
+        # The quality suite runs last, so its prompts never disturb the timed phases.
+        quality = tuple(
+            WorkItem(
+                prompt_id=p.id,
+                domain=p.domain,
+                phase="quality",
+                phase_index=QUALITY_PHASE,
+                max_tokens=p.max_tokens or workload.max_tokens,
+                prompt=p.prompt,
+                messages=p.messages,
+            )
+            for p in loaded.quality
+        )
+        phases.append(PhasePlan("quality", QUALITY_PHASE, quality))
     return phases
 
 
@@ -288,6 +310,9 @@ class CampaignRunner:
                 self._drive(runtime, build_phases(self.loaded, warmup=True), run)
             before = _counters(runtime)
             results = self._drive(runtime, build_phases(self.loaded, warmup=False), run)
+            if run.cache_state == "warm" and self.loaded.card.workload.warmup_requests:
+                for result in results:
+                    result.first_after_boot = False  # the warm-up request came first
             after = _counters(runtime)
             swap_after = self.box.swapout_pages()
             self._write_counters(local_dir, before, after, swap_before, swap_after)
@@ -402,7 +427,7 @@ class CampaignRunner:
         phase_knob = self.loaded.runtime.phase_live_knob
 
         async def on_phase(phase: PhasePlan) -> None:
-            if phase_knob and phase.index >= 0:
+            if phase_knob and phase.index >= 0 and phase.index != QUALITY_PHASE:
                 await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
 
         def on_result(result: RequestResult) -> None:

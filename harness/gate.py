@@ -1,0 +1,456 @@
+"""Promotion gates: the card's declarative gates evaluated over a campaign's analysis.
+
+Every gate fails closed: a missing run, a failed run, a counter the box could not read, or a
+comparison that could not be made is a failure with its reason, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.analyze.campaign import CampaignAnalysis
+from harness.card import (
+    BetterGate,
+    CounterGate,
+    ExactOutputsGate,
+    Gate,
+    LockstepGate,
+    QualityGate,
+    SoakGate,
+    SurvivesGate,
+    parse_fraction,
+)
+from harness.catalog import METRICS
+from harness.records import read_json, write_json_atomic
+
+
+@dataclass
+class GateResult:
+    """One gate's outcome, with the reason and the evidence a reviewer needs."""
+
+    kind: str
+    name: str
+    passed: bool
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    """All gates; ``passed`` only when every gate passed and there was at least one."""
+
+    campaign: str
+    passed: bool
+    gates: list[GateResult]
+    incomplete_runs: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``verdict.json`` payload."""
+        return {
+            "campaign": self.campaign,
+            "passed": self.passed,
+            "incomplete_runs": self.incomplete_runs,
+            "gates": [asdict(g) for g in self.gates],
+        }
+
+
+def _gate_name(gate: Gate) -> str:
+    if isinstance(gate, BetterGate):
+        return f"better {gate.metric}"
+    if isinstance(gate, CounterGate):
+        bounds = []
+        if gate.min is not None:
+            bounds.append(f">= {gate.min:g}")
+        if gate.max is not None:
+            bounds.append(f"<= {gate.max:g}")
+        return f"counter {gate.counter} {' and '.join(bounds)}"
+    if isinstance(gate, ExactOutputsGate):
+        return f"exact outputs {gate.min_match}"
+    if isinstance(gate, SurvivesGate):
+        return f"survives {', '.join(gate.cache_states)}"
+    if isinstance(gate, QualityGate):
+        return f"quality {gate.min_pass}"
+    if isinstance(gate, SoakGate):
+        return f"soak {gate.min_duration_s:g} s"
+    return gate.kind
+
+
+def _cells(gate: Gate, analysis: CampaignAnalysis, *, treatments_only: bool) -> list[str]:
+    if gate.cells:
+        return list(gate.cells)
+    card = analysis.card
+    return list(card.treatments if treatments_only and card.control else card.cells)
+
+
+def _incomplete(runs: pd.DataFrame, cells: list[str]) -> list[str]:
+    subset = runs[runs["cell"].isin(cells) | runs["comparison"].isin(cells)]
+    return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
+
+
+def _required(fraction: str | int, n: int) -> int:
+    if fraction == "all":
+        return n
+    k, of = parse_fraction(fraction)
+    if of is None:
+        return k
+    return math.ceil(k / of * n - 1e-9)
+
+
+def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
+    name = _gate_name(gate)
+    reference = gate.vs or analysis.card.control
+    outputs = analysis.outputs
+    if outputs.empty or reference is None:
+        return GateResult(gate.kind, name, False, "no outputs recorded (no completed runs)")
+    outputs = outputs[outputs["phase"] != "quality"]
+    ref = outputs[(outputs["cell"] == reference) & outputs["ok"]]
+    if ref.empty:
+        return GateResult(gate.kind, name, False, f"reference cell {reference!r} has no outputs")
+    ref_hash = ref.groupby("prompt_id")["output_sha256"].agg(lambda s: s.mode().iloc[0])
+    ref_flaky = ref.groupby("prompt_id")["output_sha256"].nunique()
+    evidence: dict[str, Any] = {"reference": reference, "cells": {}}
+    failures = []
+    for cell in _cells(gate, analysis, treatments_only=True):
+        if cell == reference:
+            continue
+        mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
+        matched, mismatched, allowed, missing = [], [], [], []
+        for prompt_id, expected in ref_hash.items():
+            got = mine[mine["prompt_id"] == prompt_id]["output_sha256"]
+            if got.empty:
+                missing.append(str(prompt_id))
+            elif (got == expected).all():
+                matched.append(str(prompt_id))
+            elif prompt_id in gate.allow:
+                allowed.append(str(prompt_id))
+            else:
+                mismatched.append(str(prompt_id))
+        n = len(ref_hash)
+        need = _required(gate.min_match, n)
+        ok = not missing and len(matched) + len(allowed) >= need
+        evidence["cells"][cell] = {
+            "matched": len(matched),
+            "n": n,
+            "required": need,
+            "mismatched": mismatched,
+            "allowed_mismatches": allowed,
+            "missing": missing,
+            "flaky_in_reference": sorted(str(p) for p, k in ref_flaky.items() if k > 1),
+        }
+        if not ok:
+            detail = f"{cell}: {len(matched)}/{n} match {reference}, need {need}"
+            if mismatched:
+                detail += f"; differ: {', '.join(mismatched[:5])}"
+            if missing:
+                detail += f"; missing outputs for {len(missing)} prompts"
+            failures.append(detail)
+    if failures:
+        return GateResult(gate.kind, name, False, "; ".join(failures), evidence)
+    summary = ", ".join(
+        f"{c}: {e['matched']}/{e['n']}"
+        + (f" (+{len(e['allowed_mismatches'])} allowed)" if e["allowed_mismatches"] else "")
+        for c, e in evidence["cells"].items()
+    )
+    return GateResult(gate.kind, name, True, f"outputs match {reference}: {summary}", evidence)
+
+
+def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
+    name = _gate_name(gate)
+    runs = analysis.runs
+    cells = _cells(gate, analysis, treatments_only=False)
+    subset = runs[runs["cell"].isin(cells)]
+    if gate.counter == "failed_runs":
+        values = {"campaign": float((subset["status"] != "ok").sum())}
+    else:
+        column = "ring_lost" if gate.counter == "lost_ring_records" else gate.counter
+        incomplete = _incomplete(runs, cells)
+        if incomplete:
+            return GateResult(
+                gate.kind, name, False, f"runs not complete: {', '.join(incomplete[:5])}"
+            )
+        values = {}
+        for row in subset.itertuples():
+            value = getattr(row, column, None) if column in subset.columns else None
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return GateResult(
+                    gate.kind,
+                    name,
+                    False,
+                    f"{gate.counter} was not recorded for run {row.run_id}: the box or runtime "
+                    "does not expose it, so the bound cannot be shown to hold",
+                )
+            values[str(row.run_id)] = float(value)
+    breaches = {
+        run: value
+        for run, value in values.items()
+        if (gate.max is not None and value > gate.max)
+        or (gate.min is not None and value < gate.min)
+    }
+    evidence = {"values": values}
+    if breaches:
+        worst = ", ".join(f"{run}={value:g}" for run, value in list(breaches.items())[:5])
+        return GateResult(gate.kind, name, False, f"out of bounds: {worst}", evidence)
+    top = max(values.values()) if values else 0.0
+    return GateResult(
+        gate.kind, name, True, f"{len(values)} runs within bounds (max {top:g})", evidence
+    )
+
+
+def _comparison_row(
+    analysis: CampaignAnalysis, cell: str, state: str, metric: str
+) -> dict[str, Any] | None:
+    table = analysis.comparison_table()
+    if table.empty:
+        return None
+    hit = table[
+        (table["cell"] == cell) & (table["cache_state"] == state) & (table["metric"] == metric)
+    ]
+    return None if hit.empty else dict(hit.iloc[0])
+
+
+def _describe(row: dict[str, Any]) -> str:
+    ratio = row["ratio"]
+    text = f"ratio {ratio:.3f}" if ratio is not None else "no ratio"
+    if row.get("ci_low") is not None and row.get("ci_high") is not None:
+        text += f" [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+    text += f" over {row['n_cycles']} cycles: {row['label']}"
+    if row["label"] == "confounded":
+        text += f" (statistically {row['raw_label']}, but drift flagged)"
+    return text
+
+
+def _better_in(
+    analysis: CampaignAnalysis, cells: list[str], states: list[str], metric: str
+) -> tuple[bool, list[str], dict[str, Any]]:
+    reasons, evidence, ok = [], {}, True
+    for cell in cells:
+        incomplete = _incomplete(analysis.runs, [cell])
+        for state in states:
+            key = f"{cell}/{state}"
+            row = _comparison_row(analysis, cell, state, metric)
+            if incomplete:
+                ok = False
+                reasons.append(f"{key}: runs not complete ({', '.join(incomplete[:3])})")
+                continue
+            if row is None:
+                ok = False
+                reasons.append(f"{key}: no comparison on {metric} (no complete cycle)")
+                continue
+            evidence[key] = {k: row[k] for k in ("ratio", "ci_low", "ci_high", "label", "n_cycles")}
+            if row["label"] != "better":
+                ok = False
+                more = ""
+                if row.get("cycles_needed"):
+                    more = f"; about {int(row['cycles_needed'])} cycles would be needed"
+                reasons.append(f"{key}: {_describe(row)}{more}")
+            else:
+                reasons.append(f"{key}: {_describe(row)}")
+    return ok, reasons, evidence
+
+
+def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:
+    cells = _cells(gate, analysis, treatments_only=True)
+    ok, reasons, evidence = _better_in(
+        analysis, cells, list(analysis.card.design.cache_states), gate.metric
+    )
+    return GateResult(gate.kind, _gate_name(gate), ok, "; ".join(reasons), evidence)
+
+
+def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
+    metrics = gate.metrics or [g.metric for g in analysis.card.gates if isinstance(g, BetterGate)]
+    if not metrics:
+        return GateResult(gate.kind, _gate_name(gate), False, "no metric to check: add `metrics`")
+    cells = _cells(gate, analysis, treatments_only=True)
+    all_ok = True
+    reasons: list[str] = []
+    evidence: dict[str, Any] = {}
+    for metric in metrics:
+        ok, why, ev = _better_in(analysis, cells, list(gate.cache_states), metric)
+        all_ok &= ok
+        reasons.extend(f"{metric} {r}" for r in why if not ok or "better" in r)
+        evidence[metric] = ev
+    summary = (
+        "; ".join(reasons)
+        if not all_ok
+        else (f"better in every state ({', '.join(gate.cache_states)}) on {', '.join(metrics)}")
+    )
+    return GateResult(gate.kind, _gate_name(gate), all_ok, summary, evidence)
+
+
+def _check(check: dict[str, Any], text: str) -> bool:
+    kind = check.get("kind")
+    if kind == "regex":
+        return re.search(str(check.get("pattern", "")), text) is not None
+    try:
+        value = json.loads(text.strip())
+    except json.JSONDecodeError:
+        return False
+    if kind == "json_valid":
+        return True
+    return _matches_schema(value, check.get("schema", {}))
+
+
+def _matches_schema(value: Any, schema: dict[str, Any]) -> bool:
+    """The JSON-schema subset quality checks use: type, required, properties, enum."""
+    types: dict[str, type | tuple[type, ...]] = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "number": (int, float),
+        "integer": int,
+        "boolean": bool,
+        "null": type(None),
+    }
+    expected = schema.get("type")
+    if expected is not None and not isinstance(value, types.get(expected, object)):
+        return False
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if isinstance(value, dict):
+        if any(key not in value for key in schema.get("required", [])):
+            return False
+        for key, sub in schema.get("properties", {}).items():
+            if key in value and not _matches_schema(value[key], sub):
+                return False
+    return True
+
+
+def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
+    name = _gate_name(gate)
+    path = analysis.campaign.root / "quality.json"
+    if not path.is_file():
+        return GateResult(gate.kind, name, False, "no quality suite was run in this campaign")
+    suite = {p["id"]: p for p in read_json(path)["prompts"]}
+    outputs = analysis.outputs
+    outputs = outputs[outputs["phase"] == "quality"] if not outputs.empty else outputs
+    failures, evidence = [], {}
+    for cell in _cells(gate, analysis, treatments_only=False):
+        mine = outputs[(outputs["cell"] == cell) & outputs["ok"]] if not outputs.empty else outputs
+        passed = []
+        for prompt_id, prompt in suite.items():
+            texts = mine[mine["prompt_id"] == prompt_id]["output_text"] if not mine.empty else []
+            if len(texts) and all(_check(prompt["check"], str(t)) for t in texts):
+                passed.append(prompt_id)
+        need = _required(gate.min_pass, len(suite))
+        evidence[cell] = {"passed": len(passed), "n": len(suite), "required": need}
+        if len(passed) < need:
+            failed = sorted(set(suite) - set(passed))
+            failures.append(
+                f"{cell}: {len(passed)}/{len(suite)} pass, need {need} "
+                f"(failing: {', '.join(failed[:5])})"
+            )
+    if failures:
+        return GateResult(gate.kind, name, False, "; ".join(failures), evidence)
+    return GateResult(gate.kind, name, True, "every cell passes the quality suite", evidence)
+
+
+def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
+    name = _gate_name(gate)
+    cells = _cells(gate, analysis, treatments_only=False)
+    runs = analysis.runs[analysis.runs["cell"].isin(cells)]
+    problems, evidence = [], {}
+    if runs.empty:
+        return GateResult(gate.kind, name, False, "no soak run in the campaign")
+    for row in runs.itertuples():
+        key = str(row.run_id)
+        if row.status != "ok":
+            problems.append(f"{key}: {row.status}: {getattr(row, 'reason', '')}")
+            continue
+        duration = getattr(row, "ring_duration_s", None)
+        if duration is None or (isinstance(duration, float) and math.isnan(duration)):
+            duration = float(str(row.ended_at)) - float(str(row.started_at))
+        lost = int(getattr(row, "ring_lost", 0) or 0)
+        p99 = getattr(row, "ring_itl_p99_ms", None)
+        evidence[key] = {"duration_s": duration, "lost_ring_records": lost, "itl_p99_ms": p99}
+        if duration < gate.min_duration_s:
+            problems.append(f"{key}: ran {duration:.0f} s of {gate.min_duration_s:g} s")
+        if lost > gate.max_lost_records:
+            problems.append(f"{key}: {lost} ring records lost")
+        if gate.itl_p99_ms_max is not None:
+            if p99 is None or (isinstance(p99, float) and math.isnan(p99)):
+                problems.append(f"{key}: no inter-token p99 (no ring)")
+            elif p99 > gate.itl_p99_ms_max:
+                problems.append(f"{key}: inter-token p99 {p99:.2f} ms > {gate.itl_p99_ms_max:g} ms")
+        if gate.rss_growth_pct_max is not None:
+            growth = getattr(row, "rss_growth_pct", None)
+            if growth is None or (isinstance(growth, float) and math.isnan(growth)):
+                problems.append(f"{key}: RSS was not sampled, so growth cannot be bounded")
+            elif growth > gate.rss_growth_pct_max:
+                problems.append(f"{key}: RSS grew {growth:.1f}% > {gate.rss_growth_pct_max:g}%")
+    if problems:
+        return GateResult(gate.kind, name, False, "; ".join(problems), evidence)
+    return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held", evidence)
+
+
+def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:
+    path = analysis.campaign.root / "lockstep.json"
+    if not path.is_file():
+        return GateResult(
+            gate.kind,
+            _gate_name(gate),
+            False,
+            "no lockstep result in the campaign: run `harness simulate --lockstep` on its route "
+            "traces first",
+        )
+    result = read_json(path)
+    divergent = int(result.get("divergent", -1))
+    ok = 0 <= divergent <= gate.max_divergent
+    reason = f"{result.get('decisions', 0)} decisions, {divergent} divergent"
+    return GateResult(gate.kind, _gate_name(gate), ok, reason, result)
+
+
+def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
+    """Evaluate every gate of the card over the analysis."""
+    results: list[GateResult] = []
+    for gate in analysis.card.gates:
+        if isinstance(gate, ExactOutputsGate):
+            results.append(_exact_outputs(gate, analysis))
+        elif isinstance(gate, CounterGate):
+            results.append(_counter(gate, analysis))
+        elif isinstance(gate, BetterGate):
+            results.append(_better(gate, analysis))
+        elif isinstance(gate, SurvivesGate):
+            results.append(_survives(gate, analysis))
+        elif isinstance(gate, QualityGate):
+            results.append(_quality(gate, analysis))
+        elif isinstance(gate, SoakGate):
+            results.append(_soak(gate, analysis))
+        else:
+            results.append(_lockstep(gate, analysis))
+    incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
+    passed = bool(results) and all(r.passed for r in results)
+    return Verdict(analysis.card.campaign, passed, results, incomplete)
+
+
+def write_verdict(verdict: Verdict, root: Path) -> None:
+    """Write ``verdict.json`` and ``verdict.junit.xml`` for CI systems."""
+    write_json_atomic(root / "verdict.json", verdict.to_json())
+    suite = ET.Element(
+        "testsuite",
+        name=f"harness.{verdict.campaign}",
+        tests=str(len(verdict.gates)),
+        failures=str(sum(not g.passed for g in verdict.gates)),
+    )
+    for gate in verdict.gates:
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=gate.name)
+        if not gate.passed:
+            failure = ET.SubElement(case, "failure", message=gate.reason[:500])
+            failure.text = gate.reason
+        else:
+            ET.SubElement(case, "system-out").text = gate.reason
+    root_element = ET.Element("testsuites")
+    root_element.append(suite)
+    tree = ET.ElementTree(root_element)
+    ET.indent(tree)
+    tree.write(root / "verdict.junit.xml", encoding="utf-8", xml_declaration=True)
+
+
+__all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "write_verdict"]
