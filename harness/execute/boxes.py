@@ -11,12 +11,15 @@ keeps running there; host keys are checked against known_hosts unless the box op
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import tarfile
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +34,11 @@ _EVICT_SNIPPET = (
     "import os,sys\n"
     "for p in sys.argv[1:]:\n"
     "    fd=os.open(p,os.O_RDONLY)\n"
+    "    os.fsync(fd)\n"
     "    os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED); os.close(fd)\n"
+)
+_GLOB_SNIPPET = (
+    "import glob,sys\nfor p in sys.argv[1:]:\n    print(*sorted(glob.glob(p)), sep=chr(10))"
 )
 _FREE_PORT_SNIPPET = (
     "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"
@@ -208,6 +215,13 @@ class Box(ABC):
         except ValueError:
             raise BoxError(f"{self.where}: free port probe printed {text!r}") from None
 
+    def glob(self, patterns: Sequence[str]) -> list[str]:
+        """Files on the box matching glob patterns (expanded by Python there, not a shell)."""
+        if not patterns:
+            return []
+        command = shell_command([self.spec.python_path(), "-c", _GLOB_SNIPPET, *patterns])
+        return [line for line in self.sh(command).stdout.splitlines() if line]
+
     def evict_from_page_cache(self, paths: Sequence[str]) -> bool:
         """Drop files from the page cache (Linux fadvise, macOS ``purge``); False if impossible."""
         if not paths:
@@ -276,18 +290,29 @@ class LocalBox(Box):
     def sh(self, command: str, *, timeout_s: float = 60, check: bool = True) -> CommandResult:
         """Run shell text with bash; a timeout kills the whole process group."""
         script = export_prefix(self.spec.env) + command
-        try:
-            done = subprocess.run(
-                ["bash", "-c", script],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                start_new_session=True,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BoxError(f"{self.where}: timed out after {timeout_s:g} s: {command}") from exc
-        result = CommandResult(done.returncode, done.stdout, done.stderr)
+        # A new session makes bash a group leader, so a timeout can kill its children too
+        # (subprocess.run would kill bash alone and leave them running).
+        with subprocess.Popen(
+            ["bash", "-c", script],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ) as process:
+            try:
+                out, err = process.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.communicate(timeout=5)  # a setsid'd child may hold the pipes
+                raise BoxError(
+                    f"{self.where}: timed out after {timeout_s:g} s (killed): {command}"
+                ) from exc
+        # Bytes decoded by hand: text mode would turn "\r" into "\n" (universal newlines).
+        stdout = out.decode("utf-8", "replace")
+        stderr = err.decode("utf-8", "replace")
+        result = CommandResult(process.returncode, stdout, stderr)
         if check and result.code != 0:
             raise self._failed(command, result)
         return result
@@ -308,16 +333,18 @@ def remote_guard(command: str, timeout_s: float) -> str:
 
     ``timeout`` puts itself in a new process group and signals the whole group when time is up,
     so children of the command die too; ``-k`` follows TERM with KILL. A box with neither tool
-    runs the command unguarded (``harness box check`` reports it).
+    runs the command unguarded (``harness box check`` reports it). The login shell must not
+    ``exec`` the guard: bash started by sshd at SHLVL below 2 sources ~/.bashrc again, which
+    doubled the cost of every command on a box with a heavy .bashrc.
     """
     limit_s = int(timeout_s) + 1
     body = shlex.quote(command)
     return (
         "if command -v timeout >/dev/null 2>&1; then "
-        f"exec timeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
+        f"timeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
         "elif command -v gtimeout >/dev/null 2>&1; then "
-        f"exec gtimeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
-        f"else exec bash -c {body}; fi"
+        f"gtimeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
+        f"else bash -c {body}; fi"
     )
 
 
@@ -337,9 +364,7 @@ class SshBox(Box):
     the spec sets ``insecure_accept_unknown_host_key`` (accepted keys are never written to disk).
     """
 
-    def __init__(
-        self, name: str, spec: BoxSpec, *, known_hosts: Sequence[str | Path] = ()
-    ) -> None:
+    def __init__(self, name: str, spec: BoxSpec, *, known_hosts: Sequence[str | Path] = ()) -> None:
         super().__init__(name, spec)
         self.known_hosts = [Path(p).expanduser() for p in known_hosts]
         self._connection: Any = None
@@ -447,15 +472,18 @@ class SshBox(Box):
         """Run shell text remotely; ``timeout`` on the box kills it there, not only here."""
         guarded = remote_guard(export_prefix(self.spec.env) + command, timeout_s)
         connection = self._connect()
+        started = time.monotonic()
         try:
             result = connection.run(
                 guarded, timeout=timeout_s + _LOCAL_SLACK_S, hide=True, warn=True, in_stream=False
             )
         except Exception as exc:  # fabric/invoke/paramiko raise many types; wrap them all
             raise BoxError(f"{self.where}: {type(exc).__name__}: {exc}: {command}") from exc
+        elapsed_s = time.monotonic() - started
         outcome = CommandResult(result.exited, result.stdout, result.stderr)
-        # 124: timeout's TERM ended it; 137 (KILL) only counts when the command ignored TERM.
-        if outcome.code == 124 or (outcome.code == 137 and "Killed" not in outcome.stderr):
+        # timeout exits 124 after its TERM (137 after the KILL); the command may exit so itself,
+        # so only count it as a timeout when the guard's limit has really passed.
+        if outcome.code in (124, 137) and elapsed_s >= int(timeout_s) + 0.5:
             raise BoxError(
                 f"{self.where}: timed out after {timeout_s:g} s (killed there): {command}"
             )
@@ -464,9 +492,10 @@ class SshBox(Box):
         return outcome
 
     def _transfer_error(self, what: str, exc: Exception) -> BoxError:
+        text = str(exc).lower()
         hint = ""
-        if "sftp" in str(exc).lower() or "EOF" in str(exc) or "subsystem" in str(exc).lower():
-            hint = "; file transfer needs SFTP on the box (Debian: apt-get install openssh-sftp-server)"
+        if any(sign in text for sign in ("sftp", "eof during negotiation", "channel closed")):
+            hint = "; transfers need SFTP on the box (Debian: apt-get install openssh-sftp-server)"
         return BoxError(f"{self.where}: {what}: {type(exc).__name__}: {exc}{hint}")
 
     def put_file(self, local: Path, remote: str) -> None:

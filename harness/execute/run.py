@@ -174,7 +174,10 @@ def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
     path = runtime.profile.telemetry.counters_http
     if path is None:
         return None
-    status, body = http_json(runtime.base_url + path, timeout_s=10)
+    try:
+        status, body = http_json(runtime.base_url + path, timeout_s=10)
+    except OSError:
+        return None  # a runtime that died mid-run: its failure is reported from the requests
     return body if status == 200 and isinstance(body, dict) else None
 
 
@@ -306,21 +309,25 @@ class CampaignRunner:
             swap_before = self.box.swapout_pages()
             runtime = boot(self.box, self.loaded.runtime, spec)
             runtime.post_live(spec.live)
+            warmups: list[RequestResult] = []
             if run.cache_state == "warm":
-                self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+                warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
             before = _counters(runtime)
             results = self._drive(runtime, build_phases(self.loaded, warmup=False), run)
-            if run.cache_state == "warm" and self.loaded.card.workload.warmup_requests:
+            if warmups:
                 for result in results:
                     result.first_after_boot = False  # the warm-up request came first
+            results = warmups + results
             after = _counters(runtime)
             swap_after = self.box.swapout_pages()
             self._write_counters(local_dir, before, after, swap_before, swap_after)
-            failures = [r for r in results if not r.ok]
+            failures = [r for r in results if not r.ok and not r.warmup]
             if failures:
                 first = failures[0]
+                died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
+                scored = [r for r in results if not r.warmup]
                 record.reason = (
-                    f"{len(failures)} of {len(results)} requests failed; first "
+                    f"{died}{len(failures)} of {len(scored)} requests failed; first "
                     f"({first.prompt_id}): {first.error}"
                 )
             else:
@@ -394,14 +401,7 @@ class CampaignRunner:
             "bind_host": self.box.bind_host,
         }
         patterns = [render(p, context) for p in profile.cache_files]
-        if not patterns:
-            return
-        listing = self.box.sh(
-            "for f in " + " ".join(quote_path(p).replace("'*'", "*") for p in patterns) + "; "
-            'do [ -f "$f" ] && echo "$f"; done',
-            check=False,
-        )
-        files = [line for line in listing.stdout.splitlines() if line]
+        files = self.box.glob(patterns)
         if files and not self.box.evict_from_page_cache(files):
             raise InfrastructureError(
                 f"box {self.box.name}: cannot drop {len(files)} runtime files from the page cache "
@@ -428,7 +428,10 @@ class CampaignRunner:
 
         async def on_phase(phase: PhasePlan) -> None:
             if phase_knob and phase.index >= 0 and phase.index != QUALITY_PHASE:
-                await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
+                try:
+                    await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
+                except OSError:
+                    pass  # the runtime died; the phase's requests fail and say why
 
         def on_result(result: RequestResult) -> None:
             self.progress("request", run, {"result": result})

@@ -38,13 +38,15 @@ Route trace (JSONL, ``--route-trace``), everything the policy saw, in order:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -490,29 +492,48 @@ class SlowTier:
     """Every expert's record in one memory-mapped file; each read copies a whole record.
 
     A record is the expert's float32 weights padded to ``record_bytes``, so the cost of a cold
-    lookup (a real page-cache read and copy, never a sleep) scales with ``--expert-bytes``. The
-    file is unlinked as soon as it is mapped: it lives as long as the process and no longer.
+    lookup (a real page-cache read and copy, never a sleep) scales with ``--expert-bytes``.
+    With ``--cold-dir`` the file is kept there, named by everything that determines its bytes,
+    and reused by later boots: like a real model file it can then be evicted from the page cache
+    for a ``cold`` run. Without it the file is a temporary, unlinked as soon as it is mapped.
     """
 
     def __init__(self, cfg: ModelConfig, record_bytes: int, directory: str | None) -> None:
-        """Write all experts of every layer to a fresh file under ``directory`` and map it."""
-        import tempfile
-
+        """Map the slow-tier file under ``directory``, writing it first when it is missing."""
         self.cfg = cfg
         self.record_bytes = max(record_bytes, cfg.expert_weight_bytes)
         self._weight_bytes = cfg.expert_weight_bytes
-        fd, path = tempfile.mkstemp(prefix="refbox-cold-", suffix=".bin", dir=directory)
-        try:
+        if directory is None:
+            fd, path = tempfile.mkstemp(prefix="refbox-cold-", suffix=".bin")
+            try:
+                with open(fd, "wb") as handle:
+                    self._fill(handle)
+                self._map = np.memmap(path, dtype=np.uint8, mode="r+")
+            finally:
+                os.unlink(path)
+            return
+        path = os.path.join(directory, self.file_name())
+        size = cfg.layers * cfg.experts * self.record_bytes
+        if not (os.path.isfile(path) and os.path.getsize(path) == size):
+            fd, tmp = tempfile.mkstemp(prefix=".refbox-slow-", suffix=".tmp", dir=directory)
             with open(fd, "wb") as handle:
-                pad = bytes(self.record_bytes - self._weight_bytes)
-                for layer in range(cfg.layers):
-                    weights = expert_weights(cfg, layer)
-                    for e in range(cfg.experts):
-                        handle.write(weights[e].tobytes())
-                        handle.write(pad)
-            self._map = np.memmap(path, dtype=np.uint8, mode="r+")
-        finally:
-            os.unlink(path)
+                self._fill(handle)
+            os.replace(tmp, path)  # atomic: a concurrent boot never maps half a file
+        self._map = np.memmap(path, dtype=np.uint8, mode="r+")
+
+    def file_name(self) -> str:
+        """Name of the persistent file: a digest of everything that determines its bytes."""
+        key = f"{dataclasses.astuple(self.cfg)!r}-{self.record_bytes}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return f"refbox-slow-{digest}.bin"
+
+    def _fill(self, handle: BinaryIO) -> None:
+        pad = bytes(self.record_bytes - self._weight_bytes)
+        for layer in range(self.cfg.layers):
+            weights = expert_weights(self.cfg, layer)
+            for e in range(self.cfg.experts):
+                handle.write(weights[e].tobytes())
+                handle.write(pad)
 
     def offset(self, layer: int, expert: int) -> int:
         """Byte offset of one expert's record."""

@@ -1,0 +1,275 @@
+"""End to end on the local box with the real reference runtime: records, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.card import load_card
+from harness.execute.boxes import LocalBox, shell_command
+from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.plan import build_plan
+from harness.profiles import BoxSpec
+from harness.records import CampaignDir, Journal
+from harness.telemetry import read_ring
+from tests.conftest import DATA, REPO
+
+TINY = DATA / "cards" / "e2e" / "tiny.yaml"
+pytestmark = pytest.mark.slow
+
+
+def _card_with(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
+    text = TINY.read_text(encoding="utf-8")
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text.replace("../../pools/", f"{DATA}/pools/"), encoding="utf-8")
+    return path
+
+
+def _run(card: Path, reports: Path) -> tuple[CampaignDir, list[str], list[str]]:
+    loaded = load_card(card)
+    plan = build_plan(loaded)
+    campaign = new_campaign_dir(loaded, plan, reports)
+    outcome = CampaignRunner(loaded, plan, campaign).execute()
+    return campaign, outcome.done, outcome.failed
+
+
+def test_two_cell_abba_campaign_records_everything(tmp_path: Path) -> None:
+    campaign, done, failed = _run(TINY, tmp_path / "reports")
+    assert failed == [] and len(done) == 4
+    plan = json.loads((campaign.root / "plan.json").read_text())
+    assert [r["cell"] for r in plan["runs"]] == ["control", "wide", "wide", "control"]
+    for run in plan["runs"]:
+        folder = campaign.run_dir(run["run_id"])
+        record = json.loads((folder / "run.json").read_text())
+        assert record["status"] == "ok" and record["schema_version"] == 1
+        requests = pd.read_parquet(folder / "requests.parquet")
+        scored = requests[~requests["warmup"]]
+        assert len(scored) == 4 and scored["ok"].all()
+        assert (scored["completion_tokens"] == 8).all()
+        assert requests["warmup"].sum() == 1
+        chunks = pd.read_parquet(folder / "chunks.parquet")
+        assert len(chunks) >= len(scored) * 7
+        ring = pd.read_parquet(folder / "ring.parquet")
+        assert len(ring) > 0 and set(ring["phase"]) >= {0, 1}
+        counters = json.loads((folder / "counters.json").read_text())
+        assert counters["delta"]["decode_tokens"] > 0
+        assert "listening on" in (folder / "server.log").read_text()
+        assert record["ring_lost"] == 0
+    env = json.loads((campaign.root / "boxes" / "local.json").read_text())
+    assert env["harness_version"] and env["runtime"]["profile"] == "refbox"
+    events = [e["event"] for e in Journal(campaign.root / "journal.jsonl").events()]
+    assert events.count("run_done") == 4 and events[-1] == "campaign_end"
+
+
+def test_no_process_is_left_behind(tmp_path: Path) -> None:
+    campaign, _, _ = _run(TINY, tmp_path / "reports")
+    box = LocalBox("local", BoxSpec())
+    for line in Journal(campaign.root / "journal.jsonl").events():
+        assert line["event"] != "run_failed"
+    for folder in campaign.runs_dir.iterdir():
+        log = (folder / "server.log").read_text()
+        assert "listening on" in log
+    # Every runtime was started with setsid: its pgid equals its pid, and none is alive.
+    result = box.sh("pgrep -f 'harness.refbox serve' || true", check=False)
+    mine = [p for p in result.stdout.split() if str(campaign.root) in _cmdline(int(p))]
+    assert mine == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_runtime_failures_are_recorded_and_the_campaign_goes_on(tmp_path: Path) -> None:
+    card = _card_with(
+        tmp_path,
+        "faults.yaml",
+        {
+            'wide:\n    env: {REFBOX_LAYERS: "2"': 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "12", '
+            'REFBOX_LAYERS: "2"',
+            "cycles: 1": "cycles: 2",
+        },
+    )
+    campaign, done, failed = _run(card, tmp_path / "reports")
+    assert len(failed) == 4 and len(done) == 4  # every `wide` run crashes mid-stream
+    for run_id in failed:
+        record = json.loads((campaign.run_dir(run_id) / "run.json").read_text())
+        assert record["status"] == "failed"
+        assert "requests failed" in record["reason"] or "exited" in record["reason"]
+
+
+def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
+    card = _card_with(
+        tmp_path,
+        "hang.yaml",
+        {
+            'control:\n    env: {REFBOX_LAYERS: "2"': 'control:\n    env: {REFBOX_NEVER_READY: "1", '
+            'REFBOX_LAYERS: "2"',
+            'wide:\n    env: {REFBOX_LAYERS: "2"': 'wide:\n    env: {REFBOX_HANG_AFTER_TOKENS: "3", '
+            'REFBOX_LAYERS: "2"',
+            "request_timeout_s: 20": "request_timeout_s: 3",
+        },
+    )
+    profile = tmp_path / "runtimes"
+    profile.mkdir()
+    text = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text()
+    (profile / "refbox.yaml").write_text(text.replace("timeout_s: 60", "timeout_s: 4"))
+    campaign, done, failed = _run(card, tmp_path / "reports")
+    assert done == [] and len(failed) == 4
+    reasons = {
+        json.loads((campaign.run_dir(r) / "run.json").read_text())["cell"]: json.loads(
+            (campaign.run_dir(r) / "run.json").read_text()
+        )["reason"]
+        for r in failed
+    }
+    assert "not ready after 4 s" in reasons["control"]
+    assert "timed out" in reasons["wide"]
+
+
+def test_killed_campaign_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
+    card = _card_with(tmp_path, "resume.yaml", {"cycles: 1": "cycles: 2"})
+    reports = tmp_path / "reports"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    journal_path = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = list(reports.glob("tiny/*/journal.jsonl"))
+        if found and sum('"run_done"' in line for line in found[0].read_text().splitlines()) >= 3:
+            journal_path = found[0]
+            break
+        time.sleep(0.2)
+    assert journal_path is not None, "campaign made no progress"
+    os.killpg(process.pid, signal.SIGKILL)  # the harness and the runtime it was driving
+    process.wait()
+    root = journal_path.parent
+    done_before = Journal(journal_path).done_runs()
+    assert 3 <= len(done_before) < 8
+    resumed = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--resume", str(root), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert resumed.returncode in (0, 1), resumed.stderr
+    events = Journal(journal_path).events()
+    done = [e["run_id"] for e in events if e["event"] == "run_done"]
+    assert len(done) == len(set(done)) == 8  # every run once, none twice
+    for run_id in done_before:
+        # Completed runs were kept, not redone.
+        assert (
+            sum(1 for e in events if e.get("run_id") == run_id and e["event"] == "run_start") == 1
+        )
+
+
+def test_injection_shaped_knob_values_arrive_literally(tmp_path: Path) -> None:
+    box = LocalBox("local", BoxSpec())
+    hostile = ["x; rm -rf ~", "$(touch /tmp/pwned)", "a'b\"c", "`id`", "line1\nline2", "*"]
+    out = tmp_path / "out.json"
+    program = (
+        "import json,os,sys; json.dump({'argv': sys.argv[1:], "
+        "'env': {k: v for k, v in os.environ.items() if k.startswith('KNOB')}}, "
+        f"open({str(out)!r}, 'w'))"
+    )
+    env = {f"KNOB{i}": value for i, value in enumerate(hostile)}
+    box.sh(shell_command([sys.executable, "-c", program, *hostile], env))
+    got = json.loads(out.read_text())
+    assert got["argv"] == hostile
+    assert got["env"] == env
+
+
+def test_ring_of_a_run_reads_back_with_zero_loss(tmp_path: Path) -> None:
+    ring_path = tmp_path / "ring.bin"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.refbox",
+            "serve",
+            "--port",
+            "0",
+            "--layers",
+            "2",
+            "--experts",
+            "8",
+            "--hot-slots",
+            "4",
+            "--expert-bytes",
+            "0",
+            "--ring",
+            str(ring_path),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        line = ""
+        while "listening on" not in line:
+            line = process.stderr.readline()
+        url = line.split("listening on ")[1].strip()
+        import urllib.request
+
+        body = json.dumps({"prompt": "hello", "max_tokens": 20}).encode()
+        request = urllib.request.Request(
+            url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=30).read()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()
+    ring = read_ring(ring_path)
+    assert ring.lost == 0 and ring.dropped == 0
+    assert len(ring.frame) == 20  # one prefill step and 19 decode steps
+
+
+def _resident_bytes(path: Path) -> int:
+    done = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout.split()[0])
+
+
+def test_cold_state_evicts_the_runtime_files_from_the_page_cache(tmp_path: Path) -> None:
+    card = _card_with(
+        tmp_path,
+        "cold.yaml",
+        {"cache_states: [warm]": "cache_states: [cold]", "cycles: 1": "cycles: 1"},
+    )
+    campaign, done, failed = _run(card, tmp_path / "reports")
+    assert failed == [] and len(done) == 4
+    slow_files = list((campaign.root / "box" / "cache").glob("refbox-slow-*.bin"))
+    assert slow_files, "the refbox keeps its slow tier in the box cache folder"
+    box = LocalBox("local", BoxSpec())
+    path = slow_files[0]
+    path.read_bytes()  # bring it into the page cache
+    assert _resident_bytes(path) > 0
+    assert box.evict_from_page_cache([str(path)])
+    assert _resident_bytes(path) == 0
+    warm = [json.loads((campaign.run_dir(r) / "run.json").read_text()) for r in done]
+    assert {r["cache_state"] for r in warm} == {"cold"}
