@@ -24,6 +24,8 @@ from tests.conftest import DATA, REPO
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
 pytestmark = pytest.mark.slow
+CONTROL = 'control:\n    env: {REFBOX_LAYERS: "2"'
+WIDE = 'wide:\n    env: {REFBOX_LAYERS: "2"'
 
 
 def _card_with(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
@@ -98,8 +100,7 @@ def test_runtime_failures_are_recorded_and_the_campaign_goes_on(tmp_path: Path) 
         tmp_path,
         "faults.yaml",
         {
-            'wide:\n    env: {REFBOX_LAYERS: "2"': 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "12", '
-            'REFBOX_LAYERS: "2"',
+            WIDE: 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "12", REFBOX_LAYERS: "2"',
             "cycles: 1": "cycles: 2",
         },
     )
@@ -116,10 +117,8 @@ def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
         tmp_path,
         "hang.yaml",
         {
-            'control:\n    env: {REFBOX_LAYERS: "2"': 'control:\n    env: {REFBOX_NEVER_READY: "1", '
-            'REFBOX_LAYERS: "2"',
-            'wide:\n    env: {REFBOX_LAYERS: "2"': 'wide:\n    env: {REFBOX_HANG_AFTER_TOKENS: "3", '
-            'REFBOX_LAYERS: "2"',
+            CONTROL: 'control:\n    env: {REFBOX_NEVER_READY: "1", REFBOX_LAYERS: "2"',
+            WIDE: 'wide:\n    env: {REFBOX_HANG_AFTER_TOKENS: "3", REFBOX_LAYERS: "2"',
             "request_timeout_s: 20": "request_timeout_s: 3",
         },
     )

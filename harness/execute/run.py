@@ -10,6 +10,7 @@ that ``harness run --resume DIR`` continues.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -428,10 +429,9 @@ class CampaignRunner:
 
         async def on_phase(phase: PhasePlan) -> None:
             if phase_knob and phase.index >= 0 and phase.index != QUALITY_PHASE:
-                try:
+                # A dead runtime refuses this; the phase's requests then fail and say why.
+                with contextlib.suppress(OSError):
                     await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
-                except OSError:
-                    pass  # the runtime died; the phase's requests fail and say why
 
         def on_result(result: RequestResult) -> None:
             self.progress("request", run, {"result": result})
