@@ -7,8 +7,9 @@ Formulas are DESIGN.md "Statistics", adopted exactly:
   95% CI exp(D̄ ± t₀.₉₇₅,ₘ₋₁·s_D/√m) (the one-sample t-interval of the m cycle effects);
 - labels with margin Δ = ln(1 + δ): *better*/*worse* when the CI excludes 0 and |D̄| ≥ Δ;
   *within noise* when the 90 % CI lies inside (−Δ, Δ) (TOST); *inconclusive* otherwise;
-- drift flags DRIFT (|y_outer2 − y_outer1| > max(Δ, 2·s_w·√(2/k))) and NONLINEAR
-  (|r| > max(Δ, 2·s_w·√(20/k)), r = 3(y_inner2 − y_inner1) − (y_outer2 − y_outer1)).
+- drift flags DRIFT (|y_outer2 − y_outer1| > max(Δ, z·s_w·√(2/k))) and NONLINEAR
+  (|r| > max(Δ, z·s_w·√(20/k)), r = 3(y_inner2 − y_inner1) − (y_outer2 − y_outer1)); DESIGN.md
+  has z = 2, here z is Bonferroni-corrected over the 2m flag tests (see drift_flags).
 
 A is always the control and B the cell; the ratio is always cell/control, whichever direction
 is "better" for the metric. Everything here is pure: numbers in, frozen dataclasses out.
@@ -424,6 +425,9 @@ def pooled_within_sd(cycles: Sequence[Cycle]) -> float | None:
     return math.sqrt(ss / dof) if dof > 0 else None
 
 
+FLAG_ALPHA = 0.05  # family-wise rate of false DRIFT/NONLINEAR flags on a clean campaign
+
+
 def drift_flags(cycles: Sequence[Cycle], margin: float, s_w: float | None) -> tuple[Flag, ...]:
     """DRIFT and NONLINEAR flags per cycle (DESIGN.md "Statistics", Drift).
 
@@ -431,13 +435,18 @@ def drift_flags(cycles: Sequence[Cycle], margin: float, s_w: float | None) -> tu
     outer change is 3β and the inner change β, so r = 3·inner − outer = 0 (quadratic drift also
     gives r = 0: both arms' pairs sit symmetric about 0). With no drift and block values of k
     prompts each with within-block SD σ, Var(yᵢ) = σ²/k, so
-    Var(outer) = 2σ²/k and Var(r) = 9·2σ²/k + 2σ²/k = 20σ²/k; the flags fire beyond two SDs or
-    beyond the margin Δ, whichever is larger: DRIFT when |outer| > max(Δ, 2·s_w·√(2/k)),
-    NONLINEAR when |r| > max(Δ, 2·s_w·√(20/k)). Unequal block sizes use 1/k₁ + 1/k₂ in place of
-    2/k. Without s_w the threshold is Δ alone. s_w misses boot-to-boot noise, so the flags err
-    toward firing — the safe side, since a flag only ever withholds a claim.
+    Var(outer) = 2σ²/k and Var(r) = 9·2σ²/k + 2σ²/k = 20σ²/k; the flags fire beyond z SDs or
+    beyond the margin Δ, whichever is larger: DRIFT when |outer| > max(Δ, z·s_w·√(2/k)),
+    NONLINEAR when |r| > max(Δ, z·s_w·√(20/k)). Unequal block sizes use 1/k₁ + 1/k₂ in place of
+    2/k. Without s_w the threshold is Δ alone. s_w misses boot-to-boot noise, so with two or
+    more cycles the block SD is also estimated from the other cycles' r (leave-one-out), and
+    the larger estimate is used: a flag then means "beyond the margin and beyond the noise".
     """
     flags: list[Flag] = []
+    # Two flags per cycle are tested; at two SDs each, a clean 6-cycle campaign would raise a
+    # false flag about half the time. Bonferroni over the 2m tests keeps the chance of any
+    # false flag near FLAG_ALPHA (z = 2.39 for one cycle, 2.64 for three, 2.86 for six).
+    z_flag = float(sps.norm.ppf(1.0 - FLAG_ALPHA / (4.0 * max(len(cycles), 1))))
     for c in cycles:
         if s_w is not None and c.prompt_logs is not None:
             inv_k = [1.0 / len(b) for b in c.prompt_logs]
@@ -445,8 +454,17 @@ def drift_flags(cycles: Sequence[Cycle], margin: float, s_w: float | None) -> tu
             sd_r = s_w * math.sqrt(9.0 * (inv_k[1] + inv_k[2]) + inv_k[0] + inv_k[3])
         else:
             sd_outer = sd_r = 0.0
-        limit_outer = max(margin, 2.0 * sd_outer)
-        limit_r = max(margin, 2.0 * sd_r)
+        # s_w sees only prompt-to-prompt noise inside a boot. Boot-to-boot noise is estimated
+        # from the other cycles' r, which linear and quadratic drift leave at zero:
+        # Var(r) = 20·σ_block², so σ_block² = mean(r²)/20. Leaving this cycle out keeps a
+        # real step in it from hiding itself.
+        others = [o.nonlinearity for o in cycles if o.index != c.index]
+        if others:
+            sd_block = math.sqrt(sum(r * r for r in others) / len(others) / 20.0)
+            sd_outer = max(sd_outer, math.sqrt(2.0) * sd_block)
+            sd_r = max(sd_r, math.sqrt(20.0) * sd_block)
+        limit_outer = max(margin, z_flag * sd_outer)
+        limit_r = max(margin, z_flag * sd_r)
         outer_arm = "A" if c.order == "ABBA" else "B"
         if abs(c.outer_change) > limit_outer:
             flags.append(
