@@ -351,6 +351,17 @@ def _cycles_to_clear(s_d: float, distance: float, alpha: float) -> int:
     return m
 
 
+def _cycles_to_decide(spread: float, mean: float, delta: float, alpha: float) -> int:
+    """Cycles likely to turn this comparison into a verdict, if the effect is as observed.
+
+    Beyond the margin, the question is power to detect the observed effect (never less than
+    the margin); inside it, how many cycles narrow the 90% interval inside (−Δ, Δ).
+    """
+    if abs(mean) >= delta:
+        return cycles_needed(spread, abs(mean), alpha)
+    return _cycles_to_clear(spread, delta - abs(mean), alpha)
+
+
 def _effects_array(effects: npt.ArrayLike) -> FloatArray:
     d = np.asarray(effects, dtype=np.float64).ravel()
     if not np.isfinite(d).all():
@@ -623,7 +634,7 @@ def compare_cycles(
         spread = s_w / math.sqrt(k)
     else:
         spread = None
-    needed = cycles_needed(spread, delta, alpha) if spread is not None else None
+    needed = _cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
     warnings.extend(
         _power_warnings(
             metric, m, raw_label, mean, sd, needed, delta, alpha, margin_pct, spread is not None
@@ -710,8 +721,9 @@ def _power_warnings(
     if needed > m:
         target = needed
         why = (
-            f"per-cycle SD {sd:.4f} (log) cannot resolve the ±{margin_pct:g}% margin with {m} "
-            f"cycles; a two-sided t-test needs about {needed} cycles for 80% power"
+            f"per-cycle SD {sd:.4f} (log) is too large for {m} cycles; if the effect is as "
+            f"observed ({_pct(mean)}), about {needed} cycles decide it (80% power, ±{margin_pct:g}%"
+            " margin)"
         )
     else:
         # Enough power for the margin, but D̄ sits near it: narrow the 90% CI past the margin.
