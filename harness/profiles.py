@@ -42,6 +42,11 @@ class BoxSpec(Strict):
     insecure_accept_unknown_host_key: bool = Field(
         False, description="accept host keys missing from known_hosts (off: check known_hosts)"
     )
+    known_hosts: str | None = Field(
+        None,
+        description="extra known_hosts file (~ expanded), checked besides ~/.ssh/known_hosts "
+        "and the ssh config's UserKnownHostsFile",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="env for every command")
 
     def python_path(self) -> str:
@@ -101,6 +106,7 @@ class KnobSpec(Strict):
     choices: list[str] | None = Field(None, description="allowed values")
     pattern: str | None = Field(None, description="regex a value must match in full")
     help: str = Field("", description="what the knob does, for error messages")
+    default: str | None = Field(None, description="value used when a cell does not set it")
 
     @model_validator(mode="after")
     def _one_route(self) -> KnobSpec:

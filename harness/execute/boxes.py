@@ -529,6 +529,4 @@ def open_box(name: str, spec: BoxSpec) -> Box:
     """The box for a spec."""
     if spec.kind == "local":
         return LocalBox(name, spec)
-    # `known_hosts` is a proposed BoxSpec field; until it exists the getattr finds nothing.
-    extra = getattr(spec, "known_hosts", None)
-    return SshBox(name, spec, known_hosts=[extra] if extra else [])
+    return SshBox(name, spec, known_hosts=[spec.known_hosts] if spec.known_hosts else [])

@@ -1,0 +1,181 @@
+"""End to end over SSH: a small A/B/B/A campaign on a loopback sshd, and the box preflight.
+
+The box is a real sshd on 127.0.0.1 (tests/sshd.py) running this same interpreter, so the
+reference runtime boots "remotely" through the whole SSH path: inline env, setsid/nohup, the
+remote timeout guard, sftp downloads of the ring and log, and stopping by process group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from harness.card import load_card, load_runtime_profile
+from harness.execute.boxes import SshBox
+from harness.execute.preflight import check_box
+from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.plan import Run, build_plan
+from harness.records import RUN_OK, read_json, read_parquet
+from tests.conftest import DATA, REPO
+from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
+
+CARD_TEMPLATE = DATA / "cards" / "ssh" / "ab-loopback.yaml"
+RECORD_FILES = (
+    "run.json",
+    "requests.parquet",
+    "chunks.parquet",
+    "ring.parquet",
+    "counters.json",
+    "server.log",
+)
+
+
+def write_card(server: LoopbackSshd, folder: Path) -> Path:
+    """The loopback card with its placeholders filled, written into ``folder``."""
+    values = {
+        "@PORT@": str(server.port),
+        "@USER@": server.user,
+        "@KEY@": str(server.client_key),
+        "@PYTHON@": sys.executable,
+        "@WORKDIR@": str(folder / "box-workdir"),
+        "@POOLS@": str(DATA / "pools"),
+        "@KNOWN_HOSTS@": str(server.known_hosts),
+    }
+    text = CARD_TEMPLATE.read_text(encoding="utf-8")
+    for placeholder, value in values.items():
+        text = text.replace(placeholder, value)
+    path = folder / "card.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def runtime_processes(box: SshBox, marker: str) -> list[str]:
+    """Live (non-zombie) processes on the box whose command line contains ``marker``."""
+    listing = box.sh("ps -ww -e -o pid= -o stat= -o args=").stdout
+    lines = [line.strip() for line in listing.splitlines()]
+    return [line for line in lines if marker in line and line.split()[1][0] != "Z"]
+
+
+def _scored(folder: Path) -> pd.DataFrame:
+    requests = read_parquet(folder / "requests.parquet")
+    return requests[~requests["warmup"]]
+
+
+@pytest.mark.slow
+def test_ab_campaign_over_ssh(sshd: LoopbackSshd, tmp_path: Path) -> None:  # noqa: F811
+    loaded = load_card(write_card(sshd, tmp_path))
+    plan = build_plan(loaded)
+    assert [run.cell for run in plan.runs] == ["stale", "wide", "wide", "stale"]
+    campaign = new_campaign_dir(loaded, plan, tmp_path / "reports")
+    checker = SshBox("checker", loaded.box, known_hosts=[sshd.known_hosts])
+    lingering: dict[str, list[str]] = {}
+
+    def progress(event: str, run: Run | None, info: dict[str, Any]) -> None:
+        if event == "attempt" and run is not None:
+            # Called after the runtime was stopped: nothing of this run may still run on the box.
+            lingering[run.run_id] = runtime_processes(checker, f"{runner.remote_root}/{run.run_id}")
+
+    runner = CampaignRunner(loaded, plan, campaign, progress)
+    try:
+        outcome = runner.execute()
+        assert outcome.failed == [] and not outcome.interrupted
+        assert sorted(outcome.done) == sorted(run.run_id for run in plan.runs)
+        assert lingering == {run.run_id: [] for run in plan.runs}
+
+        for run in plan.runs:
+            folder = campaign.run_dir(run.run_id)
+            for name in RECORD_FILES:
+                assert (folder / name).is_file(), f"{run.run_id}: {name} missing"
+            record = read_json(folder / "run.json")
+            assert record["status"] == RUN_OK, record["reason"]
+            assert record["knobs"]["env.REFBOX_LAYERS"] == "2"
+            requests = read_parquet(folder / "requests.parquet")
+            assert len(requests[~requests["warmup"]]) == 2 and requests["ok"].all()
+            assert (requests["completion_tokens"] == 8).all()
+            assert len(read_parquet(folder / "chunks.parquet")) > 0
+            ring = read_parquet(folder / "ring.parquet")
+            assert len(ring) > 0 and int(ring["tokens"].sum()) > 0
+            counters = read_json(folder / "counters.json")
+            assert counters["delta"]["new_swapout_pages"] >= 0
+            assert "listening on" in (folder / "server.log").read_text(encoding="utf-8")
+        environment = read_json(campaign.root / "boxes" / f"{loaded.box_name}.json")
+        assert environment["kind"] == "ssh" and environment["runtime"]["binary_sha256"]
+
+        # Greedy decoding over SSH is as deterministic as locally: both blocks of a cell agree.
+        texts = {
+            run.run_id: list(_scored(campaign.run_dir(run.run_id))["output_sha256"])
+            for run in plan.runs
+        }
+        by_cell: dict[str, list[list[str]]] = {}
+        for run in plan.runs:
+            by_cell.setdefault(run.cell, []).append(texts[run.run_id])
+        assert all(blocks[0] == blocks[1] for blocks in by_cell.values())
+
+        # Executing the finished campaign again (what --resume does) redoes nothing.
+        journal_before = (campaign.root / "journal.jsonl").read_text(encoding="utf-8")
+        again = CampaignRunner(loaded, plan, campaign)
+        second = again.execute()
+        assert sorted(second.done) == sorted(outcome.done) and second.failed == []
+        new_events = (campaign.root / "journal.jsonl").read_text(encoding="utf-8")[
+            len(journal_before) :
+        ]
+        assert "run_start" not in {json.loads(line)["event"] for line in new_events.splitlines()}
+    finally:
+        checker.close()
+
+
+@pytest.mark.slow
+def test_preflight_passes_on_the_loopback_box(sshd: LoopbackSshd, tmp_path: Path) -> None:  # noqa: F811
+    loaded = load_card(write_card(sshd, tmp_path))
+    profile = load_runtime_profile(REPO / "harness" / "data" / "runtimes" / "refbox.yaml")
+    box = SshBox(loaded.box_name, loaded.box, known_hosts=[sshd.known_hosts])
+    checks = check_box(loaded.box_name, loaded.box, profile, box=box)
+    box.close()
+    names = [check.name for check in checks]
+    assert names == [
+        "reachable",
+        "platform",
+        "remote timeout",
+        "python",
+        "harness on box",
+        "runtime binary",
+        "file transfer",
+        "free disk",
+        "cache drop",
+        "clock",
+        "swap-out counter",
+    ]
+    failed = [check for check in checks if not check.ok]
+    # Free disk depends on the machine running the tests; every other check must pass here.
+    assert [check.name for check in failed if check.name != "free disk"] == [], failed
+    assert all(check.fix for check in failed)
+
+
+def test_preflight_stops_at_an_unknown_host_key(sshd: LoopbackSshd, tmp_path: Path) -> None:  # noqa: F811
+    loaded = load_card(write_card(sshd, tmp_path))
+    spec = loaded.box.model_copy(update={"known_hosts": None})  # the key is then unknown
+    checks = check_box(loaded.box_name, spec, None)
+    assert [(check.name, check.ok) for check in checks] == [("reachable", False)]
+    assert "known_hosts" in checks[0].detail and checks[0].fix
+
+
+def test_preflight_flags_a_missing_runtime_binary(sshd: LoopbackSshd, tmp_path: Path) -> None:  # noqa: F811
+    loaded = load_card(write_card(sshd, tmp_path))
+    profile = load_runtime_profile(REPO / "harness" / "data" / "runtimes" / "refbox.yaml")
+    command = ["/nonexistent/llama-server", *profile.boot.command[1:]]
+    other = profile.model_copy(
+        update={"name": "other", "boot": profile.boot.model_copy(update={"command": command})}
+    )
+    spec = loaded.box.model_copy(update={"python": "/nonexistent/python3"})
+    box = SshBox(loaded.box_name, spec, known_hosts=[sshd.known_hosts])
+    checks = {check.name: check for check in check_box(loaded.box_name, spec, other, box=box)}
+    box.close()
+    assert not checks["python"].ok and "/nonexistent/python3" in checks["python"].detail
+    assert not checks["runtime binary"].ok and "llama-server" in checks["runtime binary"].detail
+    assert checks["runtime binary"].fix and checks["python"].fix
+    assert not checks["harness on box"].ok  # its boot command still runs `-m harness.refbox`
