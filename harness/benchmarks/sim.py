@@ -1,0 +1,124 @@
+"""``harness bench sim``: the fast replay against the plain step-by-step one, side by side.
+
+A generated trace of 40 layers x 384 experts x top-6 (seed 000's geometry): two domains with
+Zipf-skewed expert popularity in different orders, shifting half way, every token a decode step;
+the shipped knobs (drain every 64, 2 swaps per layer) from domain 0's top-295 map. Tokens: 1M
+(quick: 100k). Both replays run over the same trace; the bench asserts identical decisions
+(swaps, drain points, saturated layers, final hot sets, per-step cold lookups) and reports the
+speed ratio, the fast replay's wall time and the peak RSS of the whole process (an upper bound
+on the fast replay's memory: it includes the trace, 480 MB of int16 at 1M tokens).
+
+With ``reference_prefix_tokens`` below the trace length, the reference is timed on that prefix
+and its time scaled linearly (it is a per-step loop with a constant cost per step); the
+figures say so.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+import numpy as np
+
+from harness.benchmarks import Figure
+from harness.policy import PolicyKnobs
+from harness.sim.replay import ReplayResult, replay_fast, replay_reference
+from harness.sim.traces import Trace, trace_from_arrays
+
+LAYERS, EXPERTS, TOP_K, HOT_SLOTS = 40, 384, 6, 295
+_POOL = 2048  # distinct routings per domain; tokens draw from them at random
+
+
+def generate_trace(tokens: int, seed: int = 0) -> tuple[Trace, list[list[int]]]:
+    """The benchmark trace and the starting map (domain 0's most popular experts)."""
+    rng = np.random.default_rng(seed)
+    popularity = (1.0 / np.arange(1, EXPERTS + 1) ** 1.1).astype(np.float32)
+    log_p = np.log(popularity)
+    orders = [rng.permutation(EXPERTS) for _ in range(2)]
+    pools = []
+    for order in orders:
+        # Gumbel top-k: top_k distinct experts per (routing, layer), drawn by popularity.
+        noise = rng.gumbel(size=(_POOL, LAYERS, EXPERTS)).astype(np.float32)
+        ranks = np.argpartition(-(log_p + noise), TOP_K, axis=2)[..., :TOP_K]
+        pools.append(order[ranks].astype(np.int16))
+    half = tokens // 2
+    picks = rng.integers(0, _POOL, size=tokens)
+    experts = np.empty((tokens, LAYERS, TOP_K), dtype=np.int16)
+    experts[:half] = pools[0][picks[:half]]
+    experts[half:] = pools[1][picks[half:]]
+    trace = trace_from_arrays(experts, experts_count=EXPERTS, path="<bench>")
+    hot = [sorted(orders[0][:HOT_SLOTS].tolist())] * LAYERS
+    return trace, hot
+
+
+def _same(a: ReplayResult, b: ReplayResult) -> bool:
+    return (
+        a.swaps == b.swaps
+        and a.drain_steps == b.drain_steps
+        and a.saturated == b.saturated
+        and a.final_hot == b.final_hot
+        and bool(np.array_equal(a.cold_lookups, b.cold_lookups))
+    )
+
+
+def _prefix(trace: Trace, rows: int) -> Trace:
+    return trace_from_arrays(trace.experts[:rows], experts_count=trace.experts_count)
+
+
+def run_bench(quick: bool = False, reference_prefix_tokens: int | None = None) -> list[Figure]:
+    """Measure fast vs reference replay (1M tokens, quick 100k); asserts identical decisions."""
+    tokens = 100_000 if quick else 1_000_000
+    trace, hot = generate_trace(tokens)
+    knobs = PolicyKnobs()
+    prefix = min(tokens, reference_prefix_tokens or tokens)
+    reference_trace = trace if prefix == tokens else _prefix(trace, prefix)
+    start = time.perf_counter()
+    reference = replay_reference(reference_trace, knobs, hot)
+    reference_s = time.perf_counter() - start
+    start = time.perf_counter()
+    fast = replay_fast(trace, knobs, hot)
+    fast_s = time.perf_counter() - start
+    # ru_maxrss is KiB on Linux, bytes on macOS; it is the whole process's peak, trace included.
+    peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+        1 if sys.platform == "darwin" else 1024
+    )
+    fast_on_prefix = fast if prefix == tokens else replay_fast(reference_trace, knobs, hot)
+    identical = _same(reference, fast_on_prefix)
+    assert identical, "fast and reference replays made different decisions"
+    scaled_s = reference_s * tokens / prefix
+    how = "measured" if prefix == tokens else f"timed on {prefix:,} tokens, scaled linearly"
+    ratio = scaled_s / fast_s
+    return [
+        Figure(
+            name=f"identical decisions ({len(reference.swaps):,} swaps, "
+            f"{len(reference.drain_steps):,} drains)",
+            value=1.0 if identical else 0.0,
+            unit="bool",
+            target="1",
+            passed=identical,
+        ),
+        Figure(
+            name=f"replay_fast speed-up, {tokens:,} tokens x {LAYERS} layers x top-{TOP_K}",
+            value=ratio,
+            unit="x",
+            baseline=f"replay_reference {scaled_s:.1f} s ({how}), replay_fast {fast_s:.2f} s",
+            target=">= 30x",
+            passed=ratio >= 30.0,
+        ),
+        Figure(
+            name="replay_fast wall time",
+            value=fast_s,
+            unit="s",
+            target="< 60 s",
+            passed=fast_s < 60.0,
+        ),
+        Figure(
+            name="peak RSS of the whole bench process (trace, both replays)",
+            value=peak_bytes / 2**30,
+            unit="GiB",
+            baseline=f"the trace itself {trace.experts.nbytes / 2**30:.2f} GiB",
+            target="< 4 GiB",
+            passed=peak_bytes < 4 * 2**30,
+        ),
+    ]

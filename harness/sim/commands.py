@@ -1,0 +1,209 @@
+"""The simulator's CLI verbs, ``harness simulate`` and ``harness fit-map``.
+
+``harness/cli.py`` calls :func:`register` with its sub-parsers; handlers take
+``(args, out)`` and return the exit code, raising harness errors for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TextIO
+
+from harness.errors import EXIT_GATE_FAILED, EXIT_OK, BadInput
+from harness.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
+from harness.records import write_json_atomic
+from harness.sim.fitmap import (
+    check_held_out,
+    coverage,
+    fit_hotlist_entries,
+    fit_top_k,
+    load_counts,
+)
+from harness.sim.replay import CostModel, lockstep, lockstep_text, parse_overrides
+from harness.sim.traces import file_sha256, load_trace
+
+__all__ = ["register"]
+
+_SIMULATE_HELP = """\
+Replay routing traces through the reference runtime's own policy code.
+
+  harness simulate --lockstep TRACE [--out DIR] [--override KNOB=VALUE]
+      replay a refbox --route-trace with its recorded knobs and hot sets and compare every
+      decision with the swaps the runtime recorded; exit 1 on any divergence. With --out DIR,
+      write DIR/lockstep.json (what the `lockstep` gate reads).
+  harness simulate CARD --traces FILE... [--out DIR] [--start card|empty]
+      write a simulated campaign directory (reports/<campaign>-sim/<stamp>/ by default) that
+      `harness analyze` and `harness gate` read unchanged. Traces are replayed in order as one
+      stream; rows keep their recorded phase tags, untagged traces are phase 0, 1, ... in order.
+"""
+
+
+def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
+    if args.lockstep:
+        return _lockstep(args, out)
+    if args.card is None or not args.traces:
+        raise BadInput("give CARD --traces FILE... to simulate a campaign, or --lockstep TRACE")
+    from harness.card import load_card
+    from harness.sim.simulate import simulate_card
+
+    loaded = load_card(Path(args.card))
+    traces = [load_trace(path, experts=args.experts) for path in args.traces]
+    cost = CostModel(
+        step_ns=round(args.step_ms * 1e6),
+        token_ns=round(args.token_ms * 1e6),
+        cold_lookup_ns=round(args.cold_ms * 1e6),
+        swap_ns=round(args.swap_ms * 1e6),
+    )
+    root, cells = simulate_card(
+        loaded,
+        traces,
+        reports=Path(args.reports),
+        out=Path(args.out) if args.out else None,
+        start=args.start,
+        cost=cost,
+        fast=not args.reference,
+    )
+    rows = sum(t.rows for t in traces)
+    out.write(f"simulated {len(cells)} cells over {rows:,} tokens of {len(traces)} trace(s)\n")
+    for cell in cells:
+        s = cell.summary()
+        out.write(
+            f"  {s['cell']}: {s['mode']} from {s['start']}: cold share "
+            f"{100 * s['cold_share']:.2f}%, {s['swaps']:,} swaps, {s['expert_loads']:,} loads\n"
+        )
+    out.write(f"campaign directory: {root}\n")
+    return EXIT_OK
+
+
+def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
+    trace = load_trace(args.lockstep)
+    result = lockstep(trace, parse_overrides(args.override), fast=not args.reference)
+    out.write(lockstep_text(result))
+    if args.out:
+        path = Path(args.out) / "lockstep.json"
+        write_json_atomic(path, result.to_json())
+        out.write(f"wrote {path}\n")
+    return EXIT_GATE_FAILED if result.divergent else EXIT_OK
+
+
+def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
+    if (args.top is None) == (args.hotlist is None):
+        raise BadInput("give exactly one of --top K (a rowmap) or --hotlist N (a ds4 hotlist)")
+    fitted_on: list[tuple[str, str]] = []
+    hot: list[list[int]] | None = None
+    records: list[tuple[int, int]] | None = None
+    if args.map:
+        if args.source:
+            fitted_on.append((args.source, file_sha256(args.source)))
+        if args.top is not None:
+            rowmap = read_rowmap(args.map)
+            hot = rowmap.hot
+            source_sha = str(rowmap.meta.get("source_sha256", ""))
+            if source_sha:
+                fitted_on.append((str(rowmap.meta.get("calibration", args.map)), source_sha))
+        else:
+            entries = read_hotlist(args.map).entries[: args.hotlist]
+            records = [(e[0], e[1]) for e in entries]
+        out.write(f"scoring {args.map}\n")
+    else:
+        if not args.source:
+            raise BadInput("give SOURCE (a count dump .json or a trace) to fit, or --map FILE")
+        if not args.output:
+            raise BadInput("give -o FILE for the fitted map")
+        source = load_counts(
+            args.source, half_life_steps=args.decay_half_life_steps, experts=args.experts
+        )
+        fitted_on.append((source.path, source.sha256))
+        layers, experts = source.counts.shape
+        if args.top is not None:
+            hot = fit_top_k(source.counts, args.top)
+            meta = {
+                "calibration": source.path,
+                "source_sha256": source.sha256,
+                "source_kind": source.kind,
+                "n_hot": args.top,
+                "fitted_by": "harness fit-map",
+            }
+            if args.decay_half_life_steps is not None:
+                meta["decay_half_life_steps"] = args.decay_half_life_steps
+            write_rowmap(args.output, hot, experts, meta)
+            out.write(f"wrote rowmap {args.output}: top {args.top} of {experts} per layer, "
+                      f"{layers} layers, from {source.kind} {source.path}\n")  # fmt: skip
+        else:
+            entries = fit_hotlist_entries(source.counts, args.hotlist)
+            write_hotlist(args.output, entries, layers, experts, model="refbox")
+            records = [(e[0], e[1]) for e in entries]
+            out.write(f"wrote hotlist {args.output}: {len(entries):,} records from "
+                      f"{source.kind} {source.path}\n")  # fmt: skip
+    if args.score:
+        flags = check_held_out(args.score, fitted_on, args.in_sample)
+        for path, in_sample in zip(args.score, flags, strict=True):
+            trace = load_trace(path, experts=args.experts)
+            result = coverage(trace, hot=hot, records=records, in_sample=in_sample)
+            out.write(f"coverage {result.text()}\n")
+    return EXIT_OK
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``simulate`` and ``fit-map`` verbs to the harness CLI."""
+    sim = verbs.add_parser(
+        "simulate",
+        help="replay routing traces through the runtime's policy (lockstep, predicted campaigns)",
+        description=_SIMULATE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument("card", nargs="?", metavar="CARD", help="campaign card to simulate")
+    sim.add_argument("--traces", nargs="+", metavar="FILE", help="routing traces to replay")
+    sim.add_argument("--lockstep", metavar="TRACE", help="check a refbox route trace in lockstep")
+    sim.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="lockstep: replay with this policy knob changed (a deliberate divergence test)",
+    )
+    sim.add_argument("--out", metavar="DIR", help="output folder (campaign dir, or lockstep.json)")
+    sim.add_argument("--reports", default="reports", help="where simulated campaigns go")
+    sim.add_argument(
+        "--start",
+        choices=["card", "empty"],
+        default="card",
+        help="starting maps: the card's rowmap/hotlist (card), or none: an empty cache, or the "
+        "runtime's default map in rowmap mode (a rowmap lane has no empty state)",
+    )
+    sim.add_argument("--experts", type=int, help="experts per layer, for traces that omit it")
+    sim.add_argument("--reference", action="store_true", help="use the plain step-by-step replay")
+    defaults = CostModel()
+    for flag, ns, what in (
+        ("--step-ms", defaults.step_ns, "per host step"),
+        ("--token-ms", defaults.token_ns, "per token of a step"),
+        ("--cold-ms", defaults.cold_lookup_ns, "per cold lookup"),
+        ("--swap-ms", defaults.swap_ns, "per applied swap"),
+    ):
+        sim.add_argument(
+            flag, type=float, default=ns / 1e6, help=f"synthetic ring time {what} ({ns / 1e6:g})"
+        )
+    sim.set_defaults(handler=_cmd_simulate)
+
+    fit = verbs.add_parser(
+        "fit-map",
+        help="fit a rowmap (top K per layer) or hotlist from counts or a trace; score coverage",
+    )
+    fit.add_argument("source", nargs="?", metavar="SOURCE", help="count dump .json or a trace")
+    fit.add_argument("--top", type=int, metavar="K", help="rowmap: keep the top K per layer")
+    fit.add_argument("--hotlist", type=int, metavar="N", help="hotlist: the global top N records")
+    fit.add_argument("-o", "--output", metavar="FILE", help="where to write the map")
+    fit.add_argument(
+        "--decay-half-life-steps",
+        type=float,
+        metavar="H",
+        help="weigh a trace's selections by 0.5**(age/H), the runtime's EWMA at its end",
+    )
+    fit.add_argument("--score", nargs="+", metavar="TRACE", help="held-out traces to score on")
+    fit.add_argument(
+        "--in-sample", action="store_true", help="allow scoring on the fit traces (labelled)"
+    )
+    fit.add_argument("--map", metavar="FILE", help="score this existing rowmap/hotlist instead")
+    fit.add_argument("--experts", type=int, help="experts per layer, for traces that omit it")
+    fit.set_defaults(handler=_cmd_fit_map)

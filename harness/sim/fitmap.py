@@ -1,0 +1,177 @@
+"""Map fitting and offline coverage: ``harness fit-map``.
+
+Fit: from a route-count dump (``/admin/dump`` JSON, seed 000's ``MEGA_COUNT`` format) or from a
+routing trace (its decode selections counted, optionally EWMA-weighted with a half-life), keep
+the top K experts of every layer (a rowmap, ties to the lower id) or the global top N (layer,
+expert) pairs (a ds4 hotlist). The files are written with ``maps.write_rowmap`` /
+``maps.write_hotlist``, exactly what the runtimes boot from.
+
+Score: coverage = decode selections whose expert the map keeps hot (or the hotlist lists) ÷ all
+decode selections of held-out traces, with the worst layer (seed 004: the built-in top 3,097
+covered 41.94%, a workload-trained one 89.00%). Scoring on the trace a map was fitted on (same
+path or same bytes) is refused unless asked for, and then labelled in-sample.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.errors import BadInput, MapError
+from harness.maps import HotlistEntry, fit_hotlist, fit_rowmap, read_count_dump
+from harness.sim.traces import Trace, decode_counts, file_sha256, load_trace
+
+__all__ = [
+    "Coverage",
+    "FitSource",
+    "check_held_out",
+    "coverage",
+    "fit_hotlist_entries",
+    "fit_top_k",
+    "load_counts",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class FitSource:
+    """Counts to fit on, ``[layers, experts]``, and where they came from."""
+
+    counts: FloatArray
+    kind: str  # "count dump" or "trace"
+    path: str
+    sha256: str
+
+
+def load_counts(
+    path: str | os.PathLike[str],
+    *,
+    half_life_steps: float | None = None,
+    experts: int | None = None,
+) -> FitSource:
+    """Counts from a count dump (``.json``) or a routing trace (any other trace format)."""
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise BadInput(f"{name}: no such file (give a count dump .json or a routing trace)")
+    digest = file_sha256(name)
+    if Path(name).suffix.lower() == ".json":
+        if half_life_steps is not None:
+            raise BadInput(
+                f"{name}: --decay-half-life-steps applies to traces; a count dump is already "
+                "counted (the runtime's dump holds decayed counts by default)"
+            )
+        counts = read_count_dump(name).astype(np.float64)
+        return FitSource(counts, "count dump", name, digest)
+    trace = load_trace(name, experts=experts)
+    return FitSource(decode_counts(trace, half_life_steps), "trace", name, digest)
+
+
+def fit_top_k(counts: npt.ArrayLike, top_k: int) -> list[list[int]]:
+    """Top ``top_k`` experts of each layer by count (ties: lower id), ids ascending."""
+    table = np.asarray(counts, dtype=np.float64)
+    if not 1 <= top_k <= table.shape[1]:
+        raise MapError(f"--top {top_k}: must be in 1..{table.shape[1]} (experts per layer)")
+    return fit_rowmap(table, top_k)
+
+
+def fit_hotlist_entries(counts: npt.ArrayLike, records: int) -> list[HotlistEntry]:
+    """Global top ``records`` (layer, expert) pairs as hotlist rows (hits = rounded counts)."""
+    if records < 1:
+        raise MapError(f"--hotlist {records}: must be a positive number of records")
+    table = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64)
+    return fit_hotlist(table, records)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Offline coverage of a map on one trace's decode selections."""
+
+    trace: str
+    covered: int
+    selections: int
+    per_layer: FloatArray  # share covered per layer
+    in_sample: bool = False
+
+    @property
+    def share(self) -> float:
+        """Covered ÷ all decode selections."""
+        return self.covered / self.selections if self.selections else 0.0
+
+    @property
+    def worst_layer(self) -> int:
+        """The layer with the lowest coverage."""
+        return int(np.argmin(self.per_layer))
+
+    def text(self) -> str:
+        """One line: ``TRACE: covered 6,925 of 16,512 selections (41.94%); worst layer ...``."""
+        label = " [in-sample]" if self.in_sample else ""
+        worst = self.worst_layer
+        return (
+            f"{self.trace}{label}: covered {self.covered:,} of {self.selections:,} selections "
+            f"({100 * self.share:.2f}%); worst layer {worst} "
+            f"({100 * float(self.per_layer[worst]):.2f}%)"
+        )
+
+
+def coverage(
+    trace: Trace,
+    *,
+    hot: Sequence[Sequence[int]] | None = None,
+    records: Sequence[tuple[int, int]] | None = None,
+    in_sample: bool = False,
+) -> Coverage:
+    """Decode selections of ``trace`` covered by a rowmap's ``hot`` sets or hotlist ``records``."""
+    layers, experts = trace.layers, trace.experts_count
+    keep = np.zeros((layers, experts), dtype=bool)
+    if hot is not None:
+        if len(hot) != layers:
+            raise MapError(f"the map has {len(hot)} layers, {trace.path} has {layers}")
+        for layer, ids in enumerate(hot):
+            keep[layer, [i for i in ids if 0 <= i < experts]] = True
+    elif records is not None:
+        for layer, expert in records:
+            if 0 <= layer < layers and 0 <= expert < experts:
+                keep[layer, expert] = True
+    else:
+        raise MapError("coverage needs hot sets or hotlist records")
+    chosen = trace.experts[~trace.prefill].astype(np.int64)
+    rows = np.arange(layers)[None, :, None]
+    hit = keep[rows, chosen]  # [tokens, layers, top_k]
+    per_layer_hits = hit.sum(axis=(0, 2))
+    per_layer_all = np.full(layers, chosen.shape[0] * trace.top_k)
+    share = per_layer_hits / np.maximum(per_layer_all, 1)
+    return Coverage(
+        trace.path, int(hit.sum()), int(chosen.size), share.astype(np.float64), in_sample
+    )
+
+
+def check_held_out(
+    score_paths: Sequence[str], fitted_on: Sequence[tuple[str, str]], in_sample: bool
+) -> list[bool]:
+    """Per score path, whether it is in-sample (same path or same bytes as a fit source).
+
+    Raises BadInput for an in-sample path unless ``in_sample`` is given.
+    """
+    flags = []
+    for path in score_paths:
+        real = os.path.realpath(path)
+        digest = file_sha256(path) if os.path.isfile(path) else ""
+        same = [
+            src
+            for src, sha in fitted_on
+            if os.path.realpath(src) == real or (sha and sha == digest)
+        ]
+        if same and not in_sample:
+            raise BadInput(
+                f"{path}: the map was fitted on {same[0]} (same file or same bytes); scores on "
+                "it are in-sample and do not count: score on held-out traces, or pass "
+                "--in-sample to print them labelled as such"
+            )
+        flags.append(bool(same))
+    return flags

@@ -1,0 +1,304 @@
+"""``harness simulate CARD --traces FILE...``: a campaign directory predicted from traces.
+
+For every cell of the card the simulator resolves the reference runtime's policy settings the
+way a boot would (profile knobs and ``REFBOX_*`` env, then ``live`` knobs; ``files.rowmap`` or
+``files.hotlist``; otherwise the runtime's defaults), replays the traces through the policy and
+writes the same layout as ``harness run``: ``card.yaml``, ``plan.json`` (``build_plan``), per run
+``run.json`` (status ok), ``ring.parquet``, ``counters.json`` (before/after/delta) and empty
+``requests.parquet``/``chunks.parquet``, plus a ``SIMULATED`` marker. ``harness analyze`` and
+``harness gate`` then read it unchanged; client-side timings stay empty (no requests were sent).
+
+Phases: the traces are replayed one after another, as one stream. Every row keeps the phase tag
+its trace recorded (a reference-runtime trace from a campaign run carries the card's phase
+indices, because the runner posts them as the live ``phase`` knob). A trace without phase tags
+(``.npy``, Megatron JSONL without ``phase``) is tagged with its position in ``--traces``, so give
+one such trace per card phase, in phase order.
+
+The simulation is deterministic, so every planned run of a cell gets the same records; the
+statistics see zero spread and deterministic evidence (cold share, swaps, loads) is what counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from harness.card import Cell, LoadedCard
+from harness.errors import KnobError, MapError
+from harness.maps import read_hotlist, read_rowmap
+from harness.plan import build_plan, plan_json_text
+from harness.policy import PolicyKnobs, parse_priority
+from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
+from harness.sim.replay import (
+    DEFAULT_RECORD_BYTES,
+    CostModel,
+    ReplayResult,
+    replay_cache,
+    replay_fast,
+    replay_reference,
+)
+from harness.sim.traces import Trace, concat_traces
+
+__all__ = ["CellSettings", "SimulatedCell", "cell_settings", "simulate_card"]
+
+_DEFAULT_HOT_SLOTS = 48  # the reference runtime's --hot-slots default
+_INT_KNOBS = ("drain_every", "swaps_per_layer", "hot_slots", "cache_records", "expert_bytes")
+_FLOAT_KNOBS = ("decay_half_life_steps", "promote_threshold", "hysteresis")
+REQUEST_COLUMNS = {
+    "request": "int64",
+    "cell": "object",
+    "prompt_id": "object",
+    "domain": "object",
+    "phase": "object",
+    "phase_index": "int64",
+    "warmup": "bool",
+    "ok": "bool",
+    "error": "object",
+    "first_after_boot": "bool",
+    "t_start_s": "float64",
+    "scheduling_delay_s": "float64",
+    "ttft_s": "float64",
+    "e2el_s": "float64",
+    "completion_tokens": "int64",
+    "prompt_tokens": "int64",
+    "n_chunks": "int64",
+    "output_text": "object",
+    "output_sha256": "object",
+}
+CHUNK_COLUMNS = {"request": "int64", "chunk": "int64", "t_s": "float64", "chars": "int64"}
+
+
+@dataclass(frozen=True)
+class CellSettings:
+    """What a cell boots the reference runtime with, as far as the policy is concerned."""
+
+    mode: Literal["rowmap", "cache"]
+    knobs: PolicyKnobs
+    hot: list[list[int]] = field(default_factory=list)
+    hotlist: list[tuple[int, int]] = field(default_factory=list)
+    cache_records: int = 0
+    priority: Literal["legacy", "adaptive"] | int = "adaptive"
+    record_bytes: int = DEFAULT_RECORD_BYTES
+    start: str = "runtime default map"
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready settings for run.json."""
+        out: dict[str, Any] = {"mode": self.mode, "record_bytes": self.record_bytes}
+        out["start"] = self.start
+        if self.mode == "rowmap":
+            out.update(self.knobs.__dict__)
+            out["hot_slots"] = len(self.hot[0]) if self.hot else 0
+        else:
+            out.update(cache_records=self.cache_records, priority=self.priority)
+            out["hotlist_entries"] = len(self.hotlist)
+        return out
+
+
+def _cell_values(loaded: LoadedCard, cell: Cell) -> dict[str, str]:
+    """Knob name -> text, boot knobs first, then raw env, then live knobs (which win)."""
+    values: dict[str, str] = {}
+
+    def text(value: object) -> str:
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        return str(value)
+
+    for name, value in cell.knobs.items():
+        spec = loaded.runtime.knobs.get(name)
+        env = spec.env if spec is not None else None
+        key = env[len("REFBOX_") :].lower() if env and env.startswith("REFBOX_") else name
+        values[key] = text(value)
+    for var, value in cell.env.items():
+        if var.startswith("REFBOX_"):
+            values[var[len("REFBOX_") :].lower()] = text(value)
+    for name, value in cell.live.items():
+        values[name] = text(value)
+    return values
+
+
+def cell_settings(
+    loaded: LoadedCard, name: str, trace: Trace, start: Literal["card", "empty"] = "card"
+) -> CellSettings:
+    """Resolve one cell's policy settings (raises KnobError/MapError naming the cell)."""
+    cell = loaded.card.cells[name]
+    values = _cell_values(loaded, cell)
+    where = f"cells.{name}"
+    typed: dict[str, Any] = {}
+    for key, raw in values.items():
+        try:
+            if key in _INT_KNOBS:
+                typed[key] = int(raw)
+            elif key in _FLOAT_KNOBS:
+                typed[key] = float(raw)
+            else:
+                typed[key] = raw
+        except ValueError:
+            raise KnobError(f"{where}: {key}={raw!r} is not a number") from None
+    knob_fields = {k: typed[k] for k in PolicyKnobs.__dataclass_fields__ if k in typed}
+    knobs = PolicyKnobs(**knob_fields)
+    try:
+        knobs.validate()
+    except KnobError as exc:
+        raise KnobError(f"{where}: {exc.message}") from None
+    record_bytes = max(int(typed.get("expert_bytes", DEFAULT_RECORD_BYTES)), 0)
+    experts = trace.experts_count
+    cache_records = int(typed.get("cache_records", 0))
+    if cache_records > 0:
+        hotlist: list[tuple[int, int]] = []
+        note = "empty cache"
+        if start == "card" and "hotlist" in cell.files:
+            path = loaded.resolve(cell.files["hotlist"])
+            hotlist = [(e[0], e[1]) for e in read_hotlist(path).entries]
+            note = f"hotlist {path.name}"
+        priority = parse_priority(str(typed.get("hotlist_priority", "adaptive")))
+        return CellSettings(
+            "cache", knobs, [], hotlist, cache_records, priority, record_bytes, note
+        )
+    recorded_slots = (trace.header or {}).get("hot_slots")
+    hot_slots = int(typed.get("hot_slots", recorded_slots or _DEFAULT_HOT_SLOTS))
+    if start == "card" and "rowmap" in cell.files:
+        path = loaded.resolve(cell.files["rowmap"])
+        rowmap = read_rowmap(path, experts=experts)
+        if len(rowmap.hot) != trace.layers:
+            raise MapError(f"{path}: {len(rowmap.hot)} layers, the traces have {trace.layers}")
+        return CellSettings(
+            "rowmap", knobs, [sorted(h) for h in rowmap.hot], [], 0, "adaptive", record_bytes,
+            f"rowmap {path.name}",
+        )  # fmt: skip
+    if not 0 <= hot_slots <= experts:
+        raise KnobError(
+            f"{where}: hot_slots {hot_slots} is not in 0..{experts} (the traces' experts)"
+        )
+    hot = [list(range(hot_slots))] * trace.layers
+    return CellSettings(
+        "rowmap", knobs, hot, [], 0, "adaptive", record_bytes, "runtime default map"
+    )
+
+
+@dataclass
+class SimulatedCell:
+    """One cell's replay and its settings."""
+
+    name: str
+    settings: CellSettings
+    result: ReplayResult
+
+    def summary(self) -> dict[str, Any]:
+        """Cold share, swaps and loads, for the command's table."""
+        counters = self.result.counters(self.settings.record_bytes)
+        lookups = counters["lookups"] or 1
+        return {
+            "cell": self.name,
+            "mode": self.settings.mode,
+            "start": self.settings.start,
+            "cold_share": counters["cold_lookups"] / lookups,
+            "swaps": counters["swaps"],
+            "expert_loads": counters["expert_loads"],
+        }
+
+
+def simulate_cells(
+    loaded: LoadedCard,
+    trace: Trace,
+    start: Literal["card", "empty"] = "card",
+    *,
+    fast: bool = True,
+) -> list[SimulatedCell]:
+    """Replay the (joined) trace under every cell's settings."""
+    cells = []
+    for name in loaded.card.cells:
+        settings = cell_settings(loaded, name, trace, start)
+        if settings.mode == "cache":
+            result = replay_cache(
+                trace, settings.cache_records, settings.hotlist, settings.priority
+            )
+        else:
+            replay = replay_fast if fast else replay_reference
+            result = replay(trace, settings.knobs, settings.hot, changes=[])
+        cells.append(SimulatedCell(name, settings, result))
+    return cells
+
+
+def _empty(columns: dict[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({k: pd.Series([], dtype=v) for k, v in columns.items()})
+
+
+def simulate_card(
+    loaded: LoadedCard,
+    traces: list[Trace],
+    *,
+    reports: Path = Path("reports"),
+    out: Path | None = None,
+    start: Literal["card", "empty"] = "card",
+    cost: CostModel | None = None,
+    fast: bool = True,
+) -> tuple[Path, list[SimulatedCell]]:
+    """Write a simulated campaign directory; returns it and the per-cell replays."""
+    cost = cost or CostModel()
+    trace = concat_traces(traces)
+    plan = build_plan(loaded)
+    if out is None:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        root = reports / f"{loaded.card.campaign}-sim" / stamp
+        suffix = 1
+        while root.exists():
+            suffix += 1
+            root = reports / f"{loaded.card.campaign}-sim" / f"{stamp}-{suffix}"
+    else:
+        root = out
+    if (root / "plan.json").exists():
+        raise KnobError(f"{root}: already holds a campaign; pick an empty --out folder")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
+    (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
+    (root / "plan.json").write_text(plan_json_text(plan) + "\n", encoding="utf-8")
+    (root / "SIMULATED").write_text(
+        "simulated by harness simulate: no runtime was booted\n"
+        f"traces: {', '.join(t.path for t in traces)}\n"
+        f"start: {start}\ncost model (ns): {cost}\n",
+        encoding="utf-8",
+    )
+    campaign = CampaignDir(root)
+    campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
+    cells = {c.name: c for c in simulate_cells(loaded, trace, start, fast=fast)}
+    frames = {name: c.result.ring_frame(cost, c.settings.record_bytes) for name, c in cells.items()}
+    for run in plan.runs:
+        cell = cells[run.cell]
+        run_dir = campaign.run_dir(run.run_id)
+        now = time.time()
+        after = cell.result.counters(cell.settings.record_bytes)
+        before = {key: 0 for key in after}
+        write_parquet(frames[run.cell], run_dir / "ring.parquet")
+        write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
+        write_parquet(_empty(CHUNK_COLUMNS), run_dir / "chunks.parquet")
+        write_json_atomic(
+            run_dir / "counters.json", {"before": before, "after": after, "delta": dict(after)}
+        )
+        record = RunRecord(
+            run_id=run.run_id,
+            status=RUN_OK,
+            reason="simulated",
+            cell=run.cell,
+            cycle=run.cycle,
+            slot=run.slot,
+            repeat=run.repeat,
+            cache_state=run.cache_state,
+            pattern=run.pattern,
+            comparison=run.comparison,
+            block=run.block,
+            box="simulator",
+            boot_id=f"{run.run_id}-sim",
+            knobs=cell.settings.describe(),
+            runtime={"simulated": True, "traces": [t.path for t in traces]},
+            started_at=now,
+            ended_at=now,
+        )
+        write_json_atomic(run_dir / "run.json", record.to_json())
+        campaign.journal.append("run_done", run_id=run.run_id)
+    campaign.journal.append("campaign_end", done=len(plan.runs), failed=0)
+    return root, list(cells.values())
