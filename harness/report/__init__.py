@@ -1,0 +1,227 @@
+"""The HTML report reviewers read: one self-contained file per campaign directory.
+
+``render_report(root, analysis, verdict)`` writes ``root/report.html`` (and, for a campaign under
+``reports/<campaign>/<stamp>``, a copy at ``reports/<campaign>-<stamp>.html``) and returns the
+path of the first. The page is jinja2 with autoescape on for everything (prompt and output text is
+untrusted), inline CSS, figures as base64 PNG, no script and no external request.
+
+``register(verbs)`` adds the ``harness report DIR`` verb to the CLI's subparsers. This module
+imports the heavy stages lazily so that registering the verb costs nothing at CLI start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from harness import __version__
+from harness.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
+    from harness.gate import Verdict
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATE = "report.html.j2"
+REPORT_NAME = "report.html"
+# Metrics whose per-cycle block values are drawn (the throughput claims drift can confound).
+CYCLE_METRICS = ("decode_tok_s", "tpot_p50_ms")
+# Runtime-side metrics a simulator predicts, shown predicted vs measured.
+PREDICTED_METRICS = ("t90_s", "t2x_s", "churn_per_min", "ring_cold_share", "hit_rate")
+
+
+def render_report(
+    root: Path, analysis: CampaignAnalysis, verdict: Verdict, *, figures: bool = True
+) -> Path:
+    """Write ``root/report.html`` (and the copy under ``reports/``); return the first path.
+
+    ``figures=False`` renders the same page without drawing any figure (the benchmark baseline).
+    """
+    context = build_context(root, analysis, verdict, figures=figures)
+    html = _render(context, link_prefix="")
+    path = root / REPORT_NAME
+    _write(path, html)
+    copy = copy_path(root, analysis.card.campaign)
+    if copy is not None:
+        _write(copy, _render(context, link_prefix=f"{root.parent.name}/{root.name}/"))
+    return path
+
+
+def copy_path(root: Path, campaign: str) -> Path | None:
+    """``reports/<campaign>-<stamp>.html`` when ``root`` lies in ``reports/<campaign>/``."""
+    resolved = root.resolve()
+    if resolved.parent.parent.name != "reports":
+        return None
+    return resolved.parent.parent / f"{campaign}-{resolved.name}.html"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _render(context: dict[str, Any], *, link_prefix: str) -> str:
+    import jinja2
+
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,  # every value, whatever the template's extension
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return environment.get_template(TEMPLATE).render(**context, link_prefix=link_prefix)
+
+
+def build_context(
+    root: Path, analysis: CampaignAnalysis, verdict: Verdict, *, figures: bool = True
+) -> dict[str, Any]:
+    """Every value the template shows, computed once (both HTML files share it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # off-screen: no display on CI boxes
+    from harness.report import context as ctx
+    from harness.report import figures as fig
+
+    card = analysis.card
+    palette = ctx._cell_palette(card)
+    pools = ctx.pools_context(root, analysis)
+    comparisons = ctx.comparison_rows(analysis)
+    images: dict[str, Any] = {"cold_share": None, "cycles": [], "tpot": None, "swap": None}
+    simulated = simulated_sibling(root, analysis)
+    if figures:
+        data = fig.load_run_data(analysis)
+        images["cold_share"] = fig.cold_share_figure(analysis, data, palette)
+        for metric in CYCLE_METRICS:
+            image = fig.cycles_figure(analysis, palette, metric)
+            if image:
+                images["cycles"].append({"metric": metric, "png": image})
+        images["tpot"] = fig.tpot_cdf_figure(data, analysis, palette)
+        images["swap"] = fig.swap_cost_figure(data, analysis, palette)
+        if simulated is not None:
+            simulated["png"] = fig.predicted_figure(simulated["rows"])
+    return {
+        "title": f"{card.campaign}: {'PASS' if verdict.passed else 'FAIL'}",
+        "campaign": card.campaign,
+        "stamp": root.name,
+        "description": card.description,
+        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "harness_version": __version__,
+        "simulated": analysis.simulated,
+        "verdict": ctx.verdict_context(analysis, verdict),
+        "cells": ctx.cells_context(card),
+        "control": card.control,
+        "boxes": ctx.boxes_context(root),
+        "runtime_name": card.runtime if isinstance(card.runtime, str) else card.runtime.name,
+        "design": ctx.design_context(analysis),
+        "pools": pools,
+        "workload": card.workload.model_dump(mode="json"),
+        "analysis_spec": card.analysis.model_dump(mode="json"),
+        "recovery": ctx.recovery_table(analysis),
+        "frozen": ctx.frozen_map_tables(analysis),
+        "policy": ctx.policy_table(analysis),
+        "timing_rows": [r for r in comparisons if not r["deterministic"]],
+        "deterministic_rows": [r for r in comparisons if r["deterministic"]],
+        "campaign_warnings": list(analysis.warnings),
+        "mismatches": ctx.mismatch_context(analysis, verdict, pools["texts"]),
+        "samples": ctx.sample_outputs(analysis, pools["texts"]),
+        "images": images,
+        "figures_enabled": figures,
+        "predicted": simulated,
+        "card_text": _read_text(root / "card.yaml"),
+        "failed_runs": ctx.failed_runs(analysis),
+        "links": ctx.raw_links(analysis),
+        "palette": palette,
+    }
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return f"({path.name} unreadable: {exc})"
+
+
+def simulated_sibling(root: Path, analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Predicted vs measured rows from the newest sibling campaign marked ``SIMULATED``."""
+    if analysis.simulated or not root.parent.is_dir():
+        return None
+    from harness.analyze.campaign import analyze_campaign
+    from harness.errors import HarnessError
+    from harness.report import fmt
+
+    siblings = sorted(
+        (p for p in root.parent.iterdir() if p != root and (p / "SIMULATED").is_file()),
+        key=lambda p: p.name,
+    )
+    for sibling in reversed(siblings):
+        try:
+            predicted = analyze_campaign(sibling)
+        except HarnessError:
+            continue
+        if predicted.card.campaign != analysis.card.campaign:
+            continue
+        rows: list[dict[str, object]] = []
+        state = analysis.card.design.cache_states[0]
+        for metric in PREDICTED_METRICS:
+            for cell in analysis.card.cells:
+                measured = _value(analysis.cells, cell, state, metric)
+                guess = _value(predicted.cells, cell, state, metric)
+                if measured is None and guess is None:
+                    continue
+                rows.append(
+                    {
+                        "metric": metric,
+                        "cell": cell,
+                        "predicted": guess,
+                        "measured": measured,
+                        "predicted_text": fmt.num(guess),
+                        "measured_text": fmt.num(measured),
+                    }
+                )
+        if rows:
+            return {"dir": sibling.name, "rows": rows, "png": None}
+    return None
+
+
+def _value(cells: Any, cell: str, state: str, metric: str) -> float | None:
+    from harness.report import fmt
+
+    if cells.empty or metric not in cells.columns:
+        return None
+    hit = cells[(cells["cell"] == cell) & (cells["cache_state"] == state)]
+    return None if hit.empty else fmt.finite(hit[metric].iloc[0])
+
+
+# ---- the CLI verb ----------------------------------------------------------------------------
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``harness report DIR`` to the CLI's subparsers."""
+    parser = verbs.add_parser(
+        "report", help="render the HTML report of a campaign directory (analysis and gates)"
+    )
+    parser.add_argument("dir", metavar="DIR", help="the campaign directory `harness run` printed")
+    parser.add_argument("--no-figures", action="store_true", help="tables only (faster)")
+    parser.set_defaults(handler=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.analyze.campaign import analyze_campaign
+    from harness.gate import evaluate_gates
+
+    root = Path(args.dir)
+    analysis = analyze_campaign(root)
+    verdict = evaluate_gates(analysis)
+    path = render_report(root, analysis, verdict, figures=not args.no_figures)
+    out.write(f"verdict: {'PASS' if verdict.passed else 'FAIL'}\nreport: {path}\n")
+    copy = copy_path(root, analysis.card.campaign)
+    if copy is not None:
+        out.write(f"copy: {copy}\n")
+    return EXIT_OK
+
+
+__all__ = ["build_context", "copy_path", "register", "render_report"]

@@ -1,0 +1,403 @@
+"""The report's figures: matplotlib, drawn off-screen, embedded as base64 PNG.
+
+Each function returns the PNG as base64 text, or None when the campaign has no data for it (the
+template then omits the figure). Figures use the object API (no pyplot state), so rendering is
+safe to call from any thread. Long rings are downsampled by summing windows, never by dropping
+them, so a plotted cold share is still Σcold/Σlookups of the merged windows.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+from harness.analyze.campaign import CampaignAnalysis
+from harness.analyze.metrics import request_metrics
+from harness.analyze.recovery import RING_COLUMNS, cold_share_windows
+from harness.errors import HarnessError
+
+MAX_POINTS = 400  # plotted windows per run: enough for the eye, small enough for 100 runs
+MAX_FREE_STEPS = 200_000  # swap-free steps sampled per cell for the swap-cost box
+DPI = 100
+TEXT = "#222222"
+MUTED = "#777777"
+FLAG = "#c0392b"
+
+
+@dataclass
+class RunData:
+    """What the figures read from one completed run."""
+
+    run_id: str
+    cell: str
+    cache_state: str
+    ring: dict[str, npt.NDArray[np.int64]] | None
+    tpot_ms: npt.NDArray[np.float64]
+
+
+def load_run_data(analysis: CampaignAnalysis) -> list[RunData]:
+    """Ring columns and per-request TPOT of every completed run (each file read once)."""
+    out: list[RunData] = []
+    runs = analysis.runs
+    if runs.empty:
+        return out
+    for row in runs[runs["status"] == "ok"].itertuples():
+        folder = analysis.campaign.run_dir(str(row.run_id))
+        ring = None
+        ring_path = folder / "ring.parquet"
+        if ring_path.is_file():
+            frame = pd.read_parquet(ring_path, columns=list(RING_COLUMNS))
+            if len(frame):
+                ring = {c: frame[c].to_numpy(dtype=np.int64) for c in RING_COLUMNS}
+        tpot = np.array([], dtype=np.float64)
+        requests_path = folder / "requests.parquet"
+        if requests_path.is_file():
+            scored = request_metrics(pd.read_parquet(requests_path))
+            values = scored["tpot_ms"].to_numpy(dtype=np.float64)
+            tpot = values[np.isfinite(values)]
+        out.append(RunData(str(row.run_id), str(row.cell), str(row.cache_state), ring, tpot))
+    return out
+
+
+def _png(figure: Figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _style(ax: Axes) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.tick_params(colors=TEXT, labelsize=8)
+    ax.grid(True, color="#e6e6e6", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+
+def _panels(
+    n: int, *, height: float = 2.4, ncols: int = 2, width: float = 5.6
+) -> tuple[Figure, list[Axes]]:
+    cols = min(ncols, n)
+    rows = math.ceil(n / cols)
+    figure = Figure(figsize=(width * cols, height * rows + 0.4), layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False)
+    flat: list[Axes] = list(axes.ravel())
+    for extra in flat[n:]:
+        extra.set_visible(False)
+    return figure, flat[:n]
+
+
+def _log_axis(ax: Axes, which: str, arrays: list[npt.NDArray[np.float64]]) -> None:
+    """Log scale with plain tick labels, only when the values span more than 20×."""
+    values = np.concatenate(arrays) if arrays else np.array([])
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size and values.max() / values.min() > 20:
+        axis = ax.xaxis if which == "x" else ax.yaxis
+        (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+
+
+def _keys(analysis: CampaignAnalysis) -> Iterator[tuple[str, str, str]]:
+    states = analysis.card.design.cache_states
+    for cell in analysis.card.cells:
+        for state in states:
+            yield cell, state, cell if len(states) == 1 else f"{cell} / {state}"
+
+
+def _downsample(windows: pd.DataFrame) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Window start times and cold share, merged into at most MAX_POINTS bins by summing."""
+    t = windows["t_s"].to_numpy(dtype=np.float64)
+    lookups = windows["lookups"].to_numpy(dtype=np.float64)
+    cold = windows["cold_lookups"].to_numpy(dtype=np.float64)
+    if t.size > MAX_POINTS:
+        step = math.ceil(t.size / MAX_POINTS)
+        starts = np.arange(0, t.size, step)
+        t = t[starts]
+        lookups = np.add.reduceat(lookups, starts)
+        cold = np.add.reduceat(cold, starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(lookups > 0, cold / np.maximum(lookups, 1), np.nan)
+    return t, share
+
+
+def cold_share_figure(
+    analysis: CampaignAnalysis, data: list[RunData], palette: dict[str, str]
+) -> str | None:
+    """Cold share over time per cell: one line per run, shift markers, T90 marked and noted."""
+    window_s = analysis.card.analysis.window_s
+    keys = [k for k in _keys(analysis) if any(r.ring is not None and r.cell == k[0] for r in data)]
+    if not keys:
+        return None
+    shifts = analysis.shifts
+    figure, axes = _panels(len(keys))
+    for ax, (cell, state, title) in zip(axes, keys, strict=True):
+        color = palette.get(cell, "#555555")
+        lines: list[str] = []
+        for run in data:
+            if run.cell != cell or run.cache_state != state or run.ring is None:
+                continue
+            try:
+                windows = cold_share_windows(run.ring, window_s)
+            except HarnessError:
+                continue
+            t, share = _downsample(windows)
+            ax.plot(t, share * 100, color=color, linewidth=0.9, alpha=0.55)
+            mine = shifts[shifts["run_id"] == run.run_id] if not shifts.empty else shifts
+            for shift in mine.to_dict("records"):
+                shift_t = float(shift["shift_t_s"])
+                ax.axvline(shift_t, color=MUTED, linewidth=0.7, linestyle=":")
+                t90 = shift["t90_s"]
+                if t90 is not None and math.isfinite(float(t90)):
+                    level = float(shift["converged"]) * 100
+                    ax.plot([shift_t + float(t90)], [level], marker="v", color=TEXT, ms=4)
+        if not shifts.empty:
+            sel = shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
+            for (a, b), group in sel.groupby(["from_phase", "to_phase"], sort=False):
+                values = group["t90_s"].to_numpy(dtype=np.float64)
+                done = values[np.isfinite(values)]
+                never = int(values.size - done.size)
+                text = f"{a}→{b} T90 median {np.median(done):.1f} s" if done.size else f"{a}→{b}"
+                if never:
+                    text += f", {never} never"
+                lines.append(text)
+        ax.set_title(title, fontsize=10, color=TEXT, loc="left")
+        ax.set_ylabel("cold share %", fontsize=8)
+        ax.set_xlabel(f"s since first step ({window_s:g} s windows)", fontsize=8)
+        ax.set_ylim(bottom=0)
+        if lines:
+            ax.text(
+                0.99,
+                0.97,
+                "\n".join(lines),
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize=7.5,
+                color=TEXT,
+                bbox={"facecolor": "white", "edgecolor": "#cccccc", "alpha": 0.9},
+            )
+        _style(ax)
+    return _png(figure)
+
+
+def block_values(
+    analysis: CampaignAnalysis, cell: str, state: str, metric: str
+) -> list[tuple[int, list[tuple[int, str, float]]]]:
+    """Per cycle: (slot, arm cell, geomean of the block's runs) in slot order, ok runs only."""
+    runs = analysis.runs
+    if runs.empty or metric not in runs.columns:
+        return []
+    subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
+    out = []
+    for cycle, group in subset.groupby("cycle"):
+        points = []
+        for slot, block in group.groupby("slot"):
+            values = block[block["status"] == "ok"][metric].to_numpy(dtype=np.float64)
+            values = values[np.isfinite(values) & (values > 0)]
+            if values.size:
+                value = float(np.exp(np.mean(np.log(values))))
+                points.append((int(str(slot)), str(block["cell"].iloc[0]), value))
+        out.append((int(str(cycle)), points))
+    return out
+
+
+def cycles_figure(analysis: CampaignAnalysis, palette: dict[str, str], metric: str) -> str | None:
+    """Per-cycle A/B/B/A block values in time order, one line per cycle; drift in red."""
+    card = analysis.card
+    if card.control is None or not card.treatments:
+        return None
+    keys = [(cell, state) for cell in card.treatments for state in card.design.cache_states]
+    series = {key: block_values(analysis, key[0], key[1], metric) for key in keys}
+    keys = [k for k in keys if any(points for _, points in series[k])]
+    if not keys:
+        return None
+    n_cycles = max(len(series[k]) for k in keys)
+    wide = n_cycles > 6  # many cycles need the full page width to stay readable
+    figure, axes = _panels(
+        len(keys), height=2.6, ncols=1 if wide else 2, width=11.2 if wide else 5.6
+    )
+    for ax, (cell, state) in zip(axes, keys, strict=True):
+        flagged = {
+            flag.cycle
+            for item in analysis.comparisons
+            if item.cell == cell and item.cache_state == state and item.comparison.metric == metric
+            for flag in item.comparison.flags
+        }
+        for cycle, points in series[(cell, state)]:
+            if not points:
+                continue
+            x = [cycle * 4 + slot for slot, _, _ in points]
+            y = [value for _, _, value in points]
+            drift = cycle in flagged
+            ax.plot(
+                x,
+                y,
+                color=FLAG if drift else MUTED,
+                linewidth=1.6 if drift else 1.0,
+                linestyle="-" if not drift else "--",
+                zorder=1,
+            )
+            for xi, (_, arm_cell, value) in zip(x, points, strict=True):
+                arm = "A" if arm_cell == card.control else "B"
+                ax.scatter(
+                    [xi],
+                    [value],
+                    s=46 if not wide else 22,
+                    color=palette.get(arm_cell, "#555"),
+                    zorder=2,
+                )
+                if wide:
+                    continue  # with many cycles the colours carry the arm; letters would overlap
+                ax.annotate(
+                    arm,
+                    (xi, value),
+                    textcoords="offset points",
+                    xytext=(0, 6),
+                    ha="center",
+                    fontsize=7,
+                    color=TEXT,
+                )
+            if drift:
+                ax.annotate(
+                    "DRIFT",
+                    (x[0], y[0]),
+                    textcoords="offset points",
+                    xytext=(0, -13),
+                    fontsize=7,
+                    color=FLAG,
+                    fontweight="bold",
+                )
+        title = f"{metric}: {cell} (B) vs {card.control} (A)"
+        if len(card.design.cache_states) > 1:
+            title += f", {state}"
+        ax.set_title(title, fontsize=10, color=TEXT, loc="left")
+        for arm_cell, arm in ((card.control, "A"), (cell, "B")):
+            ax.scatter(
+                [], [], s=30, color=palette.get(arm_cell, "#555"), label=f"{arm}: {arm_cell}"
+            )
+        ax.legend(fontsize=7, frameon=False, loc="best")
+        ax.set_xlabel("slot in time order (cycle × 4 + slot)", fontsize=8)
+        ax.set_ylabel(metric, fontsize=8)
+        ax.margins(y=0.2)
+        _style(ax)
+    return _png(figure)
+
+
+def tpot_cdf_figure(
+    data: list[RunData], analysis: CampaignAnalysis, palette: dict[str, str]
+) -> str | None:
+    """Empirical CDF of per-request TPOT per cell (pooled over its runs; log x)."""
+    figure = Figure(figsize=(7.2, 3.2), layout="constrained")
+    ax = figure.add_subplot()
+    drawn = 0
+    styles = ["-", "--", ":", "-."]
+    states = [str(s) for s in analysis.card.design.cache_states]
+    for cell, state, title in _keys(analysis):
+        pooled = [r.tpot_ms for r in data if r.cell == cell and r.cache_state == state]
+        values = np.sort(np.concatenate(pooled)) if pooled else np.array([])
+        values = values[values > 0]
+        if not values.size:
+            continue
+        y = np.arange(1, values.size + 1) / values.size
+        ax.step(
+            values,
+            y,
+            where="post",
+            color=palette.get(cell, "#555"),
+            linestyle=styles[states.index(state) % len(styles)],
+            linewidth=1.4,
+            label=f"{title} (n={values.size})",
+        )
+        drawn += 1
+    if not drawn:
+        return None
+    _log_axis(ax, "x", [r.tpot_ms for r in data])
+    ax.set_xlabel("TPOT per request, ms", fontsize=8)
+    ax.set_ylabel("fraction of requests", fontsize=8)
+    for q in (0.5, 0.95):
+        ax.axhline(q, color="#bbbbbb", linewidth=0.7, linestyle=":")
+    ax.legend(fontsize=7.5, frameon=False, loc="lower right")
+    _style(ax)
+    return _png(figure)
+
+
+def swap_cost_figure(
+    data: list[RunData], analysis: CampaignAnalysis, palette: dict[str, str]
+) -> str | None:
+    """Step durations of swap-free vs swap-bearing steps per cell (5–95% whiskers, log y)."""
+    rng = np.random.default_rng(0)
+    boxes: list[npt.NDArray[np.float64]] = []
+    labels: list[str] = []
+    colors: list[str] = []
+    ratios: list[str] = []
+    for cell, state, title in _keys(analysis):
+        rings = [r.ring for r in data if r.cell == cell and r.cache_state == state and r.ring]
+        if not rings:
+            continue
+        dur = np.concatenate([ring["dur_ns"] for ring in rings]).astype(np.float64) / 1e6
+        swaps = np.concatenate([ring["swaps"] for ring in rings])
+        free, bearing = dur[swaps == 0], dur[swaps > 0]
+        if not bearing.size or not free.size:
+            continue
+        if free.size > MAX_FREE_STEPS:
+            free = rng.choice(free, MAX_FREE_STEPS, replace=False)
+        boxes.extend([free, bearing])
+        labels.extend([f"{title}\nswap-free", f"{title}\nswap-bearing"])
+        colors.extend([palette.get(cell, "#555") + "55", palette.get(cell, "#555")])
+        ratio = float(np.mean(bearing) / np.percentile(free, 95))
+        ratios.append(f"{title}: {ratio:.2f}× ({bearing.size:,} swap steps)")
+    if not boxes:
+        return None
+    figure = Figure(figsize=(max(6.0, 1.3 * len(boxes)), 3.2), layout="constrained")
+    ax = figure.add_subplot()
+    parts = ax.boxplot(boxes, whis=(5, 95), showfliers=False, patch_artist=True, widths=0.6)
+    for patch, color in zip(parts["boxes"], colors, strict=True):
+        patch.set_facecolor(color)
+        patch.set_edgecolor(TEXT)
+    for median in parts["medians"]:
+        median.set_color(TEXT)
+    ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
+    _log_axis(ax, "y", boxes)
+    ax.set_ylabel("step duration, ms", fontsize=8)
+    ax.set_title(
+        "mean swap-bearing step ÷ p95 swap-free step: " + "; ".join(ratios),
+        fontsize=8,
+        color=TEXT,
+        loc="left",
+    )
+    _style(ax)
+    return _png(figure)
+
+
+def predicted_figure(rows: list[dict[str, object]]) -> str | None:
+    """Predicted (simulator) vs measured (box) per cell, one panel per metric."""
+    metrics = list(dict.fromkeys(str(r["metric"]) for r in rows))
+    if not metrics:
+        return None
+    figure, axes = _panels(len(metrics), height=2.4, ncols=3)
+    for ax, metric in zip(axes, metrics, strict=True):
+        mine = [r for r in rows if r["metric"] == metric]
+        x = np.arange(len(mine))
+        predicted = [
+            float(str(r["predicted"])) if r["predicted"] is not None else np.nan for r in mine
+        ]
+        measured = [
+            float(str(r["measured"])) if r["measured"] is not None else np.nan for r in mine
+        ]
+        ax.bar(x - 0.2, predicted, width=0.4, color="#bbbbbb", label="predicted (simulator)")
+        ax.bar(x + 0.2, measured, width=0.4, color="#4c72b0", label="measured (box)")
+        ax.set_xticks(x, [str(r["cell"]) for r in mine], fontsize=7)
+        ax.set_title(metric, fontsize=9, loc="left", color=TEXT)
+        _style(ax)
+    axes[0].legend(fontsize=7, frameon=False)
+    return _png(figure)
