@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, TextIO
 
 from harness import __version__
 from harness.card import load_card
-from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK, HarnessError
+from harness.errors import (
+    EXIT_GATE_FAILED,
+    EXIT_INFRASTRUCTURE,
+    EXIT_OK,
+    BadInput,
+    HarnessError,
+)
 from harness.plan import build_plan, plan_json_text
+from harness.report import register as register_report
+from harness.sim.commands import register as register_sim
 
 if TYPE_CHECKING:
     from harness.gate import Verdict
@@ -217,6 +225,38 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet)
 
 
+def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_boxes
+    from harness.execute.preflight import check_box
+    from harness.profiles import BoxSpec, RuntimeProfile
+
+    profile: RuntimeProfile | None = None
+    card_dir = Path.cwd()
+    boxes: dict[str, BoxSpec] = {}
+    name = args.name
+    if args.card:
+        loaded = load_card(Path(args.card))
+        profile, card_dir = loaded.runtime, loaded.directory
+        name = name or loaded.box_name
+        boxes[loaded.box_name] = loaded.box
+    if name is None:
+        raise BadInput("give a box NAME, or --card CARD to check the card's box")
+    boxes = {**load_boxes(card_dir), **boxes}
+    if name not in boxes:
+        raise BadInput(
+            f"unknown box {name!r}; known: {', '.join(sorted(boxes))} "
+            "(boxes.yaml beside the card, ./campaigns/boxes.yaml, or the package's)"
+        )
+    checks = check_box(name, boxes[name], profile)
+    for check in checks:
+        out.write(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}\n")
+        if not check.ok and check.fix:
+            out.write(f"     fix: {check.fix}\n")
+    failed = sum(not check.ok for check in checks)
+    out.write(f"box {name}: {len(checks) - failed} of {len(checks)} checks passed\n")
+    return EXIT_OK if failed == 0 else EXIT_INFRASTRUCTURE
+
+
 def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     from harness.benchmarks import Figure
 
@@ -297,6 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
     bench.add_argument("--json", action="store_true", help="machine-readable figures")
     bench.set_defaults(handler=_cmd_bench)
+
+    box = verbs.add_parser("box", help="boxes: check that one is ready")
+    box_verbs = box.add_subparsers(dest="box_verb", metavar="VERB", required=True)
+    check = box_verbs.add_parser("check", help="preflight a box (reachable, python, disk, clock…)")
+    check.add_argument("name", nargs="?", metavar="NAME", help="box name (default: the card's)")
+    check.add_argument("--card", metavar="CARD", help="also check the card's runtime on the box")
+    check.set_defaults(handler=_cmd_box_check)
+
+    register_sim(verbs)
+    register_report(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
     ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)

@@ -90,7 +90,11 @@ def boot_spec(
     env = {key: render(value, context) for key, value in profile.boot.env.items()}
     live: dict[str, str] = {}
     effective: dict[str, str] = {}
-    for name, value in cell.knobs.items():
+    settings: dict[str, KnobValue] = {
+        name: spec.default for name, spec in profile.knobs.items() if spec.default is not None
+    }
+    settings.update(cell.knobs)
+    for name, value in settings.items():
         spec = profile.knobs[name]
         text = knob_text(value)
         effective[name] = text
