@@ -200,6 +200,9 @@ class QualityGate(_CellGate):
 
     kind: Literal["quality"]
     min_pass: str | int = Field(description="k/n or k")
+    vs: str | None = Field(
+        None, description="also pass at least as many prompts as this cell (no regression)"
+    )
 
     @field_validator("min_pass")
     @classmethod
@@ -351,24 +354,30 @@ def load_runtime_profile(path: Path) -> RuntimeProfile:
         ) from None
 
 
+def load_boxes_file(path: Path) -> dict[str, BoxSpec]:
+    """The boxes of one ``boxes.yaml``, every problem reported as ``file:line: box.field``."""
+    doc = load_yaml(path)
+    problems = list(doc.problems)
+    if not isinstance(doc.data, dict):
+        raise CardError(f"{path}: must map box names to box settings")
+    boxes: dict[str, BoxSpec] = {}
+    for name, raw in doc.data.items():
+        try:
+            boxes[str(name)] = BoxSpec.model_validate(raw)
+        except ValidationError as exc:
+            problems.extend(_pydantic_problems(exc, doc, BoxSpec, prefix=(name,)))
+    if problems:
+        raise CardError(f"{path}: invalid boxes file", problems)
+    return boxes
+
+
 def load_boxes(card_dir: Path) -> dict[str, BoxSpec]:
     """Every named box along the search path; earlier files win over later ones."""
     boxes: dict[str, BoxSpec] = {}
     for root in reversed(search_path(card_dir)):
         path = root / "boxes.yaml"
-        if not path.is_file():
-            continue
-        doc = load_yaml(path)
-        problems = list(doc.problems)
-        if not isinstance(doc.data, dict):
-            raise CardError(f"{path}: must map box names to box settings")
-        for name, raw in doc.data.items():
-            try:
-                boxes[str(name)] = BoxSpec.model_validate(raw)
-            except ValidationError as exc:
-                problems.extend(_pydantic_problems(exc, doc, BoxSpec, prefix=(name,)))
-        if problems:
-            raise CardError(f"{path}: invalid boxes file", problems)
+        if path.is_file():
+            boxes.update(load_boxes_file(path))
     return boxes
 
 
@@ -592,7 +601,7 @@ def _check_gates(card: Card, out: _Problems) -> None:
         vs = getattr(gate, "vs", None)
         if vs is not None and vs not in card.cells:
             out.add((*loc, "vs"), f"unknown cell {vs!r}{_did_you_mean(vs, cells)}")
-        if isinstance(gate, ExactOutputsGate | BetterGate) and vs is None and card.control is None:
+        if isinstance(gate, ExactOutputsGate | BetterGate) and vs is None and not card.control:
             out.add((*loc, "vs"), "no control on the card: name the reference cell with `vs`")
         if isinstance(gate, BetterGate) and gate.metric not in METRICS:
             out.add((*loc, "metric"), f"unknown metric{_did_you_mean(gate.metric, list(METRICS))}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from harness import __version__
-from harness.card import load_card
+from harness.card import load_boxes_file, load_card
 from harness.errors import (
     EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
@@ -37,6 +37,14 @@ Handler = Callable[[argparse.Namespace, TextIO], int]
 def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     failed: list[HarnessError] = []
     for path in args.cards:
+        if Path(path).name == "boxes.yaml":
+            try:
+                boxes = load_boxes_file(Path(path))
+            except HarnessError as problem:
+                failed.append(problem)
+                continue
+            out.write(f"ok: {path} ({len(boxes)} boxes)\n")
+            continue
         try:
             loaded = load_card(Path(path))
         except HarnessError as problem:
@@ -257,6 +265,22 @@ def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if failed == 0 else EXIT_INFRASTRUCTURE
 
 
+def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.execute.collect import collect_counts
+
+    loaded = load_card(Path(args.card))
+    cell = args.cell or loaded.card.control or next(iter(loaded.card.cells))
+    collected = collect_counts(loaded, cell, args.split, Path(args.out), passes=args.passes)
+    out.write(
+        f"{collected.requests} requests, {collected.tokens} tokens on split {args.split!r} "
+        f"with cell {cell!r}\ncounts: {collected.counts}\n"
+    )
+    if collected.trace is not None:
+        out.write(f"route trace: {collected.trace}\n")
+    out.write(f"next: harness fit-map {collected.counts} --top K -o rowmap.json\n")
+    return EXIT_OK
+
+
 def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     from harness.benchmarks import Figure
 
@@ -344,6 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("name", nargs="?", metavar="NAME", help="box name (default: the card's)")
     check.add_argument("--card", metavar="CARD", help="also check the card's runtime on the box")
     check.set_defaults(handler=_cmd_box_check)
+
+    collect = verbs.add_parser(
+        "collect", help="boot a cell, send one prompt split, save route counts (for fit-map)"
+    )
+    collect.add_argument("card", metavar="CARD")
+    collect.add_argument("--cell", help="cell whose knobs to boot with (default: the control)")
+    collect.add_argument("--split", default="fit", help="prompt split to send (default: fit)")
+    collect.add_argument("--passes", type=int, default=1, help="passes over the split")
+    collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
+    collect.set_defaults(handler=_cmd_collect)
 
     register_sim(verbs)
     register_report(verbs)

@@ -331,20 +331,32 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
     suite = {p["id"]: p for p in read_json(path)["prompts"]}
     outputs = analysis.outputs
     outputs = outputs[outputs["phase"] == "quality"] if not outputs.empty else outputs
-    failures, evidence = [], {}
-    for cell in _cells(gate, analysis, treatments_only=False):
-        mine = outputs[(outputs["cell"] == cell) & outputs["ok"]] if not outputs.empty else outputs
+    failures: list[str] = []
+    evidence: dict[str, Any] = {}
+
+    def passing(cell: str) -> list[str]:
+        if outputs.empty:
+            return []
+        mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
         passed = []
         for prompt_id, prompt in suite.items():
-            texts = mine[mine["prompt_id"] == prompt_id]["output_text"] if not mine.empty else []
+            texts = mine[mine["prompt_id"] == prompt_id]["output_text"]
             if len(texts) and all(_check(prompt["check"], str(t)) for t in texts):
                 passed.append(prompt_id)
-        need = _required(gate.min_pass, len(suite))
+        return passed
+
+    floor = len(passing(gate.vs)) if gate.vs else 0
+    for cell in _cells(gate, analysis, treatments_only=gate.vs is not None):
+        passed = passing(cell)
+        need = max(_required(gate.min_pass, len(suite)), floor)
         evidence[cell] = {"passed": len(passed), "n": len(suite), "required": need}
+        if gate.vs:
+            evidence[cell]["reference"] = {"cell": gate.vs, "passed": floor}
         if len(passed) < need:
             failed = sorted(set(suite) - set(passed))
+            against = f" ({gate.vs} passes {floor})" if gate.vs else ""
             failures.append(
-                f"{cell}: {len(passed)}/{len(suite)} pass, need {need} "
+                f"{cell}: {len(passed)}/{len(suite)} pass, need {need}{against} "
                 f"(failing: {', '.join(failed[:5])})"
             )
     if failures:

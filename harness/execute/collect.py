@@ -1,0 +1,123 @@
+"""Collect what map fitting needs from a real boot: a route-count dump and the route trace.
+
+``harness collect CARD --cell NAME --split fit -o DIR`` boots one cell on the card's box, sends
+the prompts of one split (the fit split by default, so maps are never fitted on what is scored),
+then saves the runtime's count dump (its ``dump_http`` endpoint) and, when the profile declares
+one, its route trace. ``harness fit-map DIR/counts.json --top K`` turns the dump into a map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.card import LoadedCard
+from harness.errors import BadInput, RuntimeBootError
+from harness.execute.boxes import open_box
+from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, drive
+from harness.execute.runtimes import boot, boot_spec, http_json, render
+
+
+@dataclass(frozen=True)
+class Collected:
+    """Files written by a collection run."""
+
+    counts: Path
+    trace: Path | None
+    requests: int
+    tokens: int
+
+
+def collect_counts(
+    loaded: LoadedCard, cell_name: str, split: str, out_dir: Path, *, passes: int = 1
+) -> Collected:
+    """Boot ``cell_name``, drive the prompts of ``split``, save the count dump and route trace."""
+    card = loaded.card
+    if cell_name not in card.cells:
+        raise BadInput(f"{loaded.path}: no cell {cell_name!r}; cells: {', '.join(card.cells)}")
+    prompts = [p for p in loaded.prompts if p.split == split]
+    if not prompts:
+        raise BadInput(f"{loaded.path}: no prompt has split {split!r}")
+    runtime_profile = loaded.runtime
+    dump_path = runtime_profile.telemetry.dump_http
+    if dump_path is None:
+        raise BadInput(
+            f"runtime {runtime_profile.name!r} declares no telemetry.dump_http: "
+            "it cannot dump route counts"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    box = open_box(loaded.box_name, loaded.box)
+    try:
+        if loaded.box.kind == "local":
+            remote = tempfile.mkdtemp(prefix="harness-collect-")
+        else:
+            remote = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
+        box.mkdirs(remote)
+        cell = card.cells[cell_name]
+        uploaded = {}
+        for name, relative in cell.files.items():
+            local = loaded.resolve(relative)
+            uploaded[name] = f"{remote}/files/{name}{local.suffix}"
+            box.put_file(local, uploaded[name])
+        cache_dir = f"{remote}/cache"
+        box.mkdirs(cache_dir)
+        spec = boot_spec(
+            runtime_profile,
+            cell,
+            port=box.free_port(),
+            run_dir=remote,
+            python=loaded.box.python_path(),
+            bind_host=box.bind_host,
+            cache_dir=cache_dir,
+            uploaded=uploaded,
+        )
+        runtime = boot(box, runtime_profile, spec)
+        try:
+            runtime.post_live(spec.live)
+            items = tuple(
+                WorkItem(
+                    prompt_id=p.id,
+                    domain=p.domain,
+                    phase=split,
+                    phase_index=0,
+                    max_tokens=p.max_tokens or card.workload.max_tokens,
+                    prompt=p.prompt,
+                    messages=p.messages,
+                )
+                for _ in range(passes)
+                for p in prompts
+            )
+            drive_spec = DriveSpec(
+                base_url=runtime.base_url,
+                flavour=runtime_profile.api.flavour,
+                model=runtime_profile.api.model,
+                timeout_s=card.workload.request_timeout_s,
+                extra_body=dict(runtime_profile.api.extra_body),
+            )
+            results = asyncio.run(drive(drive_spec, [PhasePlan(split, 0, items)]))
+            failed = [r for r in results if not r.ok]
+            if failed:
+                raise RuntimeBootError(
+                    f"{len(failed)} of {len(results)} requests failed while collecting counts; "
+                    f"first: {failed[0].error}"
+                )
+            status, body = http_json(runtime.base_url + dump_path, {})
+            if status != 200 or not isinstance(body, dict):
+                raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
+        finally:
+            runtime.stop()
+        counts = out_dir / "counts.json"
+        counts.write_text(json.dumps(body) + "\n", encoding="utf-8")
+        trace: Path | None = None
+        if runtime_profile.telemetry.route_trace:
+            remote_trace = render(runtime_profile.telemetry.route_trace, {"run_dir": remote})
+            if box.exists(remote_trace):
+                trace = out_dir / "route-trace.jsonl"
+                box.get_file(remote_trace, trace)
+        tokens = sum(r.completion_tokens or 0 for r in results)
+        return Collected(counts=counts, trace=trace, requests=len(results), tokens=tokens)
+    finally:
+        box.close()
