@@ -9,6 +9,7 @@ shares no prompt with the fit set. Every problem is reported at once, as
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -306,6 +307,36 @@ def display_path(path: Path) -> Path:
         return normal.relative_to(Path.cwd())
     except ValueError:
         return normal
+
+
+def scale_workload(loaded: LoadedCard, factor: float) -> LoadedCard:
+    """The card with every phase's request count and duration (and ``passes``) scaled.
+
+    For trying a campaign at a smaller size on a laptop, or a larger one on a real box; the
+    design (cycles, repeats, cache states) is left alone so the statistics keep their meaning.
+    """
+    if factor <= 0:
+        raise BadInput(f"--scale must be positive, got {factor:g}")
+    workload = loaded.card.workload
+    phases = None
+    if workload.phases is not None:
+        phases = [
+            phase.model_copy(
+                update={
+                    "requests": None
+                    if phase.requests is None
+                    else max(1, round(phase.requests * factor)),
+                    "duration_s": None
+                    if phase.duration_s is None
+                    else max(1.0, phase.duration_s * factor),
+                }
+            )
+            for phase in workload.phases
+        ]
+    passes = max(1, round(workload.passes * factor))
+    scaled = workload.model_copy(update={"phases": phases, "passes": passes})
+    card = loaded.card.model_copy(update={"workload": scaled})
+    return dataclasses.replace(loaded, card=card)
 
 
 # ---- name resolution -------------------------------------------------------------------------

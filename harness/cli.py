@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from harness import __version__
-from harness.card import load_boxes_file, load_card
+from harness.card import load_boxes_file, load_card, scale_workload
 from harness.errors import (
     EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
@@ -109,9 +109,10 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.resume:
         campaign = open_campaign(Path(args.resume))
-        card_path = Path(campaign.card_path().parent / "card.path").read_text().strip()
-        loaded = load_card(Path(card_path))
-        plan = build_plan(loaded)
+        card_path = (campaign.root / "card.path").read_text(encoding="utf-8").strip()
+        scale = float(campaign.plan().get("scale", 1.0))
+        loaded = scale_workload(load_card(Path(card_path)), scale)
+        plan = build_plan(loaded, scale=scale)
         if plan_json_text(plan) != (campaign.root / "plan.json").read_text().strip():
             raise HarnessError(
                 f"{card_path}: the card changed since {campaign.root} was planned; "
@@ -121,8 +122,8 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         if args.card is None:
             raise HarnessError("give a CARD to run, or --resume DIR")
-        loaded = load_card(Path(args.card))
-        plan = build_plan(loaded)
+        loaded = scale_workload(load_card(Path(args.card)), args.scale)
+        plan = build_plan(loaded, scale=args.scale)
         campaign = new_campaign_dir(loaded, plan, Path(args.reports))
     out.write(f"campaign directory: {campaign.root}\n")
     out.flush()
@@ -344,6 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR", help="continue the campaign in DIR")
     run.add_argument("--reports", default="reports", help="where campaign folders go")
     run.add_argument("--quiet", action="store_true", help="no progress bar (for CI logs)")
+    run.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="scale every phase's requests and duration by F (0.25 for a quick look)",
+    )
     run.set_defaults(handler=_cmd_run)
 
     analyze = verbs.add_parser("analyze", help="compute the tables of a campaign directory")

@@ -47,6 +47,7 @@ class Plan:
 
     card: LoadedCard
     runs: tuple[Run, ...]
+    scale: float = 1.0  # workload scale the card ran at (harness run --scale)
 
     def estimated_run_s(self) -> float:
         """Rough seconds per run: boot plus the workload at the profile's expected speed."""
@@ -80,6 +81,7 @@ class Plan:
             "schema_version": SCHEMA_VERSION,
             "campaign": self.card.card.campaign,
             "estimated_total_s": round(self.estimated_total_s(), 1),
+            "scale": self.scale,
             "runs": [
                 {
                     "run_id": r.run_id,
@@ -109,7 +111,7 @@ def _mirrored(items: list[str], cycle: int) -> list[str]:
     return list(items) if cycle % 2 == 0 else list(reversed(items))
 
 
-def build_plan(loaded: LoadedCard) -> Plan:
+def build_plan(loaded: LoadedCard, *, scale: float = 1.0) -> Plan:
     """Expand cells × cycles × cache states × repeats into the ordered runs of the card."""
     card = loaded.card
     design = card.design
@@ -153,7 +155,7 @@ def build_plan(loaded: LoadedCard) -> Plan:
                     block=block,
                 )
             )
-    return Plan(card=loaded, runs=tuple(runs))
+    return Plan(card=loaded, runs=tuple(runs), scale=scale)
 
 
 def plan_json_text(plan: Plan) -> str:
