@@ -319,7 +319,13 @@ def scale_workload(loaded: LoadedCard, factor: float) -> LoadedCard:
         raise BadInput(f"--scale must be positive, got {factor:g}")
     workload = loaded.card.workload
     phases = None
-    if workload.phases is not None:
+    if workload.phases is None and factor != 1:
+        # One pass over the held-out prompts becomes a phase of a scaled number of requests.
+        heldout = loaded.split("heldout")
+        domains = sorted({p.domain for p in heldout})
+        count = max(1, round(len(heldout) * workload.passes * factor))
+        phases = [Phase(name="main", domains=domains, requests=count)]
+    elif workload.phases is not None:
         phases = [
             phase.model_copy(
                 update={

@@ -19,17 +19,25 @@ from tests.conftest import REPO, run_cli
 pytestmark = pytest.mark.slow
 
 
+def _variant(card: str, tmp_path: Path, replace: dict[str, str]) -> str:
+    """A copy of a shipped card with some text replaced, beside links to its prompts and maps."""
+    text = (REPO / "campaigns" / card).read_text(encoding="utf-8")
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    folder = tmp_path / "cards"
+    folder.mkdir()
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    (folder / card).write_text(text, encoding="utf-8")
+    return str(folder / card)
+
+
 def _run(card: str, tmp_path: Path, scale: str) -> tuple[int, Path, str]:
     reports = tmp_path / "reports"
+    path = card if card.startswith("/") else f"campaigns/{card}"
     result = run_cli(
-        "run",
-        f"campaigns/{card}",
-        "--quiet",
-        "--scale",
-        scale,
-        "--reports",
-        str(reports),
-        timeout_s=900,
+        "run", path, "--quiet", "--scale", scale, "--reports", str(reports), timeout_s=900
     )
     roots = list(reports.glob("*/*/plan.json"))
     assert roots, result.stdout + result.stderr
@@ -82,7 +90,9 @@ def test_seed_map_heldout_yields_the_frozen_map_table(tmp_path: Path) -> None:
 
 
 def test_hotlist_priority_yields_the_policy_table(tmp_path: Path) -> None:
-    code, root, output = _run("hotlist-priority.yaml", tmp_path, "0.3")
+    # One cycle in each cache state (the card has two): 16 runs of 4 held-out conversations.
+    card = _variant("hotlist-priority.yaml", tmp_path, {"cycles: 2": "cycles: 1"})
+    code, root, output = _run(card, tmp_path, "0.3")
     assert code in (0, 1), output
     cells = pd.read_parquet(root / "analysis" / "cells.parquet")
     assert set(cells["cache_state"]) == {"warm", "cold"}
@@ -96,7 +106,9 @@ def test_hotlist_priority_yields_the_policy_table(tmp_path: Path) -> None:
 
 
 def test_queue_rate_ladder_yields_the_cell_table(tmp_path: Path) -> None:
-    code, root, output = _run("queue-rate-ladder.yaml", tmp_path, "0.5")
+    # One repeat per block (the card has the seed's three): 12 runs.
+    card = _variant("queue-rate-ladder.yaml", tmp_path, {"repeats: 3": "repeats: 1"})
+    code, root, output = _run(card, tmp_path, "0.5")
     assert code in (0, 1), output
     shifts = pd.read_parquet(root / "analysis" / "shifts.parquet")
     directions = set(zip(shifts["from_phase"], shifts["to_phase"], strict=True))
