@@ -16,7 +16,9 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -286,6 +288,27 @@ class LocalBox(Box):
     def http_host(self) -> str:
         """Servers on this machine are reached on loopback."""
         return "127.0.0.1"
+
+    def free_port(self) -> int:
+        """A free loopback port, found in-process (no interpreter start per run)."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+            return port
+
+    def group_alive(self, pgid: int) -> bool:
+        """Read /proc directly on Linux (a `ps` per poll costs more than the poll interval)."""
+        if not sys.platform.startswith("linux"):
+            return super().group_alive(pgid)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # the process exited while we looked
+            # fields[0] is the state (Z = zombie, already dead), fields[2] the process group.
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+        return False
 
     def sh(self, command: str, *, timeout_s: float = 60, check: bool = True) -> CommandResult:
         """Run shell text with bash; a timeout kills the whole process group."""
