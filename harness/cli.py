@@ -271,7 +271,16 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
 
     loaded = load_card(Path(args.card))
     cell = args.cell or loaded.card.control or next(iter(loaded.card.cells))
-    collected = collect_counts(loaded, cell, args.split, Path(args.out), passes=args.passes)
+    domains = [d for d in (args.domains or "").split(",") if d]
+    collected = collect_counts(
+        loaded,
+        cell,
+        args.split,
+        Path(args.out),
+        passes=args.passes,
+        domains=domains or None,
+        max_tokens=args.max_tokens,
+    )
     out.write(
         f"{collected.requests} requests, {collected.tokens} tokens on split {args.split!r} "
         f"with cell {cell!r}\ncounts: {collected.counts}\n"
@@ -384,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--cell", help="cell whose knobs to boot with (default: the control)")
     collect.add_argument("--split", default="fit", help="prompt split to send (default: fit)")
     collect.add_argument("--passes", type=int, default=1, help="passes over the split")
+    collect.add_argument("--domains", help="only these domains, comma-separated")
+    collect.add_argument("--max-tokens", type=int, help="tokens per request (default: the card's)")
     collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
     collect.set_defaults(handler=_cmd_collect)
 

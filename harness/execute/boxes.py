@@ -300,6 +300,12 @@ class LocalBox(Box):
         """Read /proc directly on Linux (a `ps` per poll costs more than the poll interval)."""
         if not sys.platform.startswith("linux"):
             return super().group_alive(pgid)
+        # The leader itself first: right after the fork, before `setsid` has run, its group
+        # id is still the shell's, so a scan by group alone would call it dead.
+        with contextlib.suppress(OSError, IndexError):
+            leader = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()
+            if leader[0] != "Z":
+                return True
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()

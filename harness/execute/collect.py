@@ -32,15 +32,29 @@ class Collected:
 
 
 def collect_counts(
-    loaded: LoadedCard, cell_name: str, split: str, out_dir: Path, *, passes: int = 1
+    loaded: LoadedCard,
+    cell_name: str,
+    split: str,
+    out_dir: Path,
+    *,
+    passes: int = 1,
+    domains: list[str] | None = None,
+    max_tokens: int | None = None,
 ) -> Collected:
-    """Boot ``cell_name``, drive the prompts of ``split``, save the count dump and route trace."""
+    """Boot ``cell_name``, drive the prompts of ``split``, save the count dump and route trace.
+
+    ``domains`` keeps only prompts of those domains; ``max_tokens`` overrides the card's, since
+    a map fitted on decode counts wants more decode steps than a timed run needs.
+    """
     card = loaded.card
     if cell_name not in card.cells:
         raise BadInput(f"{loaded.path}: no cell {cell_name!r}; cells: {', '.join(card.cells)}")
     prompts = [p for p in loaded.prompts if p.split == split]
+    if domains:
+        prompts = [p for p in prompts if p.domain in domains]
     if not prompts:
-        raise BadInput(f"{loaded.path}: no prompt has split {split!r}")
+        wanted = f" in domains {', '.join(domains)}" if domains else ""
+        raise BadInput(f"{loaded.path}: no prompt has split {split!r}{wanted}")
     runtime_profile = loaded.runtime
     dump_path = runtime_profile.telemetry.dump_http
     if dump_path is None:
@@ -83,7 +97,7 @@ def collect_counts(
                     domain=p.domain,
                     phase=split,
                     phase_index=0,
-                    max_tokens=p.max_tokens or card.workload.max_tokens,
+                    max_tokens=max_tokens or p.max_tokens or card.workload.max_tokens,
                     prompt=p.prompt,
                     messages=p.messages,
                 )
