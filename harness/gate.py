@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness.analyze.campaign import CampaignAnalysis
@@ -213,7 +214,21 @@ def _comparison_row(
     hit = table[
         (table["cell"] == cell) & (table["cache_state"] == state) & (table["metric"] == metric)
     ]
-    return None if hit.empty else dict(hit.iloc[0])
+    if hit.empty:
+        return None
+    # A pandas row turns None into NaN and ints into numpy scalars; give callers plain values,
+    # so "no interval" stays None and verdict.json holds valid JSON numbers.
+    return {str(k): _plain(v) for k, v in hit.iloc[0].items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -248,7 +263,8 @@ def _better_in(
             if row["label"] != "better":
                 ok = False
                 more = ""
-                if row.get("cycles_needed"):
+                # More cycles can only settle an inconclusive comparison, not a worse one.
+                if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
                     more = f"; about {int(row['cycles_needed'])} cycles would be needed"
                 reasons.append(f"{key}: {_describe(row)}{more}")
             else:
