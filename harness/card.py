@@ -640,6 +640,12 @@ def _check_gates(card: Card, out: _Problems) -> None:
             out.add((*loc, "vs"), f"unknown cell {vs!r}{_did_you_mean(vs, cells)}")
         if isinstance(gate, ExactOutputsGate | BetterGate) and vs is None and not card.control:
             out.add((*loc, "vs"), "no control on the card: name the reference cell with `vs`")
+        if isinstance(gate, BetterGate) and vs is not None and vs != card.control:
+            out.add(
+                (*loc, "vs"),
+                f"comparisons are made against the control ({card.control!r}); "
+                "drop `vs` or make that cell the control",
+            )
         if isinstance(gate, BetterGate) and gate.metric not in METRICS:
             out.add((*loc, "metric"), f"unknown metric{_did_you_mean(gate.metric, list(METRICS))}")
         if isinstance(gate, SurvivesGate):
