@@ -384,7 +384,8 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
     name = _gate_name(gate)
     cells = _cells(gate, analysis, treatments_only=False)
     runs = analysis.runs[analysis.runs["cell"].isin(cells)]
-    problems, evidence = [], {}
+    problems: list[str] = []
+    evidence: dict[str, dict[str, Any]] = {}
     if runs.empty:
         return GateResult(gate.kind, name, False, "no soak run in the campaign")
     for row in runs.itertuples():
@@ -397,9 +398,21 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
             duration = float(str(row.ended_at)) - float(str(row.started_at))
         lost = int(getattr(row, "ring_lost", 0) or 0)
         p99 = getattr(row, "ring_itl_p99_ms", None)
-        evidence[key] = {"duration_s": duration, "lost_ring_records": lost, "itl_p99_ms": p99}
+        raw_boots = getattr(row, "boots", None)
+        boots = (
+            int(raw_boots)
+            if isinstance(raw_boots, int | float) and not math.isnan(raw_boots)
+            else 1
+        )
+        evidence[key] = {
+            "duration_s": duration,
+            "boots": boots,
+            "lost_ring_records": lost,
+            "itl_p99_ms": p99,
+        }
+        resumed = f" (resumed across {boots} boots)" if boots > 1 else ""
         if duration < gate.min_duration_s:
-            problems.append(f"{key}: ran {duration:.0f} s of {gate.min_duration_s:g} s")
+            problems.append(f"{key}: ran {duration:.0f} s of {gate.min_duration_s:g} s{resumed}")
         if lost > gate.max_lost_records:
             problems.append(f"{key}: {lost} ring records lost")
         if gate.itl_p99_ms_max is not None:
@@ -415,7 +428,9 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
                 problems.append(f"{key}: RSS grew {growth:.1f}% > {gate.rss_growth_pct_max:g}%")
     if problems:
         return GateResult(gate.kind, name, False, "; ".join(problems), evidence)
-    return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held", evidence)
+    resumed_runs = sum(1 for e in evidence.values() if e["boots"] > 1)
+    note = f"; {resumed_runs} resumed across boots (not one process)" if resumed_runs else ""
+    return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held{note}", evidence)
 
 
 def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:

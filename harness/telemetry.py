@@ -308,7 +308,7 @@ class RingWriter:
         self.close()
 
 
-def _read_header(path: str, handle: io.BufferedReader, file_bytes: int) -> _Header:
+def _read_header(path: str, handle: io.FileIO, file_bytes: int) -> _Header:
     raw = handle.read(_PREFIX.size)
     if len(raw) < len(MAGIC):
         raise RingError(f"{path}: truncated ring: {len(raw)} bytes, not even a magic number")
@@ -368,7 +368,7 @@ def _read_header(path: str, handle: io.BufferedReader, file_bytes: int) -> _Head
 
 
 def _read_slots(
-    path: str, handle: io.BufferedReader, header: _Header, first: int, count: int
+    path: str, handle: io.FileIO, header: _Header, first: int, count: int
 ) -> Int64Array:
     """Copy the slots of sequences ``first .. first+count-1`` (count <= capacity), in order."""
     width = header.record_bytes // 8
@@ -381,13 +381,17 @@ def _read_slots(
         if part.shape[0] == 0:
             continue
         handle.seek(header.header_bytes + offset_slot * header.record_bytes)
-        got = handle.readinto(part.data.cast("B"))
-        if got != part.nbytes:
-            raise RingError(f"{path}: truncated ring: short read of the record area")
+        target = part.data.cast("B")
+        done = 0
+        while done < part.nbytes:  # an unbuffered read returns at most ~2 GiB at a time
+            got = handle.readinto(target[done:])
+            if not got:
+                raise RingError(f"{path}: truncated ring: short read of the record area")
+            done += got
     return rows
 
 
-def _load_sequence(handle: io.BufferedReader) -> int:
+def _load_sequence(handle: io.FileIO) -> int:
     """The header's sequence as one aligned 8-byte load, never torn by a concurrent store."""
     with mmap.mmap(handle.fileno(), _PREFIX.size, access=mmap.ACCESS_READ) as view:
         word = np.frombuffer(view, dtype="<i8", count=1, offset=_SEQUENCE_OFFSET)
@@ -400,7 +404,9 @@ def _read_window(
     path: str, after_sequence: int, fields: Sequence[str] | None
 ) -> tuple[_Header, Int64Array, int, int]:
     """Records with seq > after_sequence still in the ring: (header, rows, overwritten, torn)."""
-    with open(path, "rb") as handle:
+    # Unbuffered: a buffered first read would cache slots the writer may fill before the
+    # sequence is loaded, and they would then look torn.
+    with open(path, "rb", buffering=0) as handle:
         file_bytes = os.fstat(handle.fileno()).st_size
         header = _read_header(path, handle, file_bytes)
         header = replace(header, sequence=_load_sequence(handle))

@@ -124,11 +124,14 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         counters = read_json(run_dir / "counters.json")
         ring_path = run_dir / "ring.parquet"
         ring = read_parquet(ring_path) if ring_path.is_file() else None
+        samples_path = run_dir / "samples.parquet"
+        samples = read_parquet(samples_path) if samples_path.is_file() else None
         metrics, shifts = run_metrics(
             requests,
             chunks,
             counters,
             ring,
+            samples=samples,
             concurrency=card.workload.concurrency,
             window_s=card.analysis.window_s,
             converged_span_s=card.analysis.converged_span_s,

@@ -104,8 +104,12 @@ def run_metrics(
     window_s: float,
     converged_span_s: float,
     hold_s: float,
+    samples: pd.DataFrame | None = None,
 ) -> tuple[dict[str, Any], list[ShiftRecovery]]:
-    """Every per-run metric of the catalog, plus the shift recoveries from the ring."""
+    """Every per-run metric of the catalog, plus the shift recoveries from the ring.
+
+    ``samples`` is the run's ``samples.parquet`` (RSS and swap-out over time), when it has one.
+    """
     scored = request_metrics(requests) if not requests.empty else _EMPTY_SCORED
     decode = _geomean(scored["decode_tok_s"])
     first = scored[scored["first_after_boot"].astype(bool)]
@@ -124,6 +128,8 @@ def run_metrics(
         "itl_p99_ms": _percentile(gaps, 99),
     }
     out.update(counter_metrics(counters))
+    if samples is not None:
+        out.update(rss_metrics(samples))
     shifts: list[ShiftRecovery] = []
     if ring is not None and len(ring):
         summary = ring_summary(ring, window_s, converged_span_s=converged_span_s)
@@ -132,12 +138,66 @@ def run_metrics(
         out["swap_ms_per_swap"] = summary.get("swap_ms_per_swap")
         out["ring_itl_p99_ms"] = summary.get("itl_p99_ms")
         out["ring_duration_s"] = summary.get("duration_s")
+        if "boot" in ring.columns and ring["boot"].nunique() > 1:
+            # A resumed run: time served is the sum of each boot's span, not the wall time
+            # between the first and last record, which would count the downtime as served.
+            spans = ring.groupby("boot")["t_ns"].agg(lambda t: (t.max() - t.min()) / 1e9)
+            out["ring_duration_s"] = float(spans.sum())
+            out["boots"] = int(ring["boot"].nunique())
         out["ring_cold_share"] = summary.get("cold_share")
         shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
         t90 = [s.t90_s for s in shifts]
         out["t90_s"] = _nan_max(t90)
         out["t2x_s"] = _nan_max([s.t2x_s for s in shifts])
     return out, shifts
+
+
+# Fewest post-warm-up samples of one boot for an RSS growth figure: fewer cannot fill both
+# quarters with more than one sample each.
+RSS_MIN_SAMPLES = 8
+
+
+def rss_growth_pct(samples: pd.DataFrame) -> float | None:
+    """RSS growth of a run in percent: median of the last quarter vs the first, after warm-up.
+
+    Per boot, over the samples taken after the warm-up requests (``scored``) while the runtime
+    was alive (finite ``rss_bytes``): the time span [t0, t1] is cut in quarters and growth is
+    100·(median RSS with t ≥ t1 − span/4 ÷ median RSS with t ≤ t0 + span/4 − 1). Medians
+    over a quarter ignore single spikes; comparing quarters rather than the first and last
+    sample lets allocator warm-up settle. A run resumed on fresh boots reports its worst boot
+    (memory is not carried across a boot). None when no boot has ``RSS_MIN_SAMPLES`` samples.
+    """
+    if samples.empty:
+        return None
+    kept = samples[samples["scored"].astype(bool) & np.isfinite(samples["rss_bytes"])]
+    boots = kept["boot"] if "boot" in kept.columns else pd.Series(0, index=kept.index)
+    worst: float | None = None
+    for _, group in kept.groupby(boots):
+        if len(group) < RSS_MIN_SAMPLES:
+            continue
+        t = group["t_s"].to_numpy(dtype=float)
+        rss = group["rss_bytes"].to_numpy(dtype=float)
+        quarter_s = (t.max() - t.min()) / 4
+        first = float(np.median(rss[t <= t.min() + quarter_s]))
+        last = float(np.median(rss[t >= t.max() - quarter_s]))
+        if first <= 0:
+            continue
+        growth = 100.0 * (last / first - 1.0)
+        worst = growth if worst is None else max(worst, growth)
+    return worst
+
+
+def rss_metrics(samples: pd.DataFrame) -> dict[str, float | None]:
+    """``rss_growth_pct``, peak RSS and sampled swap-out growth from ``samples.parquet``."""
+    rss = samples["rss_bytes"].to_numpy(dtype=float) if not samples.empty else np.array([])
+    rss = rss[np.isfinite(rss)]
+    swap = samples["swapout_pages"].to_numpy(dtype=float) if not samples.empty else np.array([])
+    swap = swap[np.isfinite(swap)]
+    return {
+        "rss_growth_pct": rss_growth_pct(samples),
+        "rss_peak_bytes": float(rss.max()) if rss.size else None,
+        "sampled_swapout_pages": float(swap[-1] - swap[0]) if swap.size > 1 else None,
+    }
 
 
 def _nan_max(values: list[float | None]) -> float | None:

@@ -100,12 +100,14 @@ def quote_path(path: str) -> str:
 def _group_alive_command(pgid: int) -> str:
     # `kill -0` succeeds on zombies, and a server whose parent shell has exited is reparented to
     # PID 1, which in containers often never reaps it; so a zombie-only group counts as gone.
+    # The leader (pid == pgid) counts too: right after the fork, before `setsid` has run, its
+    # group id is still the shell's.
     group = int(pgid)
     return (
         "if command -v ps >/dev/null 2>&1; then "
-        f"ps -A -o pgid= -o stat= | awk -v g={group} "
-        "'$1 == g && $2 !~ /^Z/ {alive = 1} END {exit !alive}'; "
-        f"else kill -0 -- -{group} 2>/dev/null; fi"
+        f"ps -A -o pid= -o pgid= -o stat= | awk -v g={group} "
+        "'($1 == g || $2 == g) && $3 !~ /^Z/ {alive = 1} END {exit !alive}'; "
+        f"else kill -0 -- -{group} 2>/dev/null || kill -0 {group} 2>/dev/null; fi"
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class WorkItem:
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     warmup: bool = False
+    target_prompt_tokens: int | None = None  # the phase's ``prompt_tokens`` when it set one
 
 
 @dataclass
@@ -57,6 +59,8 @@ class RequestResult:
     chunk_chars: list[int] = field(default_factory=list)
     output_text: str = ""
     server_timings: dict[str, Any] | None = None
+    prompt_bytes: int = 0  # UTF-8 bytes of the prompt as sent (messages: their contents)
+    target_prompt_tokens: int | None = None
 
     @property
     def output_sha256(self) -> str:
@@ -124,6 +128,11 @@ async def send_one(
     """Send one streaming request and time every chunk."""
     path, body = _body(spec, item)
     result = RequestResult(item.prompt_id, item.domain, item.phase, item.phase_index, item.warmup)
+    result.target_prompt_tokens = item.target_prompt_tokens
+    sent = body.get("prompt")
+    if sent is None:
+        sent = "".join(m.get("content", "") for m in body.get("messages", []))
+    result.prompt_bytes = len(str(sent).encode("utf-8"))
     texts: list[str] = []
     t0 = time.perf_counter()
     result.t_start_s = t0 - origin
@@ -215,12 +224,20 @@ async def drive(
     *,
     on_phase: PhaseHook | None = None,
     on_result: ProgressHook | None = None,
+    origin: float | None = None,
+    mark_first: bool = True,
 ) -> list[RequestResult]:
-    """Send every phase in order; returns results in completion order within each phase."""
+    """Send every phase in order; returns results in completion order within each phase.
+
+    ``t_start_s`` is measured from ``origin`` (a ``perf_counter`` value; default: now), so a run
+    driven in several pieces keeps one time axis. ``mark_first`` flags the earliest request as
+    the first after boot; a later piece of the same boot passes False.
+    """
     results: list[RequestResult] = []
     limiter = asyncio.Semaphore(spec.concurrency)
     connector = aiohttp.TCPConnector(limit=spec.concurrency, force_close=False)
-    origin = time.perf_counter()
+    if origin is None:
+        origin = time.perf_counter()
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def limited(item: WorkItem) -> RequestResult:
@@ -243,7 +260,7 @@ async def drive(
             )
             for batch in batches:
                 results.extend(batch)
-    if results:
+    if results and mark_first:
         first = min(results, key=lambda r: r.t_start_s)
         first.first_after_boot = True
     return results
@@ -258,3 +275,26 @@ def run_drive(
 ) -> list[RequestResult]:
     """Blocking wrapper over :func:`drive`."""
     return asyncio.run(drive(spec, phases, on_phase=on_phase, on_result=on_result))
+
+
+def long_prompt(prompt: str, context: Sequence[str], target_bytes: int, seed: str) -> str:
+    """``prompt`` preceded by context text so the whole is about ``target_bytes`` UTF-8 bytes.
+
+    The context is ``context`` shuffled once by ``seed`` and repeated until long enough, cut at a
+    character boundary, then a blank line and ``prompt`` last, so requests built from different
+    prompts differ and the same inputs always give the same text. A prompt already longer than
+    the target is sent as it is. The reference runtime's tokenizer is byte-level, so bytes are
+    its tokens; for other tokenizers the length in tokens is only approximate.
+    """
+    tail = "\n\n" + prompt
+    room = target_bytes - len(tail.encode("utf-8"))
+    pieces = [text for text in context if text]
+    if room <= 0 or not pieces:
+        return prompt
+    random.Random(seed).shuffle(pieces)
+    separator = "\n\n"
+    unit = separator.join(pieces).encode("utf-8") + separator.encode("utf-8")
+    repeated = unit * (room // len(unit) + 1)
+    # Cutting a multi-byte character in half would change the byte count on re-encoding.
+    filler = repeated[:room].decode("utf-8", "ignore")
+    return filler + tail

@@ -25,26 +25,48 @@ from harness import __version__
 from harness.card import LoadedCard
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box, quote_path
-from harness.execute.drive import DriveSpec, PhasePlan, RequestResult, WorkItem, drive
+from harness.execute.drive import (
+    DriveSpec,
+    PhasePlan,
+    RequestResult,
+    WorkItem,
+    drive,
+    long_prompt,
+)
 from harness.execute.runtimes import (
     RunningRuntime,
     boot,
     boot_spec,
-    http_json,
     render,
     runtime_version,
 )
+from harness.execute.soak import (
+    CHECKPOINT_S,
+    CheckpointState,
+    DrainResult,
+    MonitorSettings,
+    RingStore,
+    RunMonitor,
+    assemble_ring,
+    kill_orphan,
+    orphan_identity,
+    read_checkpoints,
+    split_phases,
+)
+from harness.llamacpp.metrics import scrape_counters, timings_columns
 from harness.plan import Plan, Run, plan_json_text
 from harness.records import (
     RUN_FAILED,
     RUN_INTERRUPTED,
     RUN_OK,
     CampaignDir,
+    Journal,
     RunRecord,
+    read_parquet,
     write_json_atomic,
     write_parquet,
 )
-from harness.telemetry import read_ring
+from harness.telemetry import read_ring, read_ring_since
 
 QUALITY_PHASE = -2  # phase index of the quality suite: outputs checked, timings not scored
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
@@ -89,18 +111,30 @@ def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
     workload = card.workload
     heldout = loaded.split("heldout")
 
-    def item(prompt_index: int, phase: str, index: int, domains: list[str] | None) -> WorkItem:
+    def item(
+        prompt_index: int,
+        phase: str,
+        index: int,
+        domains: list[str] | None,
+        prompt_tokens: int | None = None,
+    ) -> WorkItem:
         pool = [p for p in heldout if domains is None or p.domain in domains]
         prompt = pool[prompt_index % len(pool)]
+        text, messages = prompt.prompt, prompt.messages
+        if prompt_tokens is not None:
+            context = [p.text for p in heldout if p.domain == prompt.domain]
+            seed = f"{card.design.seed}:{phase}:{prompt.domain}"
+            text, messages = _lengthen(prompt.prompt, prompt.messages, context, prompt_tokens, seed)
         return WorkItem(
             prompt_id=prompt.id,
             domain=prompt.domain,
             phase=phase,
             phase_index=index,
             max_tokens=prompt.max_tokens or workload.max_tokens,
-            prompt=prompt.prompt,
-            messages=prompt.messages,
+            prompt=text,
+            messages=messages,
             warmup=warmup,
+            target_prompt_tokens=prompt_tokens,
         )
 
     if warmup:
@@ -113,7 +147,9 @@ def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
     for index, phase in enumerate(workload.phases or []):
         pool_size = len([p for p in heldout if p.domain in phase.domains])
         count = phase.requests or pool_size
-        items = tuple(item(i, phase.name, index, phase.domains) for i in range(count))
+        items = tuple(
+            item(i, phase.name, index, phase.domains, phase.prompt_tokens) for i in range(count)
+        )
         phases.append(PhasePlan(phase.name, index, items, phase.duration_s))
     if loaded.quality:
         # The quality suite runs last, so its prompts never disturb the timed phases.
@@ -133,13 +169,30 @@ def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
     return phases
 
 
-def _requests_frame(results: list[RequestResult], cell: str) -> pd.DataFrame:
+def _lengthen(
+    prompt: str | None,
+    messages: tuple[dict[str, str], ...] | None,
+    context: list[str],
+    target_tokens: int,
+    seed: str,
+) -> tuple[str | None, tuple[dict[str, str], ...] | None]:
+    """A prompt (or the last message of a chat) built to about ``target_tokens`` tokens."""
+    if prompt is not None or not messages:
+        return long_prompt(prompt or "", context, target_tokens, seed), messages
+    others = sum(len(m.get("content", "").encode("utf-8")) for m in messages[:-1])
+    last = dict(messages[-1])
+    last["content"] = long_prompt(last.get("content", ""), context, target_tokens - others, seed)
+    return None, (*messages[:-1], last)
+
+
+def _requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd.DataFrame:
     rows = []
     for index, r in enumerate(results):
         rows.append(
             {
                 "request": index,
                 "cell": cell,
+                "boot": boot,
                 "prompt_id": r.prompt_id,
                 "domain": r.domain,
                 "phase": r.phase,
@@ -154,9 +207,12 @@ def _requests_frame(results: list[RequestResult], cell: str) -> pd.DataFrame:
                 "e2el_s": r.e2el_s,
                 "completion_tokens": r.completion_tokens,
                 "prompt_tokens": r.prompt_tokens,
+                "prompt_bytes": r.prompt_bytes,
+                "target_prompt_tokens": r.target_prompt_tokens,
                 "n_chunks": len(r.chunk_times_s),
                 "output_text": r.output_text,
                 "output_sha256": r.output_sha256,
+                **timings_columns(r.server_timings),
             }
         )
     return pd.DataFrame(rows)
@@ -172,14 +228,10 @@ def _chunks_frame(results: list[RequestResult]) -> pd.DataFrame:
 
 
 def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
-    path = runtime.profile.telemetry.counters_http
-    if path is None:
-        return None
-    try:
-        status, body = http_json(runtime.base_url + path, timeout_s=10)
-    except OSError:
-        return None  # a runtime that died mid-run: its failure is reported from the requests
-    return body if status == 200 and isinstance(body, dict) else None
+    # JSON counters and/or Prometheus /metrics; None from a runtime that died mid-run (its
+    # failure is reported from the requests).
+    telemetry = runtime.profile.telemetry
+    return scrape_counters(runtime.base_url, telemetry.counters_http, telemetry.metrics_http)
 
 
 def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
@@ -192,8 +244,52 @@ def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[
     return out
 
 
+@dataclass
+class _Boot:
+    """One boot of a run: its remote folder, ring store, monitor and checkpoint journal."""
+
+    index: int
+    remote_dir: str
+    store: RingStore
+    previous: CheckpointState | None = None  # the boots a resumed run already went through
+    journal: Journal | None = None  # the checkpoint journal (checkpointed runs only)
+    monitor: RunMonitor | None = None
+    results: list[RequestResult] = field(default_factory=list)
+    pending: list[RequestResult] = field(default_factory=list)  # since the last checkpoint
+    origin_wall: float = 0.0  # time.time() at t_start_s == 0 (samples count from it too)
+    segments_planned: int = 0
+    segments_done: int = 0
+
+
+def _numbered(frames: list[tuple[pd.DataFrame, pd.DataFrame]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Requests and chunks frames of several pieces joined, request numbers made run-wide."""
+    requests, chunks, offset = [], [], 0
+    for request_frame, chunk_frame in frames:
+        request_frame = request_frame.copy()
+        chunk_frame = chunk_frame.copy()
+        if len(request_frame):  # a run that sent nothing has a frame with no columns
+            request_frame["request"] = request_frame["request"].astype("int64") + offset
+            chunk_frame["request"] = chunk_frame["request"].astype("int64") + offset
+        offset += len(request_frame)
+        requests.append(request_frame)
+        chunks.append(chunk_frame)
+    nonempty = [f for f in requests if len(f)]
+    joined = pd.concat(nonempty, ignore_index=True) if nonempty else requests[0]
+    parts = [f for f in chunks if len(f)]
+    chunk_all = pd.concat(parts, ignore_index=True) if parts else chunks[0]
+    return joined, chunk_all
+
+
 class CampaignRunner:
-    """Executes the runs of one campaign directory on its box."""
+    """Executes the runs of one campaign directory on its box.
+
+    A run whose workload has a timed phase (a soak) is checkpointed: its timed phases are cut
+    into segments of ``checkpoint_s`` and each finished segment is journalled under
+    ``runs/<id>/checkpoint/`` with its requests, the ring drained through its end, and the
+    counters at that moment. ``harness run --resume`` continues such a run from its last
+    checkpoint on a fresh boot instead of redoing it (a run that *failed* is still redone whole,
+    so a crash is never hidden by a resume).
+    """
 
     def __init__(
         self,
@@ -201,6 +297,9 @@ class CampaignRunner:
         plan: Plan,
         campaign: CampaignDir,
         progress: ProgressCallback | None = None,
+        *,
+        monitor: MonitorSettings | None = None,
+        checkpoint_s: float = CHECKPOINT_S,
     ) -> None:
         self.loaded = loaded
         self.plan = plan
@@ -208,11 +307,18 @@ class CampaignRunner:
         self.progress = progress or (lambda event, run, info: None)
         self.box: Box = open_box(loaded.box_name, loaded.box)
         self.remote_root = ""
+        self.monitor_settings = monitor or MonitorSettings()
+        self.checkpoint_s = checkpoint_s
 
     @property
     def cache_dir(self) -> str:
         """Folder on the box shared by all runs, for files a runtime keeps between boots."""
         return f"{self.remote_root}/cache"
+
+    @property
+    def checkpointed(self) -> bool:
+        """True when the workload has a timed phase, so runs are checkpointed."""
+        return any(p.duration_s is not None for p in self.loaded.card.workload.phases or [])
 
     def execute(self) -> CampaignOutcome:
         """Run every run that is not done yet."""
@@ -262,14 +368,44 @@ class CampaignRunner:
         self.progress("end", run, {"status": status, "reason": record.get("reason", "")})
         return status
 
+    def _resume_state(self, run: Run, local_dir: Path, attempt: int) -> CheckpointState | None:
+        """The checkpoints a run continues from, or None when it must be redone whole.
+
+        Only a run that never finished (killed harness) or was interrupted continues; one that
+        failed, or a retry after a failure, starts again. Any runtime a killed harness left
+        running on the box is stopped first, if its PID still names the same process.
+        """
+        journal_path = local_dir / "checkpoint" / "segments.jsonl"
+        if attempt != 1 or not self.checkpointed or not journal_path.is_file():
+            return None
+        state = read_checkpoints(Journal(journal_path))
+        if state is None:
+            return None
+        for earlier in state.boots:
+            with contextlib.suppress(HarnessError, OSError):
+                if kill_orphan(self.box, earlier.pgid, earlier.identity):
+                    self.campaign.journal.append(
+                        "orphan_killed", run_id=run.run_id, boot=earlier.boot, pgid=earlier.pgid
+                    )
+        record = self.campaign.run_record(run.run_id)
+        if record is not None and record.get("status") != RUN_INTERRUPTED:
+            return None
+        if not state.done_segments:
+            return None
+        return state
+
     def _run_once(self, run: Run, attempt: int) -> str:
         card = self.loaded.card
         cell = card.cells[run.cell]
         local_dir = self.campaign.run_dir(run.run_id)
-        if local_dir.exists():
-            shutil.rmtree(local_dir)  # an incomplete earlier attempt: redo it whole
-        local_dir.mkdir(parents=True)
-        remote_dir = f"{self.remote_root}/{run.run_id}"
+        previous = self._resume_state(run, local_dir, attempt)
+        if previous is None:
+            if local_dir.exists():
+                shutil.rmtree(local_dir)  # an incomplete earlier attempt: redo it whole
+            local_dir.mkdir(parents=True)
+        boot_index = len(previous.boots) if previous else 0
+        suffix = f"-b{boot_index}" if boot_index else ""
+        remote_dir = f"{self.remote_root}/{run.run_id}{suffix}"
         record = RunRecord(
             run_id=run.run_id,
             status=RUN_FAILED,
@@ -282,14 +418,26 @@ class CampaignRunner:
             comparison=run.comparison,
             block=run.block,
             box=self.loaded.box_name,
-            boot_id=f"{run.run_id}-a{attempt}",
+            boot_id=f"{run.run_id}-a{attempt}{suffix}",
             started_at=time.time(),
             attempt=attempt,
         )
+        state = _Boot(boot_index, remote_dir, RingStore(local_dir / "ring-chunks", boot_index))
+        state.previous = previous
+        if self.checkpointed:
+            (local_dir / "checkpoint").mkdir(exist_ok=True)
+            state.journal = Journal(local_dir / "checkpoint" / "segments.jsonl")
+        if previous is not None:
+            record.started_at = previous.started_at
+            self.campaign.journal.append(
+                "run_resume",
+                run_id=run.run_id,
+                boot=boot_index,
+                segments_done=len(previous.done_segments),
+            )
         self.campaign.journal.append("run_start", run_id=run.run_id, attempt=attempt)
         self.progress("start", run, {"attempt": attempt})
         runtime: RunningRuntime | None = None
-        results: list[RequestResult] = []
         try:
             uploaded = self._upload_files(cell.files, remote_dir)
             port = self.box.free_port()
@@ -309,27 +457,36 @@ class CampaignRunner:
                 self._evict(spec.run_dir, spec.knobs)
             swap_before = self.box.swapout_pages()
             runtime = boot(self.box, self.loaded.runtime, spec)
+            self._start_monitor(runtime, state)
             runtime.post_live(spec.live)
             warmups: list[RequestResult] = []
             if run.cache_state == "warm":
                 warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+            if state.monitor is not None:
+                state.monitor.scored = True
             before = _counters(runtime)
-            results = self._drive(runtime, build_phases(self.loaded, warmup=False), run)
-            if warmups:
-                for result in results:
-                    result.first_after_boot = False  # the warm-up request came first
-            results = warmups + results
+            self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
             after = _counters(runtime)
             swap_after = self.box.swapout_pages()
-            self._write_counters(local_dir, before, after, swap_before, swap_after)
-            failures = [r for r in results if not r.ok and not r.warmup]
-            if failures:
-                first = failures[0]
+            self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
+            failures = [r for r in state.results if not r.ok and not r.warmup]
+            failures_before = self._previous_failures(local_dir, previous)
+            if failures or failures_before:
                 died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
-                scored = [r for r in results if not r.warmup]
+                scored = [r for r in state.results if not r.warmup]
+                first = (
+                    f"first ({failures[0].prompt_id}): {failures[0].error}"
+                    if failures
+                    else "in segments before the resume"
+                )
                 record.reason = (
-                    f"{died}{len(failures)} of {len(scored)} requests failed; first "
-                    f"({first.prompt_id}): {first.error}"
+                    f"{died}{len(failures) + failures_before} of {len(scored)} requests "
+                    f"failed; {first}"
+                )
+            elif state.segments_done < state.segments_planned:
+                record.reason = (
+                    f"runtime exited mid-run: {state.segments_done} of "
+                    f"{state.segments_planned} segments ran"
                 )
             else:
                 record.status = RUN_OK
@@ -343,18 +500,160 @@ class CampaignRunner:
             if isinstance(exc, InfrastructureError) and tail:
                 record.log_tail = tail
         finally:
-            self._finish(run, record, runtime, results, local_dir, remote_dir)
+            self._finish(run, record, runtime, state, local_dir)
         return record.status
+
+    def _start_monitor(self, runtime: RunningRuntime, state: _Boot) -> None:
+        """Start draining the ring and sampling memory; journal the boot for a later resume."""
+        telemetry = self.loaded.runtime.telemetry
+        ring_path = None
+        if telemetry.ring is not None and telemetry.ring.header:
+            context = {
+                "run_dir": state.remote_dir,
+                "port": 0,
+                "python": self.loaded.box.python_path(),
+            }
+            ring_path = render(telemetry.ring.path, context)
+        if state.journal is not None:
+            identity = ""
+            with contextlib.suppress(HarnessError, OSError):
+                identity = orphan_identity(self.box, runtime.pgid)
+            state.journal.append(
+                "boot",
+                boot=state.index,
+                pgid=runtime.pgid,
+                identity=identity,
+                remote_dir=state.remote_dir,
+            )
+        state.monitor = RunMonitor(
+            open_box=lambda: open_box(self.loaded.box_name, self.loaded.box),
+            pgid=runtime.pgid,
+            store=state.store,
+            ring_path=ring_path,
+            python=self.loaded.box.python_path(),
+            settings=self.monitor_settings,
+        )
+        state.monitor.start()
+
+    def _drive_segments(
+        self,
+        runtime: RunningRuntime,
+        run: Run,
+        state: _Boot,
+        warmups: list[RequestResult],
+        before: dict[str, Any] | None,
+        swap_before: int | None,
+        record: RunRecord,
+    ) -> None:
+        """Drive the scored workload: one piece, or checkpointed segments for a soak."""
+        phases = build_phases(self.loaded, warmup=False)
+        state.results.extend(warmups)
+        state.pending.extend(warmups)
+        previous = state.previous
+        if state.journal is None:
+            state.origin_wall = time.time()
+            results = self._drive(runtime, phases, run, mark_first=not warmups)
+            state.results.extend(results)
+            state.segments_planned = state.segments_done = 1
+            return
+        checkpoint_s = previous.checkpoint_s if previous else self.checkpoint_s
+        origin_wall = previous.origin_wall if previous else time.time()
+        state.origin_wall = origin_wall
+        if previous is None:
+            state.journal.append(
+                "plan",
+                checkpoint_s=checkpoint_s,
+                origin_wall=origin_wall,
+                started_at=record.started_at,
+            )
+        state.journal.append(
+            "scored_start", boot=state.index, counters=before, swapout_pages=swap_before
+        )
+        segments = split_phases(phases, checkpoint_s)
+        done = previous.done_segments if previous else set()
+        state.segments_planned = len(segments)
+        state.segments_done = len(done)
+        mark_first = not warmups
+        for index, segment in enumerate(segments):
+            if index in done:
+                continue
+            # One time axis across segments and boots: t_start_s counts from the run's origin.
+            origin = time.perf_counter() - (time.time() - origin_wall)
+            results = self._drive(runtime, [segment], run, origin=origin, mark_first=mark_first)
+            mark_first = False
+            state.results.extend(results)
+            state.pending.extend(results)
+            self._checkpoint(runtime, run, state, index)
+            state.segments_done += 1
+            if not self.box.group_alive(runtime.pgid):
+                break  # a dead runtime: do not spin through the remaining hours
+
+    def _checkpoint(self, runtime: RunningRuntime, run: Run, state: _Boot, index: int) -> None:
+        """Persist one finished segment: its requests, the ring through now, the counters."""
+        assert state.journal is not None
+        if state.monitor is not None:
+            state.monitor.drain_now()
+            state.monitor.flush()
+        folder = state.journal.path.parent
+        write_parquet(
+            _requests_frame(state.pending, run.cell, state.index),
+            folder / f"seg-{index:05d}.requests.parquet",
+        )
+        write_parquet(_chunks_frame(state.pending), folder / f"seg-{index:05d}.chunks.parquet")
+        if state.monitor is not None:
+            write_parquet(
+                state.monitor.samples_frame(state.origin_wall),
+                folder / f"samples-b{state.index}.parquet",
+            )
+        state.pending = []
+        state.journal.append(
+            "segment_done",
+            boot=state.index,
+            segment=index,
+            ring_seq=state.store.after_sequence,
+            ring_lost=state.store.lost,
+            ring_dropped=state.store.dropped,
+            counters=_counters(runtime),
+            swapout_pages=self.box.swapout_pages(),
+        )
+
+    def _previous_failures(self, local_dir: Path, previous: CheckpointState | None) -> int:
+        """Failed scored requests in the segments of earlier boots."""
+        if previous is None:
+            return 0
+        frames, _ = self._previous_frames(local_dir, previous)
+        return sum(int((~f["ok"] & ~f["warmup"]).sum()) for f, _ in frames)
+
+    def _previous_frames(
+        self, local_dir: Path, previous: CheckpointState
+    ) -> tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[pd.DataFrame]]:
+        """Requests/chunks of every journalled segment of earlier boots, and their samples."""
+        folder = local_dir / "checkpoint"
+        frames = []
+        samples = []
+        for earlier in previous.boots:
+            for index in earlier.segments:
+                frames.append(
+                    (
+                        read_parquet(folder / f"seg-{index:05d}.requests.parquet"),
+                        read_parquet(folder / f"seg-{index:05d}.chunks.parquet"),
+                    )
+                )
+            path = folder / f"samples-b{earlier.boot}.parquet"
+            if path.is_file():
+                samples.append(read_parquet(path))
+        return frames, samples
 
     def _finish(
         self,
         run: Run,
         record: RunRecord,
         runtime: RunningRuntime | None,
-        results: list[RequestResult],
+        state: _Boot,
         local_dir: Path,
-        remote_dir: str,
     ) -> None:
+        if state.monitor is not None:
+            state.monitor.stop()  # before the stop, so no sample sees a half-stopped group
         if runtime is not None:
             if not record.log_tail and record.status != RUN_OK:
                 record.log_tail = runtime.log_tail()
@@ -366,22 +665,71 @@ class CampaignRunner:
                     f"process group {runtime.pgid} survived SIGKILL"
                 )
         try:
-            self._collect(local_dir, remote_dir, record)
+            self._collect(local_dir, state, record)
         except (HarnessError, OSError) as exc:
             if record.status == RUN_OK:
                 record.status = RUN_FAILED
                 record.reason = f"collecting telemetry failed: {exc}"
-        write_parquet(_requests_frame(results, run.cell), local_dir / "requests.parquet")
-        write_parquet(_chunks_frame(results), local_dir / "chunks.parquet")
+        frames = [
+            (_requests_frame(state.results, run.cell, state.index), _chunks_frame(state.results))
+        ]
+        samples = (
+            [state.monitor.samples_frame(state.origin_wall)] if state.monitor is not None else []
+        )
+        if state.previous is not None:
+            old_frames, old_samples = self._previous_frames(local_dir, state.previous)
+            frames = old_frames + frames
+            samples = old_samples + samples
+        requests, chunks = _numbered(frames)
+        write_parquet(requests, local_dir / "requests.parquet")
+        write_parquet(chunks, local_dir / "chunks.parquet")
+        if samples:
+            write_parquet(pd.concat(samples, ignore_index=True), local_dir / "samples.parquet")
+        self._write_monitor(local_dir, state)
         record.ended_at = time.time()
         write_json_atomic(local_dir / "run.json", record.to_json())
         if record.status == RUN_OK:
+            # Everything is in ring.parquet and requests.parquet now; the segment journal stays.
+            shutil.rmtree(local_dir / "ring-chunks", ignore_errors=True)
+            for path in (local_dir / "checkpoint").glob("*.parquet"):
+                path.unlink()
             self.campaign.journal.append("run_done", run_id=run.run_id)
         else:
             self.campaign.journal.append(
                 f"run_{record.status}", run_id=run.run_id, reason=record.reason
             )
         self.progress("attempt", run, {"status": record.status, "reason": record.reason})
+
+    def _write_monitor(self, local_dir: Path, state: _Boot) -> None:
+        """``monitor.json``: drains, samples, errors, and the boots and segments of the run."""
+        monitor = state.monitor
+        boots = []
+        if state.previous is not None:
+            for earlier in state.previous.boots:
+                boots.append(
+                    {
+                        "boot": earlier.boot,
+                        "segments": earlier.segments,
+                        "ring_seq_kept": earlier.ring_seq,
+                        "ring_lost": earlier.ring_lost + earlier.ring_dropped,
+                        "span_s": [earlier.t_first_s, earlier.t_last_s],
+                        "interrupted": True,
+                    }
+                )
+        boots.append({"boot": state.index, "segments_done": state.segments_done})
+        write_json_atomic(
+            local_dir / "monitor.json",
+            {
+                "drain_interval_s": self.monitor_settings.drain_interval_s,
+                "sample_interval_s": self.monitor_settings.sample_interval_s,
+                "drains": state.store.drains,
+                "samples": len(monitor.samples) if monitor is not None else 0,
+                "errors": monitor.errors[-20:] if monitor is not None else [],
+                "checkpointed": state.journal is not None,
+                "segments_planned": state.segments_planned,
+                "boots": boots,
+            },
+        )
 
     def _upload_files(self, files: dict[str, str], remote_dir: str) -> dict[str, str]:
         uploaded = {}
@@ -410,7 +758,13 @@ class CampaignRunner:
             )
 
     def _drive(
-        self, runtime: RunningRuntime, phases: list[PhasePlan], run: Run
+        self,
+        runtime: RunningRuntime,
+        phases: list[PhasePlan],
+        run: Run,
+        *,
+        origin: float | None = None,
+        mark_first: bool = True,
     ) -> list[RequestResult]:
         if not phases:
             return []
@@ -436,7 +790,16 @@ class CampaignRunner:
         def on_result(result: RequestResult) -> None:
             self.progress("request", run, {"result": result})
 
-        return asyncio.run(drive(spec, phases, on_phase=on_phase, on_result=on_result))
+        return asyncio.run(
+            drive(
+                spec,
+                phases,
+                on_phase=on_phase,
+                on_result=on_result,
+                origin=origin,
+                mark_first=mark_first,
+            )
+        )
 
     def _write_counters(
         self,
@@ -445,20 +808,41 @@ class CampaignRunner:
         after: dict[str, Any] | None,
         swap_before: int | None,
         swap_after: int | None,
+        previous: CheckpointState | None,
     ) -> None:
         delta = _delta(before, after)
         if swap_before is not None and swap_after is not None:
             delta["new_swapout_pages"] = swap_after - swap_before
-        write_json_atomic(
-            local_dir / "counters.json", {"before": before, "after": after, "delta": delta}
-        )
+        payload: dict[str, Any] = {"before": before, "after": after, "delta": delta}
+        if previous is not None:
+            # A resumed run: each earlier boot adds what it counted up to its last checkpoint.
+            per_boot = []
+            for earlier in previous.boots:
+                if not earlier.segments:
+                    continue
+                counted = _delta(earlier.counters_before, earlier.counters_last)
+                if earlier.swap_before is not None and earlier.swap_last is not None:
+                    counted["new_swapout_pages"] = earlier.swap_last - earlier.swap_before
+                per_boot.append({"boot": earlier.boot, "delta": counted})
+                for key, value in counted.items():
+                    if key in delta:
+                        delta[key] += value
+            payload["earlier_boots"] = per_boot
+        write_json_atomic(local_dir / "counters.json", payload)
 
-    def _collect(self, local_dir: Path, remote_dir: str, record: RunRecord) -> None:
+    def _collect(self, local_dir: Path, state: _Boot, record: RunRecord) -> None:
         telemetry = self.loaded.runtime.telemetry
+        remote_dir = state.remote_dir
         context = {"run_dir": remote_dir, "port": 0, "python": self.loaded.box.python_path()}
         log_remote = f"{remote_dir}/server.log"
         if self.box.exists(log_remote):
             self.box.get_file(log_remote, local_dir / "server.log")
+        if state.previous is not None:
+            for earlier in state.previous.boots:
+                old_log = f"{earlier.remote_dir}/server.log"
+                with contextlib.suppress(HarnessError, OSError):
+                    if self.box.exists(old_log):
+                        self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
         if telemetry.ring is None:
             return
         ring_remote = render(telemetry.ring.path, context)
@@ -468,11 +852,34 @@ class CampaignRunner:
             return
         ring_local = local_dir / "ring.bin"
         self.box.get_file(ring_remote, ring_local)
-        fields = None if telemetry.ring.header else telemetry.ring.fields
-        ring = read_ring(ring_local, fields=fields)
-        record.ring_lost = ring.lost
-        write_parquet(ring.frame, local_dir / "ring.parquet")
+        if not telemetry.ring.header:
+            ring = read_ring(ring_local, fields=telemetry.ring.fields)
+            record.ring_lost = ring.lost
+            write_parquet(ring.frame, local_dir / "ring.parquet")
+            ring_local.unlink()
+            self._collect_trace(local_dir, context)
+            return
+        # The rest of the ring after the last drain; the drains hold everything before it.
+        final = read_ring_since(ring_local, state.store.after_sequence)
+        state.store.add(DrainResult(final.frame, final.sequence, True, final.lost, final.dropped))
+        state.store.flush()
+        caps: dict[int, int] = {}
+        lost = state.store.lost + state.store.dropped
+        if state.previous is not None:
+            for earlier in state.previous.boots:
+                # Records after its last checkpoint belong to a segment that was run again.
+                caps[earlier.boot] = earlier.ring_seq
+                lost += earlier.ring_lost + earlier.ring_dropped
+        ring_frame = assemble_ring(state.store.folder, caps)
+        if ring_frame.empty:
+            ring_frame = final.frame
+        record.ring_lost = lost
+        write_parquet(ring_frame, local_dir / "ring.parquet")
         ring_local.unlink()
+        self._collect_trace(local_dir, context)
+
+    def _collect_trace(self, local_dir: Path, context: dict[str, Any]) -> None:
+        telemetry = self.loaded.runtime.telemetry
         if telemetry.route_trace:
             trace_remote = render(telemetry.route_trace, context)
             if self.box.exists(trace_remote):
