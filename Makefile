@@ -35,3 +35,10 @@ test: lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# llama.cpp's llama-server, llama-bench and llama-eval-callback, built from the sources PyPI's
+# llama-cpp-python sdist bundles into ~/.cache/harness/llama.cpp (about 12 minutes on 2 cores,
+# once; later calls reuse the build).
+.PHONY: llama-server
+llama-server: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/build-llama-server.sh

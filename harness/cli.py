@@ -24,6 +24,7 @@ from harness.errors import (
     BadInput,
     HarnessError,
 )
+from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
@@ -399,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     collect.set_defaults(handler=_cmd_collect)
 
     register_sim(verbs)
+    register_llamacpp(verbs)
     register_report(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
