@@ -214,6 +214,17 @@ def _cell_table(runs: pd.DataFrame, card: Card) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _gated_metrics(card: Card) -> list[str]:
+    """The gate set: metrics that better and survives gates decide on."""
+    gated: list[str] = []
+    for gate in card.gates:
+        if isinstance(gate, BetterGate) and gate.metric not in gated:
+            gated.append(gate.metric)
+        if isinstance(gate, SurvivesGate):
+            gated.extend(m for m in gate.metrics or [] if m not in gated)
+    return gated
+
+
 def _metrics_to_compare(card: Card) -> list[str]:
     metrics = list(DEFAULT_METRICS)
     for gate in card.gates:
@@ -247,6 +258,7 @@ def analyze_campaign(root: Path) -> CampaignAnalysis:
             cells=card.treatments,
             cache_states=card.design.cache_states,
             metrics=_metrics_to_compare(card),
+            gated=_gated_metrics(card),
             margin_pct=card.analysis.margin_pct,
             alpha=card.analysis.alpha,
             seed=card.design.seed,

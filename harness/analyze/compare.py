@@ -95,8 +95,14 @@ def compare_cells(
     margin_pct: float,
     alpha: float,
     seed: int = 0,
+    gated: Sequence[str] = (),
 ) -> list[CellComparison]:
-    """Every cell × cache state × metric comparison, Holm-corrected per (cell, state)."""
+    """Every cell × cache state × metric comparison.
+
+    Holm's correction runs over the gate set: the metrics the card's gates decide on, per
+    (cell, state). Other metrics are descriptive and keep their own labels; correcting the
+    gated claims for every metric the report also shows would punish reporting more.
+    """
     out: list[CellComparison] = []
     for cell in cells:
         for state in cache_states:
@@ -118,9 +124,13 @@ def compare_cells(
                     drift_sensitive=not info.deterministic,
                 )
                 family.append((comparison, tuple(dropped)))
-            corrected = apply_holm([c for c, _ in family])
-            for comparison, (_, skipped) in zip(corrected, family, strict=True):
-                out.append(CellComparison(cell, control, state, comparison, skipped))
+            in_gate_set = [c.metric in gated for c, _ in family]
+            corrected = iter(
+                apply_holm([c for (c, _), g in zip(family, in_gate_set, strict=True) if g])
+            )
+            for (comparison, skipped), g in zip(family, in_gate_set, strict=True):
+                final = next(corrected) if g else comparison
+                out.append(CellComparison(cell, control, state, final, skipped))
     return out
 
 
