@@ -470,8 +470,13 @@ def drift_flags(cycles: Sequence[Cycle], margin: float, s_w: float | None) -> tu
         # Var(r) = 20·σ_block², so σ_block² = mean(r²)/20. Leaving this cycle out keeps a
         # real step in it from hiding itself.
         others = [o.nonlinearity for o in cycles if o.index != c.index]
-        if others:
-            sd_block = math.sqrt(sum(r * r for r in others) / len(others) / 20.0)
+        if len(others) >= 2:  # one other cycle says next to nothing about the noise
+            # An SD estimated from a handful of r values is often far too small (with two, a
+            # tenth of the time under a third of the truth), which would flag plain noise. Use
+            # its one-sided 90% upper bound: χ² with one degree of freedom per other cycle.
+            dof = len(others)
+            upper = math.sqrt(dof / float(sps.chi2.ppf(0.10, dof)))
+            sd_block = upper * math.sqrt(sum(r * r for r in others) / dof / 20.0)
             sd_outer = max(sd_outer, math.sqrt(2.0) * sd_block)
             sd_r = max(sd_r, math.sqrt(20.0) * sd_block)
         limit_outer = max(margin, z_flag * sd_outer)

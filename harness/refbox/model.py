@@ -518,6 +518,10 @@ class SlowTier:
             fd, tmp = tempfile.mkstemp(prefix=".refbox-slow-", suffix=".tmp", dir=directory)
             with open(fd, "wb") as handle:
                 self._fill(handle)
+                # Written back now, at boot: left dirty, a large file is flushed during the
+                # next runs and slows them, which a campaign would read as drift.
+                handle.flush()
+                os.fsync(handle.fileno())
             os.replace(tmp, path)  # atomic: a concurrent boot never maps half a file
         self._map = np.memmap(path, dtype=np.uint8, mode="r+")
 
