@@ -55,6 +55,7 @@ from harness.execute.soak import (
 )
 from harness.llamacpp.metrics import scrape_counters, timings_columns
 from harness.plan import Plan, Run, plan_json_text
+from harness.prompts import Prompt
 from harness.records import (
     RUN_FAILED,
     RUN_INTERRUPTED,
@@ -105,6 +106,21 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
     return campaign
 
 
+def _interleaved(prompts: list[Prompt]) -> list[Prompt]:
+    """Prompts taken round-robin across their domains, so a mixed phase is really mixed.
+
+    In pool order, the first N prompts of a many-domain pool would all be of its first domain.
+    """
+    by_domain: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        by_domain.setdefault(prompt.domain, []).append(prompt)
+    queues = list(by_domain.values())
+    out: list[Prompt] = []
+    for position in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[position] for q in queues if position < len(q))
+    return out
+
+
 def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
     """The workload of one run as phases of work items (held-out prompts only)."""
     card = loaded.card
@@ -118,7 +134,7 @@ def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
         domains: list[str] | None,
         prompt_tokens: int | None = None,
     ) -> WorkItem:
-        pool = [p for p in heldout if domains is None or p.domain in domains]
+        pool = _interleaved([p for p in heldout if domains is None or p.domain in domains])
         prompt = pool[prompt_index % len(pool)]
         text, messages = prompt.prompt, prompt.messages
         if prompt_tokens is not None:
