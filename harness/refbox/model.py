@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal, TextIO
+from typing import Any, BinaryIO, Literal, Protocol, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -317,12 +317,12 @@ class StepRouting:
     logits: F32  # [256]
 
 
-class ExpertSource:
+class ExpertSource(Protocol):
     """Where the forward pass fetches expert weights; tiers implement it and count the cost."""
 
     def fetch(self, layer: int, expert: int) -> F32:
         """The ``expert_floats`` weights of one expert (same values whichever tier serves it)."""
-        raise NotImplementedError
+        ...
 
 
 @dataclass
