@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -345,6 +345,9 @@ def scale_workload(loaded: LoadedCard, factor: float) -> LoadedCard:
     return dataclasses.replace(loaded, card=card)
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
 # ---- name resolution -------------------------------------------------------------------------
 
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"
@@ -378,17 +381,20 @@ def known_runtime_names(card_dir: Path) -> list[str]:
     return sorted(names)
 
 
-def load_runtime_profile(path: Path) -> RuntimeProfile:
-    """Read and validate a runtime profile file."""
+def _load_model(path: Path, model: type[_M], what: str) -> _M:
+    """Parse a YAML file into ``model``, every problem as ``file:line: field: message``."""
     doc = load_yaml(path)
     if doc.problems:
-        raise CardError(f"{path}: invalid runtime profile", doc.problems)
+        raise CardError(f"{path}: invalid {what}", doc.problems)
     try:
-        return RuntimeProfile.model_validate(doc.data)
+        return model.model_validate(doc.data)
     except ValidationError as exc:
-        raise CardError(
-            f"{path}: invalid runtime profile", _pydantic_problems(exc, doc, RuntimeProfile)
-        ) from None
+        raise CardError(f"{path}: invalid {what}", _pydantic_problems(exc, doc, model)) from None
+
+
+def load_runtime_profile(path: Path) -> RuntimeProfile:
+    """Read and validate a runtime profile file."""
+    return _load_model(path, RuntimeProfile, "runtime profile")
 
 
 def load_boxes_file(path: Path) -> dict[str, BoxSpec]:
@@ -772,10 +778,4 @@ __all__ = ["CACHE_STATES", "Card", "Cell", "LoadedCard", "load_card", "validate_
 
 def read_card_schema(path: Path) -> Card:
     """The card of a campaign directory, schema-checked only (its files may live elsewhere)."""
-    doc = load_yaml(path)
-    if doc.problems:
-        raise CardError(f"{path}: invalid card", doc.problems)
-    try:
-        return Card.model_validate(doc.data)
-    except ValidationError as exc:
-        raise CardError(f"{path}: invalid card", _pydantic_problems(exc, doc, Card)) from None
+    return _load_model(path, Card, "card")

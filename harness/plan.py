@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from harness.card import LoadedCard
 from harness.errors import PlanError
@@ -34,6 +35,20 @@ class Run:
     pattern: str  # "ABBA", "BAAB" or "SEQ"
     comparison: str  # the treatment cell this sub-cycle compares with the control
     block: str  # runs sharing a block share one boot of one arm
+
+    def identity(self) -> dict[str, Any]:
+        """The fields a run record repeats from its plan entry."""
+        return {
+            "run_id": self.run_id,
+            "cell": self.cell,
+            "cycle": self.cycle,
+            "slot": self.slot,
+            "repeat": self.repeat,
+            "cache_state": self.cache_state,
+            "pattern": self.pattern,
+            "comparison": self.comparison,
+            "block": self.block,
+        }
 
     @property
     def arm(self) -> str:

@@ -29,17 +29,10 @@ import numpy.typing as npt
 import pandas as pd
 
 from harness.errors import BadInput, RingError
+from harness.telemetry import RING_FIELDS
 
-RING_COLUMNS = (
-    "t_ns",
-    "dur_ns",
-    "tokens",
-    "lookups",
-    "cold_lookups",
-    "swaps",
-    "bytes_read",
-    "phase",
-)
+# The ring columns recovery reads: the telemetry ring's own fields, defined once there.
+RING_COLUMNS = RING_FIELDS
 WINDOW_COLUMNS = (
     "t_s",
     "span_s",

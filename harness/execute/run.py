@@ -423,16 +423,8 @@ class CampaignRunner:
         suffix = f"-b{boot_index}" if boot_index else ""
         remote_dir = f"{self.remote_root}/{run.run_id}{suffix}"
         record = RunRecord(
-            run_id=run.run_id,
+            **run.identity(),
             status=RUN_FAILED,
-            cell=run.cell,
-            cycle=run.cycle,
-            slot=run.slot,
-            repeat=run.repeat,
-            cache_state=run.cache_state,
-            pattern=run.pattern,
-            comparison=run.comparison,
-            block=run.block,
             box=self.loaded.box_name,
             boot_id=f"{run.run_id}-a{attempt}{suffix}",
             started_at=time.time(),

@@ -280,17 +280,9 @@ def simulate_card(
             run_dir / "counters.json", {"before": before, "after": after, "delta": dict(after)}
         )
         record = RunRecord(
-            run_id=run.run_id,
+            **run.identity(),
             status=RUN_OK,
             reason="simulated",
-            cell=run.cell,
-            cycle=run.cycle,
-            slot=run.slot,
-            repeat=run.repeat,
-            cache_state=run.cache_state,
-            pattern=run.pattern,
-            comparison=run.comparison,
-            block=run.block,
             box="simulator",
             boot_id=f"{run.run_id}-sim",
             knobs=cell.settings.describe(),
