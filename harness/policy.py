@@ -1,14 +1,17 @@
 """Residency policies: the decision code shared by the reference runtime and the simulator.
 
-Pure and deterministic, no I/O, and it imports nothing of ours but the errors, so a simulator
-replaying a routing trace makes exactly the decisions the runtime makes (seed 000 checked its
-simulator against production in lockstep: 28,329 decisions, zero divergence).
+Pure and deterministic, no I/O, and it imports nothing of ours but the errors and its compiled
+kernels, so a simulator replaying a routing trace makes exactly the decisions the runtime makes
+(seed 000 checked its simulator against production in lockstep: 28,329 decisions, zero
+divergence).
 
 Two policies:
 
-* :class:`ResidencyPolicy`, seed 000's adaptive hot/cold residency: per-expert counters decayed
-  by an EWMA with a half-life in steps, a swap queue drained every ``drain_every`` decode steps
-  with a per-layer budget, and a promotion rule with a threshold and hysteresis.
+* :class:`ResidencyPolicy`, seed 000's adaptive hot/cold residency: per-expert route counters
+  read into an EWMA with a half-life in steps at every drain, a swap queue drained every
+  ``drain_every`` decode steps with a per-layer budget, and a promotion rule with a threshold and
+  hysteresis. Its drain is compiled (:mod:`harness.policy_kernels`) and shared with the fast
+  replay's compiled loop.
 * :class:`ExpertCache`, seed 004's SSD expert cache: LFU priorities, LRU among equals, seeded
   from a hotlist under the ``legacy`` (rank-sized priorities), ``adaptive`` (all 1) or uniform
   ``N`` prior.
@@ -29,20 +32,19 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from harness import policy_kernels
 from harness.errors import KnobError, MapError, TraceError
 
 __all__ = [
     "MAX_PRIORITY",
     "ExpertCache",
     "PolicyKnobs",
+    "PolicyState",
     "ResidencyPolicy",
     "Swap",
     "parse_priority",
 ]
 
-# Lazy decay keeps counts as scaled * exp(-(step - ref) * rate); rebasing before the scale
-# passes e^500 keeps every value far from float64 overflow (e^709).
-_REBASE_EXPONENT = 500.0
 # ds4 parses the uniform prior into a C int; larger values are refused rather than wrapped.
 MAX_PRIORITY = 2**31 - 1
 _PRIORITY_RULE = "must be one of legacy, adaptive, or a positive integer"
@@ -125,20 +127,23 @@ def _hot_mask(hot: Sequence[Sequence[int]], experts: int) -> BoolArray:
 
 
 class ResidencyPolicy:
-    """Seed 000's adaptive residency: decayed counters, threshold, hysteresis, drained budget.
+    """Seed 000's adaptive residency: read-time EWMA counts, threshold, hysteresis, budget.
 
-    Counting: every decode step, each layer's chosen experts gain 1; every count decays by
-    ``0.5 ** (1 / half_life)`` per step number, so the count at step t is the sum over counted
-    selections at steps s <= t of ``0.5 ** ((t - s) / half_life)``. Prefill steps are not counted
-    (as in the seed's lane). Decay is lazy (one scale per policy, rebased rarely) and
-    deterministic: the same calls give the same floats, bit for bit.
+    Counting, as the CUDA lane's route counter does it: every decode step adds 1 to the integer
+    count of each (layer, expert) its tokens chose; prefill steps are not counted. Each drain
+    *reads* the counters: the decayed counts become ``counts * 0.5 ** (elapsed / half_life) +
+    new counts`` (elapsed = host steps since the previous read) and the integer counters restart
+    at zero. So between drains nothing decays and the counts are exact integers, and a drain is
+    a pure function of the previous counts, the counts since, and the hot sets.
 
-    Draining, at decode steps with ``step % drain_every == 0`` while adaptive: the swaps are
-    planned from the counts at that step. In each layer the i-th strongest cold expert pairs with
-    the i-th weakest hot expert (weakest: lowest count, ties the highest id, so a lower id wins
-    the slot) and the pair swaps when the cold count reaches ``promote_threshold`` and exceeds
-    the hot count by ``hysteresis``; at most ``swaps_per_layer`` pairs per layer apply. Pairs that
-    met the rule but were cut by the budget are ``pending()`` (queue pressure).
+    Draining: the swap queue is drained at the decode step that completes ``drain_every`` decode
+    steps since the last drain (prefill steps neither count nor drain, so a drain is never lost
+    to a prefill step), while the policy is adaptive; frozen, nothing drains, and the first
+    decode step after unfreezing drains when one fell due meanwhile. In each layer the i-th
+    strongest cold expert pairs with the i-th weakest hot expert and the pair swaps when the cold
+    count reaches ``promote_threshold`` and exceeds the hot count by ``hysteresis``; at most
+    ``swaps_per_layer`` pairs per layer apply (see :func:`harness.policy_kernels.drain`, the one
+    implementation every caller shares); a layer with more pairs meeting the rule is saturated.
     """
 
     def __init__(self, knobs: PolicyKnobs, hot: Sequence[Sequence[int]], experts: int) -> None:
@@ -149,15 +154,17 @@ class ResidencyPolicy:
         self._hot_view = self._hot.view()
         self._hot_view.flags.writeable = False
         self._layers, self._experts = (int(size) for size in self._hot.shape)
-        self._scaled: FloatArray = np.zeros(self._hot.shape, dtype=np.float64)
-        self._flat_scaled = self._scaled.reshape(-1)
-        self._offsets: IntArray = (np.arange(self._layers, dtype=np.intp) * self._experts)[:, None]
+        self._ewma: FloatArray = np.zeros(self._hot.shape, dtype=np.float64)
+        self._raw: npt.NDArray[np.int64] = np.zeros(self._hot.shape, dtype=np.int64)
+        self._flat_raw = self._raw.reshape(-1)
         self._rows: IntArray = np.arange(self._layers, dtype=np.intp)
+        self._offsets: IntArray = self._rows[:, None] * self._experts
         self._rate = self._decay_rate(knobs)
-        self._ref_step = 0
+        self._fold_step: int | None = None
         self._last_step: int | None = None
-        self._pending = 0
+        self._since_drain = 0
         self._saturated_layers = 0
+        self._swap_buffer = np.zeros((self._layers * knobs.swaps_per_layer, 4), dtype=np.int64)
 
     @staticmethod
     def _decay_rate(knobs: PolicyKnobs) -> float:
@@ -187,39 +194,36 @@ class ResidencyPolicy:
         """Hot expert ids of each layer, ascending."""
         return [np.flatnonzero(row).tolist() for row in self._hot]
 
-    def _rebase(self, step: int) -> None:
-        if step != self._ref_step:
-            self._scaled *= math.exp(-(step - self._ref_step) * self._rate)
-            self._ref_step = step
-
-    def _counts_at(self, step: int) -> FloatArray:
-        return self._scaled * math.exp(-(step - self._ref_step) * self._rate)
-
     def counts(self) -> FloatArray:
-        """Decayed counts ``[layers, experts]`` at the last observed step (a copy)."""
-        if self._last_step is None:
-            return np.zeros_like(self._scaled)
-        return self._counts_at(self._last_step)
+        """Decayed counts ``[layers, experts]`` as a read at the last observed step would see
+        them (a copy; reading them changes nothing)."""
+        if self._fold_step is None or self._last_step is None:
+            return self._raw.astype(np.float64)
+        factor = math.exp(-(self._last_step - self._fold_step) * self._rate)
+        return self._ewma * factor + self._raw
 
     def count_cold(self, experts: npt.ArrayLike) -> int:
-        """Cold lookups among ``experts`` (``[layers, top_k]``) under the current residency."""
+        """Cold lookups among ``experts`` (``[layers, top_k]`` or ``[tokens, layers, top_k]``)
+        under the current residency."""
         chosen = np.asarray(experts, dtype=np.intp)
         return int(np.count_nonzero(~self._hot[self._rows[:, None], chosen]))
 
     def set_knobs(self, knobs: PolicyKnobs) -> None:
-        """Change knobs live; counts so far keep their value (decay changes from now on)."""
+        """Change knobs live. Counts so far are read under the old half-life first, so the new
+        one applies only to what comes after; the decode steps since the last drain carry on."""
         knobs.validate()
-        if self._last_step is not None:
-            self._rebase(self._last_step)
+        if self._last_step is not None and knobs.decay_half_life_steps != (
+            self._knobs.decay_half_life_steps
+        ):
+            elapsed = 0 if self._fold_step is None else self._last_step - self._fold_step
+            policy_kernels.fold(self._ewma, self._raw, elapsed, self._rate)
+            self._fold_step = self._last_step
         self._knobs = knobs
         self._rate = self._decay_rate(knobs)
+        if len(self._swap_buffer) < self._layers * knobs.swaps_per_layer:
+            self._swap_buffer = np.zeros((self._layers * knobs.swaps_per_layer, 4), np.int64)
         if knobs.policy == "frozen":
-            self._pending = 0
             self._saturated_layers = 0
-
-    def pending(self) -> int:
-        """Swaps that met the rule at the last drain but were cut by the per-layer budget."""
-        return self._pending
 
     def saturated_layers(self) -> int:
         """Layers whose candidates exceeded the budget at the last drain (pinned at the budget)."""
@@ -230,10 +234,10 @@ class ResidencyPolicy:
             raise TraceError(
                 f"step {step} comes after step {self._last_step}; steps must not go backwards"
             )
-        if chosen.ndim != 2 or chosen.shape[0] != self._layers:
+        if chosen.ndim not in (2, 3) or chosen.shape[-2] != self._layers:
             raise TraceError(
-                f"step {step}: experts must have shape [{self._layers}, top_k], "
-                f"got {list(chosen.shape)}"
+                f"step {step}: experts must have shape [{self._layers}, top_k] (or [tokens, "
+                f"{self._layers}, top_k]), got {list(chosen.shape)}"
             )
         # One unsigned comparison catches negative ids too (they wrap to huge values).
         if chosen.size and (chosen.view(np.uintp) >= self._experts).any():
@@ -244,85 +248,89 @@ class ResidencyPolicy:
             )
 
     def observe(self, step: int, experts: npt.ArrayLike, *, prefill: bool = False) -> list[Swap]:
-        """Count one step's choices (``[layers, top_k]``) and drain at drain points.
+        """Count one host step's choices and drain when one is due.
 
-        Returns the swaps applied at this step (empty except at decode drain points).
+        ``experts`` is ``[layers, top_k]`` for one token or ``[tokens, layers, top_k]`` for all
+        the decode tokens of a batched step; one call is one host step. Returns the swaps applied
+        at this step (empty unless this decode step drained).
         """
         chosen = np.asarray(experts, dtype=np.intp)
         self._check_step(step, chosen)
         self._last_step = step
         if prefill:
             return []
-        exponent = (step - self._ref_step) * self._rate
-        if exponent > _REBASE_EXPONENT:
-            self._rebase(step)
-            exponent = 0.0
         # add.at, unlike fancy +=, counts an expert listed twice in a row twice.
-        np.add.at(self._flat_scaled, chosen + self._offsets, math.exp(exponent))
+        np.add.at(self._flat_raw, (chosen + self._offsets).reshape(-1), 1)
+        self._since_drain += 1
         knobs = self._knobs
-        if step % knobs.drain_every or knobs.policy == "frozen":
+        if knobs.policy == "frozen" or self._since_drain < knobs.drain_every:
             return []
         return self._drain(step)
 
+    def drain_due(self) -> bool:
+        """Whether the next decode step drains (the queue is due and the policy adaptive)."""
+        knobs = self._knobs
+        return knobs.policy == "adaptive" and self._since_drain + 1 >= knobs.drain_every
+
     def _drain(self, step: int) -> list[Swap]:
         knobs = self._knobs
-        counts = self._counts_at(step)
-        rows = self._rows
-        hot = self._hot
-        # Cold candidates keyed by count (-1 = not a candidate); argmax returns the first maximum,
-        # so among equal counts the lowest id is the strongest.
-        cold_key = np.where(hot, -1.0, counts)
-        # Hot experts in reversed column order keyed by count (inf = not hot); argmin returns the
-        # first minimum of the reversed row, so among equal counts the highest id is the weakest.
-        hot_key = np.where(hot[:, ::-1], counts[:, ::-1], np.inf)
-        factor = 1.0 + knobs.hysteresis
-        alive = np.ones(self._layers, dtype=bool)
-        planned: list[tuple[BoolArray, IntArray, IntArray]] = []
-        for round_index in range(knobs.swaps_per_layer + 1):
-            cold_ids = cold_key.argmax(axis=1)
-            hot_cols = hot_key.argmin(axis=1)
-            cold_counts = cold_key[rows, cold_ids]
-            hot_counts = hot_key[rows, hot_cols]
-            alive &= (
-                (cold_counts >= 0.0)
-                & np.isfinite(hot_counts)
-                & (cold_counts >= knobs.promote_threshold)
-                & (cold_counts > hot_counts * factor)
-            )
-            if round_index == knobs.swaps_per_layer:
-                break
-            planned.append((alive.copy(), cold_ids, (self._experts - 1) - hot_cols))
-            cold_key[rows, cold_ids] = -1.0
-            hot_key[rows, hot_cols] = np.inf
-        self._saturated_layers = int(np.count_nonzero(alive))
-        self._pending = self._count_cut(cold_key, hot_key, alive, factor) if alive.any() else 0
-        swaps: list[Swap] = []
-        if not planned or not planned[0][0].any():
-            return swaps
-        for layer in np.flatnonzero(planned[0][0]).tolist():
-            for applied, cold_ids, hot_ids in planned:
-                if not applied[layer]:
-                    break
-                promoted, evicted = int(cold_ids[layer]), int(hot_ids[layer])
-                hot[layer, promoted] = True
-                hot[layer, evicted] = False
-                swaps.append(Swap(step=step, layer=layer, promoted=promoted, evicted=evicted))
-        return swaps
-
-    def _count_cut(
-        self, cold_key: FloatArray, hot_key: FloatArray, saturated: BoolArray, factor: float
-    ) -> int:
-        """Pairs beyond the budget that meet the rule, in the saturated layers (sorted values)."""
-        cold_sorted = -np.sort(-cold_key[saturated], axis=1)
-        hot_sorted = np.sort(hot_key[saturated], axis=1)
-        rule = (
-            (cold_sorted >= 0.0)
-            & np.isfinite(hot_sorted)
-            & (cold_sorted >= self._knobs.promote_threshold)
-            & (cold_sorted > hot_sorted * factor)
+        elapsed = 0 if self._fold_step is None else step - self._fold_step
+        count, self._saturated_layers = policy_kernels.drain(
+            self._ewma,
+            self._raw,
+            self._hot,
+            elapsed,
+            self._rate,
+            float(knobs.promote_threshold),
+            1.0 + knobs.hysteresis,
+            knobs.swaps_per_layer,
+            step,
+            self._swap_buffer,
+            0,
         )
-        # Cold counts fall and hot counts rise along the pairs, so the rule holds on a prefix.
-        return int(np.count_nonzero(np.logical_and.accumulate(rule, axis=1)))
+        self._fold_step = step
+        self._since_drain = 0
+        return [Swap(*row) for row in self._swap_buffer[:count].tolist()]
+
+    def export_state(self) -> PolicyState:
+        """The mutable state, for a compiled loop that drives the same kernels (the fast
+        replay); :meth:`import_state` takes it back."""
+        return PolicyState(
+            ewma=self._ewma,
+            raw=self._raw,
+            hot=self._hot,
+            fold_step=-1 if self._fold_step is None else self._fold_step,
+            last_step=-1 if self._last_step is None else self._last_step,
+            since_drain=self._since_drain,
+            saturated=self._saturated_layers,
+        )
+
+    def import_state(self, state: PolicyState) -> None:
+        """Take back the scalars a compiled loop advanced (the arrays are shared, not copied)."""
+        lent = (self._ewma, self._raw, self._hot)
+        if any(ours is not theirs for ours, theirs in zip(lent, state.arrays(), strict=True)):
+            raise ValueError("import_state takes back the state export_state lent, not another")
+        self._fold_step = None if state.fold_step < 0 else state.fold_step
+        self._last_step = None if state.last_step < 0 else state.last_step
+        self._since_drain = state.since_drain
+        self._saturated_layers = state.saturated
+
+
+@dataclass
+class PolicyState:
+    """A policy's mutable state, lent to a compiled loop: the arrays are the policy's own."""
+
+    ewma: FloatArray
+    raw: npt.NDArray[np.int64]
+    hot: BoolArray
+    fold_step: int  # step of the last read, -1 before the first
+    last_step: int  # last observed step, -1 before the first
+    since_drain: int  # decode steps since the last drain
+    saturated: int  # saturated layers at the last drain
+
+    def arrays(self) -> tuple[FloatArray, npt.NDArray[np.int64], BoolArray]:
+        """The lent arrays: counts, counters since the last read, residency."""
+        return self.ewma, self.raw, self.hot
 
 
 def parse_priority(value: str) -> Literal["legacy", "adaptive"] | int:

@@ -56,7 +56,7 @@ def test_promotion_needs_the_hysteresis_margin(hysteresis: float, swapped: bool)
     assert policy.hot_sets() == ([[1]] if swapped else [[0]])
 
 
-def test_budget_is_per_layer_and_cut_candidates_are_pending() -> None:
+def test_budget_is_per_layer_and_cut_candidates_saturate_the_layer() -> None:
     policy = ResidencyPolicy(knobs(swaps_per_layer=2), [[0, 1, 2], [0, 1, 2]], experts=6)
     step_choice = np.array([[3, 4, 5], [3, 4, 5]])
     swaps: list[Swap] = []
@@ -69,12 +69,11 @@ def test_budget_is_per_layer_and_cut_candidates_are_pending() -> None:
         Swap(4, 1, 3, 2),
         Swap(4, 1, 4, 1),
     ]
-    assert policy.pending() == 2
-    assert policy.saturated_layers() == 2
+    assert policy.saturated_layers() == 2  # expert 5 met the rule too, past the budget
     for step in range(5, 9):
         swaps = policy.observe(step, step_choice)
     assert swaps == [Swap(8, 0, 5, 0), Swap(8, 1, 5, 0)]
-    assert policy.pending() == 0
+    assert policy.saturated_layers() == 0
     assert policy.hot_sets() == [[3, 4, 5], [3, 4, 5]]
 
 
@@ -83,9 +82,26 @@ def test_prefill_steps_are_not_counted_and_do_not_drain() -> None:
     for step in range(1, 9):
         assert policy.observe(step, np.array([[2]]), prefill=True) == []
     assert policy.counts().tolist() == [[0.0, 0.0, 0.0]]
-    assert policy.observe(9, np.array([[2]])) == []
+    for step in range(9, 12):
+        assert policy.observe(step, np.array([[2]])) == []
+    # The fourth decode step drains, whatever its step number.
     assert policy.observe(12, np.array([[2]])) == [Swap(12, 0, 2, 0)]
-    assert policy.counts().tolist() == [[0.0, 0.0, 2.0]]
+    assert policy.counts().tolist() == [[0.0, 0.0, 4.0]]
+
+
+def test_drains_fall_every_n_decode_steps_so_prefill_steps_cannot_swallow_them() -> None:
+    # 60-step requests with drain_every 64 used to drain never: every step % 64 == 0 was a
+    # prefill step. Drains now count decode steps.
+    policy = ResidencyPolicy(knobs(promote_threshold=1.0, drain_every=4), [[0]], experts=2)
+    drained: list[int] = []
+    for step in range(1, 41):
+        prefill = step % 4 == 0  # every multiple of drain_every is a prefill step
+        due = not prefill and policy.drain_due()
+        policy.observe(step, np.array([[1]]), prefill=prefill)
+        if due:
+            drained.append(step)
+    decode_steps = [step for step in range(1, 41) if step % 4]
+    assert drained == decode_steps[3::4]
 
 
 def test_swaps_happen_only_at_drain_points() -> None:
@@ -93,8 +109,18 @@ def test_swaps_happen_only_at_drain_points() -> None:
     for step in range(1, 8):
         assert policy.observe(step, np.array([[1]])) == []
     assert policy.observe(8, np.array([[1]]), prefill=True) == []
-    assert policy.observe(9, np.array([[1]])) == []
-    assert policy.observe(16, np.array([[1]])) == [Swap(16, 0, 1, 0)]
+    assert policy.observe(9, np.array([[1]])) == [Swap(9, 0, 1, 0)]
+    # Step 17 drains too, but e0 = 8 does not beat e1 = 8 by the hysteresis until step 25.
+    assert feed(policy, [0] * 15, start=10) == []
+    assert policy.observe(25, np.array([[0]])) == [Swap(25, 0, 0, 1)]
+
+
+def test_a_batched_decode_step_is_one_step_with_all_its_tokens_counted() -> None:
+    policy = ResidencyPolicy(knobs(promote_threshold=1.0, drain_every=2), [[0]], experts=3)
+    batch = np.array([[[1]], [[2]], [[2]]])  # three sequences decode in one host step
+    assert policy.observe(1, batch) == []
+    assert policy.counts().tolist() == [[0.0, 1.0, 2.0]]
+    assert policy.observe(2, batch) == [Swap(2, 0, 2, 0)]
 
 
 def test_frozen_counts_but_never_swaps() -> None:
@@ -103,7 +129,8 @@ def test_frozen_counts_but_never_swaps() -> None:
     assert policy.counts()[0, 1] == 12.0
     assert policy.hot_sets() == [[0]]
     policy.set_knobs(knobs(promote_threshold=1.0))
-    assert feed(policy, [1] * 4, start=13) == [Swap(16, 0, 1, 0)]
+    # A drain has been due since step 4: the first decode step after unfreezing drains.
+    assert feed(policy, [1] * 4, start=13) == [Swap(13, 0, 1, 0)]
 
 
 def test_hot_mask_is_a_read_only_live_view() -> None:
@@ -115,44 +142,52 @@ def test_hot_mask_is_a_read_only_live_view() -> None:
     assert mask.tolist() == [[False, True]]
 
 
-def brute_counts(
-    selections: list[tuple[int, np.ndarray]], step: int, shape: tuple[int, int], half_life: float
-) -> np.ndarray:
-    counts = np.zeros(shape)
-    for at, chosen in selections:
-        weight = 0.5 ** ((step - at) / half_life)
-        for layer, row in enumerate(chosen):
-            for expert in row:
-                counts[layer, expert] += weight
-    return counts
-
-
-def test_lazy_decay_matches_the_ewma_definition() -> None:
+def test_counts_are_an_ewma_read_at_every_drain() -> None:
+    """Each drain reads the counters: counts = counts * 0.5 ** (elapsed / half-life) + new."""
     rng = np.random.default_rng(7)
-    layers, experts = 3, 10
-    # A 2-step half-life over 2,000 steps forces several rebases of the lazy scale.
-    policy = ResidencyPolicy(
-        PolicyKnobs(decay_half_life_steps=2.0, policy="frozen"), [[0]] * layers, experts
-    )
-    selections: list[tuple[int, np.ndarray]] = []
+    layers, experts, half_life = 3, 10, 5.0
+    rule = PolicyKnobs(decay_half_life_steps=half_life, drain_every=3, promote_threshold=1e9)
+    policy = ResidencyPolicy(rule, [[0]] * layers, experts)
+    expected = np.zeros((layers, experts))
+    pending = np.zeros((layers, experts))
+    read_at: int | None = None
     step = 0
     for _ in range(400):
         step += int(rng.integers(1, 10))
         chosen = np.stack([rng.choice(experts, 2, replace=False) for _ in range(layers)])
         prefill = bool(rng.random() < 0.2)
+        drains = not prefill and policy.drain_due()
         policy.observe(step, chosen, prefill=prefill)
-        if not prefill:
-            selections.append((step, chosen))
-    expected = brute_counts(selections[-60:], step, (layers, experts), 2.0)
-    assert policy.counts() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        if prefill:
+            continue
+        for layer in range(layers):
+            pending[layer, chosen[layer]] += 1
+        if drains:
+            elapsed = 0 if read_at is None else step - read_at
+            expected = expected * 0.5 ** (elapsed / half_life) + pending
+            pending[:] = 0
+            read_at = step
+    assert read_at is not None
+    since = 0.5 ** ((step - read_at) / half_life)
+    assert policy.counts() == pytest.approx(expected * since + pending, rel=1e-9, abs=1e-12)
+
+
+def test_long_idle_counts_flush_to_zero_instead_of_going_subnormal() -> None:
+    rule = PolicyKnobs(decay_half_life_steps=1.0, drain_every=1, promote_threshold=1e9)
+    policy = ResidencyPolicy(rule, [[0]], experts=3)
+    policy.observe(1, np.array([[2]]))
+    for step in range(2, 1200):
+        policy.observe(step, np.array([[1]]))
+    assert policy.counts()[0, 2] == 0.0  # 2 ** -1198 would be subnormal
 
 
 def reference_plan(
     counts: np.ndarray, hot: np.ndarray, knobs: PolicyKnobs
 ) -> tuple[list[tuple[int, int, int]], int]:
-    """The promotion rule written plainly: (layer, promoted, evicted) swaps and pending."""
+    """The promotion rule written plainly: (layer, promoted, evicted) swaps and saturated
+    layers."""
     swaps: list[tuple[int, int, int]] = []
-    pending = 0
+    saturated = 0
     for layer in range(counts.shape[0]):
         row = counts[layer].tolist()
         cold = sorted((e for e in range(len(row)) if not hot[layer, e]), key=lambda e: (-row[e], e))
@@ -165,8 +200,8 @@ def reference_plan(
                 break
         applied = min(eligible, knobs.swaps_per_layer)
         swaps += [(layer, cold[i], warm[i]) for i in range(applied)]
-        pending += eligible - applied
-    return swaps, pending
+        saturated += eligible > applied
+    return swaps, saturated
 
 
 @settings(max_examples=60, deadline=None)
@@ -202,9 +237,9 @@ def test_drains_follow_the_plain_rule(
         if step % 3:
             assert swaps == []
             continue
-        expected, pending = reference_plan(policy.counts(), before, rule)
+        expected, saturated = reference_plan(policy.counts(), before, rule)
         assert [(s.layer, s.promoted, s.evicted) for s in swaps] == expected
-        assert policy.pending() == pending
+        assert policy.saturated_layers() == saturated
         assert (policy.hot_mask.sum(axis=1) == before.sum(axis=1)).all()
 
 
@@ -220,7 +255,8 @@ def domain_stream(
 
 
 def run_shift(seed: int) -> tuple[list[float], list[Swap], int]:
-    """Route over X, then over Y: cold share per 100-step window, swaps, peak pending."""
+    """Route over X, then over Y: cold share per 100-step window, swaps, peak saturated
+    layers."""
     rng = np.random.default_rng(seed)
     layers, experts, top_k = 4, 64, 4
     domain_x, domain_y = np.arange(0, 16), np.arange(32, 48)
@@ -228,26 +264,26 @@ def run_shift(seed: int) -> tuple[list[float], list[Swap], int]:
     shares: list[float] = []
     swaps: list[Swap] = []
     cold = 0
-    peak_pending = 0
+    peak_saturated = 0
     for step in range(1, 3001):
         chosen = domain_stream(rng, domain_x if step <= 1000 else domain_y, layers, top_k)
         cold += policy.count_cold(chosen)
         swaps += policy.observe(step, chosen)
-        peak_pending = max(peak_pending, policy.pending())
+        peak_saturated = max(peak_saturated, policy.saturated_layers())
         if step % 100 == 0:
             shares.append(cold / (100 * layers * top_k))
             cold = 0
-    return shares, swaps, peak_pending
+    return shares, swaps, peak_saturated
 
 
 def test_domain_shift_raises_cold_share_and_the_policy_brings_it_down() -> None:
-    shares, swaps, peak_pending = run_shift(seed=3)
+    shares, swaps, peak_saturated = run_shift(seed=3)
     assert max(shares[:10]) == 0.0  # X is hot from boot
     assert shares[10] > 0.9  # the first window after the shift reads almost all cold
     assert max(shares[-5:]) < 0.05  # Y has been promoted
     assert all(swap.step > 1000 for swap in swaps)
     assert {swap.promoted for swap in swaps} <= set(range(32, 48))
-    assert peak_pending > 0  # the queue saturated on the way
+    assert peak_saturated > 0  # the queue saturated on the way
 
 
 def test_policy_is_deterministic() -> None:

@@ -24,6 +24,7 @@ from harness.sim.commands import register
 from harness.sim.replay import (
     ReplayResult,
     lockstep,
+    lockstep_text,
     replay_cache,
     replay_fast,
     replay_reference,
@@ -39,8 +40,9 @@ GEOMETRY = ["--layers", "4", "--experts", "16", "--top-k", "2", "--d-model", "16
 
 def assert_same(a: ReplayResult, b: ReplayResult) -> None:
     """Every decision and every count identical."""
-    assert a.swaps == b.swaps
-    assert a.drain_steps == b.drain_steps and a.saturated == b.saturated
+    assert a.swaps.tolist() == b.swaps.tolist()
+    assert a.drain_steps.tolist() == b.drain_steps.tolist()
+    assert a.saturated.tolist() == b.saturated.tolist()
     assert a.final_hot == b.final_hot
     assert a.cold_lookups.tolist() == b.cold_lookups.tolist()
     assert a.step_swaps.tolist() == b.step_swaps.tolist()
@@ -85,12 +87,13 @@ def replays(draw: st.DrawFn) -> tuple[Trace, PolicyKnobs, list[list[int]], list[
 def test_fast_replay_makes_identical_decisions(
     case: tuple[Trace, PolicyKnobs, list[list[int]], list[KnobChange]],
 ) -> None:
-    """Random traces, knobs (rebases included: half-life 0.3 rebases every ~200 steps), maps,
-    live knob changes and multi-token steps: the fast path decides exactly as the reference."""
+    """Random traces, knobs (a 0.3-step half-life flushes idle counts to zero), maps, live knob
+    changes, multi-token and mixed prefill/decode steps: the fast path decides exactly as the
+    reference, on one thread or several."""
     trace, knobs, hot, changes = case
     reference = replay_reference(trace, knobs, hot, changes=changes)
-    fast = replay_fast(trace, knobs, hot, changes=changes)
-    assert_same(reference, fast)
+    for threads in (1, 2, 3):
+        assert_same(reference, replay_fast(trace, knobs, hot, changes=changes, threads=threads))
 
 
 def _post(port: int, path: str, body: dict[str, object]) -> object:
@@ -200,6 +203,15 @@ def test_a_changed_knob_diverges_and_names_the_first(live: dict[str, Path], tmp_
     )
     args = parser.parse_args(["simulate", "--lockstep", str(live["adaptive"])])
     assert args.handler(args, io.StringIO()) == 0
+
+
+def test_a_changed_drain_interval_diverges_on_the_drain_points(live: dict[str, Path]) -> None:
+    """Recorded drains are decisions too: replaying with another drain_every names a step where
+    one side drained and the other did not."""
+    result = lockstep(load_trace(live["adaptive"]), {"drain_every": 5})
+    assert result.divergent > 0 and result.first is not None
+    assert result.first["recorded_drain"] != result.first["replayed_drain"]
+    assert "no drain at this step" in lockstep_text(result)
 
 
 def test_cache_replay_matches_the_runtime_cache_mode(tmp_path: Path) -> None:

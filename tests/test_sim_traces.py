@@ -98,7 +98,7 @@ def _write(path: Path, lines: list[object]) -> Path:
     return path
 
 
-HEADER = {"kind": "header", "version": 1, "layers": 2, "experts": 4, "top_k": 2,
+HEADER = {"kind": "header", "version": 2, "layers": 2, "experts": 4, "top_k": 2,
           "hot_slots": 2, "mode": "rowmap", "knobs": {}, "hot": [[0, 1], [0, 1]]}  # fmt: skip
 
 
@@ -146,6 +146,20 @@ HEADER = {"kind": "header", "version": 1, "layers": 2, "experts": 4, "top_k": 2,
             ":2: step 2 comes after step 4",
         ),
         ("alien.jsonl", [{"hello": 1}], ":1: unknown trace format"),
+        (
+            "old.jsonl",
+            [{**HEADER, "version": 1}],
+            ":1: a version 1 route trace, recorded before drains were counted in decode steps",
+        ),
+        (
+            "drain.jsonl",
+            [
+                HEADER,
+                {"kind": "step", "step": 0, "prefill": False, "experts": [[0, 1], [1, 2]]},
+                {"kind": "drain", "step": "zero"},
+            ],
+            ":3: a drain line needs an integer step",
+        ),
     ],
 )
 def test_bad_jsonl_traces_name_file_line_and_fix(

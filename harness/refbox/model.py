@@ -21,16 +21,16 @@ each later token is one decode step, so ``max_tokens`` costs 1 + (max_tokens - 1
 
 Route trace (JSONL, ``--route-trace``), everything the policy saw, in order:
 
-* ``{"kind": "header", "version": 1, "layers", "experts", "top_k", "hot_slots", "mode":
+* ``{"kind": "header", "version": 2, "layers", "experts", "top_k", "hot_slots", "mode":
   "rowmap"|"cache", "knobs": {policy knobs + phase}, "hot": [[ids] per layer]}`` (``hot`` is
   empty in cache mode);
 * per host step ``{"kind": "step", "step": n, "prefill": bool, "phase": p, "experts": ...}``:
   a decode step carries ``[[top_k ids] per layer]``, a prefill step one such list per prompt
   token (BOS first): ``[[[...] per layer] per token]``. The engine calls
-  ``ResidencyPolicy.observe(n, token_experts, prefill=True)`` once per prefill token (counts
-  ignore them) and once per decode step;
-* after a step line, one ``{"kind": "swap", "step", "layer", "promoted", "evicted"}`` per swap
-  the policy applied at that step, in the policy's order;
+  ``ResidencyPolicy.observe`` once per host step (a prefill step is not counted);
+* after a step line that drained the swap queue, ``{"kind": "drain", "step", "swaps",
+  "saturated"}`` (saturated: layers pinned at the budget), then one ``{"kind": "swap", "step",
+  "layer", "promoted", "evicted"}`` per swap the policy applied, in the policy's order;
 * ``{"kind": "knobs", "step": n, "knobs": {...}}`` when live knobs change; they apply from step
   ``n`` (the next step to run) on.
 """
@@ -51,16 +51,16 @@ from typing import Any, BinaryIO, Literal, Protocol, TextIO
 import numpy as np
 import numpy.typing as npt
 
+from harness import policy_kernels
 from harness.errors import KnobError
 from harness.policy import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
-from harness.telemetry import RingGeometry, RingWriter
+from harness.telemetry import ROUTE_TRACE_VERSION, RingGeometry, RingWriter
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
 BOS = 256
 VOCAB = 257  # 256 bytes + BOS
-TRACE_VERSION = 1
 LIVE_KNOBS = (
     "policy",
     "decay_half_life_steps",
@@ -727,6 +727,8 @@ class Engine:
             self.source = RowmapTiers(self.slow, hot)
             self.policy = ResidencyPolicy(self.knobs, hot, cfg.experts)
             hot_slots = opts.hot_slots
+            # Compile (or load) the policy's drain now, not inside the first timed request.
+            policy_kernels.warm_up()
         self.ring: RingWriter | None = None
         if opts.ring_path:
             geometry = RingGeometry(cfg.layers, cfg.experts, cfg.top_k, hot_slots)
@@ -737,7 +739,7 @@ class Engine:
             self._trace_line(
                 {
                     "kind": "header",
-                    "version": TRACE_VERSION,
+                    "version": ROUTE_TRACE_VERSION,
                     "layers": cfg.layers,
                     "experts": cfg.experts,
                     "top_k": cfg.top_k,
@@ -857,13 +859,15 @@ class Engine:
                 if not prefill:
                     for layer in range(self.cfg.layers):
                         self.route_counts[layer, out.experts[layer]] += 1
+            drained = False
             if self.policy is not None:
-                for experts in routes:
-                    swaps = self.policy.observe(step, experts, prefill=prefill)
-                    for swap in swaps:
-                        assert isinstance(self.source, RowmapTiers)
-                        self.source.swap(swap.layer, swap.promoted, swap.evicted)
-                    applied.extend(swaps)
+                # One policy call per host step: a prefill step is not counted, a decode step
+                # (one token here) is, and may drain.
+                drained = not prefill and self.policy.drain_due()
+                applied = self.policy.observe(step, np.stack(routes), prefill=prefill)
+                for swap in applied:
+                    assert isinstance(self.source, RowmapTiers)
+                    self.source.swap(swap.layer, swap.promoted, swap.evicted)
             self._drift(time.perf_counter_ns() - t0)
             t1 = time.perf_counter_ns()
             self.swaps += len(applied)
@@ -896,6 +900,16 @@ class Engine:
                         "experts": experts_json,
                     }
                 )
+                if drained:
+                    assert self.policy is not None
+                    self._trace_line(
+                        {
+                            "kind": "drain",
+                            "step": step,
+                            "swaps": len(applied),
+                            "saturated": self.policy.saturated_layers(),
+                        }
+                    )
                 for swap in applied:
                     self._trace_line(
                         {

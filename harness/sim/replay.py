@@ -4,15 +4,15 @@ Two implementations that must make identical decisions:
 
 * :func:`replay_reference`, the plain one: every host step exactly as the reference runtime's
   ``Engine._step`` runs it: cold lookups of all the step's tokens under the residency in force
-  when the step starts, then ``ResidencyPolicy.observe(step, token_experts, prefill=...)`` once
-  per token, live knob changes applied with ``set_knobs`` before the step they name.
-* :func:`replay_fast`, vectorised between drain points. The hot set only changes at a drain, so
-  the cold lookups of a whole span are one gather; the counts of a span are added with one
-  ``np.add.at`` in row order, which performs the very same floating-point additions, element by
-  element and in the same order, as the per-step ``np.add.at`` of ``observe`` (same weights from
-  ``math.exp`` of the same exponents, same rebase points). At a drain step the fast path calls
-  the real ``ResidencyPolicy.observe``, so the decision is the policy's own code on bit-identical
-  counts. ``tests/test_sim_replay.py`` checks the identity on random and recorded traces.
+  when the step starts, then one ``ResidencyPolicy.observe`` call with the step's decode tokens
+  (a step with none is a prefill step), live knob changes applied with ``set_knobs`` before the
+  step they name.
+* :func:`replay_fast`, one compiled loop per knob segment (:mod:`harness.sim.fastloop`) over the
+  policy's own arrays. Between drains the policy only adds integer counts, which the loop does
+  in place; at a drain point it calls the policy's compiled drain
+  (:func:`harness.policy_kernels.drain`), the very function ``observe`` calls. Same integers in,
+  same machine code, so the same decisions; ``tests/test_sim_replay.py`` checks the identity on
+  random and recorded traces, and ``harness bench sim`` on a 1M-token trace.
 
 Cache mode (seed 004) replays through :class:`ExpertCache`, every selection in runtime order.
 
@@ -25,8 +25,10 @@ that model.
 from __future__ import annotations
 
 import dataclasses
-import math
+import itertools
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +37,8 @@ import numpy.typing as npt
 import pandas as pd
 
 from harness.errors import TraceError
-from harness.policy import _REBASE_EXPONENT, ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
+from harness.policy import ExpertCache, PolicyKnobs, PolicyState, ResidencyPolicy, Swap
+from harness.sim.fastloop import drain_schedule, replay_layers
 from harness.sim.traces import KnobChange, Trace
 from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
 
@@ -50,7 +53,7 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 DEFAULT_RECORD_BYTES = 512 * 1024  # the reference runtime's --expert-bytes default
-_CHUNK_ROWS = 16384  # rows per vectorised block: bounds the temporaries at ~16k x L x K
+_BLOCK_STEPS = 65536  # host steps per fast-replay block: bounds its swap buffers
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,10 @@ class ReplayResult:
     step_swaps: IntArray  # swaps applied per host step
     layers: int
     top_k: int
-    swaps: list[Swap] = field(default_factory=list)
-    drain_steps: list[int] = field(default_factory=list)  # one entry per drain (policy call)
-    saturated: list[int] = field(default_factory=list)  # layers at the budget, per drain
+    # Applied swaps, one row each: step, layer, promoted, evicted (SWAP_FIELDS), in policy order.
+    swaps: IntArray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))
+    drain_steps: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    saturated: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per drain
     final_hot: list[list[int]] = field(default_factory=list)
     hits: int = 0
     misses: int = 0
@@ -101,15 +105,15 @@ class ReplayResult:
     def decisions(self) -> dict[tuple[int, int], list[tuple[int, int]]]:
         """Swaps applied per (step, layer) at drain points, ``(promoted, evicted)`` in order."""
         out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for swap in self.swaps:
-            out.setdefault((swap.step, swap.layer), []).append((swap.promoted, swap.evicted))
+        for step, layer, promoted, evicted in self.swaps.tolist():
+            out.setdefault((step, layer), []).append((promoted, evicted))
         return out
 
     def counters(self, record_bytes: int = DEFAULT_RECORD_BYTES) -> dict[str, int]:
         """Totals named like the reference runtime's ``/counters``."""
         lookups = int(self.lookups.sum())
         cold = int(self.cold_lookups.sum())
-        swaps = int(self.step_swaps.sum())
+        swaps = len(self.swaps)
         loads = cold + swaps if self.mode == "rowmap" else self.misses
         prefill_tokens = int(self.tokens[self.prefill].sum())
         decode_tokens = int(self.tokens[~self.prefill].sum())
@@ -188,7 +192,33 @@ def _start(
     return start_knobs, hot_sets, sorted(live, key=lambda c: c.step)
 
 
-def _result(trace: Trace, mode: Literal["rowmap", "cache"], cold_rows: IntArray) -> ReplayResult:
+def _result(
+    trace: Trace,
+    cold_rows: IntArray,
+    policy: ResidencyPolicy,
+    swaps: IntArray,
+    saturated: IntArray,
+    step_swaps: IntArray | None = None,
+) -> ReplayResult:
+    """A rowmap replay's result from its per-row cold lookups, swaps and per-step drains
+    (and swaps per host step, when the replay counted them)."""
+    result = _base_result(trace, "rowmap", cold_rows)
+    result.swaps = swaps
+    drained = saturated >= 0
+    result.drain_steps = result.steps[drained]
+    result.saturated = saturated[drained]
+    result.final_hot = policy.hot_sets()
+    if step_swaps is not None:
+        result.step_swaps = step_swaps
+    elif len(swaps):
+        index = np.searchsorted(result.steps, swaps[:, 0])
+        result.step_swaps = np.bincount(index, minlength=len(result.steps)).astype(np.int64)
+    return result
+
+
+def _base_result(
+    trace: Trace, mode: Literal["rowmap", "cache"], cold_rows: IntArray
+) -> ReplayResult:
     starts, steps = trace.step_bounds()
     tokens = np.diff(np.r_[starts, trace.rows]).astype(np.int64)
     return ReplayResult(
@@ -204,15 +234,10 @@ def _result(trace: Trace, mode: Literal["rowmap", "cache"], cold_rows: IntArray)
     )
 
 
-def _count_swaps(result: ReplayResult) -> None:
-    if result.swaps:
-        at = np.array([s.step for s in result.swaps], dtype=np.int64)
-        index = np.searchsorted(result.steps, at)
-        result.step_swaps = np.bincount(index, minlength=len(result.steps)).astype(np.int64)
-
-
-def _is_drain(knobs: PolicyKnobs, step: int, prefill: bool) -> bool:
-    return not prefill and knobs.policy == "adaptive" and step % knobs.drain_every == 0
+def _segments(steps: IntArray, live: Sequence[KnobChange]) -> list[tuple[int, int]]:
+    """Host-step index ranges between live knob changes (a change applies from its step on)."""
+    bounds = [int(np.searchsorted(steps, change.step, side="left")) for change in live]
+    return list(zip([0, *bounds], [*bounds, len(steps)], strict=True))
 
 
 def replay_reference(
@@ -222,7 +247,7 @@ def replay_reference(
     *,
     changes: Sequence[KnobChange] | None = None,
 ) -> ReplayResult:
-    """Replay step by step, exactly as the reference runtime feeds its policy.
+    """Replay host step by host step, exactly as the reference runtime feeds its policy.
 
     ``knobs``/``hot`` default to what the trace recorded; the trace's live knob changes are
     replayed when ``knobs`` is not given (``changes`` overrides either way).
@@ -233,61 +258,97 @@ def replay_reference(
     ends = np.r_[starts[1:], trace.rows]
     cold_rows = np.zeros(trace.rows, dtype=np.int64)
     swaps: list[Swap] = []
-    drains: list[int] = []
-    saturated: list[int] = []
-    change = 0
-    experts = trace.experts
-    for begin, end, step in zip(starts.tolist(), ends.tolist(), steps.tolist(), strict=True):
-        while change < len(live) and live[change].step <= step:
-            policy.set_knobs(live[change].knobs)
-            change += 1
-        # Engine._step: the forward pass of every token of the step looks experts up first...
-        for row in range(begin, end):
-            cold_rows[row] = policy.count_cold(experts[row])
-        # ...then the policy observes each token (prefill tokens are not counted).
-        for row in range(begin, end):
-            prefill = bool(trace.prefill[row])
-            drain = _is_drain(policy.knobs, step, prefill)
-            swaps.extend(policy.observe(step, experts[row], prefill=prefill))
-            if drain:
-                drains.append(step)
-                saturated.append(policy.saturated_layers())
-    result = _result(trace, "rowmap", cold_rows)
-    result.swaps, result.drain_steps, result.saturated = swaps, drains, saturated
-    result.final_hot = policy.hot_sets()
-    _count_swaps(result)
-    return result
+    saturated = np.full(len(steps), -1, dtype=np.int64)
+    experts, prefill_rows = trace.experts, trace.prefill
+    for segment, (first, last) in enumerate(_segments(steps, live)):
+        if segment:
+            policy.set_knobs(live[segment - 1].knobs)
+        for index in range(first, last):
+            begin, end, step = int(starts[index]), int(ends[index]), int(steps[index])
+            # Engine._step: the forward pass of every token of the step looks experts up first...
+            for row in range(begin, end):
+                cold_rows[row] = policy.count_cold(experts[row])
+            # ...then the policy observes the step: its decode tokens, or nothing to count.
+            decode = ~prefill_rows[begin:end]
+            if not decode.any():
+                policy.observe(step, experts[begin], prefill=True)
+                continue
+            drains = policy.drain_due()
+            swaps.extend(policy.observe(step, experts[begin:end][decode]))
+            if drains:
+                saturated[index] = policy.saturated_layers()
+    swap_rows = np.array([[s.step, s.layer, s.promoted, s.evicted] for s in swaps], np.int64)
+    return _result(trace, cold_rows, policy, swap_rows.reshape(-1, 4), saturated)
 
 
-class _SpanPolicy(ResidencyPolicy):
-    """The runtime's policy plus one bulk method for rows that contain no drain point."""
+@dataclass
+class _Block:
+    """A block of host steps of one knob segment, replayed by ranges of layers on threads."""
 
-    def observe_span(self, steps: IntArray, flat: IntArray, prefill: npt.NDArray[np.bool_]) -> None:
-        """Same state as ``observe`` on each row in turn, when no row is a drain point.
+    trace: Trace
+    bounds: IntArray  # row where each host step starts, then the row count
+    decay: npt.NDArray[np.float64]  # the drain schedule: decay at host step i, -1 if no drain
+    state: PolicyState
+    knobs: PolicyKnobs
+    first: int
+    last: int
 
-        ``flat`` holds each row's ``experts + layer * experts_count`` indices, ``[rows, L*K]``.
-        Exponents are computed with the same int-to-float conversion and product as ``observe``,
-        weights with the same ``math.exp``, rebases at the same steps, and ``np.add.at`` over the
-        rows in order adds to every count in the same order as the per-row calls.
-        """
-        if len(steps) == 0:
-            return
-        self._last_step = int(steps[-1])
-        decode = ~prefill
-        d_steps = steps[decode]
-        d_flat = flat[decode]
-        width = flat.shape[1]
-        while len(d_steps):
-            exponents = (d_steps - self._ref_step) * self._rate
-            over = np.flatnonzero(exponents > _REBASE_EXPONENT)
-            cut = int(over[0]) if over.size else len(d_steps)
-            if cut:
-                weights = np.array([math.exp(x) for x in exponents[:cut].tolist()])
-                np.add.at(self._flat_scaled, d_flat[:cut].reshape(-1), np.repeat(weights, width))
-            if not over.size:
-                return
-            self._rebase(int(d_steps[cut]))
-            d_steps, d_flat = d_steps[cut:], d_flat[cut:]
+    def replay(self, layers: tuple[int, int]) -> tuple[npt.NDArray[np.int32], IntArray, IntArray]:
+        """Replay the block for layers ``low..high-1``: (hits per row, saturated per host step,
+        swaps with the host step index in column 0)."""
+        low, high = layers
+        knobs, state = self.knobs, self.state
+        drains = int(np.count_nonzero(self.decay[self.first : self.last] >= 0.0))
+        hits = np.zeros(int(self.bounds[self.last] - self.bounds[self.first]), dtype=np.int32)
+        pinned = np.zeros(self.last - self.first, dtype=np.int64)
+        swaps = np.zeros((drains * (high - low) * knobs.swaps_per_layer, 4), dtype=np.int64)
+        written = replay_layers(
+            self.trace.experts,
+            self.trace.prefill,
+            self.bounds,
+            self.first,
+            self.last,
+            self.decay,
+            state.ewma,
+            state.raw,
+            state.hot,
+            low,
+            high,
+            float(knobs.promote_threshold),
+            1.0 + knobs.hysteresis,
+            knobs.swaps_per_layer,
+            hits,
+            pinned,
+            swaps,
+        )
+        return hits, pinned, swaps[:written]
+
+    def merge(
+        self,
+        parts: list[tuple[npt.NDArray[np.int32], IntArray, IntArray]],
+        steps: IntArray,
+        cold_rows: IntArray,
+        saturated: IntArray,
+        step_swaps: IntArray,
+    ) -> IntArray:
+        """Combine the layer ranges: cold lookups, saturated layers and swaps per host step in
+        place; the swaps in the runtime's order (step, layer, pair) with step numbers."""
+        trace = self.trace
+        found = np.sum([hits for hits, _, _ in parts], axis=0, dtype=np.int64)
+        rows = slice(int(self.bounds[self.first]), int(self.bounds[self.last]))
+        cold_rows[rows] = trace.layers * trace.top_k - found
+        drained = self.decay[self.first : self.last] >= 0.0
+        pinned = np.sum([layer_pinned for _, layer_pinned, _ in parts], axis=0)
+        saturated[self.first : self.last][drained] = pinned[drained]
+        # Each range wrote in step order and ranges hold ascending layers, so a stable sort by
+        # step puts them in the runtime's order.
+        swaps = np.concatenate([swaps for _, _, swaps in parts])
+        swaps = swaps[np.argsort(swaps[:, 0], kind="stable")]
+        step_swaps[self.first : self.last] = np.bincount(
+            swaps[:, 0] - self.first, minlength=self.last - self.first
+        )
+        swaps[:, 0] = steps[swaps[:, 0]]
+        return swaps
 
 
 def replay_fast(
@@ -296,75 +357,72 @@ def replay_fast(
     hot: Sequence[Sequence[int]] | None = None,
     *,
     changes: Sequence[KnobChange] | None = None,
+    threads: int | None = None,
 ) -> ReplayResult:
-    """Replay vectorised between drain points; the same decisions as :func:`replay_reference`."""
+    """Replay in compiled loops over the policy's own arrays; the same decisions as
+    :func:`replay_reference`, because the loops call the policy's own compiled drain.
+
+    Layers are independent in this policy, so ranges of layers replay on ``threads`` threads
+    (default: one per CPU, at most one per layer); the result does not depend on the count.
+    """
     start_knobs, hot_sets, live = _start(trace, knobs, hot, changes)
-    policy = _SpanPolicy(start_knobs, hot_sets, trace.experts_count)
-    layers, count = trace.layers, trace.experts_count
-    offsets = (np.arange(layers, dtype=np.int64) * count)[None, :, None]
-    lookups_per_row = layers * trace.top_k
-    steps, prefill, experts = trace.steps, trace.prefill, trace.experts
+    policy = ResidencyPolicy(start_knobs, hot_sets, trace.experts_count)
+    starts, steps = trace.step_bounds()
+    bounds = np.r_[starts, trace.rows].astype(np.int64)
     cold_rows = np.zeros(trace.rows, dtype=np.int64)
-    swaps: list[Swap] = []
-    drains: list[int] = []
-    saturated: list[int] = []
-    # Counting only matters if some drain can still read the counts.
-    frozen_to_end = [False] * (len(live) + 1)
-    later_adaptive = False
-    for index in range(len(live), -1, -1):
-        current = start_knobs if index == 0 else live[index - 1].knobs
-        later_adaptive = later_adaptive or current.policy == "adaptive"
-        frozen_to_end[index] = not later_adaptive
-
-    def span(begin: int, end: int, count_it: bool) -> None:
-        hot_flat = policy.hot_mask.reshape(-1)
-        for lo in range(begin, end, _CHUNK_ROWS):
-            hi = min(end, lo + _CHUNK_ROWS)
-            flat = (experts[lo:hi].astype(np.int64) + offsets).reshape(hi - lo, -1)
-            cold_rows[lo:hi] = lookups_per_row - np.count_nonzero(hot_flat[flat], axis=1)
-            if count_it:
-                policy.observe_span(steps[lo:hi], flat, prefill[lo:hi])
-            else:
-                policy._last_step = int(steps[hi - 1])
-
-    bounds = [int(np.searchsorted(steps, c.step, side="left")) for c in live]
-    segment_starts = [0, *bounds]
-    segment_ends = [*bounds, trace.rows]
-    for index, (seg_lo, seg_hi) in enumerate(zip(segment_starts, segment_ends, strict=True)):
-        if index:
-            policy.set_knobs(live[index - 1].knobs)
-        if seg_hi <= seg_lo:
-            continue
-        current = policy.knobs
-        count_it = not frozen_to_end[index]
-        cursor = seg_lo
-        if current.policy == "adaptive":
-            seg_steps = steps[seg_lo:seg_hi]
-            mask = ~prefill[seg_lo:seg_hi] & (seg_steps % current.drain_every == 0)
-            drain_steps = np.unique(seg_steps[mask])
-        else:
-            drain_steps = np.empty(0, dtype=np.int64)
-        for drain_step in drain_steps.tolist():
-            first = int(np.searchsorted(steps, drain_step, side="left"))
-            last = int(np.searchsorted(steps, drain_step, side="right"))
-            span(cursor, first, count_it)
-            # The whole drain step looks up under the residency it started with.
-            hot_flat = policy.hot_mask.reshape(-1)
-            block = (experts[first:last].astype(np.int64) + offsets).reshape(last - first, -1)
-            cold_rows[first:last] = lookups_per_row - np.count_nonzero(hot_flat[block], axis=1)
-            for row in range(first, last):
-                row_prefill = bool(prefill[row])
-                swaps.extend(policy.observe(drain_step, experts[row], prefill=row_prefill))
-                if not row_prefill:
-                    drains.append(drain_step)
-                    saturated.append(policy.saturated_layers())
-            cursor = last
-        span(cursor, seg_hi, count_it)
-    result = _result(trace, "rowmap", cold_rows)
-    result.swaps, result.drain_steps, result.saturated = swaps, drains, saturated
-    result.final_hot = policy.hot_sets()
-    _count_swaps(result)
-    return result
+    saturated = np.full(len(steps), -1, dtype=np.int64)
+    decay = np.full(len(steps), -1.0)
+    step_swaps = np.zeros(len(steps), dtype=np.int64)
+    swap_blocks: list[IntArray] = []
+    workers = max(1, min(threads or os.cpu_count() or 1, trace.layers))
+    edges = np.linspace(0, trace.layers, workers + 1).round().astype(int).tolist()
+    ranges = list(itertools.pairwise(edges))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for segment, (first, last) in enumerate(_segments(steps, live)):
+            if segment:
+                policy.set_knobs(live[segment - 1].knobs)
+            current = policy.knobs
+            state = policy.export_state()
+            scalars = np.array(
+                [state.fold_step, state.last_step, state.since_drain, state.saturated], np.int64
+            )
+            drain_schedule(
+                trace.prefill,
+                bounds,
+                steps,
+                first,
+                last,
+                scalars,
+                current.policy == "adaptive",
+                current.drain_every,
+                ResidencyPolicy._decay_rate(current),
+                decay,
+            )
+            for block_start in range(first, last, _BLOCK_STEPS):
+                block = _Block(
+                    trace,
+                    bounds,
+                    decay,
+                    state,
+                    current,
+                    block_start,
+                    min(last, block_start + _BLOCK_STEPS),
+                )
+                parts = list(pool.map(block.replay, ranges))
+                swap_blocks.append(block.merge(parts, steps, cold_rows, saturated, step_swaps))
+            fold_step, last_step, since_drain, _ = scalars.tolist()
+            drains_at = first + np.flatnonzero(decay[first:last] >= 0.0)
+            policy.import_state(
+                dataclasses.replace(
+                    state,
+                    fold_step=fold_step,
+                    last_step=last_step,
+                    since_drain=since_drain,
+                    saturated=int(saturated[drains_at[-1]]) if len(drains_at) else state.saturated,
+                )
+            )
+    swaps = np.concatenate(swap_blocks) if swap_blocks else np.zeros((0, 4), np.int64)
+    return _result(trace, cold_rows, policy, swaps, saturated, step_swaps)
 
 
 def replay_cache(
@@ -381,16 +439,16 @@ def replay_cache(
     for row in range(trace.rows):
         _, misses = cache.access_step(experts[row])
         cold_rows[row] = misses
-    result = _result(trace, "cache", cold_rows)
+    result = _base_result(trace, "cache", cold_rows)
     result.hits, result.misses, result.evictions = cache.hits, cache.misses, cache.evictions
     result.final_hot = []
     return result
 
 
 DECISION_DEFINITION = (
-    "a decision = one layer at one drain point (a decode step with step % drain_every == 0 "
-    "while the policy is adaptive, under the recorded knobs or the replayed ones): the ordered "
-    'list of swaps applied there, "no swap" included'
+    "a decision = one layer at one drain point (the decode step completing drain_every decode "
+    "steps since the last drain while the policy is adaptive, recorded or replayed): the "
+    'ordered list of swaps applied there, "no swap" included'
 )
 
 
@@ -444,25 +502,11 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _recorded_drain_steps(trace: Trace, start: PolicyKnobs, live: list[KnobChange]) -> set[int]:
-    starts, steps = trace.step_bounds()
-    decode = ~trace.prefill[starts]
-    out: set[int] = set()
-    edges = [c.step for c in live]
-    knobs_list = [start, *[c.knobs for c in live]]
-    lows = [-(2**62), *edges]
-    highs = [*edges, 2**62]
-    for knobs, lo, hi in zip(knobs_list, lows, highs, strict=True):
-        if knobs.policy != "adaptive":
-            continue
-        pick = decode & (steps >= lo) & (steps < hi) & (steps % knobs.drain_every == 0)
-        out.update(steps[pick].tolist())
-    return out
-
-
-def _describe(swaps: list[tuple[int, int]]) -> str:
+def _describe(swaps: list[list[int]], drained: bool) -> str:
+    if not drained:
+        return "no drain at this step"
     if not swaps:
-        return "no swap"
+        return "drain, no swap"
     return ", ".join(f"promote {p} evict {e}" for p, e in swaps)
 
 
@@ -491,11 +535,19 @@ def lockstep(
     for swap in trace.swaps:
         recorded.setdefault((swap.step, swap.layer), []).append((swap.promoted, swap.evicted))
     replayed = result.decisions()
-    drain_steps = _recorded_drain_steps(trace, trace.knobs, list(trace.knob_changes))
-    drain_steps |= set(result.drain_steps)
-    keys = {(step, layer) for step in drain_steps for layer in range(trace.layers)}
+    recorded_drains = set(trace.drains or [])
+    replayed_drains = set(result.drain_steps.tolist())
+    keys = {
+        (step, layer) for step in recorded_drains | replayed_drains for layer in range(trace.layers)
+    }
     keys |= set(recorded) | set(replayed)
-    divergent = sorted(k for k in keys if recorded.get(k, []) != replayed.get(k, []))
+    # A drain one side made and the other did not diverges even when neither swapped.
+    divergent = sorted(
+        k
+        for k in keys
+        if recorded.get(k, []) != replayed.get(k, [])
+        or ((k[0] in recorded_drains) != (k[0] in replayed_drains))
+    )
     first: dict[str, Any] | None = None
     if divergent:
         step, layer = divergent[0]
@@ -505,6 +557,8 @@ def lockstep(
             "where": trace.where(step),
             "recorded": [list(s) for s in recorded.get((step, layer), [])],
             "replayed": [list(s) for s in replayed.get((step, layer), [])],
+            "recorded_drain": step in recorded_drains,
+            "replayed_drain": step in replayed_drains,
             "recorded_knobs": _knobs_at(trace.knobs, trace.knob_changes, step),
             "replayed_knobs": _knobs_at(start, live, step),
         }
@@ -541,8 +595,8 @@ def lockstep_text(result: Lockstep) -> str:
     if first is not None:
         lines += [
             f"first divergence: step {first['step']} ({first['where']}), layer {first['layer']}",
-            f"  recorded: {_describe([(s[0], s[1]) for s in first['recorded']])}",
-            f"  replayed: {_describe([(s[0], s[1]) for s in first['replayed']])}",
+            f"  recorded: {_describe(first['recorded'], first['recorded_drain'])}",
+            f"  replayed: {_describe(first['replayed'], first['replayed_drain'])}",
             f"  recorded knobs at that step: {first['recorded_knobs']}",
             f"  replayed knobs at that step: {first['replayed_knobs']}",
         ]

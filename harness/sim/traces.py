@@ -4,12 +4,14 @@ A :class:`Trace` holds one row per call the runtime made to its residency policy
 
 * ``experts`` ``[rows, layers, top_k]``: the experts chosen in each layer;
 * ``steps`` ``[rows]``: the host step of the row. A prefill step of the reference runtime is one
-  host step with one row per prompt token (BOS first), all sharing the step number, exactly as
-  the runtime calls ``ResidencyPolicy.observe(n, token_experts, prefill=True)`` once per token;
-* ``prefill`` and ``phase`` ``[rows]``: prefill rows are not counted by the policy; ``phase`` is
-  the workload phase tag the runtime wrote into its ring;
+  host step with one row per prompt token (BOS first), all sharing the step number; a batched
+  decode step has one row per decoding sequence. The policy sees one call per host step;
+* ``prefill`` and ``phase`` ``[rows]``: prefill rows are not counted by the policy, and a host
+  step with no decode row does not count towards a drain; ``phase`` is the workload phase tag the
+  runtime wrote into its ring;
 * from a reference-runtime trace also the header (knobs, starting hot sets, mode), the live knob
-  changes (applied from the step they name on) and the swaps the runtime applied.
+  changes (applied from the step they name on), the drain points and the swaps the runtime
+  applied.
 
 Formats (chosen by suffix, JSONL sniffed by its first record):
 
@@ -38,6 +40,7 @@ import numpy.typing as npt
 
 from harness.errors import KnobError, TraceError
 from harness.policy import PolicyKnobs
+from harness.telemetry import ROUTE_TRACE_VERSION
 
 __all__ = [
     "KnobChange",
@@ -93,6 +96,7 @@ class Trace:
     hot: list[list[int]] | None = None  # starting hot sets, when recorded (rowmap mode)
     knob_changes: list[KnobChange] = field(default_factory=list)
     swaps: list[RecordedSwap] | None = None  # None: the format records no decisions
+    drains: list[int] | None = None  # host steps the runtime drained at, when recorded
     step_lines: dict[int, int] = field(default_factory=dict)  # host step -> trace line
     phase_tagged: bool = True  # False when the format carried no phase tags
 
@@ -265,8 +269,18 @@ def _refbox_trace(
     for key in ("layers", "experts", "top_k"):
         if not isinstance(header.get(key), int) or header[key] < 1:
             raise TraceError(f"{where}: header.{key} must be a positive integer")
-    if header.get("version") != 1:
-        raise TraceError(f"{where}: trace version {header.get('version')!r} is not 1; upgrade")
+    version = header.get("version")
+    if version == 1:
+        raise TraceError(
+            f"{where}: a version 1 route trace, recorded before drains were counted in decode "
+            "steps (they fell on step % drain_every); its decisions cannot be replayed. "
+            "Record it again with this reference runtime"
+        )
+    if version != ROUTE_TRACE_VERSION:
+        raise TraceError(
+            f"{where}: route trace version {version!r} is not {ROUTE_TRACE_VERSION}; this harness "
+            "reads the version its own reference runtime writes"
+        )
     layers, count, top_k = header["layers"], header["experts"], header["top_k"]
     if experts is not None and experts != count:
         raise TraceError(f"{where}: the trace has {count} experts per layer, not {experts}")
@@ -277,6 +291,7 @@ def _refbox_trace(
     phases: list[int] = []
     changes: list[KnobChange] = []
     swaps: list[RecordedSwap] = []
+    drains: list[int] = []
     step_lines: dict[int, int] = {}
     last_step = -1
     for number, record in records[1:]:
@@ -309,6 +324,11 @@ def _refbox_trace(
                 raise TraceError(f"{here}: a swap needs integer step, layer, promoted, evicted")
             step_no, layer, promoted, evicted = (int(v) for v in values)  # type: ignore[arg-type]
             swaps.append(RecordedSwap(step_no, layer, promoted, evicted, line=number))
+        elif kind == "drain":
+            step = record.get("step")
+            if not isinstance(step, int):
+                raise TraceError(f"{here}: a drain line needs an integer step")
+            drains.append(step)
         elif kind == "knobs":
             step = record.get("step")
             if not isinstance(step, int):
@@ -318,7 +338,7 @@ def _refbox_trace(
         elif kind == "header":
             raise TraceError(f"{here}: a second header; one trace per runtime boot")
         else:
-            raise TraceError(f"{here}: unknown record kind {kind!r} (step, swap or knobs)")
+            raise TraceError(f"{here}: unknown record kind {kind!r} (step, drain, swap or knobs)")
     if not rows:
         raise TraceError(f"{path}: the trace has a header but no steps; send some requests")
     trace = trace_from_arrays(
@@ -341,6 +361,7 @@ def _refbox_trace(
     trace.hot = [list(map(int, h)) for h in hot] if hot is not None else None
     trace.knob_changes = changes
     trace.swaps = swaps
+    trace.drains = drains
     trace.step_lines = step_lines
     return trace
 
