@@ -281,14 +281,19 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
         passes=args.passes,
         domains=domains or None,
         max_tokens=args.max_tokens,
+        as_run=args.as_run,
     )
+    sent = "one run's workload" if args.as_run else f"split {args.split!r}"
     out.write(
-        f"{collected.requests} requests, {collected.tokens} tokens on split {args.split!r} "
+        f"{collected.requests} requests, {collected.tokens} tokens ({sent}) "
         f"with cell {cell!r}\ncounts: {collected.counts}\n"
     )
     if collected.trace is not None:
         out.write(f"route trace: {collected.trace}\n")
-    out.write(f"next: harness fit-map {collected.counts} --top K -o rowmap.json\n")
+    if args.as_run and collected.trace is not None:
+        out.write(f"next: harness simulate {args.card} --traces {collected.trace}\n")
+    else:
+        out.write(f"next: harness fit-map {collected.counts} --top K -o rowmap.json\n")
     return EXIT_OK
 
 
@@ -396,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--passes", type=int, default=1, help="passes over the split")
     collect.add_argument("--domains", help="only these domains, comma-separated")
     collect.add_argument("--max-tokens", type=int, help="tokens per request (default: the card's)")
+    collect.add_argument(
+        "--as-run",
+        action="store_true",
+        help="send exactly one run's workload (warmup, then the card's phases on held-out "
+        "prompts): the trace to give `harness simulate` for predictions the box can check",
+    )
     collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
     collect.set_defaults(handler=_cmd_collect)
 

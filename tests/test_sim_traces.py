@@ -11,6 +11,7 @@ import pytest
 from harness.errors import TraceError
 from harness.policy import PolicyKnobs
 from harness.refbox.model import Engine, EngineOptions, ModelConfig
+from harness.sim.replay import lockstep
 from harness.sim.traces import concat_traces, decode_counts, load_trace
 
 SMALL = ModelConfig(layers=3, experts=16, top_k=2, d_model=16, d_ff=16, seed=7)
@@ -147,11 +148,6 @@ HEADER = {"kind": "header", "version": 2, "layers": 2, "experts": 4, "top_k": 2,
         ),
         ("alien.jsonl", [{"hello": 1}], ":1: unknown trace format"),
         (
-            "old.jsonl",
-            [{**HEADER, "version": 1}],
-            ":1: a version 1 route trace, recorded before drains were counted in decode steps",
-        ),
-        (
             "drain.jsonl",
             [
                 HEADER,
@@ -191,3 +187,15 @@ def test_bad_array_traces(tmp_path: Path) -> None:
         load_trace(tmp_path / "steps.npz")
     with pytest.raises(TraceError, match="no such trace file"):
         load_trace(tmp_path / "missing.npy")
+
+
+def test_a_version_1_route_trace_replays_its_routing_but_not_its_decisions(tmp_path: Path) -> None:
+    step = {"kind": "step", "step": 0, "prefill": False, "experts": [[0, 1], [1, 2]]}
+    path = _write(tmp_path / "old.jsonl", [{**HEADER, "version": 1}, step])
+    trace = load_trace(path)
+    assert trace.rows == 1 and trace.swaps is None and trace.drains is None
+    with pytest.raises(TraceError, match="a version 1 route trace, recorded when drains fell"):
+        lockstep(trace)
+    future = _write(tmp_path / "new.jsonl", [{**HEADER, "version": 3}, step])
+    with pytest.raises(TraceError, match="route trace version 3 is not 2"):
+        load_trace(future)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.gate import evaluate_gates
@@ -14,6 +16,7 @@ from harness.maps import write_rowmap
 from harness.sim.commands import register
 from harness.sim.replay import replay_fast
 from harness.sim.traces import concat_traces, load_trace
+from tests.conftest import run_cli
 
 POOL = Path(__file__).resolve().parent / "data" / "pools" / "small.jsonl"
 CARD = """\
@@ -92,3 +95,64 @@ def test_simulated_campaign_is_analysed_and_gated_unchanged(tmp_path: Path) -> N
     verdict = evaluate_gates(analysis)
     by_kind = {g.kind: g for g in verdict.gates}
     assert by_kind["counter"].passed and not by_kind["lockstep"].passed
+
+
+RUN_CARD = """\
+campaign: predict
+runtime: refbox
+prompts:
+  pools: [{pool}]
+  fit: {{split: fit}}
+  heldout: {{split: heldout}}
+workload:
+  max_tokens: 12
+  warmup_requests: 1
+  phases:
+    - {{name: prose, domains: [en-prose], requests: 2}}
+    - {{name: code, domains: [python], requests: 2, shift: true}}
+cells:
+  adaptive:
+    knobs: {{policy: adaptive, hot_slots: 8, drain_every: 4}}
+    live: {{promote_threshold: 1}}
+  cached: {{knobs: {{cache_records: 48, hotlist_priority: adaptive}}}}
+control: adaptive
+design: {{order: abba, cycles: 1, repeats: 1, cache_states: [warm]}}
+gates:
+  - {{kind: exact_outputs, min_match: all}}
+"""
+
+
+def _deltas(root: Path) -> dict[str, dict[str, int]]:
+    """The counters delta of each cell's first run."""
+    out: dict[str, dict[str, int]] = {}
+    for run_dir in sorted((root / "runs").iterdir()):
+        cell = json.loads((run_dir / "run.json").read_text())["cell"]
+        delta = json.loads((run_dir / "counters.json").read_text())["delta"]
+        out.setdefault(cell, delta)
+    return out
+
+
+@pytest.mark.slow
+def test_a_trace_collected_as_a_run_predicts_that_run_exactly(tmp_path: Path) -> None:
+    """Simulate first, boot second: with `collect --as-run` routing, the simulator's counters
+    for every cell equal what the booted runs measured, warmup left out on both sides."""
+    card = tmp_path / "card.yaml"
+    card.write_text(RUN_CARD.format(pool=POOL))
+    reports = tmp_path / "reports"
+    ran = run_cli("run", str(card), "--quiet", "--reports", str(reports), timeout_s=600)
+    assert ran.code == 0, ran.stdout + ran.stderr
+    (box,) = list(reports.glob("predict/*/plan.json"))
+    collected = run_cli("collect", str(card), "--as-run", "-o", str(tmp_path / "col"))
+    assert collected.code == 0, collected.stdout + collected.stderr
+    trace = load_trace(tmp_path / "col" / "route-trace.jsonl")
+    assert (trace.phase == -1).any() and set(np.unique(trace.phase)) == {-1, 0, 1}
+    simulated = run_cli(
+        "simulate", str(card), "--traces", str(tmp_path / "col" / "route-trace.jsonl"),
+        "--out", str(tmp_path / "sim"),
+    )  # fmt: skip
+    assert simulated.code == 0, simulated.stdout + simulated.stderr
+    measured, predicted = _deltas(box.parent), _deltas(tmp_path / "sim")
+    keys = ("tokens", "lookups", "cold_lookups", "hits", "misses", "swaps", "expert_loads")
+    for cell in ("adaptive", "cached"):
+        assert {k: predicted[cell][k] for k in keys} == {k: measured[cell][k] for k in keys}
+    assert measured["adaptive"]["swaps"] > 0 and measured["cached"]["misses"] > 0

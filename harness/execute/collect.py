@@ -4,6 +4,7 @@
 the prompts of one split (the fit split by default, so maps are never fitted on what is scored),
 then saves the runtime's count dump (its ``dump_http`` endpoint) and, when the profile declares
 one, its route trace. ``harness fit-map DIR/counts.json --top K`` turns the dump into a map.
+With ``--as-run`` it sends what one run of the card sends instead, for ``harness simulate``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from harness.card import LoadedCard
 from harness.errors import BadInput, RuntimeBootError
 from harness.execute.boxes import open_box
 from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, drive
+from harness.execute.run import QUALITY_PHASE, build_phases
 from harness.execute.runtimes import boot, boot_spec, http_json, render
 
 
@@ -40,19 +42,27 @@ def collect_counts(
     passes: int = 1,
     domains: list[str] | None = None,
     max_tokens: int | None = None,
+    as_run: bool = False,
 ) -> Collected:
     """Boot ``cell_name``, drive the prompts of ``split``, save the count dump and route trace.
 
     ``domains`` keeps only prompts of those domains; ``max_tokens`` overrides the card's, since
-    a map fitted on decode counts wants more decode steps than a timed run needs.
+    a map fitted on decode counts wants more decode steps than a timed run needs. ``as_run``
+    sends exactly what one run of the card sends instead (its warmup, then its phases, the
+    runtime's phase knob set as the runner sets it and to -1 during the warmup), so a trace for
+    ``harness simulate`` holds the very routing the box will see.
     """
     card = loaded.card
     if cell_name not in card.cells:
         raise BadInput(f"{loaded.path}: no cell {cell_name!r}; cells: {', '.join(card.cells)}")
+    if as_run and (domains or max_tokens or passes != 1):
+        raise BadInput(
+            "--as-run sends the card's own workload: drop --domains, --max-tokens and --passes"
+        )
     prompts = [p for p in loaded.prompts if p.split == split]
     if domains:
         prompts = [p for p in prompts if p.domain in domains]
-    if not prompts:
+    if not prompts and not as_run:
         wanted = f" in domains {', '.join(domains)}" if domains else ""
         raise BadInput(f"{loaded.path}: no prompt has split {split!r}{wanted}")
     runtime_profile = loaded.runtime
@@ -91,27 +101,41 @@ def collect_counts(
         runtime = boot(box, runtime_profile, spec)
         try:
             runtime.post_live(spec.live)
-            items = tuple(
-                WorkItem(
-                    prompt_id=p.id,
-                    domain=p.domain,
-                    phase=split,
-                    phase_index=0,
-                    max_tokens=max_tokens or p.max_tokens or card.workload.max_tokens,
-                    prompt=p.prompt,
-                    messages=p.messages,
+            if as_run:
+                phases = build_phases(loaded, warmup=True) + build_phases(loaded, warmup=False)
+            else:
+                items = tuple(
+                    WorkItem(
+                        prompt_id=p.id,
+                        domain=p.domain,
+                        phase=split,
+                        phase_index=0,
+                        max_tokens=max_tokens or p.max_tokens or card.workload.max_tokens,
+                        prompt=p.prompt,
+                        messages=p.messages,
+                    )
+                    for _ in range(passes)
+                    for p in prompts
                 )
-                for _ in range(passes)
-                for p in prompts
-            )
+                phases = [PhasePlan(split, 0, items)]
             drive_spec = DriveSpec(
                 base_url=runtime.base_url,
                 flavour=runtime_profile.api.flavour,
                 model=runtime_profile.api.model,
+                concurrency=card.workload.concurrency if as_run else 1,
                 timeout_s=card.workload.request_timeout_s,
+                temperature=card.workload.temperature if as_run else 0.0,
                 extra_body=dict(runtime_profile.api.extra_body),
             )
-            results = asyncio.run(drive(drive_spec, [PhasePlan(split, 0, items)]))
+            phase_knob = runtime_profile.phase_live_knob
+
+            async def on_phase(phase: PhasePlan) -> None:
+                # Warmup rows tagged -1, so a simulation can leave them out of its counters as
+                # the runner leaves them out of a run's.
+                if as_run and phase_knob and phase.index != QUALITY_PHASE:
+                    await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
+
+            results = asyncio.run(drive(drive_spec, phases, on_phase=on_phase))
             failed = [r for r in results if not r.ok]
             if failed:
                 raise RuntimeBootError(

@@ -59,7 +59,7 @@ class BootSpec:
     argv: list[str]
     env: dict[str, str]
     cwd: str | None
-    live: dict[str, str]
+    live: dict[str, KnobValue]  # sent as JSON, so typed as the card wrote them (1, not "1")
     port: int
     run_dir: str
     log_path: str
@@ -88,7 +88,7 @@ def boot_spec(
     )
     argv = [render(item, context) for item in profile.boot.command]
     env = {key: render(value, context) for key, value in profile.boot.env.items()}
-    live: dict[str, str] = {}
+    live: dict[str, KnobValue] = {}
     effective: dict[str, str] = {}
     settings: dict[str, KnobValue] = {
         name: spec.default for name, spec in profile.knobs.items() if spec.default is not None
@@ -103,7 +103,7 @@ def boot_spec(
         elif spec.arg:
             argv.extend([spec.arg, text])
         elif spec.live:
-            live[spec.live] = text
+            live[spec.live] = value
     for key, value in cell.env.items():
         env[key] = knob_text(value)
         effective[f"env.{key}"] = knob_text(value)
@@ -116,7 +116,7 @@ def boot_spec(
         effective[f"files.{name}"] = remote
     argv.extend(render(item, context) for item in cell.args)
     for key, value in cell.live.items():
-        live[key] = knob_text(value)
+        live[key] = value
         effective[f"live.{key}"] = knob_text(value)
     cwd = render(profile.boot.cwd, context) if profile.boot.cwd else None
     return BootSpec(

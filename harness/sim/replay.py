@@ -109,28 +109,44 @@ class ReplayResult:
             out.setdefault((step, layer), []).append((promoted, evicted))
         return out
 
-    def counters(self, record_bytes: int = DEFAULT_RECORD_BYTES) -> dict[str, int]:
-        """Totals named like the reference runtime's ``/counters``."""
-        lookups = int(self.lookups.sum())
-        cold = int(self.cold_lookups.sum())
-        swaps = len(self.swaps)
-        loads = cold + swaps if self.mode == "rowmap" else self.misses
-        prefill_tokens = int(self.tokens[self.prefill].sum())
-        decode_tokens = int(self.tokens[~self.prefill].sum())
+    def counters(
+        self, record_bytes: int = DEFAULT_RECORD_BYTES, upto: int | None = None
+    ) -> dict[str, int]:
+        """Totals named like the reference runtime's ``/counters``, over the first ``upto`` host
+        steps (all by default), as the runtime would have reported them then."""
+        span = slice(0, len(self.steps) if upto is None else upto)
+        tokens, prefill = self.tokens[span], self.prefill[span]
+        lookups = int(self.lookups[span].sum())
+        cold = int(self.cold_lookups[span].sum())
+        swaps = int(self.step_swaps[span].sum())
+        # Cache mode counts misses per host step (cold lookups); evictions only in total, and
+        # every miss into a full cache evicts, so the evictions up to a step are known too.
+        misses = cold
+        evictions = swaps
+        if self.mode == "cache":
+            evictions = max(0, self.evictions - (int(self.cold_lookups.sum()) - cold))
+        loads = cold + swaps if self.mode == "rowmap" else misses
+        prefill_tokens = int(tokens[prefill].sum())
+        decode_tokens = int(tokens[~prefill].sum())
         return {
             "tokens": prefill_tokens + decode_tokens,
-            "steps": len(self.steps),
+            "steps": span.stop,
             "lookups": lookups,
             "cold_lookups": cold,
-            "hits": self.hits if self.mode == "cache" else lookups - cold,
-            "misses": self.misses if self.mode == "cache" else cold,
+            "hits": lookups - misses,
+            "misses": misses,
             "expert_loads": loads,
             "bytes_read": loads * record_bytes,
             "swaps": swaps,
-            "evictions": self.evictions if self.mode == "cache" else swaps,
+            "evictions": evictions,
             "prefill_tokens": prefill_tokens,
             "decode_tokens": decode_tokens,
         }
+
+    def warmup_steps(self) -> int:
+        """Leading host steps tagged phase -1: a run's warmup, which its counters leave out."""
+        measured = np.flatnonzero(self.phase >= 0)
+        return int(measured[0]) if len(measured) else len(self.steps)
 
     def ring_frame(
         self, cost: CostModel | None = None, record_bytes: int = DEFAULT_RECORD_BYTES
@@ -516,6 +532,14 @@ def lockstep(
     """Replay a reference-runtime trace with its recorded knobs and hot sets and compare every
     decision (see ``DECISION_DEFINITION``) with the swaps the runtime recorded."""
     replace = dataclasses.replace
+    version = (trace.header or {}).get("version")
+    if trace.format == "refbox" and version == 1:
+        raise TraceError(
+            f"{trace.path}: a version 1 route trace, recorded when drains fell on "
+            "step % drain_every; this policy drains every drain_every decode steps, so the "
+            "recorded decisions cannot be checked. Record it again (simulate and fit-map still "
+            "read its routing)"
+        )
     if trace.swaps is None or trace.knobs is None:
         raise TraceError(
             f"{trace.path}: a {trace.format} trace records no decisions; lockstep needs a "

@@ -190,7 +190,9 @@ class SimulatedCell:
 
     def summary(self) -> dict[str, Any]:
         """Cold share, swaps and loads, for the command's table."""
-        counters = self.result.counters(self.settings.record_bytes)
+        after = self.result.counters(self.settings.record_bytes)
+        before = self.result.counters(self.settings.record_bytes, self.result.warmup_steps())
+        counters = {key: after[key] - before[key] for key in after}
         lookups = counters["lookups"] or 1
         return {
             "cell": self.name,
@@ -271,13 +273,15 @@ def simulate_card(
         cell = cells[run.cell]
         run_dir = campaign.run_dir(run.run_id)
         now = time.time()
+        # As a run's: "before" is read after the warmup, so the delta leaves it out.
         after = cell.result.counters(cell.settings.record_bytes)
-        before = {key: 0 for key in after}
+        before = cell.result.counters(cell.settings.record_bytes, cell.result.warmup_steps())
         write_parquet(frames[run.cell], run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
         write_parquet(_empty(CHUNK_COLUMNS), run_dir / "chunks.parquet")
+        delta = {key: after[key] - before[key] for key in after}
         write_json_atomic(
-            run_dir / "counters.json", {"before": before, "after": after, "delta": dict(after)}
+            run_dir / "counters.json", {"before": before, "after": after, "delta": delta}
         )
         record = RunRecord(
             **run.identity(),

@@ -270,13 +270,7 @@ def _refbox_trace(
         if not isinstance(header.get(key), int) or header[key] < 1:
             raise TraceError(f"{where}: header.{key} must be a positive integer")
     version = header.get("version")
-    if version == 1:
-        raise TraceError(
-            f"{where}: a version 1 route trace, recorded before drains were counted in decode "
-            "steps (they fell on step % drain_every); its decisions cannot be replayed. "
-            "Record it again with this reference runtime"
-        )
-    if version != ROUTE_TRACE_VERSION:
+    if version not in (1, ROUTE_TRACE_VERSION):
         raise TraceError(
             f"{where}: route trace version {version!r} is not {ROUTE_TRACE_VERSION}; this harness "
             "reads the version its own reference runtime writes"
@@ -360,8 +354,9 @@ def _refbox_trace(
     trace.knobs = knobs
     trace.hot = [list(map(int, h)) for h in hot] if hot is not None else None
     trace.knob_changes = changes
-    trace.swaps = swaps
-    trace.drains = drains
+    # Version 1 drained on step % drain_every: its routing replays, its decisions do not.
+    trace.swaps = swaps if version == ROUTE_TRACE_VERSION else None
+    trace.drains = drains if version == ROUTE_TRACE_VERSION else None
     trace.step_lines = step_lines
     return trace
 
