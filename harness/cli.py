@@ -271,6 +271,10 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
     from harness.execute.collect import collect_counts
 
     loaded = load_card(Path(args.card))
+    if args.scale is not None:
+        if not args.as_run:
+            raise BadInput("--scale applies to --as-run (the workload of a scaled run)")
+        loaded = scale_workload(loaded, args.scale)
     cell = args.cell or loaded.card.control or next(iter(loaded.card.cells))
     domains = [d for d in (args.domains or "").split(",") if d]
     collected = collect_counts(
@@ -406,6 +410,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send exactly one run's workload (warmup, then the card's phases on held-out "
         "prompts): the trace to give `harness simulate` for predictions the box can check",
+    )
+    collect.add_argument(
+        "--scale",
+        type=float,
+        metavar="F",
+        help="with --as-run: the workload of `harness run --scale F`",
     )
     collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
     collect.set_defaults(handler=_cmd_collect)

@@ -179,6 +179,10 @@ def test_killed_campaign_resumes_without_loss_or_duplicates(tmp_path: Path) -> N
         assert (
             sum(1 for e in events if e.get("run_id") == run_id and e["event"] == "run_start") == 1
         )
+    # The runtime the killed harness was driving was stopped by the resume, not left running.
+    for boot in (e for e in events if e["event"] == "boot"):
+        with pytest.raises(ProcessLookupError):
+            os.killpg(boot["pgid"], 0)
 
 
 def test_injection_shaped_knob_values_arrive_literally(tmp_path: Path) -> None:

@@ -116,26 +116,27 @@ cells:
     live: {{promote_threshold: 1}}
   cached: {{knobs: {{cache_records: 48, hotlist_priority: adaptive}}}}
 control: adaptive
-design: {{order: abba, cycles: 1, repeats: 1, cache_states: [warm]}}
+design: {{order: abba, cycles: 1, repeats: 1, cache_states: [warm, cold]}}
 gates:
   - {{kind: exact_outputs, min_match: all}}
 """
 
 
-def _deltas(root: Path) -> dict[str, dict[str, int]]:
-    """The counters delta of each cell's first run."""
-    out: dict[str, dict[str, int]] = {}
+def _deltas(root: Path) -> dict[tuple[str, str], dict[str, int]]:
+    """The counters delta of each (cell, cache state)'s first run."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
     for run_dir in sorted((root / "runs").iterdir()):
-        cell = json.loads((run_dir / "run.json").read_text())["cell"]
+        record = json.loads((run_dir / "run.json").read_text())
         delta = json.loads((run_dir / "counters.json").read_text())["delta"]
-        out.setdefault(cell, delta)
+        out.setdefault((record["cell"], record["cache_state"]), delta)
     return out
 
 
 @pytest.mark.slow
 def test_a_trace_collected_as_a_run_predicts_that_run_exactly(tmp_path: Path) -> None:
     """Simulate first, boot second: with `collect --as-run` routing, the simulator's counters
-    for every cell equal what the booted runs measured, warmup left out on both sides."""
+    for every cell and cache state equal what the booted runs measured (a warm run counts after
+    its warmup, a cold run has none)."""
     card = tmp_path / "card.yaml"
     card.write_text(RUN_CARD.format(pool=POOL))
     reports = tmp_path / "reports"
@@ -153,6 +154,9 @@ def test_a_trace_collected_as_a_run_predicts_that_run_exactly(tmp_path: Path) ->
     assert simulated.code == 0, simulated.stdout + simulated.stderr
     measured, predicted = _deltas(box.parent), _deltas(tmp_path / "sim")
     keys = ("tokens", "lookups", "cold_lookups", "hits", "misses", "swaps", "expert_loads")
-    for cell in ("adaptive", "cached"):
-        assert {k: predicted[cell][k] for k in keys} == {k: measured[cell][k] for k in keys}
-    assert measured["adaptive"]["swaps"] > 0 and measured["cached"]["misses"] > 0
+    assert set(measured) == set(predicted) and len(measured) == 4
+    for arm, counted in measured.items():
+        assert {k: predicted[arm][k] for k in keys} == {k: counted[k] for k in keys}, arm
+    assert measured["adaptive", "warm"]["swaps"] > 0 and measured["cached", "cold"]["misses"] > 0
+    # The warmup moved the cache: warm and cold runs differ, and each was predicted.
+    assert measured["cached", "warm"]["misses"] != measured["cached", "cold"]["misses"]

@@ -343,6 +343,7 @@ class CampaignRunner:
         outcome.done.extend(sorted(done))
         try:
             self._prepare_box()
+            self._stop_orphans()
             for run in self.plan.runs:
                 if run.run_id in done:
                     self.progress("skip", run, {})
@@ -465,6 +466,7 @@ class CampaignRunner:
                 self._evict(spec.run_dir, spec.knobs)
             swap_before = self.box.swapout_pages()
             runtime = boot(self.box, self.loaded.runtime, spec)
+            self._journal_boot(run, runtime)
             self._start_monitor(runtime, state)
             runtime.post_live(spec.live)
             warmups: list[RequestResult] = []
@@ -510,6 +512,35 @@ class CampaignRunner:
         finally:
             self._finish(run, record, runtime, state, local_dir)
         return record.status
+
+    def _journal_boot(self, run: Run, runtime: RunningRuntime) -> None:
+        """Journal a boot's process group, so a resume can stop it if this harness is killed."""
+        identity = ""
+        with contextlib.suppress(HarnessError, OSError):
+            identity = orphan_identity(self.box, runtime.pgid)
+        self.campaign.journal.append(
+            "boot", run_id=run.run_id, pgid=runtime.pgid, identity=identity
+        )
+
+    def _stop_orphans(self) -> None:
+        """Stop runtimes a killed harness left running (on a GPU box one would hold the memory
+        the next boot needs): every journalled boot never journalled as stopped, if its PID
+        still names the same process."""
+        stopped = set()
+        booted = []
+        for event in self.campaign.journal.events():
+            if event.get("event") == "boot":
+                booted.append(event)
+            elif event.get("event") == "boot_stopped":
+                stopped.add((event.get("run_id"), event.get("pgid")))
+        for event in booted:
+            if (event.get("run_id"), event.get("pgid")) in stopped:
+                continue
+            with contextlib.suppress(HarnessError, OSError):
+                if kill_orphan(self.box, int(event["pgid"]), str(event.get("identity", ""))):
+                    self.campaign.journal.append(
+                        "orphan_killed", run_id=event.get("run_id"), pgid=event["pgid"]
+                    )
 
     def _start_monitor(self, runtime: RunningRuntime, state: _Boot) -> None:
         """Start draining the ring and sampling memory; journal the boot for a later resume."""
@@ -666,6 +697,8 @@ class CampaignRunner:
             if not record.log_tail and record.status != RUN_OK:
                 record.log_tail = runtime.log_tail()
             gone = runtime.stop()
+            if gone:
+                self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=runtime.pgid)
             record.runtime["boot_s"] = round(runtime.boot_s, 3)
             if not gone:
                 record.status = RUN_FAILED

@@ -42,7 +42,7 @@ from harness.sim.replay import (
     replay_fast,
     replay_reference,
 )
-from harness.sim.traces import Trace, concat_traces
+from harness.sim.traces import Trace, concat_traces, trace_from_arrays
 
 __all__ = ["CellSettings", "SimulatedCell", "cell_settings", "simulate_card"]
 
@@ -226,6 +226,22 @@ def simulate_cells(
     return cells
 
 
+def _without_warmup(trace: Trace) -> Trace:
+    """The trace less its warmup rows (phase -1, from ``harness collect --as-run``)."""
+    keep = trace.phase >= 0
+    if keep.all() or not keep.any():
+        return trace
+    return trace_from_arrays(
+        trace.experts[keep],
+        prefill=trace.prefill[keep],
+        phase=trace.phase[keep],
+        steps=trace.steps[keep],
+        experts_count=trace.experts_count,
+        path=trace.path,
+        fmt=trace.format,
+    )
+
+
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame({k: pd.Series([], dtype=v) for k, v in columns.items()})
 
@@ -267,16 +283,27 @@ def simulate_card(
     )
     campaign = CampaignDir(root)
     campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
-    cells = {c.name: c for c in simulate_cells(loaded, trace, start, fast=fast)}
-    frames = {name: c.result.ring_frame(cost, c.settings.record_bytes) for name, c in cells.items()}
+    # A cold run skips the warmup (the runner only warms a warm cache), so it replays the trace
+    # without its warmup rows; a warm run replays them and leaves them out of its counters.
+    by_state = {"warm": trace, "cold": _without_warmup(trace)}
+    replays = {
+        state: {c.name: c for c in simulate_cells(loaded, by_state[state], start, fast=fast)}
+        for state in sorted({run.cache_state for run in plan.runs})
+    }
+    frames = {
+        (state, name): c.result.ring_frame(cost, c.settings.record_bytes)
+        for state, cells in replays.items()
+        for name, c in cells.items()
+    }
+    cells = replays.get("warm") or next(iter(replays.values()))
     for run in plan.runs:
-        cell = cells[run.cell]
+        cell = replays[run.cache_state][run.cell]
         run_dir = campaign.run_dir(run.run_id)
         now = time.time()
         # As a run's: "before" is read after the warmup, so the delta leaves it out.
         after = cell.result.counters(cell.settings.record_bytes)
         before = cell.result.counters(cell.settings.record_bytes, cell.result.warmup_steps())
-        write_parquet(frames[run.cell], run_dir / "ring.parquet")
+        write_parquet(frames[run.cache_state, run.cell], run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
         write_parquet(_empty(CHUNK_COLUMNS), run_dir / "chunks.parquet")
         delta = {key: after[key] - before[key] for key in after}
