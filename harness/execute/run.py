@@ -465,8 +465,9 @@ class CampaignRunner:
             if run.cache_state == "cold":
                 self._evict(spec.run_dir, spec.knobs)
             swap_before = self.box.swapout_pages()
-            runtime = boot(self.box, self.loaded.runtime, spec)
-            self._journal_boot(run, runtime)
+            runtime = boot(
+                self.box, self.loaded.runtime, spec, lambda pgid: self._journal_boot(run, pgid)
+            )
             self._start_monitor(runtime, state)
             runtime.post_live(spec.live)
             warmups: list[RequestResult] = []
@@ -513,14 +514,12 @@ class CampaignRunner:
             self._finish(run, record, runtime, state, local_dir)
         return record.status
 
-    def _journal_boot(self, run: Run, runtime: RunningRuntime) -> None:
+    def _journal_boot(self, run: Run, pgid: int) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
         identity = ""
         with contextlib.suppress(HarnessError, OSError):
-            identity = orphan_identity(self.box, runtime.pgid)
-        self.campaign.journal.append(
-            "boot", run_id=run.run_id, pgid=runtime.pgid, identity=identity
-        )
+            identity = orphan_identity(self.box, pgid)
+        self.campaign.journal.append("boot", run_id=run.run_id, pgid=pgid, identity=identity)
 
     def _stop_orphans(self) -> None:
         """Stop runtimes a killed harness left running (on a GPU box one would hold the memory

@@ -13,7 +13,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,10 +240,21 @@ class RunningRuntime:
         return False
 
 
-def boot(box: Box, profile: RuntimeProfile, spec: BootSpec) -> RunningRuntime:
-    """Start the runtime in the background and wait until it is ready."""
+def boot(
+    box: Box,
+    profile: RuntimeProfile,
+    spec: BootSpec,
+    on_started: Callable[[int], None] | None = None,
+) -> RunningRuntime:
+    """Start the runtime in the background and wait until it is ready.
+
+    ``on_started`` gets the process group as soon as it exists, before the (possibly long)
+    readiness wait, so a caller can journal it: a harness killed mid-boot leaves a runtime too.
+    """
     box.mkdirs(spec.run_dir)
     pgid = box.start_background(spec.argv, spec.env, spec.cwd, spec.log_path)
+    if on_started is not None:
+        on_started(pgid)
     runtime = RunningRuntime(
         box=box,
         profile=profile,
