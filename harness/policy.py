@@ -73,6 +73,10 @@ class PolicyKnobs:
     drain_every: int = 64  # the swap queue is drained every N decode steps
     swaps_per_layer: int = 2  # promotions allowed per layer per drain
 
+    def decay_rate(self) -> float:
+        """Decay per host step, ``ln 2 / half-life`` (0 for an infinite half-life)."""
+        return math.log(2.0) / float(self.decay_half_life_steps)
+
     def validate(self) -> None:
         """Raise :class:`KnobError` naming the first invalid knob and the values it allows."""
         if self.policy not in ("adaptive", "frozen"):
@@ -159,16 +163,12 @@ class ResidencyPolicy:
         self._flat_raw = self._raw.reshape(-1)
         self._rows: IntArray = np.arange(self._layers, dtype=np.intp)
         self._offsets: IntArray = self._rows[:, None] * self._experts
-        self._rate = self._decay_rate(knobs)
+        self._rate = knobs.decay_rate()
         self._fold_step: int | None = None
         self._last_step: int | None = None
         self._since_drain = 0
         self._saturated_layers = 0
         self._swap_buffer = np.zeros((self._layers * knobs.swaps_per_layer, 4), dtype=np.int64)
-
-    @staticmethod
-    def _decay_rate(knobs: PolicyKnobs) -> float:
-        return math.log(2.0) / float(knobs.decay_half_life_steps)
 
     @property
     def knobs(self) -> PolicyKnobs:
@@ -219,7 +219,7 @@ class ResidencyPolicy:
             policy_kernels.fold(self._ewma, self._raw, elapsed, self._rate)
             self._fold_step = self._last_step
         self._knobs = knobs
-        self._rate = self._decay_rate(knobs)
+        self._rate = knobs.decay_rate()
         if len(self._swap_buffer) < self._layers * knobs.swaps_per_layer:
             self._swap_buffer = np.zeros((self._layers * knobs.swaps_per_layer, 4), np.int64)
         if knobs.policy == "frozen":

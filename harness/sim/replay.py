@@ -411,7 +411,7 @@ def replay_fast(
                 scalars,
                 current.policy == "adaptive",
                 current.drain_every,
-                ResidencyPolicy._decay_rate(current),
+                current.decay_rate(),
                 decay,
             )
             for block_start in range(first, last, _BLOCK_STEPS):
