@@ -55,6 +55,11 @@ class Run:
         """ "A" for the control side of the sub-cycle, "B" for the treatment."""
         return self.pattern[self.slot] if self.pattern != "SEQ" else "A"
 
+    @property
+    def sends_warmup(self) -> bool:
+        """Whether the run warms the runtime before it measures: a cold run measures from cold."""
+        return self.cache_state == "warm"
+
 
 @dataclass(frozen=True)
 class Plan:

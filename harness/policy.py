@@ -199,7 +199,7 @@ class ResidencyPolicy:
         them (a copy; reading them changes nothing)."""
         if self._fold_step is None or self._last_step is None:
             return self._raw.astype(np.float64)
-        factor = math.exp(-(self._last_step - self._fold_step) * self._rate)
+        factor = policy_kernels.decay_factor(self._last_step - self._fold_step, self._rate)
         return self._ewma * factor + self._raw
 
     def count_cold(self, experts: npt.ArrayLike) -> int:
@@ -259,13 +259,11 @@ class ResidencyPolicy:
         self._last_step = step
         if prefill:
             return []
+        due = self.drain_due()
         # add.at, unlike fancy +=, counts an expert listed twice in a row twice.
         np.add.at(self._flat_raw, (chosen + self._offsets).reshape(-1), 1)
         self._since_drain += 1
-        knobs = self._knobs
-        if knobs.policy == "frozen" or self._since_drain < knobs.drain_every:
-            return []
-        return self._drain(step)
+        return self._drain(step) if due else []
 
     def drain_due(self) -> bool:
         """Whether the next decode step drains (the queue is due and the policy adaptive)."""

@@ -24,7 +24,6 @@ import numpy.typing as npt
 
 __all__ = [
     "FLUSH_BELOW",
-    "SWAP_FIELDS",
     "decay_factor",
     "drain",
     "drain_layer",
@@ -34,9 +33,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# Columns of a swap record: the step it applied at, the layer, the promoted and evicted expert.
-SWAP_FIELDS = ("step", "layer", "promoted", "evicted")
 
 
 def jit(function: F) -> F:

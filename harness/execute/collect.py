@@ -10,6 +10,7 @@ With ``--as-run`` it sends what one run of the card sends instead, for ``harness
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from pathlib import Path
 from harness.card import LoadedCard
 from harness.errors import BadInput, RuntimeBootError
 from harness.execute.boxes import open_box
-from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, drive
-from harness.execute.run import QUALITY_PHASE, build_phases
+from harness.execute.drive import PhasePlan, WorkItem, drive
+from harness.execute.run import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.execute.runtimes import boot, boot_spec, http_json, render
 
 
@@ -118,15 +119,9 @@ def collect_counts(
                     for p in prompts
                 )
                 phases = [PhasePlan(split, 0, items)]
-            drive_spec = DriveSpec(
-                base_url=runtime.base_url,
-                flavour=runtime_profile.api.flavour,
-                model=runtime_profile.api.model,
-                concurrency=card.workload.concurrency if as_run else 1,
-                timeout_s=card.workload.request_timeout_s,
-                temperature=card.workload.temperature if as_run else 0.0,
-                extra_body=dict(runtime_profile.api.extra_body),
-            )
+            drive_spec = run_drive_spec(loaded, runtime)
+            if not as_run:  # counts for a map: one request at a time, greedy
+                drive_spec = dataclasses.replace(drive_spec, concurrency=1, temperature=0.0)
             phase_knob = runtime_profile.phase_live_knob
 
             async def on_phase(phase: PhasePlan) -> None:

@@ -121,6 +121,21 @@ def _interleaved(prompts: list[Prompt]) -> list[Prompt]:
     return out
 
 
+def run_drive_spec(loaded: LoadedCard, runtime: RunningRuntime) -> DriveSpec:
+    """How a run sends its workload to ``runtime``: the profile's API, the card's workload."""
+    api = loaded.runtime.api
+    workload = loaded.card.workload
+    return DriveSpec(
+        base_url=runtime.base_url,
+        flavour=api.flavour,
+        model=api.model,
+        concurrency=workload.concurrency,
+        timeout_s=workload.request_timeout_s,
+        temperature=workload.temperature,
+        extra_body=dict(api.extra_body),
+    )
+
+
 def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
     """The workload of one run as phases of work items (held-out prompts only)."""
     card = loaded.card
@@ -389,8 +404,8 @@ class CampaignRunner:
         """The checkpoints a run continues from, or None when it must be redone whole.
 
         Only a run that never finished (killed harness) or was interrupted continues; one that
-        failed, or a retry after a failure, starts again. Any runtime a killed harness left
-        running on the box is stopped first, if its PID still names the same process.
+        failed, or a retry after a failure, starts again. (A runtime the killed harness left
+        running was stopped when the campaign resumed: ``_stop_orphans``.)
         """
         journal_path = local_dir / "checkpoint" / "segments.jsonl"
         if attempt != 1 or not self.checkpointed or not journal_path.is_file():
@@ -398,12 +413,6 @@ class CampaignRunner:
         state = read_checkpoints(Journal(journal_path))
         if state is None:
             return None
-        for earlier in state.boots:
-            with contextlib.suppress(HarnessError, OSError):
-                if kill_orphan(self.box, earlier.pgid, earlier.identity):
-                    self.campaign.journal.append(
-                        "orphan_killed", run_id=run.run_id, boot=earlier.boot, pgid=earlier.pgid
-                    )
         record = self.campaign.run_record(run.run_id)
         if record is not None and record.get("status") != RUN_INTERRUPTED:
             return None
@@ -471,7 +480,7 @@ class CampaignRunner:
             self._start_monitor(runtime, state)
             runtime.post_live(spec.live)
             warmups: list[RequestResult] = []
-            if run.cache_state == "warm":
+            if run.sends_warmup:
                 warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
             if state.monitor is not None:
                 state.monitor.scored = True
@@ -553,15 +562,8 @@ class CampaignRunner:
             }
             ring_path = render(telemetry.ring.path, context)
         if state.journal is not None:
-            identity = ""
-            with contextlib.suppress(HarnessError, OSError):
-                identity = orphan_identity(self.box, runtime.pgid)
             state.journal.append(
-                "boot",
-                boot=state.index,
-                pgid=runtime.pgid,
-                identity=identity,
-                remote_dir=state.remote_dir,
+                "boot", boot=state.index, pgid=runtime.pgid, remote_dir=state.remote_dir
             )
         state.monitor = RunMonitor(
             open_box=lambda: open_box(self.loaded.box_name, self.loaded.box),
@@ -808,17 +810,7 @@ class CampaignRunner:
     ) -> list[RequestResult]:
         if not phases:
             return []
-        api = self.loaded.runtime.api
-        workload = self.loaded.card.workload
-        spec = DriveSpec(
-            base_url=runtime.base_url,
-            flavour=api.flavour,
-            model=api.model,
-            concurrency=workload.concurrency,
-            timeout_s=workload.request_timeout_s,
-            temperature=workload.temperature,
-            extra_body=dict(api.extra_body),
-        )
+        spec = run_drive_spec(self.loaded, runtime)
         phase_knob = self.loaded.runtime.phase_live_knob
 
         async def on_phase(phase: PhasePlan) -> None:

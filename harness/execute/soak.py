@@ -425,7 +425,6 @@ class BootRecord:
 
     boot: int
     pgid: int = 0
-    identity: str = ""
     remote_dir: str = ""
     counters_before: dict[str, Any] | None = None
     swap_before: int | None = None
@@ -468,7 +467,6 @@ def read_checkpoints(journal: Journal) -> CheckpointState | None:
             boots[int(event["boot"])] = BootRecord(
                 boot=int(event["boot"]),
                 pgid=int(event["pgid"]),
-                identity=str(event.get("identity", "")),
                 remote_dir=str(event.get("remote_dir", "")),
             )
         elif kind == "scored_start" and int(event["boot"]) in boots:

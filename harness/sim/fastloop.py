@@ -35,8 +35,8 @@ def drain_schedule(
 
     Drains depend only on which host steps decode, not on any count, so the schedule is known
     before a single count is added: host step i drains when ``decay[i] >= 0`` (else -1).
-    ``scalars`` = [fold_step, last_step, since_drain, saturated] of the policy, advanced to
-    ``last`` in place.
+    ``scalars`` = [fold_step, last_step, since_drain] of the policy, advanced to ``last`` in
+    place.
     """
     fold_step, since_drain = scalars[0], scalars[2]
     for index in range(first, last):

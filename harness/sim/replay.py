@@ -7,12 +7,13 @@ Two implementations that must make identical decisions:
   when the step starts, then one ``ResidencyPolicy.observe`` call with the step's decode tokens
   (a step with none is a prefill step), live knob changes applied with ``set_knobs`` before the
   step they name.
-* :func:`replay_fast`, one compiled loop per knob segment (:mod:`harness.sim.fastloop`) over the
-  policy's own arrays. Between drains the policy only adds integer counts, which the loop does
-  in place; at a drain point it calls the policy's compiled drain
-  (:func:`harness.policy_kernels.drain`), the very function ``observe`` calls. Same integers in,
-  same machine code, so the same decisions; ``tests/test_sim_replay.py`` checks the identity on
-  random and recorded traces, and ``harness bench sim`` on a 1M-token trace.
+* :func:`replay_fast`, compiled loops (:mod:`harness.sim.fastloop`) over the policy's own
+  arrays. Drains depend only on which host steps decode, so their schedule comes first; then,
+  layers being independent, ranges of layers replay on threads, adding integer counts between
+  drains and calling the policy's compiled :func:`harness.policy_kernels.drain_layer` at each,
+  the very function ``observe`` calls. Same integers in, same machine code, so the same
+  decisions; ``tests/test_sim_replay.py`` checks the identity on random and recorded traces,
+  and ``harness bench sim`` on a 1M-token trace.
 
 Cache mode (seed 004) replays through :class:`ExpertCache`, every selection in runtime order.
 
@@ -88,14 +89,22 @@ class ReplayResult:
     step_swaps: IntArray  # swaps applied per host step
     layers: int
     top_k: int
-    # Applied swaps, one row each: step, layer, promoted, evicted (SWAP_FIELDS), in policy order.
+    # Applied swaps, one row each: step, layer, promoted, evicted, in the policy's order.
     swaps: IntArray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))
     drain_steps: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     saturated: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per drain
     final_hot: list[list[int]] = field(default_factory=list)
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
+    evictions: int = 0  # cache mode: records evicted over the whole replay
+
+    @property
+    def hits(self) -> int:
+        """Lookups served from the fast tier (cache hits, or hot lookups), over the replay."""
+        return int(self.lookups.sum() - self.cold_lookups.sum())
+
+    @property
+    def misses(self) -> int:
+        """Lookups that went to the slow tier (cache misses, or cold lookups)."""
+        return int(self.cold_lookups.sum())
 
     @property
     def lookups(self) -> IntArray:
@@ -143,10 +152,18 @@ class ReplayResult:
             "decode_tokens": decode_tokens,
         }
 
-    def warmup_steps(self) -> int:
-        """Leading host steps tagged phase -1: a run's warmup, which its counters leave out."""
+    def run_counters(self, record_bytes: int = DEFAULT_RECORD_BYTES) -> dict[str, dict[str, int]]:
+        """``before``/``after``/``delta`` as a run's ``counters.json``: ``before`` is read after
+        the warmup (leading host steps tagged phase -1), so the delta leaves it out."""
         measured = np.flatnonzero(self.phase >= 0)
-        return int(measured[0]) if len(measured) else len(self.steps)
+        warmup = int(measured[0]) if len(measured) else len(self.steps)
+        before = self.counters(record_bytes, warmup)
+        after = self.counters(record_bytes)
+        return {
+            "before": before,
+            "after": after,
+            "delta": {key: after[key] - before[key] for key in after},
+        }
 
     def ring_frame(
         self, cost: CostModel | None = None, record_bytes: int = DEFAULT_RECORD_BYTES
@@ -399,9 +416,7 @@ def replay_fast(
                 policy.set_knobs(live[segment - 1].knobs)
             current = policy.knobs
             state = policy.export_state()
-            scalars = np.array(
-                [state.fold_step, state.last_step, state.since_drain, state.saturated], np.int64
-            )
+            scalars = np.array([state.fold_step, state.last_step, state.since_drain], np.int64)
             drain_schedule(
                 trace.prefill,
                 bounds,
@@ -426,7 +441,7 @@ def replay_fast(
                 )
                 parts = list(pool.map(block.replay, ranges))
                 swap_blocks.append(block.merge(parts, steps, cold_rows, saturated, step_swaps))
-            fold_step, last_step, since_drain, _ = scalars.tolist()
+            fold_step, last_step, since_drain = scalars.tolist()
             drains_at = first + np.flatnonzero(decay[first:last] >= 0.0)
             policy.import_state(
                 dataclasses.replace(
@@ -456,7 +471,7 @@ def replay_cache(
         _, misses = cache.access_step(experts[row])
         cold_rows[row] = misses
     result = _base_result(trace, "cache", cold_rows)
-    result.hits, result.misses, result.evictions = cache.hits, cache.misses, cache.evictions
+    result.evictions = cache.evictions
     result.final_hot = []
     return result
 

@@ -190,9 +190,7 @@ class SimulatedCell:
 
     def summary(self) -> dict[str, Any]:
         """Cold share, swaps and loads, for the command's table."""
-        after = self.result.counters(self.settings.record_bytes)
-        before = self.result.counters(self.settings.record_bytes, self.result.warmup_steps())
-        counters = {key: after[key] - before[key] for key in after}
+        counters = self.result.run_counters(self.settings.record_bytes)["delta"]
         lookups = counters["lookups"] or 1
         return {
             "cell": self.name,
@@ -283,32 +281,31 @@ def simulate_card(
     )
     campaign = CampaignDir(root)
     campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
-    # A cold run skips the warmup (the runner only warms a warm cache), so it replays the trace
-    # without its warmup rows; a warm run replays them and leaves them out of its counters.
-    by_state = {"warm": trace, "cold": _without_warmup(trace)}
-    replays = {
-        state: {c.name: c for c in simulate_cells(loaded, by_state[state], start, fast=fast)}
-        for state in sorted({run.cache_state for run in plan.runs})
-    }
+    # A run that sends no warmup replays the trace without its warmup rows; one that does
+    # replays them and leaves them out of its counters. Without warmup rows both are one replay.
+    unwarmed = _without_warmup(trace)
+    replays: dict[bool, dict[str, SimulatedCell]] = {}
+    for warms in sorted({run.sends_warmup for run in plan.runs}, reverse=True):
+        if not warms and unwarmed is trace and True in replays:
+            replays[False] = replays[True]
+            continue
+        replayed = simulate_cells(loaded, trace if warms else unwarmed, start, fast=fast)
+        replays[warms] = {c.name: c for c in replayed}
     frames = {
-        (state, name): c.result.ring_frame(cost, c.settings.record_bytes)
-        for state, cells in replays.items()
+        (warms, name): c.result.ring_frame(cost, c.settings.record_bytes)
+        for warms, cells in replays.items()
         for name, c in cells.items()
     }
-    cells = replays.get("warm") or next(iter(replays.values()))
+    cells = replays.get(True) or replays[False]
     for run in plan.runs:
-        cell = replays[run.cache_state][run.cell]
+        cell = replays[run.sends_warmup][run.cell]
         run_dir = campaign.run_dir(run.run_id)
         now = time.time()
-        # As a run's: "before" is read after the warmup, so the delta leaves it out.
-        after = cell.result.counters(cell.settings.record_bytes)
-        before = cell.result.counters(cell.settings.record_bytes, cell.result.warmup_steps())
-        write_parquet(frames[run.cache_state, run.cell], run_dir / "ring.parquet")
+        write_parquet(frames[run.sends_warmup, run.cell], run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
         write_parquet(_empty(CHUNK_COLUMNS), run_dir / "chunks.parquet")
-        delta = {key: after[key] - before[key] for key in after}
         write_json_atomic(
-            run_dir / "counters.json", {"before": before, "after": after, "delta": delta}
+            run_dir / "counters.json", cell.result.run_counters(cell.settings.record_bytes)
         )
         record = RunRecord(
             **run.identity(),
