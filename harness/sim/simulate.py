@@ -291,17 +291,18 @@ def simulate_card(
             continue
         replayed = simulate_cells(loaded, trace if warms else unwarmed, start, fast=fast)
         replays[warms] = {c.name: c for c in replayed}
-    frames = {
-        (warms, name): c.result.ring_frame(cost, c.settings.record_bytes)
-        for warms, cells in replays.items()
-        for name, c in cells.items()
-    }
+    frames: dict[int, pd.DataFrame] = {}  # one ring per replay, by its result's identity
     cells = replays.get(True) or replays[False]
     for run in plan.runs:
         cell = replays[run.sends_warmup][run.cell]
         run_dir = campaign.run_dir(run.run_id)
         now = time.time()
-        write_parquet(frames[run.sends_warmup, run.cell], run_dir / "ring.parquet")
+        frame = frames.get(id(cell.result))
+        if frame is None:
+            frame = frames[id(cell.result)] = cell.result.ring_frame(
+                cost, cell.settings.record_bytes
+            )
+        write_parquet(frame, run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
         write_parquet(_empty(CHUNK_COLUMNS), run_dir / "chunks.parquet")
         write_json_atomic(
