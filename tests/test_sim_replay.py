@@ -12,6 +12,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from harness.policy import PolicyKnobs
 from harness.refbox.model import DOMAIN_SAMPLES, Engine, EngineOptions, ModelConfig
+from harness.sim import replay as replay_module
 from harness.sim.commands import register
 from harness.sim.replay import (
     ReplayResult,
@@ -89,11 +91,16 @@ def test_fast_replay_makes_identical_decisions(
 ) -> None:
     """Random traces, knobs (a 0.3-step half-life flushes idle counts to zero), maps, live knob
     changes, multi-token and mixed prefill/decode steps: the fast path decides exactly as the
-    reference, on one thread or several."""
+    reference, on one thread or several, and in blocks cut by steps or by swap slots."""
     trace, knobs, hot, changes = case
     reference = replay_reference(trace, knobs, hot, changes=changes)
     for threads in (1, 2, 3):
         assert_same(reference, replay_fast(trace, knobs, hot, changes=changes, threads=threads))
+    with (
+        mock.patch.object(replay_module, "_BLOCK_STEPS", 7),
+        mock.patch.object(replay_module, "_BLOCK_SLOTS", 5),
+    ):
+        assert_same(reference, replay_fast(trace, knobs, hot, changes=changes, threads=2))
 
 
 def _post(port: int, path: str, body: dict[str, object]) -> object:

@@ -13,9 +13,11 @@ import numpy.typing as npt
 
 from harness.policy_kernels import decay_factor, drain_layer, jit
 
-__all__ = ["drain_schedule", "replay_layers"]
+__all__ = ["drain_schedule", "merge_block", "replay_layers"]
 
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+_U = np.uint64
 
 
 @jit
@@ -77,24 +79,26 @@ def replay_layers(
     budget: int,
     hits: npt.NDArray[np.int32],
     pinned: I64,
-    swaps: I64,
-) -> int:
-    """Replay host steps ``first..last-1`` for layers ``low..high-1``; returns swaps written.
+    applied: I64,
+    promoted: I32,
+    evicted: I32,
+) -> None:
+    """Replay host steps ``first..last-1`` for layers ``low..high-1``.
 
     Layers never interact in this policy (their counts, residency and drains are their own;
     only the drain schedule is shared), so a range of layers can run through the steps on its
     own, on its own thread. Host step i looks up under the residency it starts with, then
     counts its decode rows, then drains its layers when scheduled (``decay[i] >= 0``) through
-    the policy's :func:`drain_layer`. Out: ``hits[row - starts[first]]`` hot lookups of the
-    range, ``pinned[i - first]`` saturated layers of the range at drain i, and ``swaps`` rows
-    (host step index, layer, promoted, evicted) in step then layer then pair order; the caller
-    leaves room for (drains) x (layers in the range) x budget rows.
+    the policy's :func:`drain_layer`. Out, for the range only: ``hits[row - starts[first]]``
+    hot lookups, ``pinned[d]`` saturated layers at the block's d-th drain, and at that drain
+    per layer ``applied[d, layer]`` swaps, ``promoted[d, layer, pair]`` and ``evicted[d, layer,
+    pair]``: fixed slots, so ranges on other threads fill the same arrays without a lock and
+    :func:`merge_block` reads them back in the runtime's order.
     """
     top_k = experts.shape[2]
     count = hot.shape[1]
     base = starts[first]
     scratch = np.empty((4, budget + 1), dtype=np.float64)
-    written = 0
     # The range's routing is one contiguous run of each row; flat[row, j] + offset[j] indexes
     # the flattened residency and counters directly.
     flat = experts.reshape(experts.shape[0], -1)
@@ -104,24 +108,28 @@ def replay_layers(
     offset = np.empty(width, dtype=np.int64)
     for j in range(width):
         offset[j] = (low + j // top_k) * count
+    drain = 0
     for index in range(first, last):
         for row in range(starts[index], starts[index + 1]):
+            # Indices are made unsigned: numba then drops its negative-index wraparound
+            # branch, which otherwise costs as much as the lookup itself.
+            line = flat[_U(row)]
             # Hits are summed, not branched on: a hit or a miss is a coin flip to the CPU.
             found = 0
-            if prefill[row]:
+            if prefill[_U(row)]:
                 for j in range(width):
-                    found += hot_flat[offset[j] + flat[row, begin + j]]
+                    found += hot_flat[_U(offset[j] + line[_U(begin + j)])]
             else:
                 for j in range(width):
-                    at = offset[j] + flat[row, begin + j]
+                    at = _U(offset[j] + line[_U(begin + j)])
                     found += hot_flat[at]
                     raw_flat[at] += 1
-            hits[row - base] = found
+            hits[_U(row - base)] = found
         if decay[index] < 0.0:
             continue
         saturated = 0
         for layer in range(low, high):
-            applied, layer_pinned = drain_layer(
+            swaps, layer_pinned = drain_layer(
                 ewma[layer],
                 raw[layer],
                 hot[layer],
@@ -132,11 +140,61 @@ def replay_layers(
                 scratch,
             )
             saturated += layer_pinned
-            for pair in range(applied):
-                swaps[written, 0] = index
+            applied[drain, layer] = swaps
+            for pair in range(swaps):
+                promoted[drain, layer, pair] = int(scratch[0, pair])
+                evicted[drain, layer, pair] = int(scratch[2, pair])
+        pinned[drain] = saturated
+        drain += 1
+
+
+@jit
+def merge_block(
+    starts: I64,
+    first: int,
+    last: int,
+    decay: npt.NDArray[np.float64],
+    steps: I64,
+    lookups_per_row: int,
+    hits: npt.NDArray[np.int32],
+    pinned: I64,
+    applied: I64,
+    promoted: I32,
+    evicted: I32,
+    cold_steps: I64,
+    saturated: I64,
+    step_swaps: I64,
+    swaps: I64,
+) -> int:
+    """Combine what the layer ranges of one block wrote (``hits[range, row]``, ``pinned[range,
+    drain]`` and the shared swap slots): per host step of ``first..last-1`` its cold lookups,
+    saturated layers (drains only) and swaps, in place; ``swaps`` rows (step, layer, promoted,
+    evicted) in the runtime's order, step then layer then pair. Returns the rows written."""
+    base = starts[first]
+    ranges = hits.shape[0]
+    written = 0
+    drain = 0
+    for index in range(first, last):
+        cold = 0
+        for row in range(starts[index] - base, starts[index + 1] - base):
+            cold += lookups_per_row
+            for part in range(ranges):
+                cold -= hits[part, row]
+        cold_steps[index] = cold
+        if decay[index] < 0.0:
+            continue
+        pinned_layers = 0
+        for part in range(ranges):
+            pinned_layers += pinned[part, drain]
+        saturated[index] = pinned_layers
+        before = written
+        for layer in range(applied.shape[1]):
+            for pair in range(applied[drain, layer]):
+                swaps[written, 0] = steps[index]
                 swaps[written, 1] = layer
-                swaps[written, 2] = int(scratch[0, pair])
-                swaps[written, 3] = int(scratch[2, pair])
+                swaps[written, 2] = promoted[drain, layer, pair]
+                swaps[written, 3] = evicted[drain, layer, pair]
                 written += 1
-        pinned[index - first] = saturated
+        step_swaps[index] = written - before
+        drain += 1
     return written

@@ -39,7 +39,7 @@ import pandas as pd
 
 from harness.errors import TraceError
 from harness.policy import ExpertCache, PolicyKnobs, PolicyState, ResidencyPolicy, Swap
-from harness.sim.fastloop import drain_schedule, replay_layers
+from harness.sim.fastloop import drain_schedule, merge_block, replay_layers
 from harness.sim.traces import KnobChange, Trace
 from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
 
@@ -54,7 +54,10 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 DEFAULT_RECORD_BYTES = 512 * 1024  # the reference runtime's --expert-bytes default
-_BLOCK_STEPS = 65536  # host steps per fast-replay block: bounds its swap buffers
+# A fast-replay block: at most this many host steps (its per-row buffers), and at most this
+# many swap slots (drains x layers x swaps_per_layer: its swap buffers).
+_BLOCK_STEPS = 1 << 18
+_BLOCK_SLOTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -227,15 +230,15 @@ def _start(
 
 def _result(
     trace: Trace,
-    cold_rows: IntArray,
+    cold_steps: IntArray,
     policy: ResidencyPolicy,
     swaps: IntArray,
     saturated: IntArray,
     step_swaps: IntArray | None = None,
 ) -> ReplayResult:
-    """A rowmap replay's result from its per-row cold lookups, swaps and per-step drains
+    """A rowmap replay's result from its cold lookups per host step, swaps and per-step drains
     (and swaps per host step, when the replay counted them)."""
-    result = _base_result(trace, "rowmap", cold_rows)
+    result = _base_result(trace, "rowmap", cold_steps)
     result.swaps = swaps
     drained = saturated >= 0
     result.drain_steps = result.steps[drained]
@@ -250,7 +253,7 @@ def _result(
 
 
 def _base_result(
-    trace: Trace, mode: Literal["rowmap", "cache"], cold_rows: IntArray
+    trace: Trace, mode: Literal["rowmap", "cache"], cold_steps: IntArray
 ) -> ReplayResult:
     starts, steps = trace.step_bounds()
     tokens = np.diff(np.r_[starts, trace.rows]).astype(np.int64)
@@ -258,13 +261,19 @@ def _base_result(
         mode=mode,
         steps=steps,
         tokens=tokens,
-        prefill=trace.prefill[starts].copy(),
-        phase=trace.phase[starts].copy(),
-        cold_lookups=np.add.reduceat(cold_rows, starts).astype(np.int64),
+        prefill=trace.prefill[starts],
+        phase=trace.phase[starts],
+        cold_lookups=cold_steps,
         step_swaps=np.zeros(len(steps), dtype=np.int64),
         layers=trace.layers,
         top_k=trace.top_k,
     )
+
+
+def _per_step(trace: Trace, per_row: IntArray) -> IntArray:
+    """Row counts summed over each host step."""
+    starts, _ = trace.step_bounds()
+    return np.add.reduceat(per_row, starts).astype(np.int64)
 
 
 def _segments(steps: IntArray, live: Sequence[KnobChange]) -> list[tuple[int, int]]:
@@ -311,12 +320,17 @@ def replay_reference(
             if drains:
                 saturated[index] = policy.saturated_layers()
     swap_rows = np.array([[s.step, s.layer, s.promoted, s.evicted] for s in swaps], np.int64)
-    return _result(trace, cold_rows, policy, swap_rows.reshape(-1, 4), saturated)
+    swap_array = swap_rows.reshape(-1, 4)
+    return _result(trace, _per_step(trace, cold_rows), policy, swap_array, saturated)
 
 
 @dataclass
 class _Block:
-    """A block of host steps of one knob segment, replayed by ranges of layers on threads."""
+    """A block of host steps of one knob segment, replayed by ranges of layers on threads.
+
+    The ranges write into arrays allocated here, each into its own rows or slots, and
+    :func:`merge_block` combines them into the replay's per-step arrays.
+    """
 
     trace: Trace
     bounds: IntArray  # row where each host step starts, then the row count
@@ -325,17 +339,23 @@ class _Block:
     knobs: PolicyKnobs
     first: int
     last: int
+    ranges: list[tuple[int, int]]  # layer ranges, one per thread
 
-    def replay(self, layers: tuple[int, int]) -> tuple[npt.NDArray[np.int32], IntArray, IntArray]:
-        """Replay the block for layers ``low..high-1``: (hits per row, saturated per host step,
-        swaps with the host step index in column 0)."""
-        low, high = layers
-        knobs, state = self.knobs, self.state
+    def __post_init__(self) -> None:
         drains = int(np.count_nonzero(self.decay[self.first : self.last] >= 0.0))
-        hits = np.zeros(int(self.bounds[self.last] - self.bounds[self.first]), dtype=np.int32)
-        pinned = np.zeros(self.last - self.first, dtype=np.int64)
-        swaps = np.zeros((drains * (high - low) * knobs.swaps_per_layer, 4), dtype=np.int64)
-        written = replay_layers(
+        rows = int(self.bounds[self.last] - self.bounds[self.first])
+        layers, budget = self.trace.layers, self.knobs.swaps_per_layer
+        self.hits = np.empty((len(self.ranges), rows), dtype=np.int32)
+        self.pinned = np.empty((len(self.ranges), drains), dtype=np.int64)
+        self.applied = np.empty((drains, layers), dtype=np.int64)
+        self.promoted = np.empty((drains, layers, budget), dtype=np.int32)
+        self.evicted = np.empty((drains, layers, budget), dtype=np.int32)
+
+    def replay(self, part: int) -> None:
+        """Replay the block for the ``part``-th range of layers."""
+        low, high = self.ranges[part]
+        knobs, state = self.knobs, self.state
+        replay_layers(
             self.trace.experts,
             self.trace.prefill,
             self.bounds,
@@ -350,38 +370,56 @@ class _Block:
             float(knobs.promote_threshold),
             1.0 + knobs.hysteresis,
             knobs.swaps_per_layer,
-            hits,
-            pinned,
-            swaps,
+            self.hits[part],
+            self.pinned[part],
+            self.applied,
+            self.promoted,
+            self.evicted,
         )
-        return hits, pinned, swaps[:written]
 
     def merge(
-        self,
-        parts: list[tuple[npt.NDArray[np.int32], IntArray, IntArray]],
-        steps: IntArray,
-        cold_rows: IntArray,
-        saturated: IntArray,
-        step_swaps: IntArray,
+        self, steps: IntArray, cold_steps: IntArray, saturated: IntArray, step_swaps: IntArray
     ) -> IntArray:
-        """Combine the layer ranges: cold lookups, saturated layers and swaps per host step in
-        place; the swaps in the runtime's order (step, layer, pair) with step numbers."""
+        """Cold lookups, saturated layers and swaps per host step, in place; the block's swaps
+        in the runtime's order (step, layer, pair) with step numbers."""
         trace = self.trace
-        found = np.sum([hits for hits, _, _ in parts], axis=0, dtype=np.int64)
-        rows = slice(int(self.bounds[self.first]), int(self.bounds[self.last]))
-        cold_rows[rows] = trace.layers * trace.top_k - found
-        drained = self.decay[self.first : self.last] >= 0.0
-        pinned = np.sum([layer_pinned for _, layer_pinned, _ in parts], axis=0)
-        saturated[self.first : self.last][drained] = pinned[drained]
-        # Each range wrote in step order and ranges hold ascending layers, so a stable sort by
-        # step puts them in the runtime's order.
-        swaps = np.concatenate([swaps for _, _, swaps in parts])
-        swaps = swaps[np.argsort(swaps[:, 0], kind="stable")]
-        step_swaps[self.first : self.last] = np.bincount(
-            swaps[:, 0] - self.first, minlength=self.last - self.first
+        swaps = np.empty((int(self.applied.sum()), 4), dtype=np.int64)
+        merge_block(
+            self.bounds,
+            self.first,
+            self.last,
+            self.decay,
+            steps,
+            trace.layers * trace.top_k,
+            self.hits,
+            self.pinned,
+            self.applied,
+            self.promoted,
+            self.evicted,
+            cold_steps,
+            saturated,
+            step_swaps,
+            swaps,
         )
-        swaps[:, 0] = steps[swaps[:, 0]]
         return swaps
+
+
+def _blocks(decay: npt.NDArray[np.float64], first: int, last: int, slots: int) -> list[int]:
+    """Block edges over host steps ``first..last``: at most ``_BLOCK_STEPS`` steps and at most
+    ``_BLOCK_SLOTS // slots`` drains each (``slots`` swap slots per drain), so a block's
+    buffers stay bounded whatever the drain interval."""
+    drains_before = np.r_[0, np.cumsum(decay[first:last] >= 0.0)]
+    most = max(1, _BLOCK_SLOTS // max(1, slots))
+    edges = [first]
+    while edges[-1] < last:
+        start = edges[-1]
+        end = min(last, start + _BLOCK_STEPS)
+        limit = drains_before[start - first] + most
+        if drains_before[end - first] > limit:
+            # The step holding the (most+1)-th drain starts the next block.
+            end = first + int(np.searchsorted(drains_before, limit, side="right")) - 1
+        edges.append(end)
+    return edges
 
 
 def replay_fast(
@@ -402,7 +440,7 @@ def replay_fast(
     policy = ResidencyPolicy(start_knobs, hot_sets, trace.experts_count)
     starts, steps = trace.step_bounds()
     bounds = np.r_[starts, trace.rows].astype(np.int64)
-    cold_rows = np.zeros(trace.rows, dtype=np.int64)
+    cold_steps = np.zeros(len(steps), dtype=np.int64)
     saturated = np.full(len(steps), -1, dtype=np.int64)
     decay = np.full(len(steps), -1.0)
     step_swaps = np.zeros(len(steps), dtype=np.int64)
@@ -429,18 +467,13 @@ def replay_fast(
                 current.decay_rate(),
                 decay,
             )
-            for block_start in range(first, last, _BLOCK_STEPS):
+            slots = trace.layers * current.swaps_per_layer
+            for block_first, block_last in itertools.pairwise(_blocks(decay, first, last, slots)):
                 block = _Block(
-                    trace,
-                    bounds,
-                    decay,
-                    state,
-                    current,
-                    block_start,
-                    min(last, block_start + _BLOCK_STEPS),
+                    trace, bounds, decay, state, current, block_first, block_last, ranges
                 )
-                parts = list(pool.map(block.replay, ranges))
-                swap_blocks.append(block.merge(parts, steps, cold_rows, saturated, step_swaps))
+                list(pool.map(block.replay, range(len(ranges))))
+                swap_blocks.append(block.merge(steps, cold_steps, saturated, step_swaps))
             fold_step, last_step, since_drain = scalars.tolist()
             drains_at = first + np.flatnonzero(decay[first:last] >= 0.0)
             policy.import_state(
@@ -453,7 +486,7 @@ def replay_fast(
                 )
             )
     swaps = np.concatenate(swap_blocks) if swap_blocks else np.zeros((0, 4), np.int64)
-    return _result(trace, cold_rows, policy, swaps, saturated, step_swaps)
+    return _result(trace, cold_steps, policy, swaps, saturated, step_swaps)
 
 
 def replay_cache(
@@ -470,7 +503,7 @@ def replay_cache(
     for row in range(trace.rows):
         _, misses = cache.access_step(experts[row])
         cold_rows[row] = misses
-    result = _base_result(trace, "cache", cold_rows)
+    result = _base_result(trace, "cache", _per_step(trace, cold_rows))
     result.evictions = cache.evictions
     result.final_hot = []
     return result
