@@ -27,7 +27,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -112,6 +112,14 @@ class Swap:
     evicted: int
 
 
+def _plain_ids(ids: list[Any], experts: int) -> bool:
+    """True when every id is an integer (not a bool) in ``0..experts-1``."""
+    kinds = set(map(type, ids))
+    if bool in kinds or not all(issubclass(kind, int | np.integer) for kind in kinds):
+        return False
+    return not ids or (min(ids) >= 0 and max(ids) < experts)
+
+
 def _hot_mask(hot: Sequence[Sequence[int]], experts: int) -> BoolArray:
     if not _is_int(experts) or experts < 1:
         raise MapError(f"experts: must be a positive integer, got {experts!r}")
@@ -120,6 +128,12 @@ def _hot_mask(hot: Sequence[Sequence[int]], experts: int) -> BoolArray:
     mask = np.zeros((len(hot), experts), dtype=bool)
     for layer, ids in enumerate(hot):
         ids = list(ids)
+        if _plain_ids(ids, experts):
+            # The common case at C speed (a 40 x 295 map is 11,800 ids).
+            mask[layer, ids] = True
+            if int(np.count_nonzero(mask[layer])) == len(ids):
+                continue
+            mask[layer] = False
         bad = [e for e in ids if not _is_int(e) or not 0 <= e < experts]
         if bad:
             raise MapError(f"hot set of layer {layer}: ids {bad} are not in 0..{experts - 1}")

@@ -175,11 +175,11 @@ def merge_block(
     written = 0
     drain = 0
     for index in range(first, last):
-        cold = 0
-        for row in range(starts[index] - base, starts[index + 1] - base):
-            cold += lookups_per_row
-            for part in range(ranges):
-                cold -= hits[part, row]
+        begin, end = _U(starts[index] - base), _U(starts[index + 1] - base)
+        cold = lookups_per_row * int(end - begin)
+        for part in range(ranges):
+            for row in range(begin, end):
+                cold -= hits[_U(part), row]
         cold_steps[index] = cold
         if decay[index] < 0.0:
             continue

@@ -99,6 +99,10 @@ class Trace:
     drains: list[int] | None = None  # host steps the runtime drained at, when recorded
     step_lines: dict[int, int] = field(default_factory=dict)  # host step -> trace line
     phase_tagged: bool = True  # False when the format carried no phase tags
+    # step_bounds() of ``steps`` (the array object it was computed from, and the result).
+    _bounds: tuple[IntArray, IntArray, IntArray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def rows(self) -> int:
@@ -122,8 +126,14 @@ class Trace:
 
     def step_bounds(self) -> tuple[IntArray, IntArray]:
         """Row index where each host step starts, and the step numbers (one per host step)."""
-        starts = np.flatnonzero(np.r_[True, self.steps[1:] != self.steps[:-1]]).astype(np.int64)
-        return starts, self.steps[starts]
+        # Computed once: a replay asks several times and a 1M-row trace takes ~20 ms each.
+        if self._bounds is None or self._bounds[0] is not self.steps:
+            starts = np.flatnonzero(np.r_[True, self.steps[1:] != self.steps[:-1]])
+            bounds = (starts.astype(np.int64), self.steps[starts])
+            for array in bounds:
+                array.setflags(write=False)  # shared by every caller
+            self._bounds = (self.steps, *bounds)
+        return self._bounds[1], self._bounds[2]
 
     def where(self, step: int) -> str:
         """``file:line`` of a host step when the format has lines, else ``file: step N``."""
