@@ -100,10 +100,11 @@ def drain(
     """
     decay = decay_factor(elapsed, rate)
     scratch = np.empty((4, budget + 1), dtype=np.float64)
+    keys = np.empty((2, ewma.shape[1]), dtype=np.float64)
     saturated = 0
     for layer in range(ewma.shape[0]):
         applied, pinned = drain_layer(
-            ewma[layer], raw[layer], hot[layer], decay, threshold, factor, budget, scratch
+            ewma[layer], raw[layer], hot[layer], decay, threshold, factor, budget, scratch, keys
         )
         for pair in range(applied):
             swaps[n_swaps, 0] = step
@@ -115,11 +116,12 @@ def drain(
     return n_swaps, saturated
 
 
-# Keying the other tier out by arithmetic: adding _MASK lifts a count far past _OUT_OF_RACE
-# (counts are at most steps x top-k, nowhere near 1e299), subtracting it sinks it below any
-# threshold; adding 0.0 leaves a count exactly as it is.
+# Keying the other tier out of a race: a cold expert's hot key is _MASK, far past _OUT_OF_RACE
+# (counts are at most steps x top-k, nowhere near 1e299); a hot expert's cold key is -_MASK,
+# below any threshold.
 _MASK = 1e300
 _OUT_OF_RACE = 1e299
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 @jit
@@ -132,6 +134,7 @@ def drain_layer(
     factor: float,
     budget: int,
     scratch: npt.NDArray[np.float64],
+    keys: npt.NDArray[np.float64],
 ) -> tuple[int, int]:
     """One layer of a drain: read its counters, plan, apply; returns (swaps, saturated 0/1).
 
@@ -143,28 +146,36 @@ def drain_layer(
     and ``scratch[2]``. A prefix longer than the budget means the layer is *saturated* (pinned
     at the budget: seed 000's recovery limit).
 
-    Deciding needs only the ``budget + 1`` weakest hot and strongest cold experts, kept in
-    small sorted arrays (``scratch``, ``[4, budget + 1]``) during one pass that also reads the
-    counters. The other tier is keyed out by arithmetic, not a branch (residency is a coin flip
-    to the branch predictor), so the branches left, "enters a small array", are rarely taken.
+    Deciding needs only the ``budget + 1`` weakest hot and strongest cold experts. Three
+    passes, each shaped for the CPU: read the counters and key every expert into its race
+    (``keys[0]`` hot, ``keys[1]`` cold; a select, so it vectorises); bound each race
+    (:func:`_race_bounds`, vectorised); then one scan in descending ids keeps the
+    candidates in small sorted arrays (``scratch``, ``[4, budget + 1]``). With the bounds,
+    only a handful of experts enter those arrays; each entry is a mispredicted branch.
     """
     experts = row.shape[0]
     keep = budget + 1
-    cold_ids, cold_values, hot_ids, hot_values = scratch[0], scratch[1], scratch[2], scratch[3]
-    n_hot = 0
-    n_cold = 0
-    bound = _OUT_OF_RACE
-    floor = threshold
-    # One pass in descending ids, reading the counters as it goes. An equal count met later has
-    # a lower id: weaker-first hot keeps it out (strict <), stronger-first cold lets it in (>=)
-    # ahead of its equals.
-    for expert in range(experts - 1, -1, -1):
-        value = _decayed(row[expert], decay, counts[expert])
+    hot_keys, cold_keys = keys[0], keys[1]
+    for expert in range(experts):
+        # _decayed, written out: as a call it keeps the compiler from vectorising this loop.
+        value = row[expert] * decay + counts[expert]
+        value = value if value >= FLUSH_BELOW else 0.0
         row[expert] = value
         counts[expert] = 0
         is_hot = resident[expert]
-        hot_key = value + (1 - is_hot) * _MASK
-        cold_key = value - is_hot * _MASK
+        hot_keys[expert] = value if is_hot else _MASK
+        cold_keys[expert] = -_MASK if is_hot else value
+    bound, floor = _race_bounds(hot_keys, cold_keys, keep, threshold, scratch.reshape(-1)[:2])
+    cold_ids, cold_values, hot_ids, hot_values = scratch[0], scratch[1], scratch[2], scratch[3]
+    n_hot = 0
+    n_cold = 0
+    # Descending ids: an equal count met later has a lower id, so weaker-first hot keeps it out
+    # (strict <) and stronger-first cold lets it in (>=) ahead of its equals. The index is
+    # unsigned so numba drops its negative-index wraparound branch.
+    for step in range(experts):
+        expert = experts - 1 - step
+        hot_key = hot_keys[np.uint64(expert)]
+        cold_key = cold_keys[np.uint64(expert)]
         if hot_key < bound:
             at = min(n_hot, keep - 1)
             while at > 0 and hot_values[at - 1] > hot_key:
@@ -198,6 +209,54 @@ def drain_layer(
         resident[int(cold_ids[pair])] = True
         resident[int(hot_ids[pair])] = False
     return applied, 1 if prefix > budget else 0
+
+
+@jit
+def _race_bounds(
+    hot_keys: npt.NDArray[np.float64],
+    cold_keys: npt.NDArray[np.float64],
+    keep: int,
+    threshold: float,
+    spare: npt.NDArray[np.float64],
+) -> tuple[float, float]:
+    """Starting (bound, floor) of the scan: hot keys enter below ``bound``, cold keys at or
+    above ``floor``; any bounds that let every one of the ``keep`` weakest hot and strongest
+    cold in decide the same.
+
+    Split the experts into ``keep`` groups: each group's weakest hot key is at most the largest
+    of those minima, so ``keep`` hot keys are at or below it and the ``keep`` weakest all are;
+    likewise the smallest of the groups' strongest cold keys. The minima and maxima are taken
+    over the keys' int64 bits (the same order for the non-negative keys; -_MASK is the one
+    negative key and sorts below them all), which the compiler vectorises where float
+    min/max it would not. A group without a hot (cold) expert leaves that race unbounded.
+    ``spare``: two float slots to read the bits back through.
+    """
+    experts = hot_keys.shape[0]
+    size = experts // keep
+    hot_bits = hot_keys.view(np.int64)
+    cold_bits = cold_keys.view(np.int64)
+    hot_cut = np.int64(0)
+    cold_cut = np.int64(_INT64_MAX)
+    for group in range(keep if size > 0 else 0):
+        weakest = np.int64(_INT64_MAX)
+        strongest = np.int64(-_INT64_MAX)
+        start = group * size
+        for index in range(size):
+            weakest = min(weakest, hot_bits[start + index])
+        for index in range(size):
+            strongest = max(strongest, cold_bits[start + index])
+        hot_cut = max(hot_cut, weakest)
+        cold_cut = min(cold_cut, strongest)
+    spare.view(np.int64)[0] = hot_cut  # the bits back into floats, in two spare slots
+    spare.view(np.int64)[1] = cold_cut
+    cuts = spare
+    bound = _OUT_OF_RACE
+    floor = threshold
+    if size > 0 and cuts[0] < _OUT_OF_RACE:
+        bound = np.nextafter(cuts[0], np.inf)  # hot keys equal to the cut enter too
+    if size > 0 and cuts[1] > threshold:
+        floor = cuts[1]
+    return bound, floor
 
 
 def warm_up() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -12,6 +13,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
+# Compiled code that calls into another module's compiled code: numba's on-disk cache checks
+# only the caller's own file, so an edit to the policy kernels would leave the fast replay's
+# cached loops running the old drain.
+_KERNEL_SOURCES = ("harness/policy_kernels.py", "harness/sim/fastloop.py")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Drop numba's cached machine code when the kernel sources changed since it was built."""
+    digest = hashlib.sha256()
+    for name in _KERNEL_SOURCES:
+        digest.update((REPO / name).read_bytes())
+    marker = REPO / "harness" / "__pycache__" / "kernels.sha256"
+    if marker.exists() and marker.read_text() == digest.hexdigest():
+        return
+    for pattern in ("*.nbi", "*.nbc"):
+        for stale in (REPO / "harness").rglob(pattern):
+            stale.unlink()
+    marker.parent.mkdir(exist_ok=True)
+    marker.write_text(digest.hexdigest())
 
 
 @dataclass
