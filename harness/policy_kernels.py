@@ -100,7 +100,7 @@ def drain(
     """
     decay = decay_factor(elapsed, rate)
     scratch = np.empty((4, budget + 1), dtype=np.float64)
-    keys = np.empty((2, ewma.shape[1]), dtype=np.float64)
+    keys = np.empty((3, ewma.shape[1]), dtype=np.float64)
     saturated = 0
     for layer in range(ewma.shape[0]):
         applied, pinned = drain_layer(
@@ -146,34 +146,74 @@ def drain_layer(
     and ``scratch[2]``. A prefix longer than the budget means the layer is *saturated* (pinned
     at the budget: seed 000's recovery limit).
 
-    Deciding needs only the ``budget + 1`` weakest hot and strongest cold experts. Three
-    passes, each shaped for the CPU: read the counters and key every expert into its race
-    (``keys[0]`` hot, ``keys[1]`` cold; a select, so it vectorises); bound each race
-    (:func:`_race_bounds`, vectorised); then one scan in descending ids keeps the
-    candidates in small sorted arrays (``scratch``, ``[4, budget + 1]``). With the bounds,
-    only a handful of experts enter those arrays; each entry is a mispredicted branch.
+    Deciding needs only the ``keep = budget + 1`` weakest hot and strongest cold experts.
+    Three passes, each shaped for the CPU (``keys``, ``[3, experts]``, is their scratch):
+
+    1. Read the counters and key every expert into its race (``keys[0]`` hot, ``keys[1]``
+       cold; the other tier keyed out by a select), in ``keep`` groups, taking each group's
+       weakest hot and strongest cold key on the way. ``keep`` hot keys are at or below the
+       largest of those minima, so the ``keep`` weakest all are: it bounds the hot race; the
+       smallest of the maxima bounds the cold one. Min and max run on the keys' int64 bits
+       (the same order for non-negative floats; -_MASK, the one negative key, sorts below
+       them all), which the compiler vectorises where it would not vectorise float min/max.
+    2. List, without a branch, the experts inside either bound, in descending ids.
+    3. Keep the candidates in small sorted arrays (``scratch``, ``[4, keep]``): only a handful,
+       and each entry is a mispredicted branch, which is why passes 1 and 2 exist.
     """
     experts = row.shape[0]
     keep = budget + 1
-    hot_keys, cold_keys = keys[0], keys[1]
-    for expert in range(experts):
-        # _decayed, written out: as a call it keeps the compiler from vectorising this loop.
-        value = row[expert] * decay + counts[expert]
-        value = value if value >= FLUSH_BELOW else 0.0
-        row[expert] = value
-        counts[expert] = 0
-        is_hot = resident[expert]
-        hot_keys[expert] = value if is_hot else _MASK
-        cold_keys[expert] = -_MASK if is_hot else value
-    bound, floor = _race_bounds(hot_keys, cold_keys, keep, threshold, scratch.reshape(-1)[:2])
+    hot_keys, cold_keys, listed = keys[0], keys[1], keys[2].view(np.int64)
+    size = experts // keep
+    groups = keep if size > 0 else 0
+    hot_cut = np.int64(0)
+    cold_cut = np.int64(_INT64_MAX)
+    for group in range(groups + 1):
+        start = group * size
+        stop = start + size if group < groups else experts
+        weakest = np.int64(_INT64_MAX)
+        strongest = np.int64(-_INT64_MAX)
+        for offset in range(stop - start):
+            # Unsigned: numba then drops its negative-index wraparound branch.
+            expert = np.uint64(start + offset)
+            # _decayed, written out: as a call it keeps the compiler from vectorising the loop.
+            value = row[expert] * decay + counts[expert]
+            value = value if value >= FLUSH_BELOW else 0.0
+            row[expert] = value
+            counts[expert] = 0
+            is_hot = resident[expert]
+            hot_key = value if is_hot else _MASK
+            cold_key = -_MASK if is_hot else value
+            hot_keys[expert] = hot_key
+            cold_keys[expert] = cold_key
+            weakest = min(weakest, np.float64(hot_key).view(np.int64))
+            strongest = max(strongest, np.float64(cold_key).view(np.int64))
+        if group < groups:  # the remainder past the last whole group bounds nothing
+            hot_cut = max(hot_cut, weakest)
+            cold_cut = min(cold_cut, strongest)
+    # Hot keys enter below ``bound``, cold keys at or above ``floor``; a group without a hot
+    # (cold) expert leaves that race unbounded.
+    bound = _OUT_OF_RACE
+    floor = threshold
+    if groups:
+        hot_bound = np.int64(hot_cut).view(np.float64)
+        cold_bound = np.int64(cold_cut).view(np.float64)
+        if hot_bound < _OUT_OF_RACE:
+            bound = np.nextafter(hot_bound, np.inf)  # keys equal to it enter too
+        if cold_bound > threshold:
+            floor = cold_bound
+    candidates = 0
+    for step in range(experts):
+        expert = experts - 1 - step
+        listed[np.uint64(candidates)] = expert
+        inside = (hot_keys[np.uint64(expert)] < bound) | (cold_keys[np.uint64(expert)] >= floor)
+        candidates += inside
     cold_ids, cold_values, hot_ids, hot_values = scratch[0], scratch[1], scratch[2], scratch[3]
     n_hot = 0
     n_cold = 0
     # Descending ids: an equal count met later has a lower id, so weaker-first hot keeps it out
-    # (strict <) and stronger-first cold lets it in (>=) ahead of its equals. The index is
-    # unsigned so numba drops its negative-index wraparound branch.
-    for step in range(experts):
-        expert = experts - 1 - step
+    # (strict <) and stronger-first cold lets it in (>=) ahead of its equals.
+    for index in range(candidates):
+        expert = listed[np.uint64(index)]
         hot_key = hot_keys[np.uint64(expert)]
         cold_key = cold_keys[np.uint64(expert)]
         if hot_key < bound:
@@ -209,54 +249,6 @@ def drain_layer(
         resident[int(cold_ids[pair])] = True
         resident[int(hot_ids[pair])] = False
     return applied, 1 if prefix > budget else 0
-
-
-@jit
-def _race_bounds(
-    hot_keys: npt.NDArray[np.float64],
-    cold_keys: npt.NDArray[np.float64],
-    keep: int,
-    threshold: float,
-    spare: npt.NDArray[np.float64],
-) -> tuple[float, float]:
-    """Starting (bound, floor) of the scan: hot keys enter below ``bound``, cold keys at or
-    above ``floor``; any bounds that let every one of the ``keep`` weakest hot and strongest
-    cold in decide the same.
-
-    Split the experts into ``keep`` groups: each group's weakest hot key is at most the largest
-    of those minima, so ``keep`` hot keys are at or below it and the ``keep`` weakest all are;
-    likewise the smallest of the groups' strongest cold keys. The minima and maxima are taken
-    over the keys' int64 bits (the same order for the non-negative keys; -_MASK is the one
-    negative key and sorts below them all), which the compiler vectorises where float
-    min/max it would not. A group without a hot (cold) expert leaves that race unbounded.
-    ``spare``: two float slots to read the bits back through.
-    """
-    experts = hot_keys.shape[0]
-    size = experts // keep
-    hot_bits = hot_keys.view(np.int64)
-    cold_bits = cold_keys.view(np.int64)
-    hot_cut = np.int64(0)
-    cold_cut = np.int64(_INT64_MAX)
-    for group in range(keep if size > 0 else 0):
-        weakest = np.int64(_INT64_MAX)
-        strongest = np.int64(-_INT64_MAX)
-        start = group * size
-        for index in range(size):
-            weakest = min(weakest, hot_bits[start + index])
-        for index in range(size):
-            strongest = max(strongest, cold_bits[start + index])
-        hot_cut = max(hot_cut, weakest)
-        cold_cut = min(cold_cut, strongest)
-    spare.view(np.int64)[0] = hot_cut  # the bits back into floats, in two spare slots
-    spare.view(np.int64)[1] = cold_cut
-    cuts = spare
-    bound = _OUT_OF_RACE
-    floor = threshold
-    if size > 0 and cuts[0] < _OUT_OF_RACE:
-        bound = np.nextafter(cuts[0], np.inf)  # hot keys equal to the cut enter too
-    if size > 0 and cuts[1] > threshold:
-        floor = cuts[1]
-    return bound, floor
 
 
 def warm_up() -> None:

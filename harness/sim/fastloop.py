@@ -99,7 +99,7 @@ def replay_layers(
     count = hot.shape[1]
     base = starts[first]
     scratch = np.empty((4, budget + 1), dtype=np.float64)
-    keys = np.empty((2, count), dtype=np.float64)
+    keys = np.empty((3, count), dtype=np.float64)
     # The range's routing is one contiguous run of each row; flat[row, j] + offset[j] indexes
     # the flattened residency and counters directly.
     flat = experts.reshape(experts.shape[0], -1)
