@@ -10,10 +10,11 @@ on the fast replay's memory: it includes the trace, 480 MB of int16 at 1M tokens
 
 Both replays drive the same compiled policy kernels, loaded (or compiled) before any timing and
 reported apart. The fast replay runs on every CPU (ranges of layers on threads) and is timed
-three times around the reference's single run (once before, twice after); the median counts. With
-``reference_prefix_tokens`` below the trace length, the reference is timed on that prefix and
-its time scaled linearly (it is a per-step loop with a constant cost per step); the figures say
-so.
+three times during the reference's single run, at its quarters (the reference's time leaves
+those pauses out): the machine's speed drifts over half a minute, and both sides see the
+same drift. The median of the three counts. With ``reference_prefix_tokens`` below the trace
+length, the reference is timed on that prefix and its time scaled linearly (it is a per-step
+loop with a constant cost per step); the figures say so.
 """
 
 from __future__ import annotations
@@ -86,23 +87,29 @@ def run_bench(quick: bool = False, reference_prefix_tokens: int | None = None) -
     replay_fast(tiny, knobs, tiny_hot)
     replay_reference(tiny, knobs, tiny_hot)
     load_s = time.perf_counter() - start
-    # The fast replay is timed three times around the reference's one run, once before and
-    # twice after (the machine's speed drifts over the reference's half minute); the median
-    # counts.
-    fast_times = []
+    # The machine's speed drifts over the reference's half minute, so the fast replay is timed
+    # during it: paused at each quarter of the reference, three times; the median counts and
+    # the reference's time leaves the pauses out.
+    fast_times: list[float] = []
+    fast_results: list[ReplayResult] = []
+    paused_s = 0.0
 
-    def time_fast() -> ReplayResult:
+    def time_fast() -> None:
+        nonlocal paused_s
+        if len(fast_times) == _FAST_RUNS:
+            return
         start = time.perf_counter()
-        result = replay_fast(trace, knobs, hot)
+        fast_results[:] = [replay_fast(trace, knobs, hot)]
         fast_times.append(time.perf_counter() - start)
-        return result
+        paused_s += fast_times[-1]
 
-    time_fast()
+    quarter = max(1, len(reference_trace.step_bounds()[1]) // (_FAST_RUNS + 1))
     start = time.perf_counter()
-    reference = replay_reference(reference_trace, knobs, hot)
-    reference_s = time.perf_counter() - start
-    for _ in range(_FAST_RUNS - 1):
-        fast = time_fast()
+    reference = replay_reference(reference_trace, knobs, hot, pause=(quarter, time_fast))
+    reference_s = time.perf_counter() - start - paused_s
+    while len(fast_times) < _FAST_RUNS:  # a trace too short to pause in three times
+        time_fast()
+    fast = fast_results[0]
     fast_s = statistics.median(fast_times)
     # ru_maxrss is KiB on Linux, bytes on macOS; it is the whole process's peak, trace included.
     peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (

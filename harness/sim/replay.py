@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -288,12 +288,16 @@ def replay_reference(
     hot: Sequence[Sequence[int]] | None = None,
     *,
     changes: Sequence[KnobChange] | None = None,
+    pause: tuple[int, Callable[[], None]] | None = None,
 ) -> ReplayResult:
     """Replay host step by host step, exactly as the reference runtime feeds its policy.
 
     ``knobs``/``hot`` default to what the trace recorded; the trace's live knob changes are
-    replayed when ``knobs`` is not given (``changes`` overrides either way).
+    replayed when ``knobs`` is not given (``changes`` overrides either way). ``pause`` =
+    (N, call): call() after every N host steps (``harness bench sim`` times the fast replay
+    there, so both see the same machine while the reference runs for half a minute).
     """
+    pause_every, pause_call = pause or (0, None)
     start_knobs, hot_sets, live = _start(trace, knobs, hot, changes)
     policy = ResidencyPolicy(start_knobs, hot_sets, trace.experts_count)
     starts, steps = trace.step_bounds()
@@ -306,6 +310,8 @@ def replay_reference(
         if segment:
             policy.set_knobs(live[segment - 1].knobs)
         for index in range(first, last):
+            if pause_call is not None and index and index % pause_every == 0:
+                pause_call()
             begin, end, step = int(starts[index]), int(ends[index]), int(steps[index])
             # Engine._step: the forward pass of every token of the step looks experts up first...
             for row in range(begin, end):

@@ -1,0 +1,17 @@
+"""``harness bench sim`` on its quick trace: both replays run and decide identically."""
+
+from __future__ import annotations
+
+import re
+
+from harness.benchmarks import sim as bench_sim
+
+
+def test_sim_bench_quick_checks_decisions_and_times_three_fast_runs() -> None:
+    identical, speed, load, wall, memory = bench_sim.run_bench(quick=True)
+    assert identical.name.startswith("identical decisions") and identical.passed is True
+    assert speed.name.startswith("replay_fast speed-up, 100,000 tokens x 40 layers x top-6")
+    runs = re.search(r"single runs ([\d., ]+)\)", speed.baseline)
+    assert runs is not None and len(runs.group(1).split(", ")) == 3
+    assert speed.value > 0 and load.value >= 0
+    assert wall.passed is True and memory.passed is True
