@@ -35,6 +35,7 @@ test: lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find harness -name '*.nbi' -delete -o -name '*.nbc' -delete
 
 # llama.cpp's llama-server, llama-bench and llama-eval-callback, built from the sources PyPI's
 # llama-cpp-python sdist bundles into ~/.cache/harness/llama.cpp (about 12 minutes on 2 cores,
