@@ -91,25 +91,23 @@ def run_bench(quick: bool = False, reference_prefix_tokens: int | None = None) -
     # during it: paused at each quarter of the reference, three times; the median counts and
     # the reference's time leaves the pauses out.
     fast_times: list[float] = []
-    fast_results: list[ReplayResult] = []
-    paused_s = 0.0
+    fast: ReplayResult | None = None
 
     def time_fast() -> None:
-        nonlocal paused_s
+        nonlocal fast
         if len(fast_times) == _FAST_RUNS:
             return
         start = time.perf_counter()
-        fast_results[:] = [replay_fast(trace, knobs, hot)]
+        fast = replay_fast(trace, knobs, hot)
         fast_times.append(time.perf_counter() - start)
-        paused_s += fast_times[-1]
 
     quarter = max(1, len(reference_trace.step_bounds()[1]) // (_FAST_RUNS + 1))
     start = time.perf_counter()
     reference = replay_reference(reference_trace, knobs, hot, pause=(quarter, time_fast))
-    reference_s = time.perf_counter() - start - paused_s
+    reference_s = time.perf_counter() - start - sum(fast_times)
     while len(fast_times) < _FAST_RUNS:  # a trace too short to pause in three times
         time_fast()
-    fast = fast_results[0]
+    assert fast is not None
     fast_s = statistics.median(fast_times)
     # ru_maxrss is KiB on Linux, bytes on macOS; it is the whole process's peak, trace included.
     peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (

@@ -167,11 +167,12 @@ def merge_block(
     saturated: I64,
     step_swaps: I64,
     swaps: I64,
-) -> int:
+) -> None:
     """Combine what the layer ranges of one block wrote (``hits[range, row]``, ``pinned[range,
     drain]`` and the shared swap slots): per host step of ``first..last-1`` its cold lookups,
     saturated layers (drains only) and swaps, in place; ``swaps`` rows (step, layer, promoted,
-    evicted) in the runtime's order, step then layer then pair. Returns the rows written."""
+    evicted) in the runtime's order, step then layer then pair (the caller sizes it to the sum
+    of ``applied``)."""
     base = starts[first]
     ranges = hits.shape[0]
     written = 0
@@ -199,4 +200,3 @@ def merge_block(
                 written += 1
         step_swaps[index] = written - before
         drain += 1
-    return written
