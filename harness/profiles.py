@@ -151,7 +151,6 @@ class Telemetry(Strict):
     ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
     counters_http: str | None = Field(None, description="GET path returning counters as JSON")
     metrics_http: str | None = Field(None, description="GET path of Prometheus text metrics")
-    counters_file: str | None = Field(None, description="counters JSON written at shutdown")
     dump_http: str | None = Field(None, description="POST path returning a route-count dump")
     live_knobs_http: str | None = Field(None, description="POST path taking live knobs as JSON")
     route_trace: str | None = Field(None, description="routing trace path template")
