@@ -1,7 +1,8 @@
 """The one error hierarchy of the harness.
 
 Expected failures raise a subclass of :class:`HarnessError`; the CLI prints them without a
-traceback and maps each family to an exit code (2 bad input, 3 infrastructure, 1 gate failed).
+traceback and maps each family to an exit code (2 bad input, 3 infrastructure). A failed gate
+is a verdict, not an error: the command returns 1 (``EXIT_GATE_FAILED``) itself.
 """
 
 from __future__ import annotations
@@ -71,9 +72,3 @@ class BoxError(InfrastructureError):
 
 class RuntimeBootError(InfrastructureError):
     """A runtime did not boot or never became ready."""
-
-
-class GateFailed(HarnessError):
-    """At least one promotion gate failed."""
-
-    exit_code = EXIT_GATE_FAILED

@@ -183,11 +183,4 @@ def plan_json_text(plan: Plan) -> str:
     return json.dumps(plan.to_json(), indent=2)
 
 
-def run_from_json(raw: dict[str, object], index: int) -> Run:
-    """Rebuild a Run from its JSON form (``plan.json`` of a campaign directory)."""
-    fields = {k: raw[k] for k in ("run_id", "cell", "cycle", "slot", "repeat", "cache_state")}
-    fields.update({k: raw[k] for k in ("box", "pattern", "comparison", "block")})
-    return Run(index=index, **fields)  # type: ignore[arg-type]
-
-
 __all__ = ["Plan", "Run", "build_plan", "cycle_pattern", "plan_json_text"]
