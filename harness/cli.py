@@ -327,7 +327,7 @@ def _bench_names() -> list[str]:
 
 
 def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.telemetry import describe_ring
+    from harness.telemetry_read import describe_ring
 
     out.write(describe_ring(Path(args.file)) + "\n")
     return EXIT_OK

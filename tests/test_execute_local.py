@@ -19,7 +19,7 @@ from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.plan import build_plan
 from harness.profiles import BoxSpec
 from harness.records import CampaignDir, Journal
-from harness.telemetry import read_ring
+from harness.telemetry_read import read_ring
 from tests.conftest import DATA, REPO
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"

@@ -27,7 +27,8 @@ from harness.execute.run import _chunks_frame, _requests_frame, new_campaign_dir
 from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
 from harness.plan import build_plan
 from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
-from harness.telemetry import RingGeometry, RingWriter, read_ring
+from harness.telemetry import RingGeometry, RingWriter
+from harness.telemetry_read import read_ring
 from tests.conftest import DATA, run_cli
 
 POOLS = DATA / "pools"

@@ -21,7 +21,7 @@ import pytest
 
 from harness.maps import fit_rowmap, write_rowmap
 from harness.refbox.model import DOMAIN_SAMPLES
-from harness.telemetry import read_ring
+from harness.telemetry_read import read_ring
 
 pytestmark = pytest.mark.slow
 

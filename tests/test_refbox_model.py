@@ -24,7 +24,7 @@ from harness.refbox.model import (
     SlowTier,
     expert_weights,
 )
-from harness.telemetry import read_ring
+from harness.telemetry_read import read_ring
 
 DEFAULT = ModelConfig()
 SMALL = ModelConfig(layers=3, experts=16, top_k=2, d_model=16, d_ff=16, seed=7)

@@ -32,7 +32,7 @@ from harness.sim.replay import (
     replay_reference,
 )
 from harness.sim.traces import KnobChange, Trace, load_trace, trace_from_arrays
-from harness.telemetry import read_ring
+from harness.telemetry_read import read_ring
 
 ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY = ["--layers", "4", "--experts", "16", "--top-k", "2", "--d-model", "16",

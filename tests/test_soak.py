@@ -33,7 +33,8 @@ from harness.execute.soak import (
 from harness.plan import build_plan
 from harness.profiles import BoxSpec
 from harness.records import CampaignDir, Journal, read_json
-from harness.telemetry import RingGeometry, RingWriter, read_ring_since
+from harness.telemetry import RingGeometry, RingWriter
+from harness.telemetry_read import read_ring_since
 from tests.conftest import DATA, REPO
 
 GEOMETRY = RingGeometry(2, 8, 2, 4)

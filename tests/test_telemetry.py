@@ -13,16 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import RingError
-from harness.telemetry import (
-    MAGIC,
-    RING_FIELDS,
-    RING_VERSION,
-    RingGeometry,
-    RingWriter,
-    describe_ring,
-    read_ring,
-    read_ring_since,
-)
+from harness.telemetry import MAGIC, RING_FIELDS, RING_VERSION, RingGeometry, RingWriter
+from harness.telemetry_read import describe_ring, read_ring, read_ring_since
 
 GEOMETRY = RingGeometry(layers=4, experts=16, top_k=2, hot_slots=12)
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from harness.benchmarks import Figure
 from harness.policy import PolicyKnobs, ResidencyPolicy
-from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter, read_ring
+from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
+from harness.telemetry_read import read_ring
 
 _GEOMETRY = RingGeometry(layers=40, experts=384, top_k=6, hot_slots=295)
 _REPEATS = 3

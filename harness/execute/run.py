@@ -67,7 +67,7 @@ from harness.records import (
     write_json_atomic,
     write_parquet,
 )
-from harness.telemetry import read_ring, read_ring_since
+from harness.telemetry_read import read_ring, read_ring_since
 
 QUALITY_PHASE = -2  # phase index of the quality suite: outputs checked, timings not scored
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
