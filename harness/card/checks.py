@@ -1,0 +1,268 @@
+"""The semantic pass over a schema-valid card: what needs the card as a whole or the disk.
+
+The control is a cell, files and pools exist, knob, env and live values are valid for the
+runtime profile, metrics, counters and gate references are known, phases name domains the pools
+have, and the held-out set shares no prompt text with the fit set. Each check adds its findings
+to :class:`Problems` instead of raising, so the user sees every problem at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from harness.card.resolve import (
+    find_runtime_profile,
+    known_runtime_names,
+    load_boxes,
+    load_runtime_profile,
+)
+from harness.card.schema import (
+    BetterGate,
+    Card,
+    CounterGate,
+    ExactOutputsGate,
+    KnobValue,
+    QualityGate,
+    SurvivesGate,
+)
+from harness.catalog import COUNTERS, METRICS
+from harness.errors import BadInput, CardError
+from harness.profiles import BoxSpec, RuntimeProfile
+from harness.prompts import Prompt, load_pool, normalise
+from harness.yamlfile import Loc, YamlDoc, dotted
+
+
+class Problems:
+    """The problems found in one card document, each as ``file:line: path: message``."""
+
+    def __init__(self, doc: YamlDoc) -> None:
+        self.doc = doc
+        self.lines: list[str] = []
+
+    def add(self, loc: Loc, message: str) -> None:
+        """Record ``message`` at the line of ``loc`` in the card."""
+        self.lines.append(f"{self.doc.path}:{self.doc.line_of(loc)}: {dotted(loc)}: {message}")
+
+
+def display_path(path: Path) -> Path:
+    """``path`` normalised, and relative to the current directory when it lies below it."""
+    normal = Path(os.path.normpath(path.absolute()))
+    try:
+        return normal.relative_to(Path.cwd())
+    except ValueError:
+        return normal
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options) or 'none'}"
+
+
+def resolve_box(card: Card, card_dir: Path, out: Problems) -> tuple[str, BoxSpec | None]:
+    """The box's name and settings; None (and a problem) when the name resolves to nothing."""
+    if isinstance(card.box, BoxSpec):
+        return card.box.host or "inline", card.box
+    try:
+        boxes = load_boxes(card_dir)
+    except CardError as exc:
+        out.lines.extend(exc.lines())
+        return card.box, None
+    if card.box not in boxes:
+        if card.box == "local":
+            return "local", BoxSpec()
+        out.add(("box",), f"unknown box {card.box!r}{_did_you_mean(card.box, sorted(boxes))}")
+        return card.box, None
+    return card.box, boxes[card.box]
+
+
+def resolve_runtime(card: Card, card_dir: Path, out: Problems) -> RuntimeProfile | None:
+    """The runtime profile; None (and a problem) when it is unknown or invalid."""
+    if isinstance(card.runtime, RuntimeProfile):
+        return card.runtime
+    path = find_runtime_profile(card.runtime, card_dir)
+    if path is None:
+        names = known_runtime_names(card_dir)
+        out.add(
+            ("runtime",), f"unknown runtime {card.runtime!r}{_did_you_mean(card.runtime, names)}"
+        )
+        return None
+    try:
+        return load_runtime_profile(path)
+    except CardError as exc:
+        out.lines.extend(exc.lines())
+        return None
+
+
+def check_cells(card: Card, runtime: RuntimeProfile | None, card_dir: Path, out: Problems) -> None:
+    """The control and the order fit the cells; each cell's files and values fit the runtime."""
+    if card.control is not None and card.control not in card.cells:
+        out.add(
+            ("control",),
+            f"control {card.control!r} is not a cell"
+            + _did_you_mean(card.control, list(card.cells)),
+        )
+    if card.control is None and card.design.order in ("abba", "ladder"):
+        out.add(("control",), f"order {card.design.order!r} needs a `control` cell")
+    if card.design.order in ("abba", "ladder") and len(card.cells) < 2:
+        out.add(("cells",), f"order {card.design.order!r} needs the control and at least one cell")
+    for name, cell in card.cells.items():
+        for key, rel in cell.files.items():
+            if not (card_dir / Path(rel).expanduser()).is_file():
+                out.add(("cells", name, "files", key), f"file not found: {rel} (relative to card)")
+        if runtime is None:
+            continue
+        for key in cell.files:
+            if key not in runtime.files:
+                known = sorted(runtime.files)
+                out.add(
+                    ("cells", name, "files", key),
+                    f"runtime {runtime.name!r} takes no file knob {key!r}"
+                    + _did_you_mean(key, known),
+                )
+        for knob, value in cell.knobs.items():
+            spec = runtime.knobs.get(knob)
+            if spec is None:
+                known = sorted(runtime.knobs)
+                out.add(
+                    ("cells", name, "knobs", knob),
+                    f"runtime {runtime.name!r} has no knob {knob!r}{_did_you_mean(knob, known)}",
+                )
+                continue
+            problem = spec.check(_knob_text(value))
+            if problem:
+                out.add(("cells", name, "knobs", knob), problem)
+        for var, value in cell.env.items():
+            declared = runtime.knob_for_env(var)
+            if declared is not None:
+                problem = declared[1].check(_knob_text(value))
+                if problem:
+                    out.add(("cells", name, "env", var), problem)
+        for knob, value in cell.live.items():
+            live_specs = {s.live: s for s in runtime.knobs.values() if s.live}
+            if runtime.telemetry.live_knobs_http is None:
+                out.add(("cells", name, "live"), f"runtime {runtime.name!r} has no live knobs")
+                break
+            spec_for_live = live_specs.get(knob)
+            if spec_for_live is None:
+                out.add(
+                    ("cells", name, "live", knob),
+                    f"unknown live knob{_did_you_mean(knob, sorted(live_specs))}",
+                )
+                continue
+            problem = spec_for_live.check(_knob_text(value))
+            if problem:
+                out.add(("cells", name, "live", knob), problem)
+
+
+def _knob_text(value: KnobValue) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def check_gates(card: Card, out: Problems) -> None:
+    """Gates name known cells, metrics, counters and cache states, and have what they need."""
+    cells = list(card.cells)
+    for index, gate in enumerate(card.gates):
+        loc: Loc = ("gates", index)
+        for cell in gate.cells or []:
+            if cell not in card.cells:
+                out.add((*loc, "cells"), f"unknown cell {cell!r}{_did_you_mean(cell, cells)}")
+        vs = getattr(gate, "vs", None)
+        if vs is not None and vs not in card.cells:
+            out.add((*loc, "vs"), f"unknown cell {vs!r}{_did_you_mean(vs, cells)}")
+        if isinstance(gate, ExactOutputsGate | BetterGate) and vs is None and not card.control:
+            out.add((*loc, "vs"), "no control on the card: name the reference cell with `vs`")
+        if isinstance(gate, BetterGate) and vs is not None and vs != card.control:
+            out.add(
+                (*loc, "vs"),
+                f"comparisons are made against the control ({card.control!r}); "
+                "drop `vs` or make that cell the control",
+            )
+        if isinstance(gate, BetterGate) and gate.metric not in METRICS:
+            out.add((*loc, "metric"), f"unknown metric{_did_you_mean(gate.metric, list(METRICS))}")
+        if isinstance(gate, SurvivesGate):
+            for metric in gate.metrics or []:
+                if metric not in METRICS:
+                    out.add(
+                        (*loc, "metrics"), f"unknown metric{_did_you_mean(metric, list(METRICS))}"
+                    )
+            missing = [s for s in gate.cache_states if s not in card.design.cache_states]
+            if missing:
+                out.add(
+                    (*loc, "cache_states"),
+                    f"{missing} not in design.cache_states {card.design.cache_states}: "
+                    "add them there or the gate cannot pass",
+                )
+        if isinstance(gate, CounterGate) and gate.counter not in COUNTERS:
+            out.add(
+                (*loc, "counter"), f"unknown counter{_did_you_mean(gate.counter, list(COUNTERS))}"
+            )
+        if isinstance(gate, QualityGate) and card.prompts.quality is None:
+            out.add(loc, "a quality gate needs `prompts.quality` (a pool with `check` per prompt)")
+
+
+def check_prompts(card: Card, card_dir: Path, out: Problems) -> tuple[list[Prompt], list[Prompt]]:
+    """The pools and quality suite, loaded; ids unique, splits present and apart, phases served.
+
+    Returns the pool prompts and the quality prompts, as far as they could be read.
+    """
+    prompts: list[Prompt] = []
+    for index, rel in enumerate(card.prompts.pools):
+        path = display_path(card_dir / Path(rel).expanduser())
+        if not path.is_file():
+            out.add(("prompts", "pools", index), f"prompt pool not found: {rel} (relative to card)")
+            continue
+        try:
+            prompts.extend(load_pool(path))
+        except BadInput as exc:
+            out.lines.extend(exc.lines())
+    quality: list[Prompt] = []
+    if card.prompts.quality is not None:
+        path = display_path(card_dir / Path(card.prompts.quality).expanduser())
+        if not path.is_file():
+            out.add(("prompts", "quality"), f"quality pool not found: {card.prompts.quality}")
+        else:
+            try:
+                quality = load_pool(path)
+            except BadInput as exc:
+                out.lines.extend(exc.lines())
+            for prompt in quality:
+                if prompt.check is None:
+                    out.lines.append(
+                        f"{prompt.source}: quality prompt {prompt.id!r} has no `check`"
+                    )
+    if not prompts:
+        return prompts, quality
+    seen_ids: dict[str, str] = {}
+    for prompt in prompts:
+        if prompt.id in seen_ids:
+            out.add(("prompts", "pools"), f"prompt id {prompt.id!r} in two pools")
+        seen_ids[prompt.id] = prompt.source
+    heldout = [p for p in prompts if p.split == card.prompts.heldout.split]
+    if not heldout:
+        out.add(("prompts", "heldout"), f"no prompt has split {card.prompts.heldout.split!r}")
+    if card.prompts.fit is not None:
+        fit = [p for p in prompts if p.split == card.prompts.fit.split]
+        if not fit:
+            out.add(("prompts", "fit"), f"no prompt has split {card.prompts.fit.split!r}")
+        fit_texts = {normalise(p.text): p for p in fit}
+        for prompt in heldout:
+            twin = fit_texts.get(normalise(prompt.text))
+            if twin is not None:
+                out.add(
+                    ("prompts", "heldout"),
+                    f"held-out prompt {prompt.id!r} ({prompt.source}) is the same text as fit "
+                    f"prompt {twin.id!r} ({twin.source}): scores on it would be in-sample",
+                )
+    domains = sorted({p.domain for p in heldout})
+    for index, phase in enumerate(card.workload.phases or []):
+        for domain in phase.domains:
+            if domain not in domains:
+                out.add(
+                    ("workload", "phases", index, "domains"),
+                    f"no held-out prompt of domain {domain!r}{_did_you_mean(domain, domains)}",
+                )
+    return prompts, quality

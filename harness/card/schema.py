@@ -1,0 +1,256 @@
+"""The schema of a campaign card: the pydantic models a card's YAML must fit.
+
+This is the shape-and-type pass (``extra="forbid"``); what needs the card as a whole or the disk
+is checked in :mod:`harness.card.checks`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from harness.profiles import BoxSpec, RuntimeProfile, Strict
+
+KnobValue = str | int | float | bool
+CacheState = Literal["warm", "cold"]
+_FRACTION = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+def parse_fraction(value: str | int) -> tuple[int, int | None]:
+    """``"49/50"`` -> (49, 50); an int k -> (k, None) meaning "at least k"."""
+    if isinstance(value, int):
+        return value, None
+    match = _FRACTION.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is not k/n")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _check_fraction(value: str | int) -> str | int:
+    k, n = parse_fraction(value)
+    if n is not None and (k > n or n == 0):
+        raise ValueError(f"{value!r}: k must be at most n and n positive")
+    if k < 0:
+        raise ValueError("k must not be negative")
+    return value
+
+
+class Split(Strict):
+    """Which prompts of the pools form a set: those whose ``split`` field equals this."""
+
+    split: str = Field(description="value of the prompts' `split` field")
+
+
+class PromptsSpec(Strict):
+    """Prompt pools and how they divide into fitting and scoring sets."""
+
+    pools: list[str] = Field(min_length=1, description="JSONL pools, paths relative to the card")
+    fit: Split | None = Field(None, description="prompts a map or hotlist may be fitted on")
+    heldout: Split = Field(Split(split="heldout"), description="prompts that are scored")
+    quality: str | None = Field(None, description="JSONL quality suite with `check` per prompt")
+
+
+class Phase(Strict):
+    """A stretch of the workload on some domains; ``shift: true`` marks a domain shift."""
+
+    name: str = Field(description="phase name, also the ring's phase tag")
+    domains: list[str] = Field(min_length=1, description="domains whose held-out prompts it uses")
+    duration_s: float | None = Field(None, gt=0, description="run the phase this long")
+    requests: int | None = Field(None, ge=1, description="or send this many requests")
+    shift: bool = Field(False, description="a domain shift starts this phase (T90 is measured)")
+    prompt_tokens: int | None = Field(
+        None, ge=1, description="build each prompt to this many tokens from its domain's text"
+    )
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Phase:
+        if self.duration_s is not None and self.requests is not None:
+            raise ValueError("give `duration_s` or `requests`, not both")
+        return self
+
+
+class Workload(Strict):
+    """What the driver sends in each run."""
+
+    max_tokens: int = Field(64, ge=1, description="tokens generated per request")
+    concurrency: int = Field(1, ge=1, le=64, description="concurrent requests (C1…C64)")
+    warmup_requests: int = Field(1, ge=0, description="requests sent first and not scored")
+    passes: int = Field(1, ge=1, description="passes over the held-out prompts when no phases")
+    request_timeout_s: float = Field(300, gt=0, description="per-request timeout")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy, so outputs can be compared")
+    phases: list[Phase] | None = Field(None, description="default: one pass over held-out prompts")
+
+    @field_validator("phases")
+    @classmethod
+    def _unique_names(cls, phases: list[Phase] | None) -> list[Phase] | None:
+        if phases is not None:
+            names = [p.name for p in phases]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"phase names must be unique: {dupes}")
+        return phases
+
+
+class Cell(Strict):
+    """One arm: knob settings applied to the runtime at boot (or live)."""
+
+    description: str = Field("", description="what this cell changes")
+    knobs: dict[str, KnobValue] = Field(default_factory=dict, description="named profile knobs")
+    env: dict[str, KnobValue] = Field(default_factory=dict, description="raw environment")
+    args: list[str] = Field(default_factory=list, description="extra command-line arguments")
+    files: dict[str, str] = Field(default_factory=dict, description="knob files to upload")
+    live: dict[str, KnobValue] = Field(default_factory=dict, description="live knobs after boot")
+
+
+class Design(Strict):
+    """The run order: mirrored cycles so drift cancels, repeats and cache states inside them."""
+
+    order: Literal["abba", "ladder", "sequential"] = Field("abba", description="run order")
+    cycles: int = Field(2, ge=1, description="mirrored cycles (ABBA, BAAB, …)")
+    repeats: int = Field(1, ge=1, description="runs per block (one block = one boot of one arm)")
+    cache_states: list[CacheState] = Field(["warm"], min_length=1, description="warm and/or cold")
+    boot: Literal["per-block", "shared"] = Field("per-block", description="boot per block")
+    seed: int = Field(0, description="seed for prompt order and synthetic prompts")
+    retries: int = Field(1, ge=0, description="retries of a failed run before giving up")
+
+    @field_validator("cache_states")
+    @classmethod
+    def _unique_states(cls, states: list[CacheState]) -> list[CacheState]:
+        if len(set(states)) != len(states):
+            raise ValueError("cache states must not repeat")
+        return states
+
+
+class AnalysisSpec(Strict):
+    """Analysis parameters (DESIGN.md: Metrics and Statistics)."""
+
+    window_s: float = Field(2.0, gt=0, description="cold-share window")
+    margin_pct: float = Field(2.0, gt=0, description="δ: smallest effect worth calling")
+    alpha: float = Field(0.05, gt=0, lt=1, description="significance level")
+    converged_span_s: float = Field(10.0, gt=0, description="span whose median is converged")
+    hold_s: float = Field(4.0, ge=0, description="how long a recovery must hold")
+
+
+class _CellGate(Strict):
+    cells: list[str] | None = Field(None, description="cells it applies to (default: all)")
+
+
+class ExactOutputsGate(_CellGate):
+    """Greedy outputs of each cell equal the control's on k of n held-out prompts."""
+
+    kind: Literal["exact_outputs"]
+    vs: str | None = Field(None, description="reference cell (default: the control)")
+    min_match: str | int = Field("all", description="k/n, k, or 'all'")
+    allow: list[str] = Field(default_factory=list, description="known-flaky prompt ids")
+
+    @field_validator("min_match")
+    @classmethod
+    def _fraction(cls, value: str | int) -> str | int:
+        return value if value == "all" else _check_fraction(value)
+
+
+class CounterGate(_CellGate):
+    """A counter delta per run stays within bounds (e.g. new swap-out pages == 0)."""
+
+    kind: Literal["counter"]
+    counter: str = Field(description="counter name")
+    max: float | None = Field(None, description="upper bound (inclusive)")
+    min: float | None = Field(None, description="lower bound (inclusive)")
+
+    @model_validator(mode="after")
+    def _bound(self) -> CounterGate:
+        if self.max is None and self.min is None:
+            raise ValueError("a counter gate needs `max` and/or `min`")
+        return self
+
+
+class BetterGate(_CellGate):
+    """The cell is *better* than the reference on a metric, in the statistical sense."""
+
+    kind: Literal["better"]
+    metric: str = Field(description="metric name")
+    vs: str | None = Field(None, description="reference cell (default: the control)")
+
+
+class SurvivesGate(_CellGate):
+    """The `better` results hold in every listed cache state, never averaged across them."""
+
+    kind: Literal["survives"]
+    cache_states: list[CacheState] = Field(min_length=1, description="states that must all pass")
+    metrics: list[str] | None = Field(None, description="default: the metrics of better gates")
+
+
+class QualityGate(_CellGate):
+    """k of n quality-suite prompts pass their `check`."""
+
+    kind: Literal["quality"]
+    min_pass: str | int = Field(description="k/n or k")
+    vs: str | None = Field(
+        None, description="also pass at least as many prompts as this cell (no regression)"
+    )
+
+    @field_validator("min_pass")
+    @classmethod
+    def _fraction(cls, value: str | int) -> str | int:
+        return _check_fraction(value)
+
+
+class SoakGate(_CellGate):
+    """A soak reached its duration with no crash, no lost ring record and a bounded tail."""
+
+    kind: Literal["soak"]
+    min_duration_s: float = Field(gt=0, description="duration the soak must reach")
+    itl_p99_ms_max: float | None = Field(None, gt=0, description="inter-token p99 bound")
+    rss_growth_pct_max: float | None = Field(None, ge=0, description="memory growth bound")
+    max_lost_records: int = Field(0, ge=0, description="ring records allowed to be lost")
+
+
+class LockstepGate(_CellGate):
+    """The simulator replays recorded routing with zero divergent decisions."""
+
+    kind: Literal["lockstep"]
+    max_divergent: int = Field(0, ge=0, description="divergent decisions allowed")
+
+
+Gate = Annotated[
+    ExactOutputsGate
+    | CounterGate
+    | BetterGate
+    | SurvivesGate
+    | QualityGate
+    | SoakGate
+    | LockstepGate,
+    Field(discriminator="kind"),
+]
+GATE_KINDS = ("exact_outputs", "counter", "better", "survives", "quality", "soak", "lockstep")
+
+
+class Card(Strict):
+    """A campaign: cells of knob settings, a control, an order, prompts, phases and gates."""
+
+    campaign: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$", description="name, [a-z0-9-]+")
+    description: str = Field("", description="one line for the report")
+    box: str | BoxSpec = Field("local", description="box name or inline box")
+    runtime: str | RuntimeProfile = Field("refbox", description="profile name or inline profile")
+    prompts: PromptsSpec
+    workload: Workload = Field(default_factory=lambda: Workload())
+    cells: dict[str, Cell] = Field(min_length=1, description="arms by name")
+    control: str | None = Field(None, description="the control cell")
+    design: Design = Field(default_factory=lambda: Design())
+    analysis: AnalysisSpec = Field(default_factory=lambda: AnalysisSpec())
+    gates: list[Gate] = Field(default_factory=list, description="promotion gates")
+
+    @field_validator("cells")
+    @classmethod
+    def _cell_names(cls, cells: dict[str, Cell]) -> dict[str, Cell]:
+        for name in cells:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                raise ValueError(f"cell name {name!r}: use letters, digits, '_', '-', '.'")
+        return cells
+
+    @property
+    def treatments(self) -> list[str]:
+        """Cells other than the control, in card order."""
+        return [name for name in self.cells if name != self.control]
