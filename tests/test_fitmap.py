@@ -14,7 +14,8 @@ from harness.errors import BadInput
 from harness.maps import read_hotlist, read_rowmap, write_count_dump
 from harness.sim.commands import register
 from harness.sim.fitmap import coverage, fit_top_k, load_counts
-from harness.sim.traces import load_trace, trace_from_arrays
+from harness.sim.trace_files import load_trace
+from harness.sim.traces import trace_from_arrays
 
 # 2 layers, 4 experts, top-2, 3 tokens (the first a prefill token, which scoring ignores).
 EXPERTS = np.array(

@@ -32,7 +32,7 @@ from harness.llamacpp.gguf_model import TinyMoeShape, read_tokenizer, write_tiny
 from harness.llamacpp.metrics import parse_prometheus, scrape_counters, timings_columns
 from harness.llamacpp.traces import parse_eval_callback, trace_records, write_jsonl
 from harness.profiles import BoxSpec
-from harness.sim.traces import load_trace
+from harness.sim.trace_files import load_trace
 from tests.conftest import REPO, run_cli
 
 gguf = pytest.importorskip("gguf")

@@ -31,7 +31,8 @@ from harness.sim.replay import (
     replay_fast,
     replay_reference,
 )
-from harness.sim.traces import KnobChange, Trace, load_trace, trace_from_arrays
+from harness.sim.trace_files import load_trace
+from harness.sim.traces import KnobChange, Trace, trace_from_arrays
 from harness.telemetry_read import read_ring
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ from harness.errors import TraceError
 from harness.policy import PolicyKnobs
 from harness.refbox.model import Engine, EngineOptions, ModelConfig
 from harness.sim.replay import lockstep
-from harness.sim.traces import concat_traces, decode_counts, load_trace
+from harness.sim.trace_files import load_trace
+from harness.sim.traces import concat_traces, decode_counts
 
 SMALL = ModelConfig(layers=3, experts=16, top_k=2, d_model=16, d_ff=16, seed=7)
 

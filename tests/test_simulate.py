@@ -15,7 +15,8 @@ from harness.gate import evaluate_gates
 from harness.maps import write_rowmap
 from harness.sim.commands import register
 from harness.sim.replay import replay_fast
-from harness.sim.traces import concat_traces, load_trace
+from harness.sim.trace_files import load_trace
+from harness.sim.traces import concat_traces
 from tests.conftest import run_cli
 
 POOL = Path(__file__).resolve().parent / "data" / "pools" / "small.jsonl"

@@ -1,9 +1,10 @@
 """The simulator: replay routing traces through the runtime's own policy code, fit maps.
 
-``traces`` reads every trace format into one :class:`Trace`; ``replay`` replays it (plain and
-fast, identical decisions; cache mode; lockstep against recorded decisions); ``fitmap`` fits
-rowmaps and hotlists and scores their coverage; ``simulate`` writes a simulated campaign
-directory; ``commands`` holds the ``harness simulate`` and ``harness fit-map`` verbs.
+``trace_files`` reads every trace format into one :class:`Trace` (``traces``); ``replay``
+replays it (plain and fast, identical decisions; cache mode; lockstep against recorded
+decisions); ``fitmap`` fits rowmaps and hotlists and scores their coverage; ``simulate``
+writes a simulated campaign directory; ``commands`` holds the ``harness simulate`` and
+``harness fit-map`` verbs.
 """
 
 from harness.sim.fitmap import Coverage, coverage, fit_hotlist_entries, fit_top_k, load_counts
@@ -16,7 +17,8 @@ from harness.sim.replay import (
     replay_fast,
     replay_reference,
 )
-from harness.sim.traces import Trace, concat_traces, decode_counts, load_trace, trace_from_arrays
+from harness.sim.trace_files import load_trace
+from harness.sim.traces import Trace, concat_traces, decode_counts, trace_from_arrays
 
 __all__ = [
     "CostModel",

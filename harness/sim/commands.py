@@ -21,7 +21,7 @@ from harness.sim.fitmap import (
     load_counts,
 )
 from harness.sim.replay import CostModel, lockstep, lockstep_text, parse_overrides
-from harness.sim.traces import file_sha256, load_trace
+from harness.sim.trace_files import file_sha256, load_trace
 
 __all__ = ["register"]
 

@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from harness.errors import BadInput, MapError
 from harness.maps import HotlistEntry, fit_hotlist, fit_rowmap, read_count_dump
-from harness.sim.traces import Trace, decode_counts, file_sha256, load_trace
+from harness.sim.trace_files import file_sha256, load_trace
+from harness.sim.traces import Trace, decode_counts
 
 __all__ = [
     "Coverage",
