@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from harness.card.resolve import (
@@ -21,6 +22,7 @@ from harness.card.resolve import (
 from harness.card.schema import (
     BetterGate,
     Card,
+    Cell,
     CounterGate,
     ExactOutputsGate,
     KnobValue,
@@ -29,7 +31,7 @@ from harness.card.schema import (
 )
 from harness.catalog import COUNTERS, METRICS
 from harness.errors import BadInput, CardError
-from harness.profiles import BoxSpec, RuntimeProfile
+from harness.profiles import BoxSpec, KnobSpec, RuntimeProfile
 from harness.prompts import Prompt, load_pool, normalise
 from harness.yamlfile import Loc, YamlDoc, dotted
 
@@ -111,49 +113,65 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, card_dir: Path, out:
         for key, rel in cell.files.items():
             if not (card_dir / Path(rel).expanduser()).is_file():
                 out.add(("cells", name, "files", key), f"file not found: {rel} (relative to card)")
-        if runtime is None:
+        if runtime is not None:
+            _check_cell_settings(name, cell, runtime, out)
+
+
+def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """File knobs, knobs, env and live values of one cell against the runtime's declarations."""
+    for key in cell.files:
+        if key not in runtime.files:
+            out.add(
+                ("cells", name, "files", key),
+                f"runtime {runtime.name!r} takes no file knob {key!r}"
+                + _did_you_mean(key, sorted(runtime.files)),
+            )
+    _check_values(
+        out,
+        ("cells", name, "knobs"),
+        cell.knobs,
+        runtime.knobs,
+        lambda knob: (
+            f"runtime {runtime.name!r} has no knob {knob!r}"
+            + _did_you_mean(knob, sorted(runtime.knobs))
+        ),
+    )
+    # An env variable no knob declares is passed through raw, so only declared ones are checked.
+    env_specs = {var: found[1] for var in cell.env if (found := runtime.knob_for_env(var))}
+    _check_values(out, ("cells", name, "env"), cell.env, env_specs, None)
+    if not cell.live:
+        return
+    if runtime.telemetry.live_knobs_http is None:
+        out.add(("cells", name, "live"), f"runtime {runtime.name!r} has no live knobs")
+        return
+    live_specs = {s.live: s for s in runtime.knobs.values() if s.live}
+    _check_values(
+        out,
+        ("cells", name, "live"),
+        cell.live,
+        live_specs,
+        lambda knob: f"unknown live knob{_did_you_mean(knob, sorted(live_specs))}",
+    )
+
+
+def _check_values(
+    out: Problems,
+    loc: Loc,
+    values: Mapping[str, KnobValue],
+    specs: Mapping[str, KnobSpec],
+    unknown: Callable[[str], str] | None,
+) -> None:
+    """Each value against the spec of its key; ``unknown`` words the problem of a key with no
+    spec (None: such keys are allowed)."""
+    for key, value in values.items():
+        spec = specs.get(key)
+        if spec is None:
+            if unknown is not None:
+                out.add((*loc, key), unknown(key))
             continue
-        for key in cell.files:
-            if key not in runtime.files:
-                known = sorted(runtime.files)
-                out.add(
-                    ("cells", name, "files", key),
-                    f"runtime {runtime.name!r} takes no file knob {key!r}"
-                    + _did_you_mean(key, known),
-                )
-        for knob, value in cell.knobs.items():
-            spec = runtime.knobs.get(knob)
-            if spec is None:
-                known = sorted(runtime.knobs)
-                out.add(
-                    ("cells", name, "knobs", knob),
-                    f"runtime {runtime.name!r} has no knob {knob!r}{_did_you_mean(knob, known)}",
-                )
-                continue
-            problem = spec.check(_knob_text(value))
-            if problem:
-                out.add(("cells", name, "knobs", knob), problem)
-        for var, value in cell.env.items():
-            declared = runtime.knob_for_env(var)
-            if declared is not None:
-                problem = declared[1].check(_knob_text(value))
-                if problem:
-                    out.add(("cells", name, "env", var), problem)
-        for knob, value in cell.live.items():
-            live_specs = {s.live: s for s in runtime.knobs.values() if s.live}
-            if runtime.telemetry.live_knobs_http is None:
-                out.add(("cells", name, "live"), f"runtime {runtime.name!r} has no live knobs")
-                break
-            spec_for_live = live_specs.get(knob)
-            if spec_for_live is None:
-                out.add(
-                    ("cells", name, "live", knob),
-                    f"unknown live knob{_did_you_mean(knob, sorted(live_specs))}",
-                )
-                continue
-            problem = spec_for_live.check(_knob_text(value))
-            if problem:
-                out.add(("cells", name, "live", knob), problem)
+        problem = spec.check(_knob_text(value))
+        if problem:
+            out.add((*loc, key), problem)
 
 
 def _knob_text(value: KnobValue) -> str:
