@@ -12,18 +12,17 @@ from hypothesis import strategies as st
 
 from harness.maps import fit_rowmap
 from harness.policy import PolicyKnobs
+from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import (
     BOS,
     DOMAIN_SAMPLES,
     GENERATED_CONTEXT_WEIGHT,
     DecodeState,
-    Engine,
-    EngineOptions,
     Model,
     ModelConfig,
-    SlowTier,
     expert_weights,
 )
+from harness.refbox.tiers import SlowTier
 from harness.telemetry_read import read_ring
 
 DEFAULT = ModelConfig()
@@ -147,7 +146,7 @@ def test_slow_tier_holds_the_weights_and_swaps_copy_rows(tmp_path: Path) -> None
     np.testing.assert_array_equal(slow.read(2, 5), weights[5])
     engine = _engine(SMALL, tmp_path, hot_slots=4)
     tiers = engine.source
-    from harness.refbox.model import RowmapTiers
+    from harness.refbox.tiers import RowmapTiers
 
     assert isinstance(tiers, RowmapTiers)
     tiers.swap(1, promoted=9, evicted=2)

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.policy import PolicyKnobs
-from harness.refbox.model import DOMAIN_SAMPLES, Engine, EngineOptions, ModelConfig
+from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.model import DOMAIN_SAMPLES, ModelConfig
 from harness.sim import replay as replay_module
 from harness.sim.commands import register
 from harness.sim.replay import (

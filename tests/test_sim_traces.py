@@ -10,7 +10,8 @@ import pytest
 
 from harness.errors import TraceError
 from harness.policy import PolicyKnobs
-from harness.refbox.model import Engine, EngineOptions, ModelConfig
+from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.model import ModelConfig
 from harness.sim.replay import lockstep
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import concat_traces, decode_counts

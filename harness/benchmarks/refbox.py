@@ -14,7 +14,8 @@ import time
 
 from harness.benchmarks import Figure
 from harness.maps import fit_rowmap
-from harness.refbox.model import DOMAIN_SAMPLES, Engine, EngineOptions, ModelConfig
+from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.model import DOMAIN_SAMPLES, ModelConfig
 
 __all__ = ["run_bench"]
 

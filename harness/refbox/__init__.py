@@ -1,17 +1,14 @@
 """The bundled reference runtime: a small, real MoE decoder with a two-tier expert store.
 
-``model`` holds the decoder, its tiers and the :class:`Engine` (policy, counters, ring, route
-trace); ``server`` serves it over an OpenAI-compatible HTTP API (``harness refbox serve``).
+``model`` is the decoder's maths, ``tiers`` the two-tier expert store (hot arrays or a cache
+over a memory-mapped slow tier), ``engine`` the :class:`Engine` that steps them (policy,
+counters, ring, route trace); ``server`` serves it over an OpenAI-compatible HTTP API
+(``harness refbox serve``).
 """
 
 from __future__ import annotations
 
-from harness.refbox.model import (
-    DOMAIN_SAMPLES,
-    DOMAINS,
-    Engine,
-    EngineOptions,
-    ModelConfig,
-)
+from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.model import DOMAIN_SAMPLES, DOMAINS, ModelConfig
 
 __all__ = ["DOMAINS", "DOMAIN_SAMPLES", "Engine", "EngineOptions", "ModelConfig"]

@@ -1,6 +1,6 @@
 """The reference runtime's HTTP server (``harness refbox serve``, ``python -m harness.refbox``).
 
-An aiohttp server in its own process around one :class:`~harness.refbox.model.Engine`.
+An aiohttp server in its own process around one :class:`~harness.refbox.engine.Engine`.
 
 Endpoints
     ``GET /health``            503 while loading (or with ``--never-ready``), then 200
@@ -50,7 +50,8 @@ from aiohttp import web
 from harness.errors import HarnessError, KnobError
 from harness.maps import read_hotlist, read_rowmap, write_count_dump
 from harness.policy import ExpertCache, PolicyKnobs, parse_priority
-from harness.refbox.model import Engine, EngineOptions, ModelConfig
+from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.model import ModelConfig
 
 __all__ = ["serve_main"]
 

@@ -1,0 +1,367 @@
+"""The engine: one model and its tiers, run step by step with policy, counters, ring and trace.
+
+Host steps are defined on :class:`Engine`. Route trace (JSONL, ``--route-trace``), everything
+the policy saw, in order:
+
+* ``{"kind": "header", "version": 2, "layers", "experts", "top_k", "hot_slots", "mode":
+  "rowmap"|"cache", "knobs": {policy knobs + phase}, "hot": [[ids] per layer]}`` (``hot`` is
+  empty in cache mode);
+* per host step ``{"kind": "step", "step": n, "prefill": bool, "phase": p, "experts": ...}``:
+  a decode step carries ``[[top_k ids] per layer]``, a prefill step one such list per prompt
+  token (BOS first): ``[[[...] per layer] per token]``. The engine calls
+  ``ResidencyPolicy.observe`` once per host step (a prefill step is not counted);
+* after a step line that drained the swap queue, ``{"kind": "drain", "step", "swaps",
+  "saturated"}`` (saturated: layers pinned at the budget), then one ``{"kind": "swap", "step",
+  "layer", "promoted", "evicted"}`` per swap the policy applied, in the policy's order;
+* ``{"kind": "knobs", "step": n, "knobs": {...}}`` when live knobs change; they apply from step
+  ``n`` (the next step to run) on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from harness import policy_kernels
+from harness.errors import KnobError
+from harness.policy import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
+from harness.refbox.model import (
+    BOS,
+    F32,
+    GENERATED_CONTEXT_WEIGHT,
+    I64,
+    DecodeState,
+    Model,
+    ModelConfig,
+    pick_token,
+)
+from harness.refbox.tiers import CacheTiers, RowmapTiers, SlowTier
+from harness.telemetry import ROUTE_TRACE_VERSION, RingGeometry, RingWriter
+
+LIVE_KNOBS = (
+    "policy",
+    "decay_half_life_steps",
+    "promote_threshold",
+    "hysteresis",
+    "drain_every",
+    "swaps_per_layer",
+    "phase",
+)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Everything about a runtime instance except the model geometry."""
+
+    hot_slots: int = 48
+    expert_bytes: int = 512 * 1024
+    cold_dir: str | None = None
+    rowmap: list[list[int]] | None = None  # hot experts per layer; None = first hot_slots
+    knobs: PolicyKnobs | None = None  # None = adaptation frozen with default knobs
+    cache_records: int = 0  # > 0 selects cache mode
+    hotlist: list[tuple[int, int]] = field(default_factory=list)
+    hotlist_priority: Literal["legacy", "adaptive"] | int = "adaptive"
+    ring_path: str | None = None
+    ring_capacity: int = 65536
+    route_trace_path: str | None = None
+    drift_pct_per_min: float = 0.0
+    drift_origin_s: float = 0.0
+    phase: int = 0
+
+
+COUNTER_NAMES = (
+    "tokens",
+    "steps",
+    "lookups",
+    "cold_lookups",
+    "hits",
+    "misses",
+    "expert_loads",
+    "bytes_read",
+    "swaps",
+    "evictions",
+    "prefill_tokens",
+    "decode_tokens",
+    "generated_tokens",
+    "requests",
+)
+
+
+class Engine:
+    """A model plus its tiers, residency policy, counters, ring and route trace.
+
+    Host steps: a request's prefill (BOS + prompt) is one step and yields the first generated
+    token; every later generated token costs one decode step. Step numbers count host steps
+    over the life of the engine, from 0. All methods are thread-safe: a step holds ``lock``,
+    so admin calls (knobs, dumps, counters) land between steps.
+    """
+
+    def __init__(self, cfg: ModelConfig, opts: EngineOptions) -> None:
+        """Build the weights, write the slow tier, fill the hot tier, open ring and trace."""
+        self.cfg = cfg
+        self.opts = opts
+        self.model = Model(cfg)
+        self.lock = threading.Lock()
+        self.slow = SlowTier(cfg, opts.expert_bytes, opts.cold_dir)
+        self.knobs = opts.knobs or PolicyKnobs(policy="frozen")
+        self.phase = opts.phase
+        self.step_no = 0
+        self.closed = False
+        self.requests = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.generated_tokens = 0
+        self.swaps = 0
+        self.route_counts = np.zeros((cfg.layers, cfg.experts), dtype=np.int64)
+        self.policy: ResidencyPolicy | None = None
+        self.cache: ExpertCache | None = None
+        self.source: RowmapTiers | CacheTiers
+        if opts.cache_records > 0:
+            self.cache = ExpertCache(
+                opts.cache_records, opts.hotlist, opts.hotlist_priority, cfg.layers, cfg.experts
+            )
+            self.source = CacheTiers(self.slow, self.cache)
+            hot_slots = opts.cache_records
+        else:
+            hot = opts.rowmap or [list(range(opts.hot_slots))] * cfg.layers
+            self.source = RowmapTiers(self.slow, hot)
+            self.policy = ResidencyPolicy(self.knobs, hot, cfg.experts)
+            hot_slots = opts.hot_slots
+            # Compile (or load) the policy's drain now, not inside the first timed request.
+            policy_kernels.warm_up()
+        self.ring: RingWriter | None = None
+        if opts.ring_path:
+            geometry = RingGeometry(cfg.layers, cfg.experts, cfg.top_k, hot_slots)
+            self.ring = RingWriter(opts.ring_path, opts.ring_capacity, geometry)
+        self._trace: TextIO | None = None
+        if opts.route_trace_path:
+            self._trace = open(opts.route_trace_path, "w", encoding="utf-8")  # noqa: SIM115
+            self._trace_line(
+                {
+                    "kind": "header",
+                    "version": ROUTE_TRACE_VERSION,
+                    "layers": cfg.layers,
+                    "experts": cfg.experts,
+                    "top_k": cfg.top_k,
+                    "hot_slots": hot_slots,
+                    "mode": "cache" if self.cache else "rowmap",
+                    "knobs": self.knob_dict(),
+                    "hot": self.source.hot_sets() if isinstance(self.source, RowmapTiers) else [],
+                }
+            )
+        self._burn = np.ones((32, 32), dtype=np.float32)
+
+    # -- knobs and counters -------------------------------------------------------------------
+
+    def knob_dict(self) -> dict[str, Any]:
+        """The live policy knobs plus the phase tag, as JSON-ready values."""
+        knobs = dataclasses.asdict(self.knobs)
+        knobs["phase"] = self.phase
+        return knobs
+
+    def set_knobs(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply live knob changes (validated first, all or nothing); returns the new knobs."""
+        unknown = sorted(set(changes) - set(LIVE_KNOBS))
+        if unknown:
+            raise KnobError(f"unknown knob(s) {unknown}; live knobs are {list(LIVE_KNOBS)}")
+        phase = changes.get("phase", self.phase)
+        if isinstance(phase, bool) or not isinstance(phase, int):
+            raise KnobError(f"phase: must be an integer, got {phase!r}")
+        fields = {k: v for k, v in changes.items() if k != "phase"}
+        try:
+            knobs = dataclasses.replace(self.knobs, **fields)
+        except TypeError as exc:
+            raise KnobError(str(exc)) from exc
+        knobs.validate()
+        with self.lock:
+            self.knobs = knobs
+            self.phase = phase
+            if self.policy is not None:
+                self.policy.set_knobs(knobs)
+            self._trace_line({"kind": "knobs", "step": self.step_no, "knobs": self.knob_dict()})
+            return self.knob_dict()
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative counters (see COUNTER_NAMES); hits/misses are hot/cold lookups."""
+        with self.lock:
+            tiers = self.source.counters
+            cache = self.cache
+            return {
+                "tokens": self.prefill_tokens + self.decode_tokens,
+                "steps": self.step_no,
+                "lookups": tiers.lookups,
+                "cold_lookups": tiers.cold_lookups,
+                "hits": cache.hits if cache else tiers.lookups - tiers.cold_lookups,
+                "misses": cache.misses if cache else tiers.cold_lookups,
+                "expert_loads": tiers.expert_loads,
+                "bytes_read": tiers.bytes_read,
+                "swaps": self.swaps,
+                "evictions": cache.evictions if cache else self.swaps,
+                "prefill_tokens": self.prefill_tokens,
+                "decode_tokens": self.decode_tokens,
+                "generated_tokens": self.generated_tokens,
+                "requests": self.requests,
+            }
+
+    def route_count_dump(self, *, cumulative: bool = False) -> npt.NDArray[np.float64]:
+        """Counts per layer and expert for map fitting: the policy's decayed counts (rowmap
+        mode, by default), else the raw cumulative decode route counts."""
+        with self.lock:
+            if self.policy is not None and not cumulative:
+                return np.asarray(self.policy.counts(), dtype=np.float64)
+            return self.route_counts.astype(np.float64)
+
+    def hot_sets(self) -> list[list[int]]:
+        """Current hot experts per layer (rowmap mode; empty in cache mode)."""
+        with self.lock:
+            if isinstance(self.source, RowmapTiers):
+                return self.source.hot_sets()
+            return []
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def generate(
+        self, prompt: bytes, max_tokens: int, temperature: float = 0.0, seed: int = 0
+    ) -> Iterator[int]:
+        """Yield exactly ``max_tokens`` generated bytes for ``prompt`` (no stop condition)."""
+        state = DecodeState.fresh(self.cfg)
+        rng = np.random.default_rng(seed) if temperature > 0.0 else None
+        with self.lock:
+            self.requests += 1
+        if max_tokens <= 0:
+            return
+        logits = self._step([BOS, *prompt], state, prefill=True)
+        for i in range(max_tokens):
+            token = pick_token(logits, temperature, rng)
+            with self.lock:
+                self.generated_tokens += 1
+            yield token
+            if i + 1 < max_tokens:
+                if self.closed:  # shutting down: stop generating rather than finish the request
+                    return
+                logits = self._step([token], state, prefill=False)
+
+    def _step(self, tokens: list[int], state: DecodeState, *, prefill: bool) -> F32:
+        """One host step over ``tokens``: forward, policy, swaps, drift, ring and trace."""
+        with self.lock:
+            tiers = self.source.counters
+            lookups0, cold0, bytes0 = tiers.lookups, tiers.cold_lookups, tiers.bytes_read
+            t0 = time.perf_counter_ns()
+            step = self.step_no
+            routes: list[I64] = []
+            applied: list[Swap] = []
+            logits: F32 | None = None
+            weight = 1.0 if prefill else GENERATED_CONTEXT_WEIGHT
+            for token in tokens:
+                out = self.model.step(state, token, self.source, weight)
+                routes.append(out.experts)
+                logits = out.logits
+                if not prefill:
+                    for layer in range(self.cfg.layers):
+                        self.route_counts[layer, out.experts[layer]] += 1
+            drained = False
+            if self.policy is not None:
+                # One policy call per host step: a prefill step is not counted, a decode step
+                # (one token here) is, and may drain.
+                drained = not prefill and self.policy.drain_due()
+                applied = self.policy.observe(step, np.stack(routes), prefill=prefill)
+                for swap in applied:
+                    assert isinstance(self.source, RowmapTiers)
+                    self.source.swap(swap.layer, swap.promoted, swap.evicted)
+            self._drift(time.perf_counter_ns() - t0)
+            t1 = time.perf_counter_ns()
+            self.swaps += len(applied)
+            if prefill:
+                self.prefill_tokens += len(tokens)
+            else:
+                self.decode_tokens += len(tokens)
+            self.step_no += 1
+            if self.ring is not None:
+                self.ring.append(
+                    (
+                        t1,
+                        t1 - t0,
+                        len(tokens),
+                        tiers.lookups - lookups0,
+                        tiers.cold_lookups - cold0,
+                        len(applied),
+                        tiers.bytes_read - bytes0,
+                        self.phase,
+                    )
+                )
+            if self._trace is not None:
+                experts_json: Any = [r.tolist() for r in routes] if prefill else routes[0].tolist()
+                self._trace_line(
+                    {
+                        "kind": "step",
+                        "step": step,
+                        "prefill": prefill,
+                        "phase": self.phase,
+                        "experts": experts_json,
+                    }
+                )
+                if drained:
+                    assert self.policy is not None
+                    self._trace_line(
+                        {
+                            "kind": "drain",
+                            "step": step,
+                            "swaps": len(applied),
+                            "saturated": self.policy.saturated_layers(),
+                        }
+                    )
+                for swap in applied:
+                    self._trace_line(
+                        {
+                            "kind": "swap",
+                            "step": swap.step,
+                            "layer": swap.layer,
+                            "promoted": swap.promoted,
+                            "evicted": swap.evicted,
+                        }
+                    )
+            assert logits is not None
+            return logits
+
+    def _drift(self, work_ns: int) -> None:
+        """Injected drift: extra real work proportional to the step, growing with time."""
+        pct = self.opts.drift_pct_per_min
+        if pct <= 0.0:
+            return
+        minutes = max(0.0, time.time() - self.opts.drift_origin_s) / 60.0
+        extra_s = work_ns * 1e-9 * pct / 100.0 * minutes
+        deadline = time.perf_counter() + extra_s
+        burn = self._burn
+        while time.perf_counter() < deadline:
+            burn = np.tanh(burn @ self._burn * np.float32(0.01))
+
+    def _trace_line(self, record: dict[str, Any]) -> None:
+        if self._trace is not None:
+            self._trace.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        """Push the trace and ring to disk (between requests and at shutdown)."""
+        with self.lock:
+            if self._trace is not None:
+                self._trace.flush()
+            if self.ring is not None:
+                self.ring.flush()
+
+    def close(self) -> None:
+        """Flush and close the ring and the trace; closing twice is harmless."""
+        with self.lock:
+            self.closed = True
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None
+            if self.ring is not None:
+                self.ring.close()
+                self.ring = None
