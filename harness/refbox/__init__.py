@@ -2,8 +2,8 @@
 
 ``model`` is the decoder's maths, ``tiers`` the two-tier expert store (hot arrays or a cache
 over a memory-mapped slow tier), ``engine`` the :class:`Engine` that steps them (policy,
-counters, ring, route trace); ``server`` serves it over an OpenAI-compatible HTTP API
-(``harness refbox serve``).
+counters, ring, route trace); ``options`` parses and checks the serve flags, and ``server``
+serves the engine over an OpenAI-compatible HTTP API (``harness refbox serve``).
 """
 
 from __future__ import annotations

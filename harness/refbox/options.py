@@ -1,0 +1,386 @@
+"""The reference runtime's options: flags and ``REFBOX_*`` env vars, validated into a config.
+
+:func:`parse_serve_args` turns the command line and environment into a :class:`ServeConfig`
+(model geometry, engine options, server settings, the maps read from disk), or prints one line
+``refbox: --flag: message`` and returns exit code 2. Nothing here binds a port or builds the
+engine; :mod:`harness.refbox.server` does that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from harness.errors import HarnessError, KnobError
+from harness.maps import read_hotlist, read_rowmap
+from harness.policy import ExpertCache, PolicyKnobs, parse_priority
+from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.model import ModelConfig
+
+__all__ = ["ServeConfig", "build_parser", "error_message", "parse_serve_args"]
+
+_HELP = """\
+The bundled reference runtime: a small MoE decoder served over an OpenAI-compatible API.
+
+Every flag also reads the environment variable REFBOX_<FLAG> (upper case, dashes as
+underscores, e.g. REFBOX_HOT_SLOTS=32); a flag on the command line wins. An invalid value fails
+startup with one line `refbox: --flag: message` and exit code 2, before the port is bound.
+Readiness: GET /health turns 200 and stderr prints `refbox: listening on http://HOST:PORT`.
+SIGTERM/SIGINT finish gracefully: ring and route trace flushed, counters written, exit 0.
+"""
+
+
+class _UsageError(Exception):
+    """A flag or env value is invalid; the message is the whole line after ``refbox: ``."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse says "argument --port: invalid int value: 'x'"; keep our one-line shape.
+        match = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message)
+        raise _UsageError(f"{match[1]}: {match[2]}" if match else message)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value != value:  # NaN
+        raise ValueError(text)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``serve`` flags (see ``--help``)."""
+    p = _Parser(
+        prog="harness refbox serve",
+        description=_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    net = p.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    net.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (8000)")
+    net.add_argument("--model-name", default="refbox", help="served model id (refbox)")
+    geo = p.add_argument_group("model")
+    geo.add_argument("--layers", type=int, default=8, help="MoE layers (8)")
+    geo.add_argument("--experts", type=int, default=64, help="experts per layer (64)")
+    geo.add_argument("--top-k", type=int, default=4, help="experts per token per layer (4)")
+    geo.add_argument("--d-model", type=int, default=64, help="hidden width (64)")
+    geo.add_argument("--d-ff", type=int, default=128, help="expert FFN width (128)")
+    geo.add_argument("--seed", type=int, default=0, help="weights seed (0)")
+    tier = p.add_argument_group("tiers")
+    tier.add_argument("--hot-slots", type=int, default=48, help="resident experts per layer (48)")
+    tier.add_argument(
+        "--expert-bytes",
+        type=int,
+        default=512 * 1024,
+        help="slow-tier record size in bytes; a cold lookup reads and copies one whole record, "
+        "so this scales the cost of a miss (524288; never below the weights' own size)",
+    )
+    tier.add_argument("--cold-dir", default=None, help="directory for the slow-tier file (tmp)")
+    tier.add_argument(
+        "--rowmap",
+        default=None,
+        help="rowmap JSON: hot experts per layer (default: the first "
+        "hot-slots ids of each layer, a deliberately stale map)",
+    )
+    tier.add_argument("--hotlist", default=None, help="ds4 hotlist file (cache mode)")
+    tier.add_argument(
+        "--cache-records", type=int, default=0, help="cache mode: cached records in all (0 = off)"
+    )
+    tier.add_argument(
+        "--hotlist-priority", default="adaptive", help="cache mode prior: legacy, adaptive or N"
+    )
+    pol = p.add_argument_group("adaptive residency policy (rowmap mode)")
+    d = PolicyKnobs()
+    pol.add_argument("--policy", default=d.policy, help=f"adaptive or frozen ({d.policy})")
+    pol.add_argument(
+        "--decay-half-life-steps",
+        type=_float,
+        default=d.decay_half_life_steps,
+        help=f"EWMA half-life of the counters ({d.decay_half_life_steps:g})",
+    )
+    pol.add_argument(
+        "--promote-threshold",
+        type=_float,
+        default=d.promote_threshold,
+        help=f"decayed count a cold expert needs ({d.promote_threshold:g})",
+    )
+    pol.add_argument(
+        "--hysteresis",
+        type=_float,
+        default=d.hysteresis,
+        help=f"margin over the weakest hot expert ({d.hysteresis:g})",
+    )
+    pol.add_argument(
+        "--drain-every",
+        type=int,
+        default=d.drain_every,
+        help=f"decode steps between swap-queue drains ({d.drain_every})",
+    )
+    pol.add_argument(
+        "--swaps-per-layer",
+        type=int,
+        default=d.swaps_per_layer,
+        help=f"swaps per layer per drain ({d.swaps_per_layer})",
+    )
+    out = p.add_argument_group("files")
+    out.add_argument("--ring", default=None, help="telemetry ring file (one record per step)")
+    out.add_argument("--ring-capacity", type=int, default=65536, help="ring slots (65536)")
+    out.add_argument("--counters", default=None, help="counters JSON written at shutdown")
+    out.add_argument("--route-trace", default=None, help="routing trace JSONL")
+    out.add_argument("--phase", type=int, default=0, help="initial phase tag in the ring (0)")
+    fault = p.add_argument_group("fault and drift injection")
+    fault.add_argument(
+        "--fail-after-tokens",
+        type=int,
+        default=None,
+        help="exit with code 1 right after the N-th generated token of the process lifetime",
+    )
+    fault.add_argument(
+        "--hang-after-tokens",
+        type=int,
+        default=None,
+        help="after the N-th generated token stop emitting, keeping the connection open",
+    )
+    fault.add_argument(
+        "--boot-delay-s",
+        type=_float,
+        default=0.0,
+        help="wait this long (health 503) before loading the model (0)",
+    )
+    fault.add_argument(
+        "--never-ready", action="store_true", help="load, but keep /health at 503 forever"
+    )
+    fault.add_argument(
+        "--drift-pct-per-min",
+        type=_float,
+        default=0.0,
+        help="make every step P%% slower per minute since --drift-origin, by real extra work",
+    )
+    fault.add_argument(
+        "--drift-origin",
+        type=_float,
+        default=None,
+        help="epoch seconds the drift counts from, shared across boots (default: boot time)",
+    )
+    return p
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _apply_env(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
+    """Turn REFBOX_<FLAG> variables into defaults, so command-line flags still win."""
+    for action in parser._actions:
+        flags = [o for o in action.option_strings if o.startswith("--")]
+        if not flags or flags[0] == "--help":
+            continue
+        flag = flags[0]
+        key = "REFBOX_" + flag[2:].upper().replace("-", "_")
+        if key not in environ:
+            continue
+        raw = environ[key]
+        if isinstance(action, argparse._StoreTrueAction):
+            if raw.strip().lower() not in _TRUE | _FALSE:
+                raise _UsageError(f"{flag}: {key}={raw!r} must be one of 1, 0, true, false")
+            action.default = raw.strip().lower() in _TRUE
+            continue
+        convert: Callable[[str], Any] = action.type if callable(action.type) else str
+        try:
+            action.default = convert(raw)
+        except ValueError as exc:
+            raise _UsageError(f"{flag}: invalid value {raw!r} from {key}") from exc
+
+
+@dataclass
+class ServeConfig:
+    """Validated serve settings: the parsed flags plus the maps read from disk."""
+
+    args: argparse.Namespace
+    model: ModelConfig
+    options: EngineOptions
+    host: str
+    port: int
+    model_name: str
+    counters_path: str | None
+    fail_after_tokens: int | None
+    hang_after_tokens: int | None
+    boot_delay_s: float
+    never_ready: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def build_engine(self) -> Engine:
+        """Build the engine (weights, slow tier, hot tier, ring, trace): the slow part of a boot."""
+        return Engine(self.model, self.options)
+
+
+_KNOB_FLAGS = {
+    "policy": "--policy",
+    "decay_half_life_steps": "--decay-half-life-steps",
+    "promote_threshold": "--promote-threshold",
+    "hysteresis": "--hysteresis",
+    "drain_every": "--drain-every",
+    "swaps_per_layer": "--swaps-per-layer",
+}
+
+
+def _validate(a: argparse.Namespace) -> ServeConfig:
+    """Check every value and read the maps; raises _UsageError naming the first bad flag."""
+
+    def need(ok: bool, flag: str, message: str) -> None:
+        if not ok:
+            raise _UsageError(f"{flag}: {message}")
+
+    need(0 <= a.port <= 65535, "--port", f"must be in 0..65535, got {a.port}")
+    for flag, value in (
+        ("--layers", a.layers),
+        ("--experts", a.experts),
+        ("--d-model", a.d_model),
+        ("--d-ff", a.d_ff),
+    ):
+        need(value >= 1, flag, f"must be a positive integer, got {value}")
+    need(
+        1 <= a.top_k <= a.experts, "--top-k", f"must be in 1..experts ({a.experts}), got {a.top_k}"
+    )
+    need(
+        0 <= a.hot_slots <= a.experts,
+        "--hot-slots",
+        f"must be in 0..experts ({a.experts}), got {a.hot_slots}",
+    )
+    need(a.expert_bytes >= 0, "--expert-bytes", f"must be >= 0, got {a.expert_bytes}")
+    need(a.ring_capacity >= 1, "--ring-capacity", f"must be >= 1, got {a.ring_capacity}")
+    need(a.cache_records >= 0, "--cache-records", f"must be >= 0, got {a.cache_records}")
+    for flag, value in (
+        ("--fail-after-tokens", a.fail_after_tokens),
+        ("--hang-after-tokens", a.hang_after_tokens),
+    ):
+        need(value is None or value >= 1, flag, f"must be a positive integer, got {value}")
+    for flag, value in (
+        ("--boot-delay-s", a.boot_delay_s),
+        ("--drift-pct-per-min", a.drift_pct_per_min),
+    ):
+        need(value >= 0, flag, f"must be >= 0, got {value}")
+    if a.cold_dir is not None:
+        need(os.path.isdir(a.cold_dir), "--cold-dir", f"{a.cold_dir!r} is not a directory")
+    knobs = PolicyKnobs(
+        policy=a.policy,
+        decay_half_life_steps=a.decay_half_life_steps,
+        promote_threshold=a.promote_threshold,
+        hysteresis=a.hysteresis,
+        drain_every=a.drain_every,
+        swaps_per_layer=a.swaps_per_layer,
+    )
+    try:
+        knobs.validate()
+    except KnobError as exc:
+        name = exc.message.split(":", 1)[0]
+        raise _UsageError(f"{_KNOB_FLAGS.get(name, '--policy')}: {exc.message}") from exc
+    try:
+        priority = parse_priority(a.hotlist_priority)
+    except KnobError as exc:
+        raise _UsageError(f"--hotlist-priority: {exc.message}") from exc
+    rowmap: list[list[int]] | None = None
+    hot_slots = a.hot_slots
+    if a.rowmap is not None:
+        need(
+            a.cache_records == 0,
+            "--rowmap",
+            "a rowmap and cache mode (--cache-records) exclude each other; pick one",
+        )
+        try:
+            loaded = read_rowmap(a.rowmap, experts=a.experts)
+        except (HarnessError, OSError) as exc:
+            raise _UsageError(f"--rowmap: {error_message(exc)}") from exc
+        rowmap = [sorted(int(e) for e in layer) for layer in loaded.hot]
+        need(
+            len(rowmap) == a.layers,
+            "--rowmap",
+            f"{a.rowmap}: has {len(rowmap)} layers, the model has {a.layers} (--layers)",
+        )
+        sizes = sorted({len(layer) for layer in rowmap})
+        need(
+            len(sizes) == 1,
+            "--rowmap",
+            f"{a.rowmap}: hot sets differ in size across layers ({sizes}); one size per map",
+        )
+        hot_slots = sizes[0]
+    hotlist: list[tuple[int, int]] = []
+    if a.hotlist is not None:
+        need(a.cache_records > 0, "--hotlist", "a hotlist needs cache mode: set --cache-records N")
+        try:
+            entries = read_hotlist(a.hotlist).entries
+            hotlist = [(int(e[0]), int(e[1])) for e in entries]
+            ExpertCache(a.cache_records, hotlist, priority, a.layers, a.experts)
+        except (HarnessError, OSError) as exc:
+            raise _UsageError(f"--hotlist: {error_message(exc)}") from exc
+    for flag, path in (
+        ("--ring", a.ring),
+        ("--counters", a.counters),
+        ("--route-trace", a.route_trace),
+    ):
+        if path is not None:
+            parent = os.path.dirname(os.path.abspath(path))
+            need(os.path.isdir(parent), flag, f"directory {parent!r} does not exist")
+    model = ModelConfig(
+        layers=a.layers,
+        experts=a.experts,
+        top_k=a.top_k,
+        d_model=a.d_model,
+        d_ff=a.d_ff,
+        seed=a.seed,
+    )
+    options = EngineOptions(
+        hot_slots=hot_slots,
+        expert_bytes=a.expert_bytes,
+        cold_dir=a.cold_dir,
+        rowmap=rowmap,
+        knobs=knobs,
+        cache_records=a.cache_records,
+        hotlist=hotlist,
+        hotlist_priority=priority,
+        ring_path=a.ring,
+        ring_capacity=a.ring_capacity,
+        route_trace_path=a.route_trace,
+        drift_pct_per_min=a.drift_pct_per_min,
+        drift_origin_s=time.time() if a.drift_origin is None else a.drift_origin,
+        phase=a.phase,
+    )
+    return ServeConfig(
+        args=a,
+        model=model,
+        options=options,
+        host=a.host,
+        port=a.port,
+        model_name=a.model_name,
+        counters_path=a.counters,
+        fail_after_tokens=a.fail_after_tokens,
+        hang_after_tokens=a.hang_after_tokens,
+        boot_delay_s=a.boot_delay_s,
+        never_ready=a.never_ready,
+    )
+
+
+def error_message(exc: BaseException) -> str:
+    """The one-line message of a harness or file error, as a flag error or HTTP 400 shows it."""
+    if isinstance(exc, HarnessError):
+        return exc.message
+    if isinstance(exc, OSError):
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
+def parse_serve_args(argv: list[str], environ: dict[str, str] | None = None) -> ServeConfig | int:
+    """Parse and validate flags and env; on error print one line and return exit code 2."""
+    parser = build_parser()
+    try:
+        _apply_env(parser, dict(os.environ if environ is None else environ))
+        return _validate(parser.parse_args(argv))
+    except _UsageError as exc:
+        print(f"refbox: {exc}", file=sys.stderr)
+        return 2
