@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.card import load_card
+from harness.card import load_card, read_card_schema
 from harness.errors import BadInput, CardError
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, REPO, run_cli
 
 GGUF = REPO / "campaigns" / "models" / "tiny-moe.gguf"
 INVALID = sorted((DATA / "cards" / "invalid").glob("*.yaml"))
@@ -34,6 +34,7 @@ def test_there_is_an_invalid_card_for_each_required_case() -> None:
         "duplicate-key",
         "tabs",
         "zero-cycles",
+        "removed-boot",
     }
     assert required <= names
 
@@ -121,3 +122,20 @@ def test_unknown_box_suggests_a_name(tmp_path: Path) -> None:
     with pytest.raises(CardError) as caught:
         load_card(card)
     assert "card.yaml:2: box: unknown box 'locl'; did you mean `local`?" in caught.value.lines()[0]
+
+
+def test_removed_design_boot_is_named_at_its_line_and_exits_2() -> None:
+    removed = "design.boot: removed: every run boots its own runtime; delete this line"
+    path = DATA / "cards" / "invalid" / "removed-boot.yaml"
+    with pytest.raises(CardError) as caught:
+        load_card(path)
+    # Only the removal is reported, not also an "unknown key" for the same line.
+    assert caught.value.lines() == [f"{path}:9: {removed}"]
+    # A campaign directory's stored card says the same when it is read back for analysis.
+    with pytest.raises(CardError) as caught:
+        read_card_schema(path)
+    assert caught.value.lines() == [f"{path}:9: {removed}"]
+    result = run_cli("validate", str(path))
+    assert result.code == 2
+    assert "Traceback" not in result.stderr
+    assert f"removed-boot.yaml:9: {removed}" in result.stderr

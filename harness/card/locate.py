@@ -13,7 +13,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ValidationError
 
-from harness.card.schema import GATE_KINDS
+from harness.card.schema import GATE_KINDS, REMOVED_FIELDS
 from harness.yamlfile import Loc, YamlDoc, dotted
 
 
@@ -70,10 +70,13 @@ def _looks_like_tag(part: str) -> bool:
 
 
 def _unknown_key(model: type[BaseModel], loc: Loc) -> str:
-    """The message for a key ``model`` does not have at ``loc``, with the key it may have meant."""
+    """The message for a key ``model`` does not have at ``loc``: removed, misspelt, or unknown."""
     owner = _model_at(model, loc[:-1])
     if owner is None:
         return "unknown key"
+    removed = REMOVED_FIELDS.get((owner, str(loc[-1])))
+    if removed is not None:
+        return f"removed: {removed}"
     close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
     if close:
         return f"unknown key; did you mean `{close[0]}`?"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from harness.profiles import BoxSpec, RuntimeProfile, Strict
 
@@ -109,9 +109,8 @@ class Design(Strict):
 
     order: Literal["abba", "ladder", "sequential"] = Field("abba", description="run order")
     cycles: int = Field(2, ge=1, description="mirrored cycles (ABBA, BAAB, …)")
-    repeats: int = Field(1, ge=1, description="runs per block (one block = one boot of one arm)")
+    repeats: int = Field(1, ge=1, description="runs per block (one arm's back-to-back runs)")
     cache_states: list[CacheState] = Field(["warm"], min_length=1, description="warm and/or cold")
-    boot: Literal["per-block", "shared"] = Field("per-block", description="boot per block")
     seed: int = Field(0, description="seed for prompt order and synthetic prompts")
     retries: int = Field(1, ge=0, description="retries of a failed run before giving up")
 
@@ -254,3 +253,10 @@ class Card(Strict):
     def treatments(self) -> list[str]:
         """Cells other than the control, in card order."""
         return [name for name in self.cells if name != self.control]
+
+
+# Fields a card may no longer set, and what to do instead. Pydantic alone would call them unknown
+# keys; saying they were removed tells the author the line is dead, not misspelt.
+REMOVED_FIELDS: dict[tuple[type[BaseModel], str], str] = {
+    (Design, "boot"): "every run boots its own runtime; delete this line",
+}
