@@ -7,6 +7,9 @@ its PID is also its process-group id and the whole group can be signalled.
 
 Over SSH every command runs under ``timeout`` on the box, because a command that times out here
 keeps running there; host keys are checked against known_hosts unless the box opts out.
+
+It stays whole past the ~500-line mark: the local and SSH boxes are one job, two sides of one
+interface over one shell text, and are best read side by side.
 """
 
 from __future__ import annotations
