@@ -20,6 +20,7 @@ import pytest
 from markupsafe import escape
 
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign
+from harness.analyze.seed_tables import ratio_of
 from harness.gate import evaluate_gates
 from harness.report import build_context, copy_path, fmt, register, render_report
 
@@ -201,7 +202,7 @@ def test_frozen_map_table_uses_domain_medians(
         cell = pick[pick["cell"] == "adaptive"]["decode_tok_s"].median()
         assert rows[f"{domain} C1"]["control"]["value"] == pytest.approx(control)
         assert rows[f"{domain} C1"]["cell"]["value"] == pytest.approx(cell)
-        assert rows[f"{domain} C1"]["delta"] == fmt.delta(control, cell)
+        assert rows[f"{domain} C1"]["delta"] == fmt.delta(ratio_of(control, cell))
 
 
 def test_campaign_section_shows_diff_design_pools_and_box(
@@ -333,4 +334,4 @@ def test_simulated_sibling_is_shown_as_predicted(tiny_root: Path, tmp_path: Path
     [(127.1, 183.7, "+44.5%"), (202.7, 201.4, "−0.6%"), (85.0, 177.9, "2.1×"), (None, 1.0, "—")],
 )
 def test_delta_format_follows_seed_000(control: float | None, cell: float, expected: str) -> None:
-    assert fmt.delta(control, cell) == expected
+    assert fmt.delta(ratio_of(control, cell)) == expected

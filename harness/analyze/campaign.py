@@ -17,8 +17,14 @@ import pandas as pd
 
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
+from harness.analyze.seed_tables import (
+    PredictedVsMeasured,
+    SeedTables,
+    build_seed_tables,
+    predicted_vs_measured,
+)
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
-from harness.errors import RecordError
+from harness.errors import HarnessError, RecordError
 from harness.records import CampaignDir, read_json, read_parquet, write_json_atomic, write_parquet
 
 RUN_KEYS = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state", "pattern", "comparison")
@@ -36,6 +42,7 @@ class CampaignAnalysis:
     outputs: pd.DataFrame  # one row per run × prompt: output hash and text
     cells: pd.DataFrame  # one row per cell × cache state: medians over ok runs
     comparisons: list[CellComparison]
+    seed_tables: SeedTables
     flags: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     simulated: bool = False
@@ -64,6 +71,7 @@ class CampaignAnalysis:
             "comparisons": comparisons,
             "flags": self.flags,
             "warnings": self.warnings,
+            "seed_tables": self.seed_tables.to_json(),
         }
 
 
@@ -237,8 +245,45 @@ def _metrics_to_compare(card: Card) -> list[str]:
     return metrics
 
 
-def analyze_campaign(root: Path) -> CampaignAnalysis:
-    """Compute every table of a campaign directory (reads records, writes nothing)."""
+def simulated_siblings(root: Path, campaign: str) -> list[Path]:
+    """Simulated campaigns of the same card, newest first.
+
+    ``harness simulate`` writes ``reports/<campaign>-sim/<stamp>/``; a simulated campaign may also
+    sit beside the measured one (``reports/<campaign>/<stamp>/`` marked ``SIMULATED``).
+    """
+    folders = [root.parent, root.parent.parent / f"{campaign}-sim"]
+    found = [
+        p
+        for folder in folders
+        if folder.is_dir()
+        for p in folder.iterdir()
+        if p.resolve() != root.resolve() and (p / "SIMULATED").is_file()
+    ]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeasured | None:
+    """Predicted against measured from the newest simulated sibling of the same campaign."""
+    for sibling in simulated_siblings(root, card.campaign):
+        try:
+            predicted = analyze_campaign(sibling, predictions=False)
+        except HarnessError:
+            continue  # an unreadable sibling predicts nothing; the next one may
+        if predicted.card.campaign != card.campaign:
+            continue
+        source = f"{sibling.parent.name}/{sibling.name}"
+        found = predicted_vs_measured(card, cells, predicted.cells, source)
+        if found is not None:
+            return found
+    return None
+
+
+def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysis:
+    """Compute every table of a campaign directory (reads records, writes nothing).
+
+    With ``predictions``, a measured campaign also reads its newest simulated sibling for the
+    predicted-against-measured table.
+    """
     from harness.records import open_campaign
 
     campaign = open_campaign(root)
@@ -276,6 +321,16 @@ def analyze_campaign(root: Path) -> CampaignAnalysis:
                 }
             )
     simulated = (root / "SIMULATED").is_file()
+    cells = _cell_table(runs, card)
+    predicted = _predictions(root, card, cells) if predictions and not simulated else None
+    seed_tables = build_seed_tables(
+        card,
+        cells,
+        tables.shifts,
+        tables.domains,
+        pd.DataFrame(comparison_rows(comparisons)),
+        predicted,
+    )
     return CampaignAnalysis(
         campaign=campaign,
         card=card,
@@ -283,8 +338,9 @@ def analyze_campaign(root: Path) -> CampaignAnalysis:
         shifts=tables.shifts,
         domains=tables.domains,
         outputs=tables.outputs,
-        cells=_cell_table(runs, card),
+        cells=cells,
         comparisons=comparisons,
+        seed_tables=seed_tables,
         flags=flags,
         warnings=warnings,
         simulated=simulated,
@@ -300,6 +356,8 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
     write_parquet(analysis.outputs, folder / "outputs.parquet")
     write_parquet(analysis.cells, folder / "cells.parquet")
     write_parquet(analysis.comparison_table(), folder / "comparisons.parquet")
+    for stem, frame in analysis.seed_tables.frames().items():
+        write_parquet(frame, folder / f"{stem}.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())
     return folder
 

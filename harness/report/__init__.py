@@ -28,8 +28,6 @@ TEMPLATE = "report.html.j2"
 REPORT_NAME = "report.html"
 # Metrics whose per-cycle block values are drawn (the throughput claims drift can confound).
 CYCLE_METRICS = ("decode_tok_s", "tpot_p50_ms")
-# Runtime-side metrics a simulator predicts, shown predicted vs measured.
-PREDICTED_METRICS = ("t90_s", "t2x_s", "churn_per_min", "ring_cold_share", "hit_rate")
 
 
 def render_report(
@@ -91,7 +89,7 @@ def build_context(
     pools = ctx.pools_context(root, analysis)
     comparisons = ctx.comparison_rows(analysis)
     images: dict[str, Any] = {"cold_share": None, "cycles": [], "tpot": None, "swap": None}
-    simulated = simulated_sibling(root, analysis)
+    predicted = ctx.predicted_table(analysis)
     if figures:
         data = fig.load_run_data(analysis)
         images["cold_share"] = fig.cold_share_figure(analysis, data, palette)
@@ -101,8 +99,8 @@ def build_context(
                 images["cycles"].append({"metric": metric, "png": image})
         images["tpot"] = fig.tpot_cdf_figure(data, analysis, palette)
         images["swap"] = fig.swap_cost_figure(data, analysis, palette)
-        if simulated is not None:
-            simulated["png"] = fig.predicted_figure(simulated["rows"])
+        if predicted is not None:
+            predicted["png"] = fig.predicted_figure(predicted["rows"])
     return {
         "title": f"{card.campaign}: {'PASS' if verdict.passed else 'FAIL'}",
         "campaign": card.campaign,
@@ -121,7 +119,7 @@ def build_context(
         "workload": card.workload.model_dump(mode="json"),
         "analysis_spec": card.analysis.model_dump(mode="json"),
         "recovery": ctx.recovery_table(analysis),
-        "frozen": ctx.frozen_map_tables(analysis),
+        "frozen": ctx.frozen_map_tables(analysis, comparisons),
         "policy": ctx.policy_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
@@ -130,7 +128,7 @@ def build_context(
         "samples": ctx.sample_outputs(analysis, pools["texts"]),
         "images": images,
         "figures_enabled": figures,
-        "predicted": simulated,
+        "predicted": predicted,
         "card_text": _read_text(root / "card.yaml"),
         "failed_runs": ctx.failed_runs(analysis),
         "links": ctx.raw_links(analysis),
@@ -143,57 +141,6 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         return f"({path.name} unreadable: {exc})"
-
-
-def simulated_sibling(root: Path, analysis: CampaignAnalysis) -> dict[str, Any] | None:
-    """Predicted vs measured rows from the newest sibling campaign marked ``SIMULATED``."""
-    if analysis.simulated or not root.parent.is_dir():
-        return None
-    from harness.analyze.campaign import analyze_campaign
-    from harness.errors import HarnessError
-    from harness.report import fmt
-
-    siblings = sorted(
-        (p for p in root.parent.iterdir() if p != root and (p / "SIMULATED").is_file()),
-        key=lambda p: p.name,
-    )
-    for sibling in reversed(siblings):
-        try:
-            predicted = analyze_campaign(sibling)
-        except HarnessError:
-            continue
-        if predicted.card.campaign != analysis.card.campaign:
-            continue
-        rows: list[dict[str, object]] = []
-        state = analysis.card.design.cache_states[0]
-        for metric in PREDICTED_METRICS:
-            for cell in analysis.card.cells:
-                measured = _value(analysis.cells, cell, state, metric)
-                guess = _value(predicted.cells, cell, state, metric)
-                if measured is None and guess is None:
-                    continue
-                rows.append(
-                    {
-                        "metric": metric,
-                        "cell": cell,
-                        "predicted": guess,
-                        "measured": measured,
-                        "predicted_text": fmt.num(guess),
-                        "measured_text": fmt.num(measured),
-                    }
-                )
-        if rows:
-            return {"dir": sibling.name, "rows": rows, "png": None}
-    return None
-
-
-def _value(cells: Any, cell: str, state: str, metric: str) -> float | None:
-    from harness.report import fmt
-
-    if cells.empty or metric not in cells.columns:
-        return None
-    hit = cells[(cells["cell"] == cell) & (cells["cache_state"] == state)]
-    return None if hit.empty else fmt.finite(hit[metric].iloc[0])
 
 
 # ---- the CLI verb ----------------------------------------------------------------------------

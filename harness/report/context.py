@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from harness.analyze.campaign import CampaignAnalysis
+from harness.analyze.seed_tables import T90, cell_value
 from harness.card import Card, Cell
 from harness.catalog import METRICS
 from harness.errors import HarnessError
@@ -59,27 +56,12 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
 
 
-def _median(values: Iterable[Any]) -> float | None:
-    clean = [v for v in (fmt.finite(x) for x in values) if v is not None]
-    return float(np.median(clean)) if clean else None
-
-
-def _keys(analysis: CampaignAnalysis) -> list[tuple[str, str]]:
-    """(cell, cache state) pairs in card order."""
-    card = analysis.card
-    return [(cell, state) for cell in card.cells for state in card.design.cache_states]
-
-
 def _key_name(analysis: CampaignAnalysis, cell: str, state: str) -> str:
     return cell if len(analysis.card.design.cache_states) == 1 else f"{cell} / {state}"
 
 
 def _cell_value(analysis: CampaignAnalysis, cell: str, state: str, column: str) -> float | None:
-    cells = analysis.cells
-    if cells.empty or column not in cells.columns:
-        return None
-    hit = cells[(cells["cell"] == cell) & (cells["cache_state"] == state)]
-    return None if hit.empty else fmt.finite(hit[column].iloc[0])
+    return cell_value(analysis.cells, cell, state, column)
 
 
 # ---- verdict ---------------------------------------------------------------------------------
@@ -267,7 +249,6 @@ def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
         "cycles": card.design.cycles,
         "repeats": card.design.repeats,
         "cache_states": list(card.design.cache_states),
-        "boot": card.design.boot,
         "patterns": [p for _, p in cycles if p],
         "strips": [{"box": box, "blocks": blocks} for box, blocks in strips.items()],
         "legend": [{"cell": c, "color": palette[c]} for c in card.cells],
@@ -355,235 +336,160 @@ def _prompt_domains(analysis: CampaignAnalysis) -> dict[str, str]:
     return {}
 
 
-# ---- seed tables -----------------------------------------------------------------------------
+# ---- seed tables (computed by harness.analyze.seed_tables; formatted here) --------------------
 
 
-def _general(note: str) -> str:
-    """A recovery note without its per-run numbers, so equal notes group across runs."""
-    return re.sub(r"^phase lasted [0-9.]+ s, under", "phase shorter than", note)
-
-
-def _t90_median(values: list[Any]) -> tuple[float | None, int]:
-    """Median T90 where "never" (None) counts as infinitely slow; and how many never recovered."""
-    data = [fmt.finite(v) for v in values]
-    never = sum(1 for v in data if v is None)
-    if not data:
-        return None, 0
-    ordered = sorted(math.inf if v is None else v for v in data)
-    median = float(np.median(ordered)) if never * 2 < len(data) else math.inf
-    return median, never
-
-
-def _t90_text(value: float | None) -> str:
-    if value is None:
+def _t90_text(t90: T90) -> str:
+    if t90.median_s is None:
         return fmt.MISSING
-    return "never" if math.isinf(value) else fmt.seconds(value)
+    if t90.never_majority:
+        return "never"
+    text = fmt.seconds(t90.median_s)
+    return text + (f" ({t90.never}/{t90.runs} never)" if t90.never else "")
 
 
 def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     """Seed 000 §4: T90 per shift direction, ratio vs control, steady churn, converged C1."""
-    shifts = analysis.shifts
-    has_churn = "churn_per_min" in analysis.cells.columns and bool(
-        analysis.cells["churn_per_min"].notna().any()
-    )
-    if shifts.empty and not has_churn:
+    ladder = analysis.seed_tables.recovery
+    if ladder is None:
         return None
-    directions: list[tuple[str, str]] = []
-    if not shifts.empty:
-        for pair in zip(shifts["from_phase"], shifts["to_phase"], strict=True):
-            key = (str(pair[0]), str(pair[1]))
-            if key not in directions:
-                directions.append(key)
-    phases = list(dict.fromkeys(to for _, to in directions))
-    control = analysis.card.control
-    rows, notes = [], []
-    medians: dict[tuple[str, str, tuple[str, str]], float | None] = {}
-    for cell, state in _keys(analysis):
-        mine = (
-            shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
-            if not shifts.empty
-            else shifts
-        )
-        for direction in directions:
-            sel = mine[(mine["from_phase"] == direction[0]) & (mine["to_phase"] == direction[1])]
-            medians[(cell, state, direction)] = _t90_median(list(sel["t90_s"]))[0]
-    for cell, state in _keys(analysis):
-        mine = (
-            shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
-            if not shifts.empty
-            else shifts
-        )
-        t90_cells, ratio_cells, c1_cells = [], [], []
-        row_notes: list[str] = []
-        for direction in directions:
-            sel = mine[(mine["from_phase"] == direction[0]) & (mine["to_phase"] == direction[1])]
-            median, never = _t90_median(list(sel["t90_s"]))
-            text = _t90_text(median)
-            if never and median is not None and not math.isinf(median):
-                text += f" ({never}/{len(sel)} never)"
-            t90_cells.append({"value": median, "text": text, "n": len(sel)})
-            base = medians.get((control, state, direction)) if control else None
-            if (
-                median is not None
-                and base is not None
-                and not math.isinf(median)
-                and not math.isinf(base)
-                and base > 0
-            ):
-                ratio_cells.append(fmt.ratio(median / base))
-            else:
-                ratio_cells.append(fmt.MISSING)
-            for note in sel.get("notes", []):
-                for part in str(note).split("; "):
-                    if part:
-                        row_notes.append(f"{direction[0]}→{direction[1]}: {_general(part)}")
-        for phase in phases:
-            sel = mine[mine["to_phase"] == phase] if not mine.empty else mine
-            value = _median(sel["converged_tok_s"]) if not sel.empty else None
-            c1_cells.append({"value": value, "text": fmt.fixed(value, 1)})
-        note_ids = []
-        n_runs = max(1, len(set(mine["run_id"])) if not mine.empty else 1)
-        for note, times in Counter(row_notes).items():
-            text = f"{note} ({times} of {n_runs} runs)"
-            if text not in notes:
-                notes.append(text)
-            note_ids.append(notes.index(text) + 1)
-        churn = _cell_value(analysis, cell, state, "churn_per_min")
-        c1 = _cell_value(analysis, cell, state, "c1_tok_s")
-        if c1 is None:
-            c1 = _cell_value(analysis, cell, state, "decode_tok_s")
+    rows = []
+    for row in ladder.rows:
+        ratio = "1.00×"
+        if not row.control:
+            ratio = " / ".join(fmt.ratio(t.vs_control) for t in row.t90)
         rows.append(
             {
-                "name": _key_name(analysis, cell, state),
-                "cell": cell,
-                "state": state,
-                "description": analysis.card.cells[cell].description,
-                "control": cell == control,
-                "t90": t90_cells,
-                "ratio": " / ".join(ratio_cells) if cell != control else "1.00×",
-                "churn": {"value": churn, "text": fmt.fixed(churn, 0, "/min")},
-                "c1": c1_cells,
-                "c1_all": {"value": c1, "text": fmt.fixed(c1, 1)},
-                "note_ids": note_ids,
+                "name": _key_name(analysis, row.cell, row.cache_state),
+                "cell": row.cell,
+                "state": row.cache_state,
+                "description": row.description,
+                "control": row.control,
+                "t90": [
+                    {
+                        "value": math.inf if t.never_majority else t.median_s,
+                        "text": _t90_text(t),
+                        "n": t.runs,
+                    }
+                    for t in row.t90
+                ],
+                "ratio": ratio,
+                "churn": {
+                    "value": row.churn_per_min,
+                    "text": fmt.fixed(row.churn_per_min, 0, "/min"),
+                },
+                "c1": [
+                    {"value": row.converged_tok_s[p], "text": fmt.fixed(row.converged_tok_s[p], 1)}
+                    for p in ladder.phases
+                ],
+                "c1_all": {"value": row.c1_tok_s, "text": fmt.fixed(row.c1_tok_s, 1)},
+                "note_ids": list(row.note_ids),
             }
         )
     return {
-        "directions": [f"{a}→{b}" for a, b in directions],
-        "phases": phases,
+        "directions": [f"{a}→{b}" for a, b in ladder.directions],
+        "phases": list(ladder.phases),
         "rows": rows,
-        "notes": notes,
-        "window_s": analysis.card.analysis.window_s,
-        "hold_s": analysis.card.analysis.hold_s,
+        "notes": list(ladder.notes),
+        "window_s": ladder.window_s,
+        "hold_s": ladder.hold_s,
     }
 
 
-def _comparison(
-    analysis: CampaignAnalysis, cell: str, state: str, metric: str
-) -> dict[str, Any] | None:
-    for row in comparison_rows(analysis):
-        if row["cell"] == cell and row["state"] == state and row["metric"] == metric:
-            return row
-    return None
-
-
-def frozen_map_tables(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
+def frozen_map_tables(
+    analysis: CampaignAnalysis, comparisons: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Seed 000 §5: aggregate C1, per-domain C1 and first request after boot, control vs cell."""
-    card = analysis.card
-    control = card.control
-    if control is None or not card.treatments:
-        return []
-    domains = analysis.domains
+    states = analysis.card.design.cache_states
     tables = []
-    for cell in card.treatments:
-        for state in card.design.cache_states:
-            rows = []
-            a = _cell_value(analysis, control, state, "decode_tok_s")
-            b = _cell_value(analysis, cell, state, "decode_tok_s")
-            stat = _comparison(analysis, cell, state, "decode_tok_s")
-            rows.append(_frozen_row("aggregate C1 (decode tok/s, geomean)", a, b, stat))
-            if not domains.empty:
-                for domain in sorted(set(domains["domain"].astype(str))):
-                    pick = domains[
-                        (domains["domain"] == domain) & (domains["cache_state"] == state)
-                    ]
-                    a_d = _median(pick[pick["cell"] == control]["decode_tok_s"])
-                    b_d = _median(pick[pick["cell"] == cell]["decode_tok_s"])
-                    rows.append(_frozen_row(f"{domain} C1", a_d, b_d, None))
-            a_f = _cell_value(analysis, control, state, "first_request_tok_s")
-            b_f = _cell_value(analysis, cell, state, "first_request_tok_s")
-            rows.append(_frozen_row("first request after boot", a_f, b_f, None))
-            tables.append(
+    for table in analysis.seed_tables.frozen_map:
+        rows = []
+        for r in table.rows:
+            stat = None
+            if r.metric is not None:
+                stat = next(
+                    (
+                        c
+                        for c in comparisons
+                        if c["cell"] == table.cell
+                        and c["state"] == table.cache_state
+                        and c["metric"] == r.metric
+                    ),
+                    None,
+                )
+            rows.append(
                 {
-                    "cell": cell,
-                    "control": control,
-                    "state": state,
-                    "title": f"{control} vs {cell}"
-                    + ("" if len(card.design.cache_states) == 1 else f" ({state})"),
-                    "rows": rows,
+                    "label": r.label,
+                    "control": {"value": r.control, "text": fmt.fixed(r.control, 1)},
+                    "cell": {"value": r.cell, "text": fmt.fixed(r.cell, 1)},
+                    "delta": fmt.delta(r.ratio),
+                    "stat": stat,
                 }
             )
+        tables.append(
+            {
+                "cell": table.cell,
+                "control": table.control,
+                "state": table.cache_state,
+                "title": f"{table.control} vs {table.cell}"
+                + ("" if len(states) == 1 else f" ({table.cache_state})"),
+                "rows": rows,
+            }
+        )
     return tables
-
-
-def _frozen_row(
-    label: str, a: float | None, b: float | None, stat: dict[str, Any] | None
-) -> dict[str, Any]:
-    return {
-        "label": label,
-        "control": {"value": a, "text": fmt.fixed(a, 1)},
-        "cell": {"value": b, "text": fmt.fixed(b, 1)},
-        "delta": fmt.delta(a, b),
-        "stat": stat,
-    }
-
-
-POLICY_TIMING = (("decode_tok_s", "decode t/s"),)
-POLICY_DETERMINISTIC = (
-    ("hit_rate", "hit rate"),
-    ("expert_loads", "expert loads"),
-    ("bytes_read", "bytes read"),
-)
 
 
 def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     """Seed 004: decode t/s, hit rate, loads, bytes read, p50/p95 TPOT, per cell."""
-    cells = analysis.cells
-    wanted = ("hit_rate", "expert_loads", "bytes_read")
-    if cells.empty or not any(c in cells.columns and cells[c].notna().any() for c in wanted):
+    if not analysis.seed_tables.policy:
         return None
     rows = []
-    for cell, state in _keys(analysis):
-
-        def value(column: str, c: str = cell, s: str = state) -> float | None:
-            return _cell_value(analysis, c, s, column)
-
-        p50, p95 = value("tpot_p50_ms"), value("tpot_p95_ms")
+    for row in analysis.seed_tables.policy:
+        v = row.values
+        p50, p95 = v["tpot_p50_ms"], v["tpot_p95_ms"]
         rows.append(
             {
-                "name": _key_name(analysis, cell, state),
-                "cell": cell,
-                "state": state,
-                "control": cell == analysis.card.control,
-                "runs": f"{int(value('runs_ok') or 0)}/{int(value('runs_planned') or 0)}",
-                "decode": {
-                    "value": value("decode_tok_s"),
-                    "text": fmt.fixed(value("decode_tok_s"), 2),
-                },
+                "name": _key_name(analysis, row.cell, row.cache_state),
+                "cell": row.cell,
+                "state": row.cache_state,
+                "control": row.control,
+                "runs": f"{int(v['runs_ok'] or 0)}/{int(v['runs_planned'] or 0)}",
+                "decode": {"value": v["decode_tok_s"], "text": fmt.fixed(v["decode_tok_s"], 2)},
                 "tpot": {
                     "p50": p50,
                     "p95": p95,
                     "text": f"{fmt.fixed(p50, 2)} / {fmt.fixed(p95, 2)} ms",
                 },
-                "hit_rate": {"value": value("hit_rate"), "text": fmt.pct(value("hit_rate"))},
-                "loads": {"value": value("expert_loads"), "text": fmt.count(value("expert_loads"))},
-                "bytes": {"value": value("bytes_read"), "text": fmt.gib(value("bytes_read"))},
+                "hit_rate": {"value": v["hit_rate"], "text": fmt.pct(v["hit_rate"])},
+                "loads": {"value": v["expert_loads"], "text": fmt.count(v["expert_loads"])},
+                "bytes": {"value": v["bytes_read"], "text": fmt.gib(v["bytes_read"])},
                 "swapout": {
-                    "value": value("new_swapout_pages"),
-                    "text": fmt.count(value("new_swapout_pages")),
+                    "value": v["new_swapout_pages"],
+                    "text": fmt.count(v["new_swapout_pages"]),
                 },
             }
         )
     return {"rows": rows}
+
+
+def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Predicted against measured, from the simulated sibling the analysis found."""
+    predicted = analysis.seed_tables.predicted
+    if predicted is None:
+        return None
+    rows = [
+        {
+            "metric": r.metric,
+            "cell": r.cell,
+            "predicted": r.predicted,
+            "measured": r.measured,
+            "predicted_text": fmt.num(r.predicted),
+            "measured_text": fmt.num(r.measured),
+            "error_text": fmt.num(r.error),
+        }
+        for r in predicted.rows
+    ]
+    return {"dir": predicted.source, "rows": rows, "png": None}
 
 
 def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:

@@ -5,19 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from harness.analyze.seed_tables import finite as finite  # the analysis's rule, shared
+
 MISSING = "—"
 GIB = 1024.0**3
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float, or None when it is missing, NaN or infinite."""
-    if value is None or isinstance(value, bool | str):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def num(value: Any, digits: int = 3) -> str:
@@ -83,12 +74,12 @@ def ratio3(value: Any) -> str:
     return MISSING if number is None else f"{number:.3f}"
 
 
-def delta(control: Any, cell: Any) -> str:
-    """Δ of a cell vs its control: signed percent, or a multiple from 2× up (seed 000 §5)."""
-    a, b = finite(control), finite(cell)
-    if a is None or b is None or a == 0:
+def delta(ratio: Any) -> str:
+    """Δ of a cell vs its control from their ratio: signed percent, or a multiple from 2× up
+    (seed 000 §5)."""
+    change = finite(ratio)
+    if change is None:
         return MISSING
-    change = b / a
     if change >= 2.0:
         return f"{change:.1f}×"
     return f"{(change - 1) * 100:+.1f}%".replace("-", "−")

@@ -1,0 +1,597 @@
+"""The seed write-ups' tables, computed once from a campaign's analysis tables.
+
+Four tables, each named after the section of the seed it reproduces (docs/design.md#seed-tables):
+
+- the recovery ladder (seed 000 §4): T90 per shift direction, the ratio to the control, steady
+  churn and converged C1 per phase;
+- the frozen-map comparison (seed 000 §5): aggregate C1, C1 per domain and the first request
+  after boot, control against each cell, with the statistics of the aggregate row;
+- the policy table (seed 004): decode speed and TPOT beside the drift-proof counter evidence;
+- predicted against measured: a simulated campaign's predictions beside the box's measurements.
+
+Values are raw numbers (no formatting); ``analyze --json``, ``analysis/*.parquet`` and the
+report all read them from here. Pure functions of the frames they are handed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.card import Card
+
+# Runtime-side metrics a simulator predicts, shown predicted against measured.
+PREDICTED_METRICS = ("t90_s", "t2x_s", "churn_per_min", "ring_cold_share", "hit_rate")
+FROZEN_METRIC = "decode_tok_s"  # the metric of the frozen-map table's aggregate row
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float, or None when it is missing, NaN, infinite, a bool or a string."""
+    if value is None or isinstance(value, bool | str):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def median_of(values: Iterable[Any]) -> float | None:
+    """Median of the finite values, or None when there are none."""
+    clean = [v for v in (finite(x) for x in values) if v is not None]
+    return float(np.median(clean)) if clean else None
+
+
+def ratio_of(control: float | None, cell: float | None) -> float | None:
+    """cell ÷ control, or None when either is missing or the control is zero."""
+    if control is None or cell is None or control == 0:
+        return None
+    return cell / control
+
+
+def cell_keys(card: Card) -> list[tuple[str, str]]:
+    """(cell, cache state) pairs in card order."""
+    return [(cell, state) for cell in card.cells for state in card.design.cache_states]
+
+
+def cell_value(cells: pd.DataFrame, cell: str, state: str, column: str) -> float | None:
+    """One finite value of the cell table, or None."""
+    if cells.empty or column not in cells.columns:
+        return None
+    hit = cells[(cells["cell"] == cell) & (cells["cache_state"] == state)]
+    return None if hit.empty else finite(hit[column].iloc[0])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# ---- recovery ladder (seed 000 §4) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class T90:
+    """T90 of one cell in one shift direction, over its runs."""
+
+    from_phase: str
+    to_phase: str
+    median_s: float | None  # None: no shift measured; inf: most runs never recovered
+    runs: int
+    never: int  # runs that never recovered within the phase
+    vs_control: float | None  # median ÷ the control's median, when both are finite
+
+    @property
+    def never_majority(self) -> bool:
+        """True when the median is "never" (at least half the runs never recovered)."""
+        return self.median_s is not None and math.isinf(self.median_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: "never" is ``median_s: null`` with ``never_majority: true``."""
+        return {**_jsonable(asdict(self)), "never_majority": self.never_majority}
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    """One (cell, cache state) row of the recovery ladder."""
+
+    cell: str
+    cache_state: str
+    control: bool
+    description: str
+    t90: tuple[T90, ...]  # one per direction, in the ladder's direction order
+    churn_per_min: float | None
+    converged_tok_s: dict[str, float | None]  # per phase after a shift
+    c1_tok_s: float | None  # whole run: C1, else decode speed
+    note_ids: tuple[int, ...]  # 1-based indices into the ladder's notes
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        data = _jsonable(asdict(self))
+        data["t90"] = [t.to_json() for t in self.t90]
+        return dict(data)
+
+
+@dataclass(frozen=True)
+class RecoveryLadder:
+    """Seed 000 §4: T90 per shift direction, ratio to the control, churn, converged C1."""
+
+    directions: tuple[tuple[str, str], ...]
+    phases: tuple[str, ...]
+    rows: tuple[RecoveryRow, ...]
+    notes: tuple[str, ...]
+    window_s: float
+    hold_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "directions": [list(d) for d in self.directions],
+            "phases": list(self.phases),
+            "rows": [r.to_json() for r in self.rows],
+            "notes": list(self.notes),
+            "window_s": self.window_s,
+            "hold_s": self.hold_s,
+        }
+
+    def frame(self) -> pd.DataFrame:
+        """One row per (cell, cache state, direction) for ``analysis/recovery.parquet``."""
+        rows = []
+        for row in self.rows:
+            for t in row.t90:
+                rows.append(
+                    {
+                        "cell": row.cell,
+                        "cache_state": row.cache_state,
+                        "from_phase": t.from_phase,
+                        "to_phase": t.to_phase,
+                        "t90_median_s": t.median_s,
+                        "runs": t.runs,
+                        "never": t.never,
+                        "t90_vs_control": t.vs_control,
+                        "converged_tok_s": row.converged_tok_s.get(t.to_phase),
+                        "churn_per_min": row.churn_per_min,
+                        "c1_tok_s": row.c1_tok_s,
+                    }
+                )
+        return pd.DataFrame(rows)
+
+
+def _general(note: str) -> str:
+    """A recovery note without its per-run numbers, so equal notes group across runs."""
+    return re.sub(r"^phase lasted [0-9.]+ s, under", "phase shorter than", note)
+
+
+def t90_median(values: Iterable[Any]) -> tuple[float | None, int]:
+    """Median T90 where "never" (None) counts as infinitely slow; and how many never recovered.
+
+    The median is inf when at least half the runs never recovered, None when there are no runs.
+    """
+    data = [finite(v) for v in values]
+    never = sum(1 for v in data if v is None)
+    if not data:
+        return None, 0
+    ordered = sorted(math.inf if v is None else v for v in data)
+    median = float(np.median(ordered)) if never * 2 < len(data) else math.inf
+    return median, never
+
+
+def _directions(shifts: pd.DataFrame) -> list[tuple[str, str]]:
+    directions: list[tuple[str, str]] = []
+    if not shifts.empty:
+        for pair in zip(shifts["from_phase"], shifts["to_phase"], strict=True):
+            key = (str(pair[0]), str(pair[1]))
+            if key not in directions:
+                directions.append(key)
+    return directions
+
+
+def _shifts_of(shifts: pd.DataFrame, cell: str, state: str) -> pd.DataFrame:
+    if shifts.empty:
+        return shifts
+    return shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
+
+
+def _in_direction(shifts: pd.DataFrame, direction: tuple[str, str]) -> pd.DataFrame:
+    return shifts[(shifts["from_phase"] == direction[0]) & (shifts["to_phase"] == direction[1])]
+
+
+def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> RecoveryLadder | None:
+    """The recovery ladder, or None when the campaign has no shift and no churn to show."""
+    has_churn = "churn_per_min" in cells.columns and bool(cells["churn_per_min"].notna().any())
+    if shifts.empty and not has_churn:
+        return None
+    directions = _directions(shifts)
+    phases = list(dict.fromkeys(to for _, to in directions))
+    control = card.control
+    medians = {
+        (cell, state, direction): t90_median(
+            _in_direction(_shifts_of(shifts, cell, state), direction)["t90_s"]
+        )[0]
+        for cell, state in cell_keys(card)
+        for direction in directions
+    }
+    rows: list[RecoveryRow] = []
+    notes: list[str] = []
+    for cell, state in cell_keys(card):
+        mine = _shifts_of(shifts, cell, state)
+        t90s: list[T90] = []
+        row_notes: list[str] = []
+        for direction in directions:
+            sel = _in_direction(mine, direction)
+            median, never = t90_median(sel["t90_s"])
+            base = medians.get((control, state, direction)) if control else None
+            ratio = None
+            if median is not None and base is not None and math.isfinite(median):
+                ratio = median / base if math.isfinite(base) and base > 0 else None
+            t90s.append(T90(direction[0], direction[1], median, len(sel), never, ratio))
+            for note in sel.get("notes", []):
+                for part in str(note).split("; "):
+                    if part:
+                        row_notes.append(f"{direction[0]}→{direction[1]}: {_general(part)}")
+        converged = {
+            phase: median_of(mine[mine["to_phase"] == phase]["converged_tok_s"])
+            if not mine.empty
+            else None
+            for phase in phases
+        }
+        note_ids = []
+        n_runs = max(1, len(set(mine["run_id"])) if not mine.empty else 1)
+        for note, times in Counter(row_notes).items():
+            text = f"{note} ({times} of {n_runs} runs)"
+            if text not in notes:
+                notes.append(text)
+            note_ids.append(notes.index(text) + 1)
+        c1 = cell_value(cells, cell, state, "c1_tok_s")
+        if c1 is None:
+            c1 = cell_value(cells, cell, state, "decode_tok_s")
+        rows.append(
+            RecoveryRow(
+                cell=cell,
+                cache_state=state,
+                control=cell == control,
+                description=card.cells[cell].description,
+                t90=tuple(t90s),
+                churn_per_min=cell_value(cells, cell, state, "churn_per_min"),
+                converged_tok_s=converged,
+                c1_tok_s=c1,
+                note_ids=tuple(note_ids),
+            )
+        )
+    return RecoveryLadder(
+        directions=tuple(directions),
+        phases=tuple(phases),
+        rows=tuple(rows),
+        notes=tuple(notes),
+        window_s=card.analysis.window_s,
+        hold_s=card.analysis.hold_s,
+    )
+
+
+# ---- frozen-map comparison (seed 000 §5) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrozenRow:
+    """One line of a frozen-map table: the control's value, the cell's, and their ratio."""
+
+    label: str
+    control: float | None
+    cell: float | None
+    ratio: float | None  # cell ÷ control
+    metric: str | None  # the comparison behind this line's statistics, if it has one
+    comparison: dict[str, Any] | None  # ratio, CI and label of that comparison
+
+
+@dataclass(frozen=True)
+class FrozenMapTable:
+    """Seed 000 §5 for one cell against the control in one cache state."""
+
+    cell: str
+    control: str
+    cache_state: str
+    rows: tuple[FrozenRow, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return dict(_jsonable(asdict(self)))
+
+
+COMPARISON_FIELDS = ("ratio", "ci_low", "ci_high", "label", "raw_label", "n_cycles")
+
+
+def _comparison_of(
+    comparisons: pd.DataFrame, cell: str, state: str, metric: str
+) -> dict[str, Any] | None:
+    if comparisons.empty:
+        return None
+    hit = comparisons[
+        (comparisons["cell"] == cell)
+        & (comparisons["cache_state"] == state)
+        & (comparisons["metric"] == metric)
+    ]
+    if hit.empty:
+        return None
+    row = hit.iloc[0]
+    out: dict[str, Any] = {}
+    for name in COMPARISON_FIELDS:
+        value = row.get(name)
+        out[name] = value if isinstance(value, str) else finite(value)
+    return out
+
+
+def frozen_map_tables(
+    card: Card, cells: pd.DataFrame, domains: pd.DataFrame, comparisons: pd.DataFrame
+) -> list[FrozenMapTable]:
+    """One table per treatment and cache state; none without a control."""
+    control = card.control
+    if control is None or not card.treatments:
+        return []
+    tables = []
+    for cell in card.treatments:
+        for state in card.design.cache_states:
+            stat = _comparison_of(comparisons, cell, state, FROZEN_METRIC)
+            rows = [
+                _frozen_row(
+                    "aggregate C1 (decode tok/s, geomean)",
+                    cell_value(cells, control, state, FROZEN_METRIC),
+                    cell_value(cells, cell, state, FROZEN_METRIC),
+                    stat,
+                )
+            ]
+            if not domains.empty:
+                for domain in sorted(set(domains["domain"].astype(str))):
+                    pick = domains[
+                        (domains["domain"] == domain) & (domains["cache_state"] == state)
+                    ]
+                    rows.append(
+                        _frozen_row(
+                            f"{domain} C1",
+                            median_of(pick[pick["cell"] == control]["decode_tok_s"]),
+                            median_of(pick[pick["cell"] == cell]["decode_tok_s"]),
+                        )
+                    )
+            rows.append(
+                _frozen_row(
+                    "first request after boot",
+                    cell_value(cells, control, state, "first_request_tok_s"),
+                    cell_value(cells, cell, state, "first_request_tok_s"),
+                )
+            )
+            tables.append(FrozenMapTable(cell, control, state, tuple(rows)))
+    return tables
+
+
+def _frozen_row(
+    label: str, control: float | None, cell: float | None, stat: dict[str, Any] | None = None
+) -> FrozenRow:
+    return FrozenRow(
+        label, control, cell, ratio_of(control, cell), FROZEN_METRIC if stat else None, stat
+    )
+
+
+def frozen_map_frame(tables: list[FrozenMapTable]) -> pd.DataFrame:
+    """One row per table line for ``analysis/frozen_map.parquet``."""
+    rows = []
+    for table in tables:
+        for r in table.rows:
+            stat = r.comparison or {}
+            rows.append(
+                {
+                    "cell": table.cell,
+                    "control": table.control,
+                    "cache_state": table.cache_state,
+                    "label": r.label,
+                    "control_value": r.control,
+                    "cell_value": r.cell,
+                    "ratio": r.ratio,
+                    "comparison_ratio": stat.get("ratio"),
+                    "ci_low": stat.get("ci_low"),
+                    "ci_high": stat.get("ci_high"),
+                    "comparison_label": stat.get("label"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# ---- policy table (seed 004) -----------------------------------------------------------------
+
+POLICY_COLUMNS = (
+    "runs_ok",
+    "runs_planned",
+    "decode_tok_s",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "hit_rate",
+    "expert_loads",
+    "bytes_read",
+    "new_swapout_pages",
+)
+POLICY_EVIDENCE = ("hit_rate", "expert_loads", "bytes_read")  # without any, no table
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """One (cell, cache state) row: timing beside the drift-proof counter evidence."""
+
+    cell: str
+    cache_state: str
+    control: bool
+    values: dict[str, float | None]  # POLICY_COLUMNS, medians over completed runs
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: the values flattened beside the keys."""
+        return {
+            "cell": self.cell,
+            "cache_state": self.cache_state,
+            "control": self.control,
+            **_jsonable(self.values),
+        }
+
+
+def policy_table(card: Card, cells: pd.DataFrame) -> list[PolicyRow]:
+    """Seed 004's per-cell table; empty when no run reported hit or load counters."""
+    if cells.empty or not any(
+        c in cells.columns and cells[c].notna().any() for c in POLICY_EVIDENCE
+    ):
+        return []
+    return [
+        PolicyRow(
+            cell,
+            state,
+            cell == card.control,
+            {column: cell_value(cells, cell, state, column) for column in POLICY_COLUMNS},
+        )
+        for cell, state in cell_keys(card)
+    ]
+
+
+# ---- predicted against measured --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A simulated campaign's prediction of one metric of one cell, and the box's value."""
+
+    metric: str
+    cell: str
+    predicted: float | None
+    measured: float | None
+
+    @property
+    def error(self) -> float | None:
+        """predicted − measured, in the metric's unit."""
+        if self.predicted is None or self.measured is None:
+            return None
+        return self.predicted - self.measured
+
+    @property
+    def relative_error(self) -> float | None:
+        """(predicted − measured) ÷ measured."""
+        error = self.error
+        if error is None or not self.measured:
+            return None
+        return error / self.measured
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form, with both errors."""
+        return {
+            **asdict(self),
+            "error": self.error,
+            "relative_error": self.relative_error,
+        }
+
+
+@dataclass(frozen=True)
+class PredictedVsMeasured:
+    """Predictions of the newest simulated sibling campaign beside this campaign's values."""
+
+    source: str  # the simulated campaign's directory, relative to the reports folder
+    cache_state: str
+    rows: tuple[Prediction, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "source": self.source,
+            "cache_state": self.cache_state,
+            "rows": [r.to_json() for r in self.rows],
+        }
+
+    def frame(self) -> pd.DataFrame:
+        """One row per (metric, cell) for ``analysis/predicted.parquet``."""
+        return pd.DataFrame([{"source": self.source, **r.to_json()} for r in self.rows])
+
+
+def predicted_vs_measured(
+    card: Card, measured: pd.DataFrame, predicted: pd.DataFrame, source: str
+) -> PredictedVsMeasured | None:
+    """Rows for every predicted metric either side has; None when neither has any."""
+    state = card.design.cache_states[0]
+    rows = []
+    for metric in PREDICTED_METRICS:
+        for cell in card.cells:
+            value = cell_value(measured, cell, state, metric)
+            guess = cell_value(predicted, cell, state, metric)
+            if value is None and guess is None:
+                continue
+            rows.append(Prediction(metric, cell, guess, value))
+    return PredictedVsMeasured(source, state, tuple(rows)) if rows else None
+
+
+# ---- all of them -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeedTables:
+    """Every seed table of one campaign (each None or empty where it does not apply)."""
+
+    recovery: RecoveryLadder | None
+    frozen_map: tuple[FrozenMapTable, ...]
+    policy: tuple[PolicyRow, ...]
+    predicted: PredictedVsMeasured | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``seed_tables`` object of ``harness analyze --json``."""
+        return {
+            "recovery": self.recovery.to_json() if self.recovery else None,
+            "frozen_map": [t.to_json() for t in self.frozen_map],
+            "policy": [r.to_json() for r in self.policy],
+            "predicted": self.predicted.to_json() if self.predicted else None,
+        }
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """File stem → table, for ``analysis/<stem>.parquet`` (empty tables included)."""
+        return {
+            "recovery": self.recovery.frame() if self.recovery else pd.DataFrame(),
+            "frozen_map": frozen_map_frame(list(self.frozen_map)),
+            "policy": pd.DataFrame([r.to_json() for r in self.policy]),
+            "predicted": self.predicted.frame() if self.predicted else pd.DataFrame(),
+        }
+
+
+def build_seed_tables(
+    card: Card,
+    cells: pd.DataFrame,
+    shifts: pd.DataFrame,
+    domains: pd.DataFrame,
+    comparisons: pd.DataFrame,
+    predicted: PredictedVsMeasured | None = None,
+) -> SeedTables:
+    """Every seed table from the campaign's cell, shift, domain and comparison tables."""
+    return SeedTables(
+        recovery=recovery_ladder(card, cells, shifts),
+        frozen_map=tuple(frozen_map_tables(card, cells, domains, comparisons)),
+        policy=tuple(policy_table(card, cells)),
+        predicted=predicted,
+    )
+
+
+__all__ = [
+    "PREDICTED_METRICS",
+    "T90",
+    "FrozenMapTable",
+    "FrozenRow",
+    "PolicyRow",
+    "PredictedVsMeasured",
+    "Prediction",
+    "RecoveryLadder",
+    "RecoveryRow",
+    "SeedTables",
+    "build_seed_tables",
+    "cell_value",
+    "finite",
+    "predicted_vs_measured",
+]
