@@ -24,14 +24,9 @@ from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import DOMAIN_SAMPLES, ModelConfig
 from harness.sim import replay as replay_module
 from harness.sim.commands import register
-from harness.sim.replay import (
-    ReplayResult,
-    lockstep,
-    lockstep_text,
-    replay_cache,
-    replay_fast,
-    replay_reference,
-)
+from harness.sim.decisions import lockstep, lockstep_text
+from harness.sim.replay import replay_cache, replay_fast, replay_reference
+from harness.sim.results import ReplayResult
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import KnobChange, Trace, trace_from_arrays
 from harness.telemetry_read import read_ring

@@ -12,7 +12,7 @@ from harness.errors import TraceError
 from harness.policy import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import ModelConfig
-from harness.sim.replay import lockstep
+from harness.sim.decisions import lockstep
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import concat_traces, decode_counts
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from harness.benchmarks import Figure
 from harness.policy import PolicyKnobs
-from harness.sim.replay import ReplayResult, replay_fast, replay_reference
+from harness.sim.replay import replay_fast, replay_reference
+from harness.sim.results import ReplayResult
 from harness.sim.traces import Trace, trace_from_arrays
 
 LAYERS, EXPERTS, TOP_K, HOT_SLOTS = 40, 384, 6, 295

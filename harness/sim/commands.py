@@ -13,6 +13,7 @@ from typing import TextIO
 from harness.errors import EXIT_GATE_FAILED, EXIT_OK, BadInput
 from harness.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
 from harness.records import write_json_atomic
+from harness.sim.decisions import lockstep, lockstep_text, parse_overrides
 from harness.sim.fitmap import (
     check_held_out,
     coverage,
@@ -20,7 +21,7 @@ from harness.sim.fitmap import (
     fit_top_k,
     load_counts,
 )
-from harness.sim.replay import CostModel, lockstep, lockstep_text, parse_overrides
+from harness.sim.results import CostModel
 from harness.sim.trace_files import file_sha256, load_trace
 
 __all__ = ["register"]

@@ -17,10 +17,10 @@ Two implementations that must make identical decisions:
 
 Cache mode (seed 004) replays through :class:`ExpertCache`, every selection in runtime order.
 
-The ring a replay writes has synthetic time (:class:`CostModel`): a step lasts
-``step_ns + token_ns·tokens + cold_lookup_ns·cold_lookups + swap_ns·swaps``. Cold shares, swap
-counts and decisions are exact; durations, and so T90 in seconds and tok/s, are only as good as
-that model.
+The two rowmap replays stay in this one module, beside the cache replay, because they are one
+job done twice: they share the start, segment and per-step helpers, and their agreement is
+easiest to check side by side. What they return is :mod:`harness.sim.results`; comparing a
+replay with the decisions a runtime recorded is :mod:`harness.sim.decisions`.
 """
 
 from __future__ import annotations
@@ -30,177 +30,24 @@ import itertools
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from harness.errors import TraceError
 from harness.policy import ExpertCache, PolicyKnobs, PolicyState, ResidencyPolicy, Swap
 from harness.sim.fastloop import drain_schedule, merge_block, replay_layers
-from harness.sim.traces import KnobChange, Trace
-from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
+from harness.sim.results import ReplayResult, rowmap_result, step_result
+from harness.sim.traces import IntArray, KnobChange, Trace
 
-__all__ = [
-    "DEFAULT_RECORD_BYTES",
-    "CostModel",
-    "ReplayResult",
-    "replay_cache",
-    "replay_fast",
-    "replay_reference",
-]
+__all__ = ["replay_cache", "replay_fast", "replay_reference"]
 
-IntArray = npt.NDArray[np.int64]
-DEFAULT_RECORD_BYTES = 512 * 1024  # the reference runtime's --expert-bytes default
 # A fast-replay block: at most this many host steps (its per-row buffers), and at most this
 # many swap slots (drains x layers x swaps_per_layer: its swap buffers).
 _BLOCK_STEPS = 1 << 18
 _BLOCK_SLOTS = 1 << 20
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Synthetic step durations for the simulated ring (defaults: a seed-000-like decode step)."""
-
-    step_ns: int = 4_000_000
-    token_ns: int = 1_000_000
-    cold_lookup_ns: int = 50_000
-    swap_ns: int = 2_000_000
-
-    def durations(self, tokens: IntArray, cold: IntArray, swaps: IntArray) -> IntArray:
-        """Duration of each host step in ns."""
-        return (
-            self.step_ns
-            + self.token_ns * tokens
-            + self.cold_lookup_ns * cold
-            + self.swap_ns * swaps
-        ).astype(np.int64)
-
-
-@dataclass
-class ReplayResult:
-    """What a replay decided and counted, per host step and in total."""
-
-    mode: Literal["rowmap", "cache"]
-    steps: IntArray  # host step numbers
-    tokens: IntArray  # rows (tokens) per host step
-    prefill: npt.NDArray[np.bool_]
-    phase: IntArray
-    cold_lookups: IntArray  # per host step
-    step_swaps: IntArray  # swaps applied per host step
-    layers: int
-    top_k: int
-    # Applied swaps, one row each: step, layer, promoted, evicted, in the policy's order.
-    swaps: IntArray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))
-    drain_steps: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    saturated: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per drain
-    final_hot: list[list[int]] = field(default_factory=list)
-    evictions: int = 0  # cache mode: records evicted over the whole replay
-
-    @property
-    def hits(self) -> int:
-        """Lookups served from the fast tier (cache hits, or hot lookups), over the replay."""
-        return int(self.lookups.sum() - self.cold_lookups.sum())
-
-    @property
-    def misses(self) -> int:
-        """Lookups that went to the slow tier (cache misses, or cold lookups)."""
-        return int(self.cold_lookups.sum())
-
-    @property
-    def lookups(self) -> IntArray:
-        """Expert lookups per host step."""
-        return self.tokens * self.layers * self.top_k
-
-    def decisions(self) -> dict[tuple[int, int], list[tuple[int, int]]]:
-        """Swaps applied per (step, layer) at drain points, ``(promoted, evicted)`` in order."""
-        out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for step, layer, promoted, evicted in self.swaps.tolist():
-            out.setdefault((step, layer), []).append((promoted, evicted))
-        return out
-
-    def counters(
-        self, record_bytes: int = DEFAULT_RECORD_BYTES, upto: int | None = None
-    ) -> dict[str, int]:
-        """Totals named like the reference runtime's ``/counters``, over the first ``upto`` host
-        steps (all by default), as the runtime would have reported them then."""
-        span = slice(0, len(self.steps) if upto is None else upto)
-        tokens, prefill = self.tokens[span], self.prefill[span]
-        lookups = int(self.lookups[span].sum())
-        cold = int(self.cold_lookups[span].sum())
-        swaps = int(self.step_swaps[span].sum())
-        # Cache mode counts misses per host step (cold lookups); evictions only in total, and
-        # every miss into a full cache evicts, so the evictions up to a step are known too.
-        misses = cold
-        evictions = swaps
-        if self.mode == "cache":
-            evictions = max(0, self.evictions - (int(self.cold_lookups.sum()) - cold))
-        loads = cold + swaps if self.mode == "rowmap" else misses
-        prefill_tokens = int(tokens[prefill].sum())
-        decode_tokens = int(tokens[~prefill].sum())
-        return {
-            "tokens": prefill_tokens + decode_tokens,
-            "steps": span.stop,
-            "lookups": lookups,
-            "cold_lookups": cold,
-            "hits": lookups - misses,
-            "misses": misses,
-            "expert_loads": loads,
-            "bytes_read": loads * record_bytes,
-            "swaps": swaps,
-            "evictions": evictions,
-            "prefill_tokens": prefill_tokens,
-            "decode_tokens": decode_tokens,
-        }
-
-    def run_counters(self, record_bytes: int = DEFAULT_RECORD_BYTES) -> dict[str, dict[str, int]]:
-        """``before``/``after``/``delta`` as a run's ``counters.json``: ``before`` is read after
-        the warmup (leading host steps tagged phase -1), so the delta leaves it out."""
-        measured = np.flatnonzero(self.phase >= 0)
-        warmup = int(measured[0]) if len(measured) else len(self.steps)
-        before = self.counters(record_bytes, warmup)
-        after = self.counters(record_bytes)
-        return {
-            "before": before,
-            "after": after,
-            "delta": {key: after[key] - before[key] for key in after},
-        }
-
-    def ring_frame(
-        self, cost: CostModel | None = None, record_bytes: int = DEFAULT_RECORD_BYTES
-    ) -> pd.DataFrame:
-        """One ring record per host step (columns ``seq`` + RING_FIELDS, as ``read_ring``)."""
-        cost = cost or CostModel()
-        dur = cost.durations(self.tokens, self.cold_lookups, self.step_swaps)
-        reads = self.cold_lookups + (self.step_swaps if self.mode == "rowmap" else 0)
-        columns: dict[str, Any] = {
-            "seq": np.arange(1, len(self.steps) + 1, dtype=np.int64),
-            "t_ns": np.cumsum(dur),  # the runtime stamps the end of each step
-            "dur_ns": dur,
-            "tokens": self.tokens,
-            "lookups": self.lookups,
-            "cold_lookups": self.cold_lookups,
-            "swaps": self.step_swaps,
-            "bytes_read": reads * record_bytes,
-            "phase": self.phase,
-        }
-        return pd.DataFrame({k: np.asarray(v, dtype=np.int64) for k, v in columns.items()})
-
-    def write_ring(
-        self,
-        path: str,
-        cost: CostModel | None = None,
-        record_bytes: int = DEFAULT_RECORD_BYTES,
-        hot_slots: int = 0,
-        experts: int = 0,
-    ) -> None:
-        """Write the replay as a real telemetry ring file (capacity = steps, nothing lost)."""
-        frame = self.ring_frame(cost, record_bytes)
-        geometry = RingGeometry(self.layers, experts, self.top_k, hot_slots)
-        with RingWriter(path, max(len(frame), 1), geometry) as writer:
-            writer.extend(frame[list(RING_FIELDS)].to_numpy(dtype=np.int64))
 
 
 def _start(
@@ -226,48 +73,6 @@ def _start(
             f"{trace.path}: the map has {len(hot_sets)} layers, the trace {trace.layers}"
         )
     return start_knobs, hot_sets, sorted(live, key=lambda c: c.step)
-
-
-def _result(
-    trace: Trace,
-    cold_steps: IntArray,
-    policy: ResidencyPolicy,
-    swaps: IntArray,
-    saturated: IntArray,
-    step_swaps: IntArray | None = None,
-) -> ReplayResult:
-    """A rowmap replay's result from its cold lookups per host step, swaps and per-step drains
-    (and swaps per host step, when the replay counted them)."""
-    result = _base_result(trace, "rowmap", cold_steps)
-    result.swaps = swaps
-    drained = saturated >= 0
-    result.drain_steps = result.steps[drained]
-    result.saturated = saturated[drained]
-    result.final_hot = policy.hot_sets()
-    if step_swaps is not None:
-        result.step_swaps = step_swaps
-    elif len(swaps):
-        index = np.searchsorted(result.steps, swaps[:, 0])
-        result.step_swaps = np.bincount(index, minlength=len(result.steps)).astype(np.int64)
-    return result
-
-
-def _base_result(
-    trace: Trace, mode: Literal["rowmap", "cache"], cold_steps: IntArray
-) -> ReplayResult:
-    starts, steps = trace.step_bounds()
-    tokens = np.diff(np.r_[starts, trace.rows]).astype(np.int64)
-    return ReplayResult(
-        mode=mode,
-        steps=steps,
-        tokens=tokens,
-        prefill=trace.prefill[starts],
-        phase=trace.phase[starts],
-        cold_lookups=cold_steps,
-        step_swaps=np.zeros(len(steps), dtype=np.int64),
-        layers=trace.layers,
-        top_k=trace.top_k,
-    )
 
 
 def _per_step(trace: Trace, per_row: IntArray) -> IntArray:
@@ -327,7 +132,9 @@ def replay_reference(
                 saturated[index] = policy.saturated_layers()
     swap_rows = np.array([[s.step, s.layer, s.promoted, s.evicted] for s in swaps], np.int64)
     swap_array = swap_rows.reshape(-1, 4)
-    return _result(trace, _per_step(trace, cold_rows), policy, swap_array, saturated)
+    return rowmap_result(
+        trace, _per_step(trace, cold_rows), policy.hot_sets(), swap_array, saturated
+    )
 
 
 @dataclass
@@ -492,7 +299,7 @@ def replay_fast(
                 )
             )
     swaps = np.concatenate(swap_blocks) if swap_blocks else np.zeros((0, 4), np.int64)
-    return _result(trace, cold_steps, policy, swaps, saturated, step_swaps)
+    return rowmap_result(trace, cold_steps, policy.hot_sets(), swaps, saturated, step_swaps)
 
 
 def replay_cache(
@@ -509,173 +316,7 @@ def replay_cache(
     for row in range(trace.rows):
         _, misses = cache.access_step(experts[row])
         cold_rows[row] = misses
-    result = _base_result(trace, "cache", _per_step(trace, cold_rows))
+    result = step_result(trace, "cache", _per_step(trace, cold_rows))
     result.evictions = cache.evictions
     result.final_hot = []
     return result
-
-
-DECISION_DEFINITION = (
-    "a decision = one layer at one drain point (the decode step completing drain_every decode "
-    "steps since the last drain while the policy is adaptive, recorded or replayed): the "
-    'ordered list of swaps applied there, "no swap" included'
-)
-
-
-@dataclass
-class Lockstep:
-    """Recorded vs replayed decisions of one reference-runtime route trace."""
-
-    trace: str
-    decisions: int
-    divergent: int
-    recorded_swaps: int
-    replayed_swaps: int
-    first: dict[str, Any] | None
-    overrides: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``lockstep.json`` payload (the ``lockstep`` gate reads decisions/divergent)."""
-        return {
-            "trace": self.trace,
-            "decisions": self.decisions,
-            "divergent": self.divergent,
-            "first": self.first,
-            "recorded_swaps": self.recorded_swaps,
-            "replayed_swaps": self.replayed_swaps,
-            "overrides": self.overrides,
-            "definition": DECISION_DEFINITION,
-        }
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KNOB=VALUE`` strings into typed PolicyKnobs fields (validated)."""
-    out: dict[str, Any] = {}
-    types = {f.name: f.type for f in dataclasses.fields(PolicyKnobs)}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        name = name.strip()
-        if not sep or name not in types:
-            raise TraceError(
-                f"--override {pair!r}: expected KNOB=VALUE with KNOB one of {sorted(types)}"
-            )
-        try:
-            if name == "policy":
-                out[name] = text
-            elif name in ("drain_every", "swaps_per_layer"):
-                out[name] = int(text)
-            else:
-                out[name] = float(text)
-        except ValueError:
-            raise TraceError(f"--override {pair!r}: {text!r} is not a number") from None
-    dataclasses.replace(PolicyKnobs(), **out).validate()
-    return out
-
-
-def _describe(swaps: list[list[int]], drained: bool) -> str:
-    if not drained:
-        return "no drain at this step"
-    if not swaps:
-        return "drain, no swap"
-    return ", ".join(f"promote {p} evict {e}" for p, e in swaps)
-
-
-def lockstep(
-    trace: Trace, overrides: dict[str, Any] | None = None, *, fast: bool = True
-) -> Lockstep:
-    """Replay a reference-runtime trace with its recorded knobs and hot sets and compare every
-    decision (see ``DECISION_DEFINITION``) with the swaps the runtime recorded."""
-    replace = dataclasses.replace
-    version = (trace.header or {}).get("version")
-    if trace.format == "refbox" and version == 1:
-        raise TraceError(
-            f"{trace.path}: a version 1 route trace, recorded when drains fell on "
-            "step % drain_every; this policy drains every drain_every decode steps, so the "
-            "recorded decisions cannot be checked. Record it again (simulate and fit-map still "
-            "read its routing)"
-        )
-    if trace.swaps is None or trace.knobs is None:
-        raise TraceError(
-            f"{trace.path}: a {trace.format} trace records no decisions; lockstep needs a "
-            "reference-runtime --route-trace"
-        )
-    if trace.mode != "rowmap" or trace.hot is None:
-        raise TraceError(
-            f"{trace.path}: a cache-mode trace has no residency decisions to check; lockstep "
-            "needs a rowmap-mode route trace (use `harness simulate` for cache mode)"
-        )
-    overrides = dict(overrides or {})
-    start = replace(trace.knobs, **overrides)
-    live = [replace(c, knobs=replace(c.knobs, **overrides)) for c in trace.knob_changes]
-    run = replay_fast if fast else replay_reference
-    result = run(trace, start, trace.hot, changes=live)
-    recorded: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for swap in trace.swaps:
-        recorded.setdefault((swap.step, swap.layer), []).append((swap.promoted, swap.evicted))
-    replayed = result.decisions()
-    recorded_drains = set(trace.drains or [])
-    replayed_drains = set(result.drain_steps.tolist())
-    keys = {
-        (step, layer) for step in recorded_drains | replayed_drains for layer in range(trace.layers)
-    }
-    keys |= set(recorded) | set(replayed)
-    # A drain one side made and the other did not diverges even when neither swapped.
-    divergent = sorted(
-        k
-        for k in keys
-        if recorded.get(k, []) != replayed.get(k, [])
-        or ((k[0] in recorded_drains) != (k[0] in replayed_drains))
-    )
-    first: dict[str, Any] | None = None
-    if divergent:
-        step, layer = divergent[0]
-        first = {
-            "step": step,
-            "layer": layer,
-            "where": trace.where(step),
-            "recorded": [list(s) for s in recorded.get((step, layer), [])],
-            "replayed": [list(s) for s in replayed.get((step, layer), [])],
-            "recorded_drain": step in recorded_drains,
-            "replayed_drain": step in replayed_drains,
-            "recorded_knobs": _knobs_at(trace.knobs, trace.knob_changes, step),
-            "replayed_knobs": _knobs_at(start, live, step),
-        }
-    return Lockstep(
-        trace=trace.path,
-        decisions=len(keys),
-        divergent=len(divergent),
-        recorded_swaps=len(trace.swaps),
-        replayed_swaps=len(result.swaps),
-        first=first,
-        overrides=overrides,
-    )
-
-
-def _knobs_at(start: PolicyKnobs, live: Sequence[KnobChange], step: int) -> dict[str, Any]:
-    knobs = start
-    for change in live:
-        if change.step <= step:
-            knobs = change.knobs
-    return dataclasses.asdict(knobs)
-
-
-def lockstep_text(result: Lockstep) -> str:
-    """What ``harness simulate --lockstep`` prints."""
-    lines = [
-        f"lockstep {result.trace}: {result.decisions:,} decisions, {result.divergent:,} divergent",
-        f"  ({DECISION_DEFINITION})",
-        f"  swaps recorded {result.recorded_swaps:,}, replayed {result.replayed_swaps:,}",
-    ]
-    if result.overrides:
-        changed = ", ".join(f"{k}={v}" for k, v in result.overrides.items())
-        lines.append(f"  replayed with overrides: {changed}")
-    first = result.first
-    if first is not None:
-        lines += [
-            f"first divergence: step {first['step']} ({first['where']}), layer {first['layer']}",
-            f"  recorded: {_describe(first['recorded'], first['recorded_drain'])}",
-            f"  replayed: {_describe(first['replayed'], first['replayed_drain'])}",
-            f"  recorded knobs at that step: {first['recorded_knobs']}",
-            f"  replayed knobs at that step: {first['replayed_knobs']}",
-        ]
-    return "\n".join(lines) + "\n"

@@ -34,14 +34,8 @@ from harness.maps import read_hotlist, read_rowmap
 from harness.plan import build_plan, plan_json_text
 from harness.policy import PolicyKnobs, parse_priority
 from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
-from harness.sim.replay import (
-    DEFAULT_RECORD_BYTES,
-    CostModel,
-    ReplayResult,
-    replay_cache,
-    replay_fast,
-    replay_reference,
-)
+from harness.sim.replay import replay_cache, replay_fast, replay_reference
+from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
 from harness.sim.traces import Trace, concat_traces, trace_from_arrays
 
 __all__ = ["CellSettings", "SimulatedCell", "cell_settings", "simulate_card"]

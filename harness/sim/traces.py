@@ -30,6 +30,7 @@ from harness.errors import TraceError
 from harness.policy import PolicyKnobs
 
 __all__ = [
+    "IntArray",
     "KnobChange",
     "RecordedSwap",
     "Trace",
