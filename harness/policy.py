@@ -18,6 +18,10 @@ Two policies:
 
 Order is total everywhere, so ties can never depend on hash or sort stability: an expert is
 *stronger* than another when its count is higher, or equal with a lower expert id.
+
+The module stays whole, a little over 500 lines: both policies are its one job, decisions the
+runtime makes and the simulator must repeat exactly, under the one contract above (and the same
+argument checks), and each is a single class that a file of its own would not make clearer.
 """
 
 from __future__ import annotations
