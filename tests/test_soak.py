@@ -20,6 +20,7 @@ from harness.analyze.metrics import RSS_MIN_SAMPLES, rss_growth_pct, rss_metrics
 from harness.card import load_card
 from harness.execute.boxes import LocalBox
 from harness.execute.drive import PhasePlan
+from harness.execute.resume import split_phases
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.execute.soak import (
     DrainResult,
@@ -28,7 +29,6 @@ from harness.execute.soak import (
     assemble_ring,
     drain_local,
     drain_remote,
-    split_phases,
 )
 from harness.plan import build_plan
 from harness.profiles import BoxSpec

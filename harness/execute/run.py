@@ -33,6 +33,14 @@ from harness.execute.drive import (
     drive,
     long_prompt,
 )
+from harness.execute.resume import (
+    CHECKPOINT_S,
+    CheckpointState,
+    kill_orphan,
+    orphan_identity,
+    read_checkpoints,
+    split_phases,
+)
 from harness.execute.runtimes import (
     RunningRuntime,
     boot,
@@ -40,19 +48,7 @@ from harness.execute.runtimes import (
     render,
     runtime_version,
 )
-from harness.execute.soak import (
-    CHECKPOINT_S,
-    CheckpointState,
-    DrainResult,
-    MonitorSettings,
-    RingStore,
-    RunMonitor,
-    assemble_ring,
-    kill_orphan,
-    orphan_identity,
-    read_checkpoints,
-    split_phases,
-)
+from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.llamacpp.metrics import scrape_counters, timings_columns
 from harness.plan import Plan, Run, plan_json_text
 from harness.prompts import Prompt

@@ -1,0 +1,140 @@
+"""What lets a killed campaign continue: checkpoints of a long run and the runtimes it left.
+
+A run with a timed phase is cut into segments of at most ``CHECKPOINT_S``; each finished segment
+is journalled with its records, and :func:`read_checkpoints` reads that journal back so
+``harness run --resume`` starts at the first segment not journalled. A runtime the killed
+harness left running is stopped first, but only if its PID still names the same process
+(:func:`kill_orphan`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.execute.boxes import Box
+from harness.execute.drive import PhasePlan
+from harness.records import Journal
+
+# Seconds of a timed phase between checkpoints: a soak killed at hour 30 loses at most this much.
+CHECKPOINT_S = 600.0
+
+
+def split_phases(phases: list[PhasePlan], checkpoint_s: float) -> list[PhasePlan]:
+    """Cut every timed phase into pieces of at most ``checkpoint_s``; other phases stay whole.
+
+    Each piece is one checkpoint segment: driven, then journalled with its requests and the ring
+    drained up to its end, so a resumed run starts at the first piece not journalled.
+    """
+    pieces: list[PhasePlan] = []
+    for phase in phases:
+        if phase.duration_s is None or phase.duration_s <= checkpoint_s:
+            pieces.append(phase)
+            continue
+        remaining_s = phase.duration_s
+        while remaining_s > 1e-9:
+            piece_s = min(checkpoint_s, remaining_s)
+            pieces.append(PhasePlan(phase.name, phase.index, phase.items, piece_s))
+            remaining_s -= piece_s
+    return pieces
+
+
+@dataclass
+class BootRecord:
+    """What the checkpoint journal says about one boot of a checkpointed run."""
+
+    boot: int
+    pgid: int = 0
+    remote_dir: str = ""
+    counters_before: dict[str, Any] | None = None
+    swap_before: int | None = None
+    counters_last: dict[str, Any] | None = None
+    swap_last: int | None = None
+    ring_seq: int = 0  # drained through this sequence at the last checkpoint
+    ring_lost: int = 0  # lost records counted by the drains up to that checkpoint
+    ring_dropped: int = 0
+    segments: list[int] = field(default_factory=list)
+    t_first_s: float | None = None  # wall-clock span of the boot's checkpointed segments
+    t_last_s: float | None = None
+
+
+@dataclass
+class CheckpointState:
+    """The checkpoint journal of one run read back: its boots and finished segments."""
+
+    checkpoint_s: float
+    origin_wall: float  # time.time() that request and sample times count from
+    started_at: float  # when the run's first boot started
+    boots: list[BootRecord]
+
+    @property
+    def done_segments(self) -> set[int]:
+        """Segments journalled as complete, over every boot."""
+        return {j for boot in self.boots for j in boot.segments}
+
+
+def read_checkpoints(journal: Journal) -> CheckpointState | None:
+    """The boots and segments a checkpoint journal records, or None when it records no boot."""
+    checkpoint_s, origin_wall, started_at = CHECKPOINT_S, 0.0, 0.0
+    boots: dict[int, BootRecord] = {}
+    for event in journal.events():
+        kind = event.get("event")
+        if kind == "plan":
+            checkpoint_s = float(event["checkpoint_s"])
+            origin_wall = float(event["origin_wall"])
+            started_at = float(event.get("started_at", origin_wall))
+        elif kind == "boot":
+            boots[int(event["boot"])] = BootRecord(
+                boot=int(event["boot"]),
+                pgid=int(event["pgid"]),
+                remote_dir=str(event.get("remote_dir", "")),
+            )
+        elif kind == "scored_start" and int(event["boot"]) in boots:
+            boot = boots[int(event["boot"])]
+            boot.counters_before = event.get("counters")
+            boot.swap_before = event.get("swapout_pages")
+        elif kind == "segment_done" and int(event["boot"]) in boots:
+            boot = boots[int(event["boot"])]
+            boot.segments.append(int(event["segment"]))
+            boot.counters_last = event.get("counters")
+            boot.swap_last = event.get("swapout_pages")
+            boot.ring_seq = int(event["ring_seq"])
+            boot.ring_lost = int(event["ring_lost"])
+            boot.ring_dropped = int(event["ring_dropped"])
+            t_s = float(event["t"]) - origin_wall
+            boot.t_first_s = t_s if boot.t_first_s is None else boot.t_first_s
+            boot.t_last_s = t_s
+    if not boots:
+        return None
+    return CheckpointState(checkpoint_s, origin_wall, started_at, [boots[k] for k in sorted(boots)])
+
+
+def orphan_identity(box: Box, pid: int) -> str:
+    """The start time ``ps`` reports for ``pid`` ('' when gone): with the PID, an identity that a
+    recycled PID does not share."""
+    result = box.sh(f"ps -o lstart= -p {int(pid)} 2>/dev/null", check=False)
+    return result.stdout.strip()
+
+
+def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
+    """SIGKILL a runtime group left by a killed harness, if ``pgid`` still is that runtime."""
+    if not identity or orphan_identity(box, pgid) != identity:
+        return False
+    box.signal_group(pgid, "KILL")
+    for _ in range(50):
+        if not box.group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+__all__ = [
+    "CHECKPOINT_S",
+    "BootRecord",
+    "CheckpointState",
+    "kill_orphan",
+    "orphan_identity",
+    "read_checkpoints",
+    "split_phases",
+]
