@@ -23,7 +23,8 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.card import load_card
 from harness.execute.drive import RequestResult
-from harness.execute.run import _chunks_frame, _requests_frame, new_campaign_dir
+from harness.execute.frames import chunks_frame, requests_frame
+from harness.execute.run import new_campaign_dir
 from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
 from harness.plan import build_plan
 from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
@@ -194,8 +195,8 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
             ended_at=1_000.0 + 10 * index + 8,
             ring_lost=ring_lost,
         )
-        write_parquet(_requests_frame(results, run["cell"]), folder / "requests.parquet")
-        write_parquet(_chunks_frame(results), folder / "chunks.parquet")
+        write_parquet(requests_frame(results, run["cell"]), folder / "requests.parquet")
+        write_parquet(chunks_frame(results), folder / "chunks.parquet")
         write_json_atomic(folder / "run.json", record.to_json())
         event = "run_done" if status == RUN_OK else f"run_{status}"
         campaign.journal.append(event, run_id=run["run_id"])

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from harness.card import load_card
 from harness.execute.drive import long_prompt
-from harness.execute.run import CampaignRunner, build_phases, new_campaign_dir
+from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.workload import build_phases
 from harness.plan import build_plan
 from tests.conftest import DATA
 

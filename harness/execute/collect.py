@@ -20,8 +20,8 @@ from harness.card import LoadedCard
 from harness.errors import BadInput, RuntimeBootError
 from harness.execute.boxes import open_box
 from harness.execute.drive import PhasePlan, WorkItem, drive
-from harness.execute.run import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.execute.runtimes import boot, boot_spec, http_json, render
+from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
 
 
 @dataclass(frozen=True)

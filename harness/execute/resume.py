@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from harness.execute.boxes import Box
 from harness.execute.drive import PhasePlan
-from harness.records import Journal
+from harness.records import Journal, read_parquet
 
 # Seconds of a timed phase between checkpoints: a soak killed at hour 30 loses at most this much.
 CHECKPOINT_S = 600.0
@@ -110,6 +113,35 @@ def read_checkpoints(journal: Journal) -> CheckpointState | None:
     return CheckpointState(checkpoint_s, origin_wall, started_at, [boots[k] for k in sorted(boots)])
 
 
+def segment_paths(folder: Path, segment: int) -> tuple[Path, Path]:
+    """The requests and chunks files of one journalled segment in a run's checkpoint folder."""
+    return (
+        folder / f"seg-{segment:05d}.requests.parquet",
+        folder / f"seg-{segment:05d}.chunks.parquet",
+    )
+
+
+def samples_path(folder: Path, boot: int) -> Path:
+    """The memory samples of one boot, rewritten at each of its checkpoints."""
+    return folder / f"samples-b{boot}.parquet"
+
+
+def earlier_frames(
+    folder: Path, previous: CheckpointState
+) -> tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[pd.DataFrame]]:
+    """Requests/chunks of every journalled segment of earlier boots, and their samples."""
+    frames = []
+    samples = []
+    for earlier in previous.boots:
+        for index in earlier.segments:
+            requests, chunks = segment_paths(folder, index)
+            frames.append((read_parquet(requests), read_parquet(chunks)))
+        path = samples_path(folder, earlier.boot)
+        if path.is_file():
+            samples.append(read_parquet(path))
+    return frames, samples
+
+
 def orphan_identity(box: Box, pid: int) -> str:
     """The start time ``ps`` reports for ``pid`` ('' when gone): with the PID, an identity that a
     recycled PID does not share."""
@@ -133,8 +165,11 @@ __all__ = [
     "CHECKPOINT_S",
     "BootRecord",
     "CheckpointState",
+    "earlier_frames",
     "kill_orphan",
     "orphan_identity",
     "read_checkpoints",
+    "samples_path",
+    "segment_paths",
     "split_phases",
 ]

@@ -21,37 +21,28 @@ from typing import Any
 
 import pandas as pd
 
-from harness import __version__
 from harness.card import LoadedCard
 from harness.errors import HarnessError, InfrastructureError, RecordError
-from harness.execute.boxes import Box, open_box, quote_path
-from harness.execute.drive import (
-    DriveSpec,
-    PhasePlan,
-    RequestResult,
-    WorkItem,
-    drive,
-    long_prompt,
-)
+from harness.execute.boxes import Box, open_box
+from harness.execute.drive import PhasePlan, RequestResult, drive
+from harness.execute.environment import capture_environment
+from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
+    earlier_frames,
     kill_orphan,
     orphan_identity,
     read_checkpoints,
+    samples_path,
+    segment_paths,
     split_phases,
 )
-from harness.execute.runtimes import (
-    RunningRuntime,
-    boot,
-    boot_spec,
-    render,
-    runtime_version,
-)
+from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
-from harness.llamacpp.metrics import scrape_counters, timings_columns
+from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
+from harness.llamacpp.metrics import scrape_counters
 from harness.plan import Plan, Run, plan_json_text
-from harness.prompts import Prompt
 from harness.records import (
     RUN_FAILED,
     RUN_INTERRUPTED,
@@ -59,13 +50,11 @@ from harness.records import (
     CampaignDir,
     Journal,
     RunRecord,
-    read_parquet,
     write_json_atomic,
     write_parquet,
 )
 from harness.telemetry_read import read_ring, read_ring_since
 
-QUALITY_PHASE = -2  # phase index of the quality suite: outputs checked, timings not scored
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
 
 
@@ -102,173 +91,11 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
     return campaign
 
 
-def _interleaved(prompts: list[Prompt]) -> list[Prompt]:
-    """Prompts taken round-robin across their domains, so a mixed phase is really mixed.
-
-    In pool order, the first N prompts of a many-domain pool would all be of its first domain.
-    """
-    by_domain: dict[str, list[Prompt]] = {}
-    for prompt in prompts:
-        by_domain.setdefault(prompt.domain, []).append(prompt)
-    queues = list(by_domain.values())
-    out: list[Prompt] = []
-    for position in range(max((len(q) for q in queues), default=0)):
-        out.extend(q[position] for q in queues if position < len(q))
-    return out
-
-
-def run_drive_spec(loaded: LoadedCard, runtime: RunningRuntime) -> DriveSpec:
-    """How a run sends its workload to ``runtime``: the profile's API, the card's workload."""
-    api = loaded.runtime.api
-    workload = loaded.card.workload
-    return DriveSpec(
-        base_url=runtime.base_url,
-        flavour=api.flavour,
-        model=api.model,
-        concurrency=workload.concurrency,
-        timeout_s=workload.request_timeout_s,
-        temperature=workload.temperature,
-        extra_body=dict(api.extra_body),
-    )
-
-
-def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
-    """The workload of one run as phases of work items (held-out prompts only)."""
-    card = loaded.card
-    workload = card.workload
-    heldout = loaded.split("heldout")
-
-    def item(
-        prompt_index: int,
-        phase: str,
-        index: int,
-        domains: list[str] | None,
-        prompt_tokens: int | None = None,
-    ) -> WorkItem:
-        pool = _interleaved([p for p in heldout if domains is None or p.domain in domains])
-        prompt = pool[prompt_index % len(pool)]
-        text, messages = prompt.prompt, prompt.messages
-        if prompt_tokens is not None:
-            context = [p.text for p in heldout if p.domain == prompt.domain]
-            seed = f"{card.design.seed}:{phase}:{prompt.domain}"
-            text, messages = _lengthen(prompt.prompt, prompt.messages, context, prompt_tokens, seed)
-        return WorkItem(
-            prompt_id=prompt.id,
-            domain=prompt.domain,
-            phase=phase,
-            phase_index=index,
-            max_tokens=prompt.max_tokens or workload.max_tokens,
-            prompt=text,
-            messages=messages,
-            warmup=warmup,
-            target_prompt_tokens=prompt_tokens,
-        )
-
-    if warmup:
-        items = tuple(item(i, "warmup", -1, None) for i in range(workload.warmup_requests))
-        return [PhasePlan("warmup", -1, items)] if items else []
-    phases = []
-    if not workload.phases:
-        count = len(heldout) * workload.passes
-        phases.append(PhasePlan("main", 0, tuple(item(i, "main", 0, None) for i in range(count))))
-    for index, phase in enumerate(workload.phases or []):
-        pool_size = len([p for p in heldout if p.domain in phase.domains])
-        count = phase.requests or pool_size
-        items = tuple(
-            item(i, phase.name, index, phase.domains, phase.prompt_tokens) for i in range(count)
-        )
-        phases.append(PhasePlan(phase.name, index, items, phase.duration_s))
-    if loaded.quality:
-        # The quality suite runs last, so its prompts never disturb the timed phases.
-        quality = tuple(
-            WorkItem(
-                prompt_id=p.id,
-                domain=p.domain,
-                phase="quality",
-                phase_index=QUALITY_PHASE,
-                max_tokens=p.max_tokens or workload.max_tokens,
-                prompt=p.prompt,
-                messages=p.messages,
-            )
-            for p in loaded.quality
-        )
-        phases.append(PhasePlan("quality", QUALITY_PHASE, quality))
-    return phases
-
-
-def _lengthen(
-    prompt: str | None,
-    messages: tuple[dict[str, str], ...] | None,
-    context: list[str],
-    target_tokens: int,
-    seed: str,
-) -> tuple[str | None, tuple[dict[str, str], ...] | None]:
-    """A prompt (or the last message of a chat) built to about ``target_tokens`` tokens."""
-    if prompt is not None or not messages:
-        return long_prompt(prompt or "", context, target_tokens, seed), messages
-    others = sum(len(m.get("content", "").encode("utf-8")) for m in messages[:-1])
-    last = dict(messages[-1])
-    last["content"] = long_prompt(last.get("content", ""), context, target_tokens - others, seed)
-    return None, (*messages[:-1], last)
-
-
-def _requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd.DataFrame:
-    rows = []
-    for index, r in enumerate(results):
-        rows.append(
-            {
-                "request": index,
-                "cell": cell,
-                "boot": boot,
-                "prompt_id": r.prompt_id,
-                "domain": r.domain,
-                "phase": r.phase,
-                "phase_index": r.phase_index,
-                "warmup": r.warmup,
-                "ok": r.ok,
-                "error": r.error,
-                "first_after_boot": r.first_after_boot,
-                "t_start_s": r.t_start_s,
-                "scheduling_delay_s": r.scheduling_delay_s,
-                "ttft_s": r.ttft_s,
-                "e2el_s": r.e2el_s,
-                "completion_tokens": r.completion_tokens,
-                "prompt_tokens": r.prompt_tokens,
-                "prompt_bytes": r.prompt_bytes,
-                "target_prompt_tokens": r.target_prompt_tokens,
-                "n_chunks": len(r.chunk_times_s),
-                "output_text": r.output_text,
-                "output_sha256": r.output_sha256,
-                **timings_columns(r.server_timings),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def _chunks_frame(results: list[RequestResult]) -> pd.DataFrame:
-    rows = [
-        {"request": index, "chunk": k, "t_s": t, "chars": chars}
-        for index, r in enumerate(results)
-        for k, (t, chars) in enumerate(zip(r.chunk_times_s, r.chunk_chars, strict=True))
-    ]
-    return pd.DataFrame(rows, columns=["request", "chunk", "t_s", "chars"])
-
-
 def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
     # JSON counters and/or Prometheus /metrics; None from a runtime that died mid-run (its
     # failure is reported from the requests).
     telemetry = runtime.profile.telemetry
     return scrape_counters(runtime.base_url, telemetry.counters_http, telemetry.metrics_http)
-
-
-def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
-    if before is None or after is None:
-        return {}
-    out = {}
-    for key, value in after.items():
-        if isinstance(value, int | float) and isinstance(before.get(key), int | float):
-            out[key] = value - before[key]
-    return out
 
 
 @dataclass
@@ -286,25 +113,6 @@ class _Boot:
     origin_wall: float = 0.0  # time.time() at t_start_s == 0 (samples count from it too)
     segments_planned: int = 0
     segments_done: int = 0
-
-
-def _numbered(frames: list[tuple[pd.DataFrame, pd.DataFrame]]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Requests and chunks frames of several pieces joined, request numbers made run-wide."""
-    requests, chunks, offset = [], [], 0
-    for request_frame, chunk_frame in frames:
-        request_frame = request_frame.copy()
-        chunk_frame = chunk_frame.copy()
-        if len(request_frame):  # a run that sent nothing has a frame with no columns
-            request_frame["request"] = request_frame["request"].astype("int64") + offset
-            chunk_frame["request"] = chunk_frame["request"].astype("int64") + offset
-        offset += len(request_frame)
-        requests.append(request_frame)
-        chunks.append(chunk_frame)
-    nonempty = [f for f in requests if len(f)]
-    joined = pd.concat(nonempty, ignore_index=True) if nonempty else requests[0]
-    parts = [f for f in chunks if len(f)]
-    chunk_all = pd.concat(parts, ignore_index=True) if parts else chunks[0]
-    return joined, chunk_all
 
 
 class CampaignRunner:
@@ -631,15 +439,12 @@ class CampaignRunner:
             state.monitor.drain_now()
             state.monitor.flush()
         folder = state.journal.path.parent
-        write_parquet(
-            _requests_frame(state.pending, run.cell, state.index),
-            folder / f"seg-{index:05d}.requests.parquet",
-        )
-        write_parquet(_chunks_frame(state.pending), folder / f"seg-{index:05d}.chunks.parquet")
+        requests_path, chunks_path = segment_paths(folder, index)
+        write_parquet(requests_frame(state.pending, run.cell, state.index), requests_path)
+        write_parquet(chunks_frame(state.pending), chunks_path)
         if state.monitor is not None:
             write_parquet(
-                state.monitor.samples_frame(state.origin_wall),
-                folder / f"samples-b{state.index}.parquet",
+                state.monitor.samples_frame(state.origin_wall), samples_path(folder, state.index)
             )
         state.pending = []
         state.journal.append(
@@ -657,28 +462,8 @@ class CampaignRunner:
         """Failed scored requests in the segments of earlier boots."""
         if previous is None:
             return 0
-        frames, _ = self._previous_frames(local_dir, previous)
+        frames, _ = earlier_frames(local_dir / "checkpoint", previous)
         return sum(int((~f["ok"] & ~f["warmup"]).sum()) for f, _ in frames)
-
-    def _previous_frames(
-        self, local_dir: Path, previous: CheckpointState
-    ) -> tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[pd.DataFrame]]:
-        """Requests/chunks of every journalled segment of earlier boots, and their samples."""
-        folder = local_dir / "checkpoint"
-        frames = []
-        samples = []
-        for earlier in previous.boots:
-            for index in earlier.segments:
-                frames.append(
-                    (
-                        read_parquet(folder / f"seg-{index:05d}.requests.parquet"),
-                        read_parquet(folder / f"seg-{index:05d}.chunks.parquet"),
-                    )
-                )
-            path = folder / f"samples-b{earlier.boot}.parquet"
-            if path.is_file():
-                samples.append(read_parquet(path))
-        return frames, samples
 
     def _finish(
         self,
@@ -709,16 +494,16 @@ class CampaignRunner:
                 record.status = RUN_FAILED
                 record.reason = f"collecting telemetry failed: {exc}"
         frames = [
-            (_requests_frame(state.results, run.cell, state.index), _chunks_frame(state.results))
+            (requests_frame(state.results, run.cell, state.index), chunks_frame(state.results))
         ]
         samples = (
             [state.monitor.samples_frame(state.origin_wall)] if state.monitor is not None else []
         )
         if state.previous is not None:
-            old_frames, old_samples = self._previous_frames(local_dir, state.previous)
+            old_frames, old_samples = earlier_frames(local_dir / "checkpoint", state.previous)
             frames = old_frames + frames
             samples = old_samples + samples
-        requests, chunks = _numbered(frames)
+        requests, chunks = numbered(frames)
         write_parquet(requests, local_dir / "requests.parquet")
         write_parquet(chunks, local_dir / "chunks.parquet")
         if samples:
@@ -838,24 +623,7 @@ class CampaignRunner:
         swap_after: int | None,
         previous: CheckpointState | None,
     ) -> None:
-        delta = _delta(before, after)
-        if swap_before is not None and swap_after is not None:
-            delta["new_swapout_pages"] = swap_after - swap_before
-        payload: dict[str, Any] = {"before": before, "after": after, "delta": delta}
-        if previous is not None:
-            # A resumed run: each earlier boot adds what it counted up to its last checkpoint.
-            per_boot = []
-            for earlier in previous.boots:
-                if not earlier.segments:
-                    continue
-                counted = _delta(earlier.counters_before, earlier.counters_last)
-                if earlier.swap_before is not None and earlier.swap_last is not None:
-                    counted["new_swapout_pages"] = earlier.swap_last - earlier.swap_before
-                per_boot.append({"boot": earlier.boot, "delta": counted})
-                for key, value in counted.items():
-                    if key in delta:
-                        delta[key] += value
-            payload["earlier_boots"] = per_boot
+        payload = counters_record(before, after, swap_before, swap_after, previous)
         write_json_atomic(local_dir / "counters.json", payload)
 
     def _collect(self, local_dir: Path, state: _Boot, record: RunRecord) -> None:
@@ -912,30 +680,3 @@ class CampaignRunner:
             trace_remote = render(telemetry.route_trace, context)
             if self.box.exists(trace_remote):
                 self.box.get_file(trace_remote, local_dir / "route-trace.jsonl")
-
-
-def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
-    """Host, OS, CPU, memory, GPU, runtime version and the swap-out counter, once per campaign."""
-
-    def text(command: str) -> str:
-        return box.sh(command + " 2>/dev/null", check=False, timeout_s=60).stdout.strip()
-
-    return {
-        "box": box.name,
-        "kind": loaded.box.kind,
-        "platform": loaded.box.platform,
-        "host": text("uname -a"),
-        "os": text("cat /etc/os-release || sw_vers"),
-        "cpu": text("lscpu || sysctl -n machdep.cpu.brand_string"),
-        "cpus": text("nproc || sysctl -n hw.ncpu"),
-        "memory": text("grep MemTotal /proc/meminfo || sysctl -n hw.memsize"),
-        "gpu": text(
-            "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv "
-            "|| system_profiler SPDisplaysDataType"
-        ),
-        "python": text(f"{quote_path(loaded.box.python_path())} --version"),
-        "harness_version": __version__,
-        "runtime": runtime_version(box, loaded.runtime, loaded.box.python_path()),
-        "swapout_pages_at_start": box.swapout_pages(),
-        "captured_at": time.time(),
-    }

@@ -1,0 +1,42 @@
+"""What a campaign's box is: host, OS, CPU, memory, GPU and runtime version, captured once.
+
+Written to ``boxes/<box>.json`` of the campaign before its first run, so the report can say
+what the numbers were measured on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from harness import __version__
+from harness.card import LoadedCard
+from harness.execute.boxes import Box, quote_path
+from harness.execute.runtimes import runtime_version
+
+
+def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
+    """Host, OS, CPU, memory, GPU, runtime version and the swap-out counter, once per campaign."""
+
+    def text(command: str) -> str:
+        return box.sh(command + " 2>/dev/null", check=False, timeout_s=60).stdout.strip()
+
+    return {
+        "box": box.name,
+        "kind": loaded.box.kind,
+        "platform": loaded.box.platform,
+        "host": text("uname -a"),
+        "os": text("cat /etc/os-release || sw_vers"),
+        "cpu": text("lscpu || sysctl -n machdep.cpu.brand_string"),
+        "cpus": text("nproc || sysctl -n hw.ncpu"),
+        "memory": text("grep MemTotal /proc/meminfo || sysctl -n hw.memsize"),
+        "gpu": text(
+            "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv "
+            "|| system_profiler SPDisplaysDataType"
+        ),
+        "python": text(f"{quote_path(loaded.box.python_path())} --version"),
+        "harness_version": __version__,
+        "runtime": runtime_version(box, loaded.runtime, loaded.box.python_path()),
+        "swapout_pages_at_start": box.swapout_pages(),
+        "captured_at": time.time(),
+    }
