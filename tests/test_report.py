@@ -20,7 +20,7 @@ import pytest
 from markupsafe import escape
 
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign
-from harness.analyze.seed_tables import ratio_of
+from harness.analyze.cell_values import ratio_of
 from harness.gate import evaluate_gates
 from harness.report import build_context, copy_path, fmt, register, render_report
 

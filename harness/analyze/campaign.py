@@ -17,12 +17,8 @@ import pandas as pd
 
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
-from harness.analyze.seed_tables import (
-    PredictedVsMeasured,
-    SeedTables,
-    build_seed_tables,
-    predicted_vs_measured,
-)
+from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
+from harness.analyze.seed_tables import SeedTables, build_seed_tables
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.errors import HarnessError, RecordError
 from harness.records import CampaignDir, read_json, read_parquet, write_json_atomic, write_parquet

@@ -25,58 +25,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.analyze.cell_values import cell_keys, cell_value, finite, jsonable, median_of, ratio_of
+from harness.analyze.predicted import PredictedVsMeasured
 from harness.card import Card
 
-# Runtime-side metrics a simulator predicts, shown predicted against measured.
-PREDICTED_METRICS = ("t90_s", "t2x_s", "churn_per_min", "ring_cold_share", "hit_rate")
 FROZEN_METRIC = "decode_tok_s"  # the metric of the frozen-map table's aggregate row
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float, or None when it is missing, NaN, infinite, a bool or a string."""
-    if value is None or isinstance(value, bool | str):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def median_of(values: Iterable[Any]) -> float | None:
-    """Median of the finite values, or None when there are none."""
-    clean = [v for v in (finite(x) for x in values) if v is not None]
-    return float(np.median(clean)) if clean else None
-
-
-def ratio_of(control: float | None, cell: float | None) -> float | None:
-    """cell ÷ control, or None when either is missing or the control is zero."""
-    if control is None or cell is None or control == 0:
-        return None
-    return cell / control
-
-
-def cell_keys(card: Card) -> list[tuple[str, str]]:
-    """(cell, cache state) pairs in card order."""
-    return [(cell, state) for cell in card.cells for state in card.design.cache_states]
-
-
-def cell_value(cells: pd.DataFrame, cell: str, state: str, column: str) -> float | None:
-    """One finite value of the cell table, or None."""
-    if cells.empty or column not in cells.columns:
-        return None
-    hit = cells[(cells["cell"] == cell) & (cells["cache_state"] == state)]
-    return None if hit.empty else finite(hit[column].iloc[0])
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 # ---- recovery ladder (seed 000 §4) -----------------------------------------------------------
@@ -100,7 +53,7 @@ class T90:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form: "never" is ``median_s: null`` with ``never_majority: true``."""
-        return {**_jsonable(asdict(self)), "never_majority": self.never_majority}
+        return {**jsonable(asdict(self)), "never_majority": self.never_majority}
 
 
 @dataclass(frozen=True)
@@ -119,7 +72,7 @@ class RecoveryRow:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
-        data = _jsonable(asdict(self))
+        data = jsonable(asdict(self))
         data["t90"] = [t.to_json() for t in self.t90]
         return dict(data)
 
@@ -306,7 +259,7 @@ class FrozenMapTable:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
-        return dict(_jsonable(asdict(self)))
+        return dict(jsonable(asdict(self)))
 
 
 COMPARISON_FIELDS = ("ratio", "ci_low", "ci_high", "label", "raw_label", "n_cycles")
@@ -437,7 +390,7 @@ class PolicyRow:
             "cell": self.cell,
             "cache_state": self.cache_state,
             "control": self.control,
-            **_jsonable(self.values),
+            **jsonable(self.values),
         }
 
 
@@ -456,79 +409,6 @@ def policy_table(card: Card, cells: pd.DataFrame) -> list[PolicyRow]:
         )
         for cell, state in cell_keys(card)
     ]
-
-
-# ---- predicted against measured --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A simulated campaign's prediction of one metric of one cell, and the box's value."""
-
-    metric: str
-    cell: str
-    predicted: float | None
-    measured: float | None
-
-    @property
-    def error(self) -> float | None:
-        """predicted − measured, in the metric's unit."""
-        if self.predicted is None or self.measured is None:
-            return None
-        return self.predicted - self.measured
-
-    @property
-    def relative_error(self) -> float | None:
-        """(predicted − measured) ÷ measured."""
-        error = self.error
-        if error is None or not self.measured:
-            return None
-        return error / self.measured
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON form, with both errors."""
-        return {
-            **asdict(self),
-            "error": self.error,
-            "relative_error": self.relative_error,
-        }
-
-
-@dataclass(frozen=True)
-class PredictedVsMeasured:
-    """Predictions of the newest simulated sibling campaign beside this campaign's values."""
-
-    source: str  # the simulated campaign's directory, relative to the reports folder
-    cache_state: str
-    rows: tuple[Prediction, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "source": self.source,
-            "cache_state": self.cache_state,
-            "rows": [r.to_json() for r in self.rows],
-        }
-
-    def frame(self) -> pd.DataFrame:
-        """One row per (metric, cell) for ``analysis/predicted.parquet``."""
-        return pd.DataFrame([{"source": self.source, **r.to_json()} for r in self.rows])
-
-
-def predicted_vs_measured(
-    card: Card, measured: pd.DataFrame, predicted: pd.DataFrame, source: str
-) -> PredictedVsMeasured | None:
-    """Rows for every predicted metric either side has; None when neither has any."""
-    state = card.design.cache_states[0]
-    rows = []
-    for metric in PREDICTED_METRICS:
-        for cell in card.cells:
-            value = cell_value(measured, cell, state, metric)
-            guess = cell_value(predicted, cell, state, metric)
-            if value is None and guess is None:
-                continue
-            rows.append(Prediction(metric, cell, guess, value))
-    return PredictedVsMeasured(source, state, tuple(rows)) if rows else None
 
 
 # ---- all of them -----------------------------------------------------------------------------
@@ -580,18 +460,12 @@ def build_seed_tables(
 
 
 __all__ = [
-    "PREDICTED_METRICS",
     "T90",
     "FrozenMapTable",
     "FrozenRow",
     "PolicyRow",
-    "PredictedVsMeasured",
-    "Prediction",
     "RecoveryLadder",
     "RecoveryRow",
     "SeedTables",
     "build_seed_tables",
-    "cell_value",
-    "finite",
-    "predicted_vs_measured",
 ]

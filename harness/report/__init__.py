@@ -83,13 +83,14 @@ def build_context(
     matplotlib.use("Agg")  # off-screen: no display on CI boxes
     from harness.report import context as ctx
     from harness.report import figures as fig
+    from harness.report import tables
 
     card = analysis.card
-    palette = ctx._cell_palette(card)
+    palette = ctx.cell_palette(card)
     pools = ctx.pools_context(root, analysis)
-    comparisons = ctx.comparison_rows(analysis)
+    comparisons = tables.comparison_rows(analysis)
     images: dict[str, Any] = {"cold_share": None, "cycles": [], "tpot": None, "swap": None}
-    predicted = ctx.predicted_table(analysis)
+    predicted = tables.predicted_table(analysis)
     if figures:
         data = fig.load_run_data(analysis)
         images["cold_share"] = fig.cold_share_figure(analysis, data, palette)
@@ -118,9 +119,9 @@ def build_context(
         "pools": pools,
         "workload": card.workload.model_dump(mode="json"),
         "analysis_spec": card.analysis.model_dump(mode="json"),
-        "recovery": ctx.recovery_table(analysis),
-        "frozen": ctx.frozen_map_tables(analysis, comparisons),
-        "policy": ctx.policy_table(analysis),
+        "recovery": tables.recovery_table(analysis),
+        "frozen": tables.frozen_map_tables(analysis, comparisons),
+        "policy": tables.policy_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
         "campaign_warnings": list(analysis.warnings),

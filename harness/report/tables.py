@@ -1,0 +1,268 @@
+"""The report's tables: every comparison row and the seed tables, formatted for reading.
+
+The numbers come from the analysis (:mod:`harness.analyze.seed_tables`, the comparisons);
+this module only chooses units and precision and attaches each row's warnings and flags. Each
+value is kept twice where a reviewer reads it: raw (``value``), so tests can check the report
+against the analysis, and as shown (``text``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from harness.analyze.campaign import CampaignAnalysis
+from harness.analyze.cell_values import cell_value
+from harness.analyze.seed_tables import T90
+from harness.catalog import METRICS
+from harness.report import fmt
+
+# Labels of the statistics, in the order a reviewer weighs them, with their CSS class.
+LABEL_CLASS = {
+    "better": "good",
+    "worse": "bad",
+    "within noise": "neutral",
+    "inconclusive": "warn",
+    "confounded": "warn",
+}
+
+
+def frame_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """A frame's rows as dicts with string keys (none for an empty frame)."""
+    if frame.empty:
+        return []
+    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def key_name(analysis: CampaignAnalysis, cell: str, state: str) -> str:
+    """A cell's row name: the cell, with its cache state when the card has several."""
+    return cell if len(analysis.card.design.cache_states) == 1 else f"{cell} / {state}"
+
+
+def _cell_value(analysis: CampaignAnalysis, cell: str, state: str, column: str) -> float | None:
+    return cell_value(analysis.cells, cell, state, column)
+
+
+def _t90_text(t90: T90) -> str:
+    if t90.median_s is None:
+        return fmt.MISSING
+    if t90.never_majority:
+        return "never"
+    text = fmt.seconds(t90.median_s)
+    return text + (f" ({t90.never}/{t90.runs} never)" if t90.never else "")
+
+
+def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Seed 000 §4: T90 per shift direction, ratio vs control, steady churn, converged C1."""
+    ladder = analysis.seed_tables.recovery
+    if ladder is None:
+        return None
+    rows = []
+    for row in ladder.rows:
+        ratio = "1.00×"
+        if not row.control:
+            ratio = " / ".join(fmt.ratio(t.vs_control) for t in row.t90)
+        rows.append(
+            {
+                "name": key_name(analysis, row.cell, row.cache_state),
+                "cell": row.cell,
+                "state": row.cache_state,
+                "description": row.description,
+                "control": row.control,
+                "t90": [
+                    {
+                        "value": math.inf if t.never_majority else t.median_s,
+                        "text": _t90_text(t),
+                        "n": t.runs,
+                    }
+                    for t in row.t90
+                ],
+                "ratio": ratio,
+                "churn": {
+                    "value": row.churn_per_min,
+                    "text": fmt.fixed(row.churn_per_min, 0, "/min"),
+                },
+                "c1": [
+                    {"value": row.converged_tok_s[p], "text": fmt.fixed(row.converged_tok_s[p], 1)}
+                    for p in ladder.phases
+                ],
+                "c1_all": {"value": row.c1_tok_s, "text": fmt.fixed(row.c1_tok_s, 1)},
+                "note_ids": list(row.note_ids),
+            }
+        )
+    return {
+        "directions": [f"{a}→{b}" for a, b in ladder.directions],
+        "phases": list(ladder.phases),
+        "rows": rows,
+        "notes": list(ladder.notes),
+        "window_s": ladder.window_s,
+        "hold_s": ladder.hold_s,
+    }
+
+
+def frozen_map_tables(
+    analysis: CampaignAnalysis, comparisons: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Seed 000 §5: aggregate C1, per-domain C1 and first request after boot, control vs cell."""
+    states = analysis.card.design.cache_states
+    tables = []
+    for table in analysis.seed_tables.frozen_map:
+        rows = []
+        for r in table.rows:
+            stat = None
+            if r.metric is not None:
+                stat = next(
+                    (
+                        c
+                        for c in comparisons
+                        if c["cell"] == table.cell
+                        and c["state"] == table.cache_state
+                        and c["metric"] == r.metric
+                    ),
+                    None,
+                )
+            rows.append(
+                {
+                    "label": r.label,
+                    "control": {"value": r.control, "text": fmt.fixed(r.control, 1)},
+                    "cell": {"value": r.cell, "text": fmt.fixed(r.cell, 1)},
+                    "delta": fmt.delta(r.ratio),
+                    "stat": stat,
+                }
+            )
+        tables.append(
+            {
+                "cell": table.cell,
+                "control": table.control,
+                "state": table.cache_state,
+                "title": f"{table.control} vs {table.cell}"
+                + ("" if len(states) == 1 else f" ({table.cache_state})"),
+                "rows": rows,
+            }
+        )
+    return tables
+
+
+def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Seed 004: decode t/s, hit rate, loads, bytes read, p50/p95 TPOT, per cell."""
+    if not analysis.seed_tables.policy:
+        return None
+    rows = []
+    for row in analysis.seed_tables.policy:
+        v = row.values
+        p50, p95 = v["tpot_p50_ms"], v["tpot_p95_ms"]
+        rows.append(
+            {
+                "name": key_name(analysis, row.cell, row.cache_state),
+                "cell": row.cell,
+                "state": row.cache_state,
+                "control": row.control,
+                "runs": f"{int(v['runs_ok'] or 0)}/{int(v['runs_planned'] or 0)}",
+                "decode": {"value": v["decode_tok_s"], "text": fmt.fixed(v["decode_tok_s"], 2)},
+                "tpot": {
+                    "p50": p50,
+                    "p95": p95,
+                    "text": f"{fmt.fixed(p50, 2)} / {fmt.fixed(p95, 2)} ms",
+                },
+                "hit_rate": {"value": v["hit_rate"], "text": fmt.pct(v["hit_rate"])},
+                "loads": {"value": v["expert_loads"], "text": fmt.count(v["expert_loads"])},
+                "bytes": {"value": v["bytes_read"], "text": fmt.gib(v["bytes_read"])},
+                "swapout": {
+                    "value": v["new_swapout_pages"],
+                    "text": fmt.count(v["new_swapout_pages"]),
+                },
+            }
+        )
+    return {"rows": rows}
+
+
+def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Predicted against measured, from the simulated sibling the analysis found."""
+    predicted = analysis.seed_tables.predicted
+    if predicted is None:
+        return None
+    rows = [
+        {
+            "metric": r.metric,
+            "cell": r.cell,
+            "predicted": r.predicted,
+            "measured": r.measured,
+            "predicted_text": fmt.num(r.predicted),
+            "measured_text": fmt.num(r.measured),
+            "error_text": fmt.num(r.error),
+        }
+        for r in predicted.rows
+    ]
+    return {"dir": predicted.source, "rows": rows, "png": None}
+
+
+def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
+    """Every comparison row, formatted, with its warnings attached to it."""
+    out = []
+    for row in frame_records(analysis.comparison_table()):
+        metric = str(row["metric"])
+        info = METRICS.get(metric)
+        unit = info.unit if info else ""
+        control_value = _cell_value(analysis, str(row["vs"]), str(row["cache_state"]), metric)
+        cell_value = _cell_value(analysis, str(row["cell"]), str(row["cache_state"]), metric)
+        lo, hi = fmt.finite(row.get("ci_low")), fmt.finite(row.get("ci_high"))
+        label = str(row["label"])
+        warnings = [w for w in str(row.get("warnings") or "").split(" | ") if w]
+        notes = []
+        if row.get("confounded"):
+            notes.append(f"statistically {row['raw_label']}, but a drift flag confounds it")
+        needed = fmt.finite(row.get("cycles_needed"))
+        if label in ("inconclusive", "confounded") and needed:
+            notes.append(f"about {int(needed)} cycles would be needed")
+        if lo is None:
+            notes.append("no interval (one cycle)")
+        flags = [
+            f
+            for f in analysis.flags
+            if f["cell"] == row["cell"]
+            and f["cache_state"] == row["cache_state"]
+            and f["metric"] == metric
+        ]
+        out.append(
+            {
+                "cell": str(row["cell"]),
+                "vs": str(row["vs"]),
+                "state": str(row["cache_state"]),
+                "metric": metric,
+                "unit": unit,
+                "direction": "higher is better"
+                if info and info.higher_is_better
+                else "lower is better",
+                "deterministic": bool(row.get("deterministic")),
+                "control_text": fmt.metric(metric, control_value, unit),
+                "cell_text": fmt.metric(metric, cell_value, unit),
+                "ratio": fmt.finite(row.get("ratio")),
+                "ratio_text": fmt.ratio3(row.get("ratio")),
+                "ci_low": lo,
+                "ci_high": hi,
+                "ci_text": f"[{fmt.ratio3(lo)}, {fmt.ratio3(hi)}]" if lo is not None else "none",
+                "label": label,
+                "label_class": LABEL_CLASS.get(label, "warn"),
+                "n_cycles": int(row["n_cycles"]),
+                "p_adjusted": fmt.finite(row.get("p_adjusted")),
+                "notes": notes,
+                "warnings": warnings,
+                "flags": flags,
+                "flag_summary": _flag_summary(flags),
+            }
+        )
+    return out
+
+
+def _flag_summary(flags: list[dict[str, str]]) -> list[str]:
+    """ "DRIFT in cycles 0, 1" per flag kind: the detail lines stay one click away."""
+    by_kind: dict[str, list[str]] = {}
+    for flag in flags:
+        cycle = str(flag["detail"]).split(":", 1)[0].removeprefix("cycle ").strip()
+        by_kind.setdefault(str(flag["kind"]), []).append(cycle)
+    return [
+        f"{kind} in cycle{'s' if len(cycles) > 1 else ''} {', '.join(cycles)}"
+        for kind, cycles in by_kind.items()
+    ]
