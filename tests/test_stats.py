@@ -11,18 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from harness.analyze.stats import (
-    Comparison,
+from harness.analyze.cycles import (
     Cycle,
-    apply_holm,
     block_value,
-    compare_cycles,
     cycle_from_prompt_values,
-    cycles_needed,
     geomean,
-    holm,
     margin_log,
     raw_effect,
+)
+from harness.analyze.power import cycles_needed
+from harness.analyze.stats import (
+    Comparison,
+    apply_holm,
+    compare_cycles,
+    holm,
     t_interval,
     wilcoxon_p,
 )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from harness.analyze.stats import Comparison, Cycle, apply_holm, compare_cycles
+from harness.analyze.cycles import Cycle
+from harness.analyze.stats import Comparison, apply_holm, compare_cycles
 from harness.catalog import METRICS
 
 # Metrics compared by default for every cell (gates may add others from the catalog).

@@ -1,0 +1,201 @@
+"""Block values and the mirrored cycle: what one A/B cycle measures.
+
+Formulas are docs/design.md#statistics (and #metrics for the geomean), adopted exactly:
+
+- block value yᵢ = ln(geomean over held-out prompts) — one block = one boot of one arm;
+- a cycle is four blocks in time order (slots t = −1.5, −0.5, 0.5, 1.5), ABBA or BAAB;
+- effect per cycle Dⱼ = ½(y_B1 + y_B2) − ½(y_A1 + y_A2);
+- outer change y_outer2 − y_outer1, inner change y_inner2 − y_inner1 and the nonlinearity
+  r = 3(y_inner2 − y_inner1) − (y_outer2 − y_outer1), which the drift flags test;
+- margin Δ = ln(1 + δ), δ in percent.
+
+A is always the control and B the cell. Everything here is pure: numbers in, frozen dataclasses
+out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.errors import BadInput
+
+FloatArray = npt.NDArray[np.float64]
+
+ORDERS = ("ABBA", "BAAB")
+
+
+def geomean(values: npt.ArrayLike) -> float:
+    """Geometric mean exp(mean(ln xᵢ)) (docs/design.md#metrics: geomean across prompts).
+
+    Raises BadInput for an empty input or any non-positive or non-finite value, since a rate or
+    a latency of zero or less means the measurement itself is broken.
+    """
+    return math.exp(_mean_log(values, what="geomean"))
+
+
+def block_value(per_prompt_values: npt.ArrayLike) -> float:
+    """Block value y = ln(geomean over held-out prompts) (docs/design.md#statistics).
+
+    One block is one boot of one arm; pass only that boot's per-prompt values — requests of
+    different boots are never pooled.
+    """
+    return _mean_log(per_prompt_values, what="block_value")
+
+
+def margin_log(margin_pct: float) -> float:
+    """Margin on the log scale, Δ = ln(1 + δ), with δ given in percent (the card's margin_pct)."""
+    if not math.isfinite(margin_pct) or margin_pct <= 0:
+        raise BadInput(f"margin_pct: must be a positive percentage, got {margin_pct!r}")
+    return math.log1p(margin_pct / 100.0)
+
+
+def _mean_log(values: npt.ArrayLike, *, what: str) -> float:
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    if arr.size == 0:
+        raise BadInput(f"{what}: no values; a block needs at least one prompt")
+    bad = ~np.isfinite(arr) | (arr <= 0)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise BadInput(
+            f"{what}: value #{first} is {arr[first]!r}; every value must be a positive, finite "
+            "rate or duration (drop failed requests before summarising the block)"
+        )
+    return float(np.log(arr).mean())
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One mirrored cycle: four block values in TIME order (slots t = −1.5, −0.5, 0.5, 1.5).
+
+    ``order`` is "ABBA" or "BAAB" (A = control, B = cell). ``prompt_logs``, when given, holds the
+    per-prompt ln values of each block in the same time order (their means must equal ``y``);
+    they feed the two-level bootstrap and the within-block SD s_w of the drift flags.
+    ``prompts_aligned`` says element i of every block is the same prompt (the plan's normal
+    case); the bootstrap then resamples one prompt set per cycle so prompt effects cancel in D,
+    and s_w comes from same-arm paired differences instead of raw within-block spread.
+    """
+
+    index: int
+    order: str
+    y: tuple[float, float, float, float]
+    prompt_logs: tuple[FloatArray, ...] | None = None
+    prompts_aligned: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"cycle {self.index}"
+        if self.order not in ORDERS:
+            raise BadInput(f"{where}: order must be ABBA or BAAB, got {self.order!r}")
+        if len(self.y) != 4 or not all(math.isfinite(v) for v in self.y):
+            raise BadInput(f"{where}: y must be four finite block values in time order")
+        if self.prompt_logs is None:
+            if self.prompts_aligned:
+                raise BadInput(f"{where}: prompts_aligned needs prompt_logs")
+            return
+        if len(self.prompt_logs) != 4:
+            raise BadInput(
+                f"{where}: prompt_logs must hold four blocks, got {len(self.prompt_logs)}"
+            )
+        sizes = {len(b) for b in self.prompt_logs}
+        if self.prompts_aligned and len(sizes) != 1:
+            raise BadInput(f"{where}: prompts_aligned needs the same prompt count in every block")
+        for slot, (logs, yv) in enumerate(zip(self.prompt_logs, self.y, strict=True)):
+            if len(logs) == 0 or not np.isfinite(logs).all():
+                raise BadInput(f"{where}: block {slot} prompt_logs must be non-empty and finite")
+            if not math.isclose(float(np.mean(logs)), yv, rel_tol=1e-9, abs_tol=1e-12):
+                raise BadInput(
+                    f"{where}: block {slot} y={yv!r} is not the mean of its prompt_logs; build "
+                    "cycles with cycle_from_prompt_values()"
+                )
+
+    def arms(self) -> tuple[float, float, float, float]:
+        """(y_A1, y_A2, y_B1, y_B2): each arm's first and second block, whatever the order."""
+        s0, s1, s2, s3 = self.y
+        if self.order == "ABBA":
+            return s0, s3, s1, s2
+        return s1, s2, s0, s3
+
+    @property
+    def y_a1(self) -> float:
+        """First control block."""
+        return self.arms()[0]
+
+    @property
+    def y_a2(self) -> float:
+        """Second control block."""
+        return self.arms()[1]
+
+    @property
+    def y_b1(self) -> float:
+        """First cell block."""
+        return self.arms()[2]
+
+    @property
+    def y_b2(self) -> float:
+        """Second cell block."""
+        return self.arms()[3]
+
+    @property
+    def effect(self) -> float:
+        """Dⱼ = ½(y_B1 + y_B2) − ½(y_A1 + y_A2)."""
+        a1, a2, b1, b2 = self.arms()
+        return 0.5 * (b1 + b2) - 0.5 * (a1 + a2)
+
+    @property
+    def outer_change(self) -> float:
+        """y_outer2 − y_outer1 (slots ±1.5: A in ABBA, B in BAAB); 3β under linear drift βt."""
+        return self.y[3] - self.y[0]
+
+    @property
+    def inner_change(self) -> float:
+        """y_inner2 − y_inner1 (slots ±0.5); β under linear drift βt."""
+        return self.y[2] - self.y[1]
+
+    @property
+    def nonlinearity(self) -> float:
+        """r = 3(y_inner2 − y_inner1) − (y_outer2 − y_outer1); 0 under linear or quadratic drift."""
+        return 3.0 * self.inner_change - self.outer_change
+
+    def swapped(self) -> Cycle:
+        """The same blocks with the arms' roles exchanged (cell becomes control): D → −D."""
+        return replace(self, order="BAAB" if self.order == "ABBA" else "ABBA")
+
+
+def cycle_from_prompt_values(
+    index: int,
+    order: str,
+    blocks: Sequence[npt.ArrayLike],
+    *,
+    prompts_aligned: bool = False,
+) -> Cycle:
+    """Build a Cycle from four blocks of raw per-prompt values (rates or durations), time order."""
+    if len(blocks) != 4:
+        raise BadInput(f"cycle {index}: need four blocks in time order, got {len(blocks)}")
+    ys = tuple(block_value(b) for b in blocks)
+    logs = tuple(np.log(np.asarray(b, dtype=np.float64).ravel()) for b in blocks)
+    return Cycle(index, order, (ys[0], ys[1], ys[2], ys[3]), logs, prompts_aligned)
+
+
+def raw_effect(order: str, raw_values: Sequence[float]) -> float:
+    """½(B1 + B2) − ½(A1 + A2) on the RAW scale (e.g. t/s), four values in time order.
+
+    Only for showing why the log scale differs (the worked example in
+    docs/design.md#statistics): drift that is linear in t/s cancels exactly here but not in
+    ln t/s.
+    """
+    if len(raw_values) != 4:
+        raise BadInput(f"raw_effect: need four values in time order, got {len(raw_values)}")
+    if order not in ORDERS:
+        raise BadInput(f"raw_effect: order must be ABBA or BAAB, got {order!r}")
+    s0, s1, s2, s3 = (float(v) for v in raw_values)
+    a_sum, b_sum = (s0 + s3, s1 + s2) if order == "ABBA" else (s1 + s2, s0 + s3)
+    return 0.5 * b_sum - 0.5 * a_sum
+
+
+def pct_change(log_value: float) -> str:
+    """A log-scale effect as the signed percent change it stands for, e.g. "+2.0%"."""
+    return f"{math.expm1(log_value) * 100:+.1f}%"

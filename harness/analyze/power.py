@@ -1,0 +1,125 @@
+"""How many cycles a decision needs: power calculations and the "add cycles" warnings.
+
+docs/design.md#cycles-needed: beyond the margin, the cycles a two-sided one-sample t-test needs
+for 80% power to detect the observed effect; inside it, the cycles that narrow the 90% interval
+inside (−Δ, Δ). Every warning ends with the remedy (RESUME_HINT). Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scipy import stats as sps
+
+from harness.analyze.cycles import pct_change
+from harness.errors import BadInput
+
+# The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
+RESUME_HINT = "harness run --resume DIR with design.cycles raised"
+_MAX_CYCLES_SEARCH = 100_000
+
+
+def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -> int:
+    """Cycles a two-sided one-sample t-test needs to detect an effect of size ``margin`` (log).
+
+    Standard power calculation with the exact noncentral t distribution (as G*Power and
+    statsmodels' TTestPower do): smallest m ≥ 2 with
+    P(|T| > t_{1−α/2, m−1}) ≥ power, T ~ nct(m − 1, √m·margin/s_d). Capped at 100 000.
+    """
+    if margin <= 0 or not 0 < alpha < 1 or not 0 < power < 1:
+        raise BadInput("cycles_needed: margin > 0, 0 < alpha < 1 and 0 < power < 1 are required")
+    if s_d < 0 or not math.isfinite(s_d):
+        raise BadInput(f"cycles_needed: s_d must be a finite SD >= 0, got {s_d!r}")
+    if s_d == 0:
+        return 2
+
+    def achieved(m: int) -> float:
+        tc = float(sps.t.ppf(1 - alpha / 2, m - 1))
+        nc = math.sqrt(m) * margin / s_d
+        return float(sps.nct.sf(tc, m - 1, nc) + sps.nct.cdf(-tc, m - 1, nc))
+
+    # Start from the normal approximation, then walk to the exact answer.
+    z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
+    m = min(_MAX_CYCLES_SEARCH, max(2, math.ceil((z * s_d / margin) ** 2)))
+    while m < _MAX_CYCLES_SEARCH and achieved(m) < power:
+        m += 1
+    while m > 2 and achieved(m - 1) >= power:
+        m -= 1
+    return m
+
+
+def _cycles_to_clear(s_d: float, distance: float, alpha: float) -> int:
+    """Smallest m with t_{1−α, m−1}·s_d/√m < distance (a one-sided CI edge moving by distance)."""
+    if s_d == 0:
+        return 2
+    if distance <= 0:
+        return _MAX_CYCLES_SEARCH
+    m = 2
+    while m < _MAX_CYCLES_SEARCH and float(sps.t.ppf(1 - alpha, m - 1)) * s_d / math.sqrt(m) >= (
+        distance
+    ):
+        m = m * 2 if m < 1024 else m + 1024
+    lo = max(2, m // 2)
+    while lo < m:  # bisect the last doubling step
+        mid = (lo + m) // 2
+        if float(sps.t.ppf(1 - alpha, mid - 1)) * s_d / math.sqrt(mid) < distance:
+            m = mid
+        else:
+            lo = mid + 1
+    return m
+
+
+def cycles_to_decide(spread: float, mean: float, delta: float, alpha: float) -> int:
+    """Cycles likely to turn this comparison into a verdict, if the effect is as observed.
+
+    Beyond the margin, the question is power to detect the observed effect (never less than
+    the margin); inside it, how many cycles narrow the 90% interval inside (−Δ, Δ).
+    """
+    if abs(mean) >= delta:
+        return cycles_needed(spread, abs(mean), alpha)
+    return _cycles_to_clear(spread, delta - abs(mean), alpha)
+
+
+def power_warnings(
+    metric: str,
+    m: int,
+    raw_label: str,
+    mean: float,
+    sd: float | None,
+    needed: int | None,
+    delta: float,
+    alpha: float,
+    margin_pct: float,
+    have_spread: bool,
+) -> list[str]:
+    """benchstat-style "cannot reach significance" warnings, each ending with the remedy."""
+    if m == 1:
+        more = max(1, (needed or 2) - 1)
+        basis = (
+            "estimated from the within-block spread, a lower bound"
+            if have_spread
+            else "the minimum for any interval"
+        )
+        return [
+            f"{metric}: only 1 cycle: no interval; run at least {more} more cycle(s) ({basis}; "
+            f"{RESUME_HINT})"
+        ]
+    if raw_label != "inconclusive" or sd is None or needed is None:
+        return []
+    if needed > m:
+        target = needed
+        why = (
+            f"per-cycle SD {sd:.4f} (log) is too large for {m} cycles; if the effect is as "
+            f"observed ({pct_change(mean)}), about {needed} cycles decide it (80% power, "
+            f"±{margin_pct:g}% margin)"
+        )
+    else:
+        # Enough power for the margin, but D̄ sits near it: narrow the 90% CI past the margin.
+        target = max(m + 1, _cycles_to_clear(sd, abs(delta - abs(mean)), alpha))
+        why = (
+            f"the effect {pct_change(mean)} sits near the ±{margin_pct:g}% margin; about {target} "
+            "cycles would narrow the interval enough to decide"
+        )
+    return [
+        f"{metric}: inconclusive: {why}; run at least {target - m} more cycle(s) ({RESUME_HINT})"
+    ]
