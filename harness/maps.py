@@ -1,4 +1,6 @@
-"""Rowmaps, hotlists and route-count dumps, in the real runtimes' own formats (RUNTIMES.md).
+"""Rowmaps, hotlists and route-count dumps, in the real runtimes' own formats.
+
+See docs/design.md#maps-hotlists-and-count-dumps.
 
 * Rowmap JSON (seed 000's CUDA lane): per layer a ``hot`` and a ``cold`` list that must
   partition 0..E-1, plus free-form ``meta``.

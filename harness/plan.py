@@ -1,11 +1,12 @@
 """The planner: a card becomes an ordered list of runs.
 
 Order is the whole defence against drift. ``abba`` alternates mirrored cycles ABBA, BAAB, ABBA, …:
-one mirrored cycle cancels linear drift, an ABBA+BAAB pair also cancels quadratic drift (DESIGN.md,
-Statistics). With more than two cells (a ladder B0/B1/B2…), every cell gets its own mirrored
-sub-cycle against the control in each cycle, so each comparison has an adjacent control. Cache
-states expand into separate mirrored sub-cycles (cold and warm are never averaged, seed 004), and
-repeats stay inside a block (one block = one boot of one arm), so the mirror is never broken.
+one mirrored cycle cancels linear drift, an ABBA+BAAB pair also cancels quadratic drift
+(docs/design.md#plan). With more than two cells (a ladder B0/B1/B2…), every cell gets its own
+mirrored sub-cycle against the control in each cycle, so each comparison has an adjacent control.
+Cache states expand into separate mirrored sub-cycles (cold and warm are never averaged, seed
+004), and repeats stay inside a block (one arm in one slot; each repeat is its own boot), so the
+mirror is never broken.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Run:
     box: str
     pattern: str  # "ABBA", "BAAB" or "SEQ"
     comparison: str  # the treatment cell this sub-cycle compares with the control
-    block: str  # runs sharing a block share one boot of one arm
+    block: str  # the repeats of one arm in one slot of a sub-cycle (each run boots on its own)
 
     def identity(self) -> dict[str, Any]:
         """The fields a run record repeats from its plan entry."""

@@ -1,6 +1,6 @@
 """Run records on disk: the campaign directory layout, the journal, and reading them back.
 
-Layout (DESIGN.md, "Run records on disk")::
+Layout (docs/design.md#run-records)::
 
     reports/<campaign>/<stamp>/
       card.yaml plan.json journal.jsonl boxes/<box>.json

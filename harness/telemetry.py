@@ -68,7 +68,7 @@ MAGIC = b"HRING\x00\r\n"
 # Format version history:
 #   1: first format (fixed 64-byte prefix, NUL-separated field names, per-slot seqlock marker).
 RING_VERSION = 1
-# The reference runtime's --route-trace JSONL (harness.refbox.model documents the records):
+# The reference runtime's --route-trace JSONL (harness.refbox.engine documents the records):
 #   1: drains fell on decode steps with step % drain_every == 0 and were not recorded;
 #   2: drains fall every drain_every decode steps and each one is recorded.
 ROUTE_TRACE_VERSION = 2

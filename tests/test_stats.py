@@ -1,4 +1,4 @@
-"""Statistics of mirrored A/B campaigns, checked against scipy and against DESIGN.md's examples."""
+"""Statistics of mirrored A/B campaigns, checked against scipy and docs/design.md's example."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def test_bootstrap_one_level_without_prompts_is_cycle_resampling() -> None:
     assert low < high
 
 
-# --- DESIGN.md worked example (seed 004's drift) ------------------------------------------------
+# --- docs/design.md#statistics worked example (seed 004's drift) --------------------------------
 
 
 def test_seed_004_drift_worked_example() -> None:

@@ -1,8 +1,9 @@
 """Comparisons of each cell against the control, per cache state and metric.
 
-One block = one boot of one arm, summarised as y = ln(metric), averaged over the block's repeats;
-never pooled across boots. Cycles come from the plan's mirrored sub-cycles; a cycle with a missing
-or failed run is dropped with a warning rather than filled in.
+A block (one arm in one slot; each of its repeats is its own boot) is summarised as
+y = ln(metric), averaged over the block's repeats; requests are never pooled across boots. Cycles
+come from the plan's mirrored sub-cycles; a cycle with a missing or failed run is dropped with a
+warning rather than filled in.
 """
 
 from __future__ import annotations

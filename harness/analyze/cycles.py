@@ -2,7 +2,8 @@
 
 Formulas are docs/design.md#statistics (and #metrics for the geomean), adopted exactly:
 
-- block value yᵢ = ln(geomean over held-out prompts) — one block = one boot of one arm;
+- block value yᵢ = ln(geomean over held-out prompts) — one block = one arm in one slot
+  (with one repeat, one boot);
 - a cycle is four blocks in time order (slots t = −1.5, −0.5, 0.5, 1.5), ABBA or BAAB;
 - effect per cycle Dⱼ = ½(y_B1 + y_B2) − ½(y_A1 + y_A2);
 - outer change y_outer2 − y_outer1, inner change y_inner2 − y_inner1 and the nonlinearity
@@ -41,8 +42,8 @@ def geomean(values: npt.ArrayLike) -> float:
 def block_value(per_prompt_values: npt.ArrayLike) -> float:
     """Block value y = ln(geomean over held-out prompts) (docs/design.md#statistics).
 
-    One block is one boot of one arm; pass only that boot's per-prompt values — requests of
-    different boots are never pooled.
+    One block is one arm in one slot of a cycle; pass only one run's per-prompt values —
+    requests of different boots are never pooled.
     """
     return _mean_log(per_prompt_values, what="block_value")
 

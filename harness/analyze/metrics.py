@@ -1,4 +1,4 @@
-"""Per-request and per-run metrics from run records (DESIGN.md, "Metrics").
+"""Per-request and per-run metrics from run records (docs/design.md#metrics).
 
 Client side, comparable with vLLM and SGLang: TTFT = first content chunk − t0; E2EL = last content
 chunk − t0; n = server ``usage.completion_tokens``; TPOT = (E2EL − TTFT)/(n − 1) for n > 1;

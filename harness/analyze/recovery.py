@@ -1,6 +1,6 @@
 """Runtime-side metrics from the telemetry ring: cold share, recovery times, churn, swap cost.
 
-DESIGN.md "Metrics → Runtime side, from the ring", adopted exactly:
+docs/design.md#runtime-side:
 
 - cold share = Σcold_lookups / Σlookups per window (default 2 s);
 - converged value C = median of the last window span of a phase; peak P = max after the shift;

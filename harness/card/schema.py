@@ -123,7 +123,7 @@ class Design(Strict):
 
 
 class AnalysisSpec(Strict):
-    """Analysis parameters (DESIGN.md: Metrics and Statistics)."""
+    """Analysis parameters (docs/design.md#metrics, #statistics)."""
 
     window_s: float = Field(2.0, gt=0, description="cold-share window")
     margin_pct: float = Field(2.0, gt=0, description="δ: smallest effect worth calling")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+from harness.execute.counters import timings_columns
 from harness.execute.drive import RequestResult
 from harness.execute.resume import CheckpointState
-from harness.llamacpp.metrics import timings_columns
 
 
 def requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd.DataFrame:

@@ -24,6 +24,7 @@ import pandas as pd
 from harness.card import LoadedCard
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box
+from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
@@ -41,7 +42,6 @@ from harness.execute.resume import (
 from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
-from harness.llamacpp.metrics import scrape_counters
 from harness.plan import Plan, Run, plan_json_text
 from harness.records import (
     RUN_FAILED,

@@ -5,8 +5,9 @@
 token was routed to. It elides the middle of any dimension longer than 6 (``...``), so the
 recorder runs it with ``-ub 1``: every prompt token is then its own graph evaluation with a
 one-row tensor, printed whole. Each evaluation becomes one step, written as Megatron-style records
-``{"step", "layer", "top_indices", "phase"}`` (:mod:`harness.sim.traces`). These are the routings
-of prompt tokens (teacher-forced), not of generated ones: llama-eval-callback does not generate.
+``{"step", "layer", "top_indices", "phase"}`` (:mod:`harness.sim.trace_files`). These are the
+routings of prompt tokens (teacher-forced), not of generated ones: llama-eval-callback does not
+generate.
 
 llama.cpp computes the last layer only for tokens whose logits are wanted (the prompt's last one),
 so for every other token ``ffn_moe_topk-<last>`` is empty. A trace keeps only the layers routed

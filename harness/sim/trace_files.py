@@ -2,7 +2,7 @@
 
 Formats (chosen by suffix, JSONL sniffed by its first record):
 
-* reference runtime ``--route-trace`` JSONL (``harness.refbox.model`` docstring);
+* reference runtime ``--route-trace`` JSONL (``harness.refbox.engine`` docstring);
 * Megatron-style JSONL, one ``{"step", "layer", "top_indices"}`` record per step and layer
   (``top_indices`` one token's ``[top_k]`` or ``[[top_k] per token]``; optional ``prefill`` and
   ``phase``); records are grouped by step, steps must not go backwards;

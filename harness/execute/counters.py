@@ -1,4 +1,4 @@
-"""Counters from a runtime's Prometheus ``/metrics`` text, and the server's per-request timings.
+"""Counters from a runtime's JSON counters or Prometheus ``/metrics``, and per-request timings.
 
 llama-server (with ``--metrics``) serves ``llamacpp:prompt_tokens_total`` and friends as Prometheus
 text; the executor scrapes it before and after each run, like a JSON counters endpoint, and the
