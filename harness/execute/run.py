@@ -5,6 +5,11 @@ before → drive → counters after → collect ring/log → stop (verify the pr
 write the records → journal ``run_done``. A run that fails is recorded with its reason and log tail
 and the campaign goes on; Ctrl-C stops the runtime, marks the run interrupted and leaves a campaign
 that ``harness run --resume DIR`` continues.
+
+What a run sends (:mod:`.workload`), the tables it leaves (:mod:`.frames`), checkpoints and
+orphans (:mod:`.resume`) and the box capture (:mod:`.environment`) live beside this module. It
+stays past ~500 lines because what is left is one job: the lifecycle above, whose steps share one
+boot's state (``_Boot``) and are the methods ``harness bench overhead`` times one by one.
 """
 
 from __future__ import annotations
