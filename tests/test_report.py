@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from harness.analyze.campaign import CampaignAnalysis, analyze_campaign
+from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, write_analysis
 from harness.analyze.cell_values import ratio_of
 from harness.gate import evaluate_gates
 from harness.report import build_context, copy_path, fmt, register, render_report
@@ -327,6 +327,26 @@ def test_simulated_sibling_is_shown_as_predicted(tiny_root: Path, tmp_path: Path
         "Predicted vs measured"
         not in render_report(alone, plain, evaluate_gates(plain)).read_text()
     )
+
+
+def test_predictions_are_found_where_simulate_writes_them(tiny_root: Path, tmp_path: Path) -> None:
+    # harness simulate writes reports/<campaign>-sim/<stamp>/ beside reports/<campaign>/.
+    root = _copy(tiny_root, tmp_path)
+    simulated = root.parent.parent / f"{root.parent.name}-sim" / "20990101T000000Z"
+    shutil.copytree(root, simulated)
+    (simulated / "SIMULATED").write_text("simulator\n")
+    analysis = analyze_campaign(root)
+    predicted = analysis.seed_tables.predicted
+    assert predicted is not None
+    assert predicted.source == f"{root.parent.name}-sim/20990101T000000Z"
+    # A copy predicts itself exactly: every error is zero, and the report shows the rows.
+    assert predicted.rows and all(r.error == 0 for r in predicted.rows if r.error is not None)
+    summary = json.loads((write_analysis(analysis) / "summary.json").read_text())
+    assert summary["seed_tables"]["predicted"]["source"] == predicted.source
+    page = render_report(root, analysis, evaluate_gates(analysis)).read_text()
+    assert "Predicted vs measured" in page and predicted.source in page
+    # The simulated campaign itself predicts nothing.
+    assert analyze_campaign(simulated).seed_tables.predicted is None
 
 
 @pytest.mark.parametrize(
