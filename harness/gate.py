@@ -236,7 +236,8 @@ def _describe(row: dict[str, Any]) -> str:
     text = f"ratio {ratio:.3f}" if ratio is not None else "no ratio"
     if row.get("ci_low") is not None and row.get("ci_high") is not None:
         text += f" [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
-    text += f" over {row['n_cycles']} cycles: {row['label']}"
+    cycles = int(row["n_cycles"])
+    text += f" over {cycles} cycle{'' if cycles == 1 else 's'}: {row['label']}"
     if row["label"] == "confounded":
         text += f" (statistically {row['raw_label']}, but drift flagged)"
     return text

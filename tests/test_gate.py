@@ -490,7 +490,7 @@ def test_better_fails_when_only_one_cycle_ran(tmp_path: Path) -> None:
     result = only(verdict_of(tmp_path, "  - {kind: better, metric: decode_tok_s}",
                              Synth(speed=faster(1.5)), cycles=1))  # fmt: skip
     assert not result.passed
-    assert "over 1 cycles: inconclusive" in result.reason
+    assert "over 1 cycle: inconclusive" in result.reason
     assert result.evidence["treat/warm"]["ci_low"] is None
 
 
