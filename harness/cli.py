@@ -114,7 +114,9 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         scale = float(campaign.plan().get("scale", 1.0))
         loaded = scale_workload(load_card(Path(card_path)), scale)
         plan = build_plan(loaded, scale=scale)
-        if plan_json_text(plan) != (campaign.root / "plan.json").read_text().strip():
+        on_disk = campaign.plan()
+        on_disk.setdefault("cycles", loaded.card.design.cycles)  # plans before `cycles`
+        if plan.to_json() != on_disk:
             raise HarnessError(
                 f"{card_path}: the card changed since {campaign.root} was planned; "
                 "resume needs the same plan (restore the card, or start a new campaign)"

@@ -7,6 +7,10 @@ mirrored sub-cycle against the control in each cycle, so each comparison has an 
 Cache states expand into separate mirrored sub-cycles (cold and warm are never averaged, seed
 004), and repeats stay inside a block (one arm in one slot; each repeat is its own boot), so the
 mirror is never broken.
+
+Runs are laid out cycle by cycle, so the plan of N cycles begins with the plan of any M < N
+cycles, run for run: :func:`extend_plan` grows a campaign by whole cycles and keeps every run
+already planned (docs/design.md#plan).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 from harness.card import LoadedCard
 from harness.errors import PlanError
 
-SCHEMA_VERSION = 1  # 1: first version
+# 1: first version (later with `cycles`, absent from older plans, where it is design.cycles)
+SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class Plan:
 
     card: LoadedCard
     runs: tuple[Run, ...]
+    # Mirrored cycles planned: the card's design.cycles, or more once extended (extend_plan).
+    # The card stays as written, so the campaign directory's card.yaml is the card as run.
+    cycles: int
     scale: float = 1.0  # workload scale the card ran at (harness run --scale)
 
     def estimated_run_s(self) -> float:
@@ -103,6 +111,7 @@ class Plan:
             "campaign": self.card.card.campaign,
             "estimated_total_s": round(self.estimated_total_s(), 1),
             "scale": self.scale,
+            "cycles": self.cycles,
             "runs": [
                 {
                     "run_id": r.run_id,
@@ -132,14 +141,20 @@ def _mirrored(items: list[str], cycle: int) -> list[str]:
     return list(items) if cycle % 2 == 0 else list(reversed(items))
 
 
-def build_plan(loaded: LoadedCard, *, scale: float = 1.0) -> Plan:
-    """Expand cells × cycles × cache states × repeats into the ordered runs of the card."""
+def build_plan(loaded: LoadedCard, *, scale: float = 1.0, cycles: int | None = None) -> Plan:
+    """Expand cells × cycles × cache states × repeats into the ordered runs of the card.
+
+    ``cycles`` overrides ``design.cycles`` (a campaign extended by :func:`extend_plan`).
+    """
     card = loaded.card
     design = card.design
+    n_cycles = design.cycles if cycles is None else cycles
+    if n_cycles < 1:
+        raise PlanError(f"cycles must be at least 1, got {n_cycles}")
     specs: list[tuple[str, int, int, str, str, str, str]] = []
     # (cell, cycle, slot, cache_state, pattern, comparison, block)
     if design.order == "sequential":
-        for cycle in range(design.cycles):
+        for cycle in range(n_cycles):
             for state in _mirrored(list(design.cache_states), cycle):
                 for slot, cell in enumerate(card.cells):
                     block = f"c{cycle}-{state}-{cell}"
@@ -148,7 +163,7 @@ def build_plan(loaded: LoadedCard, *, scale: float = 1.0) -> Plan:
         control = card.control
         if control is None or not card.treatments:
             raise PlanError(f"order {design.order!r} needs a control and at least one other cell")
-        for cycle in range(design.cycles):
+        for cycle in range(n_cycles):
             pattern = cycle_pattern(cycle)
             for state in _mirrored(list(design.cache_states), cycle):
                 for treatment in _mirrored(card.treatments, cycle):
@@ -176,7 +191,33 @@ def build_plan(loaded: LoadedCard, *, scale: float = 1.0) -> Plan:
                     block=block,
                 )
             )
-    return Plan(card=loaded, runs=tuple(runs), scale=scale)
+    return Plan(card=loaded, runs=tuple(runs), scale=scale, cycles=n_cycles)
+
+
+def extend_plan(plan: Plan, cycles: int) -> Plan:
+    """The plan grown to ``cycles`` mirrored cycles in all; every run planned so far is kept.
+
+    The new cycles continue the ABBA/BAAB alternation and the mirrored order of cache states and
+    treatments exactly as a plan of ``cycles`` from the start would have them, and the runs
+    already planned come first, unchanged (same ids, same fields). Fewer cycles than planned is
+    a PlanError: a campaign only grows, runs already made are never dropped.
+    """
+    if cycles < plan.cycles:
+        raise PlanError(
+            f"{plan.card.card.campaign}: cannot plan {cycles} cycles, {plan.cycles} are already "
+            f"planned and a campaign only grows; ask for {plan.cycles} or more"
+        )
+    if cycles == plan.cycles:
+        return plan
+    grown = build_plan(plan.card, scale=plan.scale, cycles=cycles)
+    if grown.runs[: len(plan.runs)] != plan.runs:
+        # Cannot happen while build_plan lays runs out cycle by cycle; refuse rather than
+        # renumber runs that already have records.
+        raise PlanError(
+            f"extending {plan.card.card.campaign!r} to {cycles} cycles would change runs already "
+            "planned; start a new campaign with design.cycles raised"
+        )
+    return grown
 
 
 def plan_json_text(plan: Plan) -> str:
@@ -184,4 +225,4 @@ def plan_json_text(plan: Plan) -> str:
     return json.dumps(plan.to_json(), indent=2)
 
 
-__all__ = ["Plan", "Run", "build_plan", "cycle_pattern", "plan_json_text"]
+__all__ = ["Plan", "Run", "build_plan", "cycle_pattern", "extend_plan", "plan_json_text"]

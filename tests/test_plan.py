@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.card import Card, load_card
-from harness.plan import Plan, build_plan
+from harness.errors import PlanError
+from harness.plan import Plan, build_plan, extend_plan
 from tests.conftest import DATA
 
 BASE = load_card(DATA / "cards" / "valid.yaml")
@@ -106,3 +108,45 @@ def test_plan_of_the_fixture_card() -> None:
     plan = build_plan(load_card(DATA / "cards" / "valid.yaml"))
     assert len(plan.runs) == 3 * 2 * 4 * 2  # cycles × states × slots × repeats
     assert plan.estimated_total_s() > 0
+
+
+ORDERS = [
+    # (order, cells): two-cell A/B, a ladder of three treatments, and cells in sequence.
+    ("abba", 2),
+    ("abba", 3),
+    ("ladder", 4),
+    ("sequential", 3),
+]
+STATES = [["warm"], ["cold"], ["warm", "cold"], ["cold", "warm"]]
+
+
+@pytest.mark.parametrize(("order", "cells"), ORDERS)
+@pytest.mark.parametrize("states", STATES)
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_a_plan_of_more_cycles_begins_with_the_plan_of_fewer(
+    order: str, cells: int, states: list[str], repeats: int
+) -> None:
+    plans = {m: _plan(cells, m, repeats, states, order) for m in range(1, 6)}
+    for m in range(1, 6):
+        for n in range(m, 6):
+            short, long = plans[m].to_json()["runs"], plans[n].to_json()["runs"]
+            assert isinstance(short, list) and isinstance(long, list)
+            assert long[: len(short)] == short  # field for field, ids included
+            grown = extend_plan(plans[m], n)
+            assert grown.runs == plans[n].runs and grown.cycles == n
+            ids = [r.run_id for r in grown.runs]
+            assert len(set(ids)) == len(ids)
+    # The new cycles continue the alternation: cycle j is ABBA for even j, BAAB for odd j.
+    patterns = {r.cycle: r.pattern for r in plans[5].runs}
+    want = "SEQ" if order == "sequential" else None
+    assert [patterns[j] for j in range(5)] == [want or ("ABBA", "BAAB")[j % 2] for j in range(5)]
+
+
+def test_extending_keeps_the_plan_at_the_same_count_and_refuses_to_shrink() -> None:
+    plan = _plan(cells=2, cycles=3, repeats=1, states=["warm"])
+    assert extend_plan(plan, 3) is plan
+    with pytest.raises(PlanError, match="3 are already planned and a campaign only grows"):
+        extend_plan(plan, 2)
+    grown = extend_plan(plan, 4)
+    assert grown.to_json()["cycles"] == 4 and plan.to_json()["cycles"] == 3
+    assert grown.card.card.design.cycles == 3  # the card stays as written
