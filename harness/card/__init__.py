@@ -5,10 +5,13 @@ placed by :mod:`.locate`) checks shapes and types; the semantic pass (:mod:`.che
 needs the card as a whole or the disk: the control is a cell, files exist, metrics and counters
 are known, phases name domains the pools have, and the held-out set shares no prompt with the fit
 set. Every problem is reported at once, as ``file:line: path: message``. Box and runtime names
-resolve through :mod:`.resolve`; :mod:`.load` ties it together.
+resolve through :mod:`.resolve`; :mod:`.load` ties it together, reading files where a
+:class:`~.inputs.Locator` says (beside the card, or a campaign directory's frozen copies,
+:mod:`.frozen`).
 """
 
 from harness.card.checks import display_path
+from harness.card.inputs import InputFile, Locator
 from harness.card.load import (
     LoadedCard,
     load_card,
@@ -62,8 +65,10 @@ __all__ = [
     "Design",
     "ExactOutputsGate",
     "Gate",
+    "InputFile",
     "KnobValue",
     "LoadedCard",
+    "Locator",
     "LockstepGate",
     "Phase",
     "PromptsSpec",

@@ -13,10 +13,12 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from harness.card.inputs import Locator
 from harness.card.resolve import (
     find_runtime_profile,
     known_runtime_names,
-    load_boxes,
+    load_boxes_file,
+    load_boxes_with_sources,
     load_runtime_profile,
 )
 from harness.card.schema import (
@@ -62,42 +64,52 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options) or 'none'}"
 
 
-def resolve_box(card: Card, card_dir: Path, out: Problems) -> tuple[str, BoxSpec | None]:
-    """The box's name and settings; None (and a problem) when the name resolves to nothing."""
+def resolve_box(
+    card: Card, where: Locator, out: Problems
+) -> tuple[str, BoxSpec | None, Path | None]:
+    """The box's name, settings and the boxes file defining it (None for an inline box or the
+    built-in ``local``); settings None (and a problem) when the name resolves to nothing."""
     if isinstance(card.box, BoxSpec):
-        return card.box.host or "inline", card.box
+        return card.box.host or "inline", card.box, None
     try:
-        boxes = load_boxes(card_dir)
+        if where.boxes_file is not None:
+            boxes = {n: (b, where.boxes_file) for n, b in load_boxes_file(where.boxes_file).items()}
+        else:
+            boxes = load_boxes_with_sources(where.card_dir)
     except CardError as exc:
         out.lines.extend(exc.lines())
-        return card.box, None
+        return card.box, None, None
     if card.box not in boxes:
         if card.box == "local":
-            return "local", BoxSpec()
+            return "local", BoxSpec(), None
         out.add(("box",), f"unknown box {card.box!r}{_did_you_mean(card.box, sorted(boxes))}")
-        return card.box, None
-    return card.box, boxes[card.box]
+        return card.box, None, None
+    box, source = boxes[card.box]
+    return card.box, box, source
 
 
-def resolve_runtime(card: Card, card_dir: Path, out: Problems) -> RuntimeProfile | None:
-    """The runtime profile; None (and a problem) when it is unknown or invalid."""
+def resolve_runtime(
+    card: Card, where: Locator, out: Problems
+) -> tuple[RuntimeProfile | None, Path | None]:
+    """The runtime profile and the file it came from (None for an inline profile); the profile
+    None (and a problem) when it is unknown or invalid."""
     if isinstance(card.runtime, RuntimeProfile):
-        return card.runtime
-    path = find_runtime_profile(card.runtime, card_dir)
+        return card.runtime, None
+    path = where.runtime_file or find_runtime_profile(card.runtime, where.card_dir)
     if path is None:
-        names = known_runtime_names(card_dir)
+        names = known_runtime_names(where.card_dir)
         out.add(
             ("runtime",), f"unknown runtime {card.runtime!r}{_did_you_mean(card.runtime, names)}"
         )
-        return None
+        return None, None
     try:
-        return load_runtime_profile(path)
+        return load_runtime_profile(path), path
     except CardError as exc:
         out.lines.extend(exc.lines())
-        return None
+        return None, path
 
 
-def check_cells(card: Card, runtime: RuntimeProfile | None, card_dir: Path, out: Problems) -> None:
+def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out: Problems) -> None:
     """The control and the order fit the cells; each cell's files and values fit the runtime."""
     if card.control is not None and card.control not in card.cells:
         out.add(
@@ -111,7 +123,7 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, card_dir: Path, out:
         out.add(("cells",), f"order {card.design.order!r} needs the control and at least one cell")
     for name, cell in card.cells.items():
         for key, rel in cell.files.items():
-            if not (card_dir / Path(rel).expanduser()).is_file():
+            if not where.path(rel).is_file():
                 out.add(("cells", name, "files", key), f"file not found: {rel} (relative to card)")
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
@@ -222,14 +234,14 @@ def check_gates(card: Card, out: Problems) -> None:
             out.add(loc, "a quality gate needs `prompts.quality` (a pool with `check` per prompt)")
 
 
-def check_prompts(card: Card, card_dir: Path, out: Problems) -> tuple[list[Prompt], list[Prompt]]:
+def check_prompts(card: Card, where: Locator, out: Problems) -> tuple[list[Prompt], list[Prompt]]:
     """The pools and quality suite, loaded; ids unique, splits present and apart, phases served.
 
     Returns the pool prompts and the quality prompts, as far as they could be read.
     """
     prompts: list[Prompt] = []
     for index, rel in enumerate(card.prompts.pools):
-        path = display_path(card_dir / Path(rel).expanduser())
+        path = display_path(where.path(rel))
         if not path.is_file():
             out.add(("prompts", "pools", index), f"prompt pool not found: {rel} (relative to card)")
             continue
@@ -239,7 +251,7 @@ def check_prompts(card: Card, card_dir: Path, out: Problems) -> tuple[list[Promp
             out.lines.extend(exc.lines())
     quality: list[Prompt] = []
     if card.prompts.quality is not None:
-        path = display_path(card_dir / Path(card.prompts.quality).expanduser())
+        path = display_path(where.path(card.prompts.quality))
         if not path.is_file():
             out.add(("prompts", "quality"), f"quality pool not found: {card.prompts.quality}")
         else:

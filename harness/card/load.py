@@ -20,6 +20,7 @@ from harness.card.checks import (
     resolve_box,
     resolve_runtime,
 )
+from harness.card.inputs import PATH_ROLES, InputFile, Locator
 from harness.card.locate import pydantic_problems
 from harness.card.resolve import load_model
 from harness.card.schema import Card, Phase
@@ -41,6 +42,9 @@ class LoadedCard:
     prompts: tuple[Prompt, ...]
     quality: tuple[Prompt, ...]
     text: str
+    # Every file loading read (the card, pools, quality suite, cell files, the runtime profile
+    # and boxes file its names resolved to): what a campaign directory freezes (card/frozen.py).
+    inputs: tuple[InputFile, ...] = ()
 
     @property
     def directory(self) -> Path:
@@ -48,7 +52,11 @@ class LoadedCard:
         return self.path.parent
 
     def resolve(self, relative: str) -> Path:
-        """A path named on the card, relative to the card's folder."""
+        """The file a path named on the card was read from: beside the card, or the frozen copy
+        of a campaign directory the card was loaded from."""
+        for item in self.inputs:
+            if item.role in PATH_ROLES and item.written == relative:
+                return item.path
         return (self.directory / Path(relative).expanduser()).resolve()
 
     def split(self, which: Literal["fit", "heldout"]) -> list[Prompt]:
@@ -95,8 +103,11 @@ def scale_workload(loaded: LoadedCard, factor: float) -> LoadedCard:
     return dataclasses.replace(loaded, card=card)
 
 
-def validate_card(doc: YamlDoc) -> LoadedCard:
-    """Validate a parsed card document; raise CardError listing every problem."""
+def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
+    """Validate a parsed card document; raise CardError listing every problem.
+
+    ``where`` says where the card's files and names are read from (default: beside the card).
+    """
     problems = Problems(doc)
     problems.lines.extend(doc.problems)
     if not isinstance(doc.data, dict):
@@ -108,12 +119,12 @@ def validate_card(doc: YamlDoc) -> LoadedCard:
     except ValidationError as exc:
         problems.lines.extend(pydantic_problems(exc, doc, Card))
         raise CardError(f"{doc.path}: invalid card", problems.lines) from None
-    card_dir = doc.path.resolve().parent
-    box_name, box = resolve_box(card, card_dir, problems)
-    runtime = resolve_runtime(card, card_dir, problems)
-    check_cells(card, runtime, card_dir, problems)
+    where = where or Locator(doc.path.resolve().parent)
+    box_name, box, box_file = resolve_box(card, where, problems)
+    runtime, runtime_file = resolve_runtime(card, where, problems)
+    check_cells(card, runtime, where, problems)
     check_gates(card, problems)
-    prompts, quality = check_prompts(card, card_dir, problems)
+    prompts, quality = check_prompts(card, where, problems)
     if problems.lines or box is None or runtime is None:
         raise CardError(f"{doc.path}: invalid card", problems.lines)
     return LoadedCard(
@@ -125,12 +136,40 @@ def validate_card(doc: YamlDoc) -> LoadedCard:
         prompts=tuple(prompts),
         quality=tuple(quality),
         text=doc.path.read_text(encoding="utf-8"),
+        inputs=_inputs(doc.path, card, where, runtime_file, box_file),
     )
 
 
-def load_card(path: Path) -> LoadedCard:
-    """Parse and validate the card at ``path``."""
-    return validate_card(load_yaml(path))
+def _inputs(
+    card_path: Path, card: Card, where: Locator, runtime_file: Path | None, box_file: Path | None
+) -> tuple[InputFile, ...]:
+    """The files a valid card was loaded from, one entry per file, with the fields naming it."""
+    named: dict[str, tuple[InputFile, list[str]]] = {}
+
+    def add(role: Literal["pool", "quality", "cell_file"], written: str, field: str) -> None:
+        if written not in named:
+            named[written] = (InputFile(role, written, where.path(written).resolve(), ()), [])
+        named[written][1].append(field)
+
+    for index, pool in enumerate(card.prompts.pools):
+        add("pool", pool, f"prompts.pools[{index}]")
+    if card.prompts.quality is not None:
+        add("quality", card.prompts.quality, "prompts.quality")
+    for name, cell in card.cells.items():
+        for key, rel in cell.files.items():
+            add("cell_file", rel, f"cells.{name}.files.{key}")
+    found = [InputFile("card", str(card_path.resolve()), card_path.resolve(), ())]
+    found += [dataclasses.replace(item, fields=tuple(fields)) for item, fields in named.values()]
+    if runtime_file is not None and isinstance(card.runtime, str):
+        found.append(InputFile("runtime", card.runtime, runtime_file.resolve(), ("runtime",)))
+    if box_file is not None and isinstance(card.box, str):
+        found.append(InputFile("boxes", card.box, box_file.resolve(), ("box",)))
+    return tuple(found)
+
+
+def load_card(path: Path, where: Locator | None = None) -> LoadedCard:
+    """Parse and validate the card at ``path`` (its files read as ``where`` says)."""
+    return validate_card(load_yaml(path), where)
 
 
 def read_card_schema(path: Path) -> Card:

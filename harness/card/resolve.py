@@ -83,11 +83,16 @@ def load_boxes_file(path: Path) -> dict[str, BoxSpec]:
     return boxes
 
 
-def load_boxes(card_dir: Path) -> dict[str, BoxSpec]:
-    """Every named box along the search path; earlier files win over later ones."""
-    boxes: dict[str, BoxSpec] = {}
+def load_boxes_with_sources(card_dir: Path) -> dict[str, tuple[BoxSpec, Path]]:
+    """Every named box along the search path with the file defining it; earlier files win."""
+    boxes: dict[str, tuple[BoxSpec, Path]] = {}
     for root in reversed(search_path(card_dir)):
         path = root / "boxes.yaml"
         if path.is_file():
-            boxes.update(load_boxes_file(path))
+            boxes.update({name: (box, path) for name, box in load_boxes_file(path).items()})
     return boxes
+
+
+def load_boxes(card_dir: Path) -> dict[str, BoxSpec]:
+    """Every named box along the search path; earlier files win over later ones."""
+    return {name: box for name, (box, _) in load_boxes_with_sources(card_dir).items()}
