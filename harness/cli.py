@@ -105,26 +105,18 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from harness.execute.progress import make_progress
+    from harness.execute.reopen import reopen_campaign
     from harness.execute.run import CampaignRunner, new_campaign_dir
-    from harness.records import open_campaign
 
     if args.resume:
-        campaign = open_campaign(Path(args.resume))
-        card_path = (campaign.root / "card.path").read_text(encoding="utf-8").strip()
-        scale = float(campaign.plan().get("scale", 1.0))
-        loaded = scale_workload(load_card(Path(card_path)), scale)
-        plan = build_plan(loaded, scale=scale)
-        on_disk = campaign.plan()
-        on_disk.setdefault("cycles", loaded.card.design.cycles)  # plans before `cycles`
-        if plan.to_json() != on_disk:
-            raise HarnessError(
-                f"{card_path}: the card changed since {campaign.root} was planned; "
-                "resume needs the same plan (restore the card, or start a new campaign)"
-            )
+        reopened = reopen_campaign(Path(args.resume))
+        campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
+        for note in reopened.notes:
+            out.write(note + "\n")
         campaign.journal.append("campaign_resume")
     else:
         if args.card is None:
-            raise HarnessError("give a CARD to run, or --resume DIR")
+            raise BadInput("give a CARD to run, or --resume DIR")
         loaded = scale_workload(load_card(Path(args.card)), args.scale)
         plan = build_plan(loaded, scale=args.scale)
         campaign = new_campaign_dir(loaded, plan, Path(args.reports))

@@ -3,7 +3,7 @@
 Layout (docs/design.md#run-records)::
 
     reports/<campaign>/<stamp>/
-      card.yaml plan.json journal.jsonl boxes/<box>.json
+      card.yaml card.path plan.json journal.jsonl boxes/<box>.json inputs/ (harness.card.frozen)
       runs/<run-id>/ run.json requests.parquet chunks.parquet ring.parquet counters.json server.log
 
 The journal is append-only and fsynced. A run is done only when its ``run.json`` says ``ok`` and the
@@ -37,6 +37,17 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8") as handle:
         json.dump({"schema_version": SCHEMA_VERSION, **payload}, handle, indent=2, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through a temp file and rename (plan.json, rewritten when a campaign grows)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)

@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from harness.card import LoadedCard
+from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box
 from harness.execute.counters import scrape_counters
@@ -57,6 +58,7 @@ from harness.records import (
     RunRecord,
     write_json_atomic,
     write_parquet,
+    write_text_atomic,
 )
 from harness.telemetry_read import read_ring, read_ring_since
 
@@ -74,7 +76,7 @@ class CampaignOutcome:
 
 
 def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> CampaignDir:
-    """Create ``reports/<campaign>/<stamp>/`` with the card as run and the plan."""
+    """Create ``reports/<campaign>/<stamp>/`` with the card as run, its inputs and the plan."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     root = reports_root / loaded.card.campaign / stamp
     suffix = 1
@@ -84,7 +86,9 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
     root.mkdir(parents=True)
     (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
     (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
-    (root / "plan.json").write_text(plan_json_text(plan) + "\n", encoding="utf-8")
+    # The directory keeps everything the card names, so a resume needs nothing outside it.
+    freeze_inputs(loaded, root)
+    write_text_atomic(root / "plan.json", plan_json_text(plan) + "\n")
     if loaded.quality:
         suite = [
             {"id": p.id, "domain": p.domain, "check": p.check, "max_tokens": p.max_tokens}

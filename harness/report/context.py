@@ -16,6 +16,7 @@ import pandas as pd
 
 from harness.analyze.campaign import CampaignAnalysis
 from harness.card import Card, Cell
+from harness.card.frozen import frozen_paths
 from harness.errors import HarnessError
 from harness.gate import Verdict
 from harness.report import fmt
@@ -34,6 +35,7 @@ CAMPAIGN_FILES = (
     "card.yaml",
     "plan.json",
     "journal.jsonl",
+    "inputs/manifest.json",
     "verdict.json",
     "verdict.junit.xml",
     "analysis/summary.json",
@@ -246,8 +248,9 @@ def pools_context(root: Path, analysis: CampaignAnalysis) -> dict[str, Any]:
     """Fit/held-out prompt counts per domain: from the pools when reachable, else the outputs."""
     card = analysis.card
     source_card = root / "card.path"
-    pool_paths: list[Path] = []
-    if source_card.is_file():
+    # The campaign's own copies first; a directory made before they were kept has card.path.
+    pool_paths = frozen_paths(root, "pool") or []
+    if not pool_paths and source_card.is_file():
         card_dir = Path(source_card.read_text(encoding="utf-8").strip()).parent
         pool_paths = [(card_dir / p).resolve() for p in card.prompts.pools]
     if pool_paths and all(p.is_file() for p in pool_paths):
