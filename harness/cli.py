@@ -109,14 +109,24 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from harness.execute.run import CampaignRunner, new_campaign_dir
 
     if args.resume:
-        reopened = reopen_campaign(Path(args.resume))
+        reopened = reopen_campaign(Path(args.resume), cycles=args.cycles)
         campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
         for note in reopened.notes:
             out.write(note + "\n")
+        if reopened.extended_from is not None:
+            out.write(
+                f"extended: {reopened.extended_from} → {plan.cycles} cycles "
+                f"({len(plan.runs)} runs planned)\n"
+            )
         campaign.journal.append("campaign_resume")
     else:
         if args.card is None:
             raise BadInput("give a CARD to run, or --resume DIR")
+        if args.cycles is not None:
+            raise BadInput(
+                "--cycles extends a campaign: give it with --resume DIR "
+                "(for a new campaign, set design.cycles on the card)"
+            )
         loaded = scale_workload(load_card(Path(args.card)), args.scale)
         plan = build_plan(loaded, scale=args.scale)
         campaign = new_campaign_dir(loaded, plan, Path(args.reports))
@@ -356,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = verbs.add_parser("run", help="execute a campaign (or resume one)")
     run.add_argument("card", nargs="?", metavar="CARD")
     run.add_argument("--resume", metavar="DIR", help="continue the campaign in DIR")
+    run.add_argument(
+        "--cycles",
+        type=int,
+        metavar="N",
+        help="with --resume: extend the campaign to N mirrored cycles in all (never fewer)",
+    )
     run.add_argument("--reports", default="reports", help="where campaign folders go")
     run.add_argument("--quiet", action="store_true", help="no progress bar (for CI logs)")
     run.add_argument(

@@ -64,3 +64,12 @@ def test_unknown_benchmark_is_bad_input() -> None:
     result = run_cli("bench", "no-such-bench")
     assert result.code == 2
     assert "unknown benchmark" in result.stderr
+
+
+def test_cycles_without_resume_is_bad_input() -> None:
+    result = run_cli("run", VALID, "--cycles", "4")
+    assert result.code == 2
+    assert result.stderr.strip() == (
+        "--cycles extends a campaign: give it with --resume DIR "
+        "(for a new campaign, set design.cycles on the card)"
+    )

@@ -2,7 +2,7 @@
 
 docs/design.md#cycles-needed: beyond the margin, the cycles a two-sided one-sample t-test needs
 for 80% power to detect the observed effect; inside it, the cycles that narrow the 90% interval
-inside (−Δ, Δ). Every warning ends with the remedy (RESUME_HINT). Everything here is pure.
+inside (−Δ, Δ). Every warning ends with the remedy (resume_hint). Everything here is pure.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from harness.analyze.cycles import pct_change
 from harness.errors import BadInput
 
 # The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
-RESUME_HINT = "harness run --resume DIR with design.cycles raised"
+RESUME_HINT = "harness run --resume DIR --cycles N"
+
+
+def resume_hint(cycles: int) -> str:
+    """The remedy with the cycle count filled in: the campaign grown to ``cycles`` in all."""
+    return f"harness run --resume DIR --cycles {cycles}"
+
+
 _MAX_CYCLES_SEARCH = 100_000
 
 
@@ -102,7 +109,7 @@ def power_warnings(
         )
         return [
             f"{metric}: only 1 cycle: no interval; run at least {more} more cycle(s) ({basis}; "
-            f"{RESUME_HINT})"
+            f"{resume_hint(1 + more)})"
         ]
     if raw_label != "inconclusive" or sd is None or needed is None:
         return []
@@ -121,5 +128,6 @@ def power_warnings(
             "cycles would narrow the interval enough to decide"
         )
     return [
-        f"{metric}: inconclusive: {why}; run at least {target - m} more cycle(s) ({RESUME_HINT})"
+        f"{metric}: inconclusive: {why}; run at least {target - m} more cycle(s) "
+        f"({resume_hint(target)})"
     ]

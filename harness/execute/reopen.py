@@ -1,9 +1,10 @@
-"""Reopening a campaign directory to resume it.
+"""Reopening a campaign directory to resume it, or to grow it by whole cycles.
 
 The card comes from the directory's frozen inputs (:mod:`harness.card.frozen`), not from where
 it once lay; a directory made before inputs were frozen loads it from ``card.path`` as it always
 did, with a note. Either way the plan rebuilt from the card must be the plan on disk, so runs
-already made keep their meaning.
+already made keep their meaning. Growing (:func:`extend_campaign`) rewrites ``plan.json``
+atomically and journals ``campaign_extended``; the runner then runs only what is not done.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 
 from harness.card import LoadedCard, load_card, scale_workload
 from harness.card.frozen import has_frozen_inputs, load_frozen_card
-from harness.errors import BadInput, RecordError
-from harness.plan import Plan, build_plan
-from harness.records import CampaignDir, open_campaign
+from harness.errors import BadInput, PlanError, RecordError
+from harness.plan import Plan, build_plan, extend_plan, plan_json_text
+from harness.records import CampaignDir, open_campaign, write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,14 @@ class Reopened:
     loaded: LoadedCard
     plan: Plan
     notes: tuple[str, ...]  # one line per thing the user should know (changed originals, …)
+    extended_from: int | None = None  # the cycles planned before this call grew the campaign
 
 
-def reopen_campaign(root: Path) -> Reopened:
-    """The campaign in ``root`` with its card and plan.
+def reopen_campaign(root: Path, *, cycles: int | None = None) -> Reopened:
+    """The campaign in ``root`` with its card and plan, grown to ``cycles`` when given.
 
-    Raises BadInput (exit 2) when the card no longer gives the plan on disk; RecordError when
-    the directory or its frozen inputs are damaged.
+    Raises BadInput (exit 2) when the card no longer gives the plan on disk, or ``cycles`` is
+    fewer than planned; RecordError when the directory or its frozen inputs are damaged.
     """
     campaign = open_campaign(root)
     on_disk = campaign.plan()
@@ -70,7 +72,38 @@ def reopen_campaign(root: Path) -> Reopened:
             f"{source}: the card changed since {root} was planned; resume needs the same plan "
             "(restore the card, or start a new campaign)"
         )
-    return Reopened(campaign, loaded, plan, tuple(notes))
+    if cycles is None or cycles == plan.cycles:
+        if cycles is not None:
+            notes.append(f"note: {root} already has {_cycles(cycles)} planned; resuming as planned")
+        return Reopened(campaign, loaded, plan, tuple(notes))
+    if cycles < plan.cycles:
+        raise PlanError(
+            f"--cycles {cycles}: {root} already has {_cycles(plan.cycles)} planned "
+            f"({len(plan.runs)} runs) and a campaign only grows; give --cycles {plan.cycles} "
+            "or more, or leave --cycles out to resume as planned"
+        )
+    grown = extend_campaign(campaign, plan, cycles)
+    return Reopened(campaign, loaded, grown, tuple(notes), extended_from=plan.cycles)
 
 
-__all__ = ["Reopened", "reopen_campaign"]
+def extend_campaign(campaign: CampaignDir, plan: Plan, cycles: int) -> Plan:
+    """Grow the campaign's plan to ``cycles`` in all: ``plan.json`` rewritten atomically, then
+    ``campaign_extended`` journalled. Returns the grown plan (the same one when nothing grew)."""
+    grown = extend_plan(plan, cycles)
+    if grown is plan:
+        return plan
+    write_text_atomic(campaign.root / "plan.json", plan_json_text(grown) + "\n")
+    campaign.journal.append(
+        "campaign_extended",
+        **{"from": plan.cycles, "to": grown.cycles},
+        runs_before=len(plan.runs),
+        runs_after=len(grown.runs),
+    )
+    return grown
+
+
+def _cycles(n: int) -> str:
+    return f"{n} cycle" if n == 1 else f"{n} cycles"
+
+
+__all__ = ["Reopened", "extend_campaign", "reopen_campaign"]

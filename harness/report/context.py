@@ -225,7 +225,8 @@ def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
     cycles = sorted({(r.get("cycle"), r.get("pattern", "")) for r in plan_runs}, key=str)
     return {
         "order": card.design.order,
-        "cycles": card.design.cycles,
+        # What was planned, which an extended campaign (--resume --cycles) raised past the card.
+        "cycles": analysis.campaign.plan().get("cycles", card.design.cycles),
         "repeats": card.design.repeats,
         "cache_states": list(card.design.cache_states),
         "patterns": [p for _, p in cycles if p],
