@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.cycles import Cycle
+from harness.analyze.power import RESUME_HINT
 from harness.analyze.stats import Comparison, apply_holm, compare_cycles
 from harness.catalog import METRICS
 
@@ -98,6 +99,7 @@ def compare_cells(
     alpha: float,
     seed: int = 0,
     gated: Sequence[str] = (),
+    remedy: str | None = None,
 ) -> list[CellComparison]:
     """Every cell × cache state × metric comparison.
 
@@ -124,6 +126,7 @@ def compare_cells(
                     higher_is_better=info.higher_is_better,
                     seed=seed,
                     drift_sensitive=not info.deterministic,
+                    remedy=remedy or RESUME_HINT,
                 )
                 family.append((comparison, tuple(dropped)))
             in_gate_set = [c.metric in gated for c, _ in family]

@@ -15,7 +15,10 @@ from harness.analyze.cycles import pct_change
 from harness.errors import BadInput
 
 # The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
-RESUME_HINT = "harness run --resume DIR with design.cycles raised"
+RESUME_HINT = (
+    "harness run --resume DIR --cycles N adds them; declare design.sequential with max_cycles "
+    "so that looking first does not inflate false positives"
+)
 _MAX_CYCLES_SEARCH = 100_000
 
 
@@ -91,6 +94,7 @@ def power_warnings(
     alpha: float,
     margin_pct: float,
     have_spread: bool,
+    remedy: str = RESUME_HINT,
 ) -> list[str]:
     """benchstat-style "cannot reach significance" warnings, each ending with the remedy."""
     if m == 1:
@@ -102,7 +106,7 @@ def power_warnings(
         )
         return [
             f"{metric}: only 1 cycle: no interval; run at least {more} more cycle(s) ({basis}; "
-            f"{RESUME_HINT})"
+            f"{remedy})"
         ]
     if raw_label != "inconclusive" or sd is None or needed is None:
         return []
@@ -120,6 +124,4 @@ def power_warnings(
             f"the effect {pct_change(mean)} sits near the ±{margin_pct:g}% margin; about {target} "
             "cycles would narrow the interval enough to decide"
         )
-    return [
-        f"{metric}: inconclusive: {why}; run at least {target - m} more cycle(s) ({RESUME_HINT})"
-    ]
+    return [f"{metric}: inconclusive: {why}; run at least {target - m} more cycle(s) ({remedy})"]

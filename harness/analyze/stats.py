@@ -355,6 +355,7 @@ def compare_cycles(
     bootstrap_resamples: int = 2000,
     seed: int = 0,
     drift_sensitive: bool = True,
+    remedy: str = RESUME_HINT,
 ) -> Comparison:
     """Compare cell (B) with control (A) over mirrored cycles on one metric.
 
@@ -403,7 +404,17 @@ def compare_cycles(
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
     warnings.extend(
         power_warnings(
-            metric, m, raw_label, mean, sd, needed, delta, alpha, margin_pct, spread is not None
+            metric,
+            m,
+            raw_label,
+            mean,
+            sd,
+            needed,
+            delta,
+            alpha,
+            margin_pct,
+            spread is not None,
+            remedy,
         )
     )
     if p is not None and wil_p is not None and (p < alpha) != (wil_p < alpha):
@@ -421,7 +432,7 @@ def compare_cycles(
             warnings.append(
                 f"{metric}: the t-interval and the two-level bootstrap disagree on whether the "
                 "ratio excludes 1; treat the label as fragile and add cycles "
-                f"({RESUME_HINT})"
+                f"({remedy})"
             )
     if flags and drift_sensitive:
         kinds = "/".join(sorted({f.kind for f in flags}))
