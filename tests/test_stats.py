@@ -221,7 +221,7 @@ def test_seed_004_drift_worked_example() -> None:
     assert cycle.y_a2 - cycle.y_a1 == pytest.approx(-0.44, abs=5e-3)
     assert [f.kind for f in cmp.flags] == ["DRIFT"]
     # One cycle gives no interval, so there is no claim for the drift to confound: inconclusive,
-    # with the flag and the bias it could cause (½|outer − inner| = 0.148 on the log scale) on record.
+    # with the flag and the bias it could cause (½|outer − inner| = 0.148, log) on record.
     assert cmp.label == cmp.raw_label == "inconclusive" and not cmp.confounded
     outer, inner = math.log(a2 / a1), math.log(b2 / b1)
     assert cmp.drift_bias == pytest.approx(0.5 * abs(outer - inner), rel=1e-12)
