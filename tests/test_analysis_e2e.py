@@ -79,7 +79,7 @@ def test_a_a_campaign_is_better_on_no_timing_metric(tmp_path: Path) -> None:
     timing = [m for m in TIMING if m in rows]
     assert {"decode_tok_s", "tpot_p50_ms", "tpot_p95_ms", "ttft_ms"} <= set(timing)
     for metric in timing:
-        # The reported label; a raw "better" under a drift flag is reported as confounded.
+        # The reported label; a raw "better" that drift could explain is reported confounded.
         assert rows[metric]["label"] != "better", rows[metric]
     # Identical cells do identical deterministic work, boot after boot.
     for metric in DETERMINISTIC:
@@ -110,7 +110,9 @@ def test_drift_on_an_a_a_campaign_is_flagged_and_promotes_nothing(tmp_path: Path
     assert drifted <= set(TIMING)  # deterministic evidence (hits, bytes) cannot drift
     rows = _rows(analysis)
     for metric in drifted:
-        assert rows[metric]["label"] == "confounded", rows[metric]
+        # Drift this strong could explain any decided label, so none stands: a decided one is
+        # reported confounded, an undecided one stays inconclusive.
+        assert rows[metric]["label"] in ("confounded", "inconclusive"), rows[metric]
     runs = analysis.runs.set_index("run_id")["decode_tok_s"]
     assert runs.iloc[0] > 1.5 * runs.iloc[-1]  # the drift really slowed the box
     better = [g for g in verdict.gates if g.kind == "better"]

@@ -16,6 +16,14 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
+from harness.analyze.looks import (
+    LookState,
+    extension_warnings,
+    look_state,
+    looks_frame,
+    planned_cycles,
+    undecided,
+)
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
 from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
@@ -39,6 +47,8 @@ class CampaignAnalysis:
     cells: pd.DataFrame  # one row per cell × cache state: medians over ok runs
     comparisons: list[CellComparison]
     seed_tables: SeedTables
+    look: LookState | None = None  # where a sequential design stands; None for a fixed one
+    looks: pd.DataFrame = field(default_factory=pd.DataFrame)  # the looks taken so far
     flags: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     simulated: bool = False
@@ -68,7 +78,13 @@ class CampaignAnalysis:
             "flags": self.flags,
             "warnings": self.warnings,
             "seed_tables": self.seed_tables.to_json(),
+            "sequential": self.look.to_json() if self.look else None,
         }
+
+    def undecided(self) -> list[str]:
+        """The gated comparisons this look has not decided (empty: the campaign may stop)."""
+        rows = [{str(k): v for k, v in r.items()} for r in comparison_rows(self.comparisons)]
+        return undecided(rows, gated_metrics(self.card))
 
 
 def _clean(value: Any) -> Any:
@@ -218,7 +234,7 @@ def _cell_table(runs: pd.DataFrame, card: Card) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _gated_metrics(card: Card) -> list[str]:
+def gated_metrics(card: Card) -> list[str]:
     """The gate set: metrics that better and survives gates decide on."""
     gated: list[str] = []
     for gate in card.gates:
@@ -290,6 +306,9 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
     bad = runs[runs["status"] != "ok"]
     for _, row in bad.iterrows():
         warnings.append(f"run {row['run_id']} {row['status']}: {row.get('reason', '')}")
+    events = campaign.journal.events()
+    warnings.extend(extension_warnings(card, events))
+    look = look_state(card, planned_cycles(campaign.plan()), events)
     comparisons: list[CellComparison] = []
     if card.control is not None and card.design.order != "sequential":
         comparisons = compare_cells(
@@ -299,10 +318,11 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
             cells=card.treatments,
             cache_states=card.design.cache_states,
             metrics=_metrics_to_compare(card),
-            gated=_gated_metrics(card),
+            gated=gated_metrics(card),
             margin_pct=card.analysis.margin_pct,
-            alpha=card.analysis.alpha,
+            alpha=look.nominal_alpha if look else card.analysis.alpha,
             seed=card.design.seed,
+            remedy=look.remedy() if look else None,
         )
     flags = []
     for item in comparisons:
@@ -337,6 +357,8 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         cells=cells,
         comparisons=comparisons,
         seed_tables=seed_tables,
+        look=look,
+        looks=looks_frame(events),
         flags=flags,
         warnings=warnings,
         simulated=simulated,
@@ -352,6 +374,7 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
     write_parquet(analysis.outputs, folder / "outputs.parquet")
     write_parquet(analysis.cells, folder / "cells.parquet")
     write_parquet(analysis.comparison_table(), folder / "comparisons.parquet")
+    write_parquet(analysis.looks, folder / "looks.parquet")
     for stem, frame in analysis.seed_tables.frames().items():
         write_parquet(frame, folder / f"{stem}.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())

@@ -98,6 +98,7 @@ def compare_cells(
     alpha: float,
     seed: int = 0,
     gated: Sequence[str] = (),
+    remedy: str | None = None,
 ) -> list[CellComparison]:
     """Every cell × cache state × metric comparison.
 
@@ -124,6 +125,7 @@ def compare_cells(
                     higher_is_better=info.higher_is_better,
                     seed=seed,
                     drift_sensitive=not info.deterministic,
+                    remedy=remedy,
                 )
                 family.append((comparison, tuple(dropped)))
             in_gate_set = [c.metric in gated for c, _ in family]

@@ -15,12 +15,15 @@ from harness.analyze.cycles import pct_change
 from harness.errors import BadInput
 
 # The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
-RESUME_HINT = "harness run --resume DIR --cycles N"
+RESUME_HINT = (
+    "harness run --resume DIR --cycles N; declare design.sequential with max_cycles so that "
+    "adding cycles after a look does not inflate false positives"
+)
 
 
 def resume_hint(cycles: int) -> str:
-    """The remedy with the cycle count filled in: the campaign grown to ``cycles`` in all."""
-    return f"harness run --resume DIR --cycles {cycles}"
+    """The fixed design's remedy with the cycle count filled in (``cycles`` in all)."""
+    return RESUME_HINT.replace("--cycles N", f"--cycles {cycles}")
 
 
 _MAX_CYCLES_SEARCH = 100_000
@@ -98,6 +101,7 @@ def power_warnings(
     alpha: float,
     margin_pct: float,
     have_spread: bool,
+    remedy: str | None = None,
 ) -> list[str]:
     """benchstat-style "cannot reach significance" warnings, each ending with the remedy."""
     if m == 1:
@@ -109,7 +113,7 @@ def power_warnings(
         )
         return [
             f"{metric}: only 1 cycle: no interval; run at least {more} more cycle(s) ({basis}; "
-            f"{resume_hint(1 + more)})"
+            f"{remedy or resume_hint(1 + more)})"
         ]
     if raw_label != "inconclusive" or sd is None or needed is None:
         return []
@@ -129,5 +133,5 @@ def power_warnings(
         )
     return [
         f"{metric}: inconclusive: {why}; run at least {target - m} more cycle(s) "
-        f"({resume_hint(target)})"
+        f"({remedy or resume_hint(target)})"
     ]

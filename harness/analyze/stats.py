@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from harness.analyze.cycles import Cycle, FloatArray, margin_log
+from harness.analyze.cycles import ORDERS, Cycle, FloatArray, margin_log, pct_change
 from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
 from harness.analyze.power import RESUME_HINT, cycles_to_decide, power_warnings
 from harness.errors import BadInput
@@ -40,8 +40,9 @@ WILCOXON_MIN_CYCLES = 6
 class Comparison:
     """Cell vs control on one metric over m cycles.
 
-    ``ratio`` = exp(D̄), cell/control. ``label`` is "confounded" whenever ``confounded`` (a drift
-    flag on a drift-sensitive metric), else ``raw_label``; ``raw_label`` is always the pure
+    ``ratio`` = exp(D̄), cell/control, D̄ the order-balanced mean (:func:`balanced_effect`).
+    ``label`` is "confounded" whenever ``confounded`` — the bias flagged drift could cause
+    (``drift_bias``) reaches the interval the label stands on — else ``raw_label``, the pure
     statistical label. CI bounds and p are None with one cycle (no interval exists).
     """
 
@@ -68,6 +69,7 @@ class Comparison:
     tost_ci: tuple[float, float] | None = None
     wilcoxon_p: float | None = None
     p_adjusted: float | None = None
+    drift_bias: float = 0.0  # bound on the bias flagged drift could put in D̄ (log scale)
 
 
 # --- t-statistics -------------------------------------------------------------------------
@@ -133,6 +135,102 @@ def _sem(d: FloatArray) -> float:
     return float(d.std(ddof=1) / math.sqrt(d.size))
 
 
+@dataclass(frozen=True)
+class Effect:
+    """The campaign's effect estimate on the log scale: D̄, its standard error and their df."""
+
+    mean: float
+    se: float | None  # None with one cycle
+    sd: float | None  # per-cycle SD estimate
+    df: int
+    weights: tuple[float, ...]  # of each cycle in D̄, in the order given
+
+    def interval(self, confidence: float) -> tuple[float, float] | None:
+        """Two-sided t-interval D̄ ± t_{(1+c)/2, df}·SE; None with one cycle."""
+        if self.se is None:
+            return None
+        half = float(sps.t.ppf(0.5 + confidence / 2.0, self.df)) * self.se
+        return self.mean - half, self.mean + half
+
+    def p_value(self) -> float | None:
+        """Two-sided t-test of D̄ against 0; None with one cycle."""
+        if self.se is None:
+            return None
+        if self.se == 0.0:
+            return 1.0 if self.mean == 0.0 else 0.0
+        return float(2.0 * sps.t.sf(abs(self.mean) / self.se, self.df))
+
+
+def balanced_effect(cycles: Sequence[Cycle]) -> Effect:
+    """D̄ with ABBA and BAAB cycles weighted half each, so quadratic drift cancels at any m.
+
+    Under drift γt² an ABBA cycle's D is biased by −2γ and a BAAB cycle's by +2γ; the plain
+    mean of an odd number of alternating cycles keeps a bias of ∓2γ/m, the balanced mean
+    ½·mean(D | ABBA) + ½·mean(D | BAAB) none. With as many cycles of each order (every even m
+    of the planner's alternation) it is the plain mean. Its SE is s·√Σwⱼ², with
+    s² = Σ(Dⱼ − D̄)² / (m − 2 + m·Σwⱼ²) unbiased for the per-cycle variance, on m − 1 df.
+    """
+    d = np.asarray([c.effect for c in cycles], dtype=np.float64)
+    m = d.size
+    orders = [c.order for c in cycles]
+    counts = {o: orders.count(o) for o in set(orders)}
+    if len(counts) == 2:
+        w = np.asarray([0.5 / counts[o] for o in orders], dtype=np.float64)
+    else:
+        w = np.full(m, 1.0 / m)
+    mean = float(w @ d)
+    if m < 2:
+        return Effect(mean, None, None, 0, tuple(float(x) for x in w))
+    sum_w2 = float(w @ w)
+    ss = float(((d - mean) ** 2).sum())
+    sd = math.sqrt(ss / (m - 2 + m * sum_w2))
+    return Effect(mean, sd * math.sqrt(sum_w2), sd, m - 1, tuple(float(x) for x in w))
+
+
+def drift_bias(cycles: Sequence[Cycle], flags: Sequence[Flag], weights: Sequence[float]) -> float:
+    """Bound on the bias the flagged cycles could put in D̄ (log scale).
+
+    In one cycle with drift dₛ at slots s = 0..3 the bias of D is ±½(d₁ + d₂ − d₀ − d₃). For a
+    drift that is monotone within the cycle its size is at most ½|outer − inner| (outer = y₃ − y₀,
+    inner = y₂ − y₁): linear drift gives 0 (mirroring cancels it), a step between slots gives
+    exactly its bias, a change in one arm mid-cycle likewise. The bound of D̄ is the weighted sum
+    over the flagged cycles.
+    """
+    flagged = {f.cycle for f in flags}
+    return float(
+        sum(
+            w * 0.5 * abs(c.outer_change - c.inner_change)
+            for c, w in zip(cycles, weights, strict=True)
+            if c.index in flagged
+        )
+    )
+
+
+def is_confounded(
+    raw_label: str,
+    mean: float,
+    ci: tuple[float, float] | None,
+    tost_ci: tuple[float, float] | None,
+    margin: float,
+    bias: float,
+) -> bool:
+    """Whether drift of size ``bias`` could have produced the label (log scale).
+
+    *better*/*worse* is confounded when the interval moved towards 0 by the bias touches 0, or
+    the effect less the bias falls short of the margin; *within noise* when the 90% interval
+    widened by the bias leaves (−Δ, Δ). An inconclusive label claims nothing to confound.
+    """
+    if bias <= 0:
+        return False
+    if raw_label in ("better", "worse") and ci is not None:
+        if mean > 0:
+            return ci[0] - bias <= 0 or mean - bias < margin
+        return ci[1] + bias >= 0 or -mean - bias < margin
+    if raw_label == "within noise" and tost_ci is not None:
+        return tost_ci[0] - bias <= -margin or tost_ci[1] + bias >= margin
+    return False
+
+
 # --- labels -------------------------------------------------------------------------------
 
 
@@ -196,7 +294,8 @@ def bootstrap_ratio_ci(
 ) -> tuple[float, float] | None:
     """Two-level percentile bootstrap CI of R = exp(D̄): resample cycles, then prompts.
 
-    Each replicate draws m cycles with replacement and, for every drawn cycle, redraws the
+    Each replicate draws m cycles with replacement (its estimate is the balanced mean of what
+    it drew, as :func:`balanced_effect` is of the data) and, for every drawn cycle, redraws the
     prompts of each block with replacement (one shared index set for the four blocks when
     ``prompts_aligned``, so prompt effects cancel in D as they do in the data). Cycles without
     prompt_logs make it a one-level (cycles only) bootstrap. Deterministic for a given seed.
@@ -207,18 +306,26 @@ def bootstrap_ratio_ci(
         return None
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, m, size=(resamples, m))
-    totals = np.zeros(resamples, dtype=np.float64)
+    # Per replicate, the sum and count of each order's drawn effects: the estimate is the
+    # balanced mean, as for the data.
+    totals = {order: np.zeros(resamples, dtype=np.float64) for order in ORDERS}
+    counts = {order: np.zeros(resamples, dtype=np.float64) for order in ORDERS}
     two_level = all(c.prompt_logs is not None for c in cycles)
     for pos in range(m):
         for j, c in enumerate(cycles):
             rows = np.flatnonzero(picks[:, pos] == j)
             if rows.size == 0:
                 continue
+            counts[c.order][rows] += 1
             if not two_level:
-                totals[rows] += c.effect
+                totals[c.order][rows] += c.effect
                 continue
-            totals[rows] += _resampled_effects(c, rows.size, rng)
-    lo, hi = np.percentile(totals / m, [50 * (1 - confidence), 50 * (1 + confidence)])
+            totals[c.order][rows] += _resampled_effects(c, rows.size, rng)
+    both = (counts["ABBA"] > 0) & (counts["BAAB"] > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        balanced = 0.5 * totals["ABBA"] / counts["ABBA"] + 0.5 * totals["BAAB"] / counts["BAAB"]
+    estimates = np.where(both, balanced, (totals["ABBA"] + totals["BAAB"]) / m)
+    lo, hi = np.percentile(estimates, [50 * (1 - confidence), 50 * (1 + confidence)])
     return math.exp(float(lo)), math.exp(float(hi))
 
 
@@ -248,14 +355,17 @@ def compare_cycles(
     bootstrap_resamples: int = 2000,
     seed: int = 0,
     drift_sensitive: bool = True,
+    remedy: str | None = None,
 ) -> Comparison:
     """Compare cell (B) with control (A) over mirrored cycles on one metric.
 
     Block values are ln(geomean) of the metric; pass ``higher_is_better=False`` for latencies
-    such as TPOT (the ratio stays cell/control, the better/worse labels flip). A drift flag on a
-    ``drift_sensitive`` (timing) metric makes the comparison confounded: its ``label`` becomes
-    "confounded" and ``raw_label`` keeps the statistical one. Deterministic evidence (hit counts,
-    bytes read) is drift-proof: pass ``drift_sensitive=False`` and flags are only reported.
+    such as TPOT (the ratio stays cell/control, the better/worse labels flip). On a
+    ``drift_sensitive`` (timing) metric, drift flags whose possible bias reaches the label's
+    interval make the comparison confounded: its ``label`` becomes "confounded" and
+    ``raw_label`` keeps the statistical one. Deterministic evidence (hit counts, bytes read) is
+    drift-proof: pass ``drift_sensitive=False`` and flags are only reported. ``alpha`` is the
+    level of this look: a sequential design passes its nominal level (harness.analyze.sequential).
     """
     if not cycles:
         raise BadInput(f"{metric}: no cycles to compare; the campaign has no complete cycle")
@@ -267,23 +377,20 @@ def compare_cycles(
     delta = margin_log(margin_pct)
     d = np.asarray([c.effect for c in cycles], dtype=np.float64)
     m = d.size
-    mean = float(d.mean())
+    effect = balanced_effect(cycles)
+    mean = effect.mean
     s_w = pooled_within_sd(cycles)
     flags = drift_flags(cycles, delta, s_w)
-    confounded = drift_sensitive and bool(flags)
     warnings: list[str] = []
 
-    ci95 = ci90 = None
-    p = wil_p = None
-    sd: float | None = None
-    if m >= 2:
-        sd = float(d.std(ddof=1))
-        ci95 = t_interval(d, 1 - alpha)
-        ci90 = t_interval(d, 1 - 2 * alpha)
-        p = t_test_p(d)
-        if m >= WILCOXON_MIN_CYCLES:
-            wil_p = wilcoxon_p(d)
+    ci95 = effect.interval(1 - alpha)
+    ci90 = effect.interval(1 - 2 * alpha)
+    p = effect.p_value()
+    sd = effect.sd
+    wil_p = wilcoxon_p(d) if m >= WILCOXON_MIN_CYCLES else None
     raw_label = decide_label(mean, ci95, ci90, delta, higher_is_better=higher_is_better)
+    bias = drift_bias(cycles, flags, effect.weights) if drift_sensitive else 0.0
+    confounded = is_confounded(raw_label, mean, ci95, ci90, delta, bias)
 
     # Spread per cycle for the power calculation: observed s_D, or with one cycle the
     # within-block estimate Var(D) = s_w²/k (a lower bound: it misses boot-to-boot noise).
@@ -297,7 +404,17 @@ def compare_cycles(
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
     warnings.extend(
         power_warnings(
-            metric, m, raw_label, mean, sd, needed, delta, alpha, margin_pct, spread is not None
+            metric,
+            m,
+            raw_label,
+            mean,
+            sd,
+            needed,
+            delta,
+            alpha,
+            margin_pct,
+            spread is not None,
+            remedy,
         )
     )
     if p is not None and wil_p is not None and (p < alpha) != (wil_p < alpha):
@@ -315,16 +432,23 @@ def compare_cycles(
             warnings.append(
                 f"{metric}: the t-interval and the two-level bootstrap disagree on whether the "
                 "ratio excludes 1; treat the label as fragile and add cycles "
-                f"({RESUME_HINT})"
+                f"({remedy or RESUME_HINT})"
             )
-    if confounded:
-        kinds = sorted({f.kind for f in flags})
-        warnings.append(
-            f"{metric}: {'/'.join(kinds)} flagged in cycle(s) "
-            f"{sorted({f.cycle for f in flags})}: this throughput comparison is confounded by "
-            "drift; rely on deterministic evidence (hit counts, bytes read, exact outputs) or "
-            "rerun the cycles on a quiet box"
-        )
+    if flags and drift_sensitive:
+        kinds = "/".join(sorted({f.kind for f in flags}))
+        where = sorted({f.cycle for f in flags})
+        if confounded:
+            warnings.append(
+                f"{metric}: {kinds} flagged in cycle(s) {where}: drift could bias the effect by "
+                f"up to {pct_change(bias)}, enough to explain the {raw_label} label, so it is "
+                "confounded; rely on deterministic evidence (hit counts, bytes read, exact "
+                "outputs) or rerun the cycles on a quiet box"
+            )
+        elif raw_label != "inconclusive":
+            warnings.append(
+                f"{metric}: {kinds} flagged in cycle(s) {where}; the bias it could cause (up to "
+                f"{pct_change(bias)}) cannot explain the {raw_label} label"
+            )
     pairs = pair_effects(cycles)
     return Comparison(
         metric=metric,
@@ -349,6 +473,7 @@ def compare_cycles(
         n_pairs=int(pairs.size),
         tost_ci=(math.exp(ci90[0]), math.exp(ci90[1])) if ci90 else None,
         wilcoxon_p=wil_p,
+        drift_bias=bias,
     )
 
 
@@ -377,7 +502,14 @@ def apply_holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
             p_value=p_adj,
             alpha=c.alpha,
         )
+        confounded = is_confounded(raw, c.mean_log_effect, ci95, ci90, c.margin_log, c.drift_bias)
         out.append(
-            replace(c, p_adjusted=p_adj, raw_label=raw, label=CONFOUNDED if c.confounded else raw)
+            replace(
+                c,
+                p_adjusted=p_adj,
+                raw_label=raw,
+                confounded=confounded,
+                label=CONFOUNDED if confounded else raw,
+            )
         )
     return out

@@ -113,6 +113,29 @@ class Design(Strict):
     cache_states: list[CacheState] = Field(["warm"], min_length=1, description="warm and/or cold")
     seed: int = Field(0, description="seed for prompt order and synthetic prompts")
     retries: int = Field(1, ge=0, description="retries of a failed run before giving up")
+    sequential: bool = Field(
+        False, description="look after `cycles`, then every `look_every`; stop once decided"
+    )
+    max_cycles: int | None = Field(
+        None, ge=1, description="a sequential design's last look (its full size)"
+    )
+    look_every: int = Field(1, ge=1, description="cycles added between sequential looks")
+
+    @model_validator(mode="after")
+    def _sequential_needs_its_size(self) -> Design:
+        if self.sequential:
+            if self.order == "sequential":
+                raise ValueError("sequential looks need mirrored cycles: order abba or ladder")
+            if self.max_cycles is None:
+                raise ValueError("sequential: true needs max_cycles (its last look)")
+            if self.max_cycles < self.cycles:
+                raise ValueError(
+                    f"max_cycles {self.max_cycles} is below cycles {self.cycles}: the first look "
+                    "cannot come after the last"
+                )
+        elif self.max_cycles is not None:
+            raise ValueError("max_cycles applies to a sequential design: add sequential: true")
+        return self
 
     @field_validator("cache_states")
     @classmethod
