@@ -3,8 +3,10 @@
 Lifecycle of one run: upload knob files → cache state → boot → ready → live knobs → counters
 before → drive → counters after → collect ring/log → stop (verify the process group is gone) →
 write the records → journal ``run_done``. A run that fails is recorded with its reason and log tail
-and the campaign goes on; Ctrl-C stops the runtime, marks the run interrupted and leaves a campaign
-that ``harness run --resume DIR`` continues.
+and the campaign goes on; a hung runtime fails its run after one request timeout
+(:class:`~harness.execute.drive.RuntimeHung`), and a retry boots afresh. Ctrl-C stops the
+runtime, marks the run interrupted and leaves a campaign that ``harness run --resume DIR``
+continues.
 
 What a run sends (:mod:`.workload`), the tables it leaves (:mod:`.frames`), checkpoints and
 orphans (:mod:`.resume`) and the box capture (:mod:`.environment`) live beside this module. It
@@ -30,7 +32,7 @@ from harness.card import LoadedCard
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box
 from harness.execute.counters import scrape_counters
-from harness.execute.drive import PhasePlan, RequestResult, drive
+from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
 from harness.execute.resume import (
@@ -323,6 +325,9 @@ class CampaignRunner:
             record.status = RUN_INTERRUPTED
             record.reason = "interrupted (Ctrl-C); resume with harness run --resume"
             raise
+        except RuntimeHung as exc:
+            state.results.extend(exc.results)  # what was sent, for the records
+            record.reason = exc.message
         except (HarnessError, OSError) as exc:
             message, _, tail = str(exc).partition("; log tail:\n")
             record.reason = message.strip() or type(exc).__name__
