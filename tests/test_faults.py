@@ -1,11 +1,17 @@
-"""Faults fail fast and leave nothing running: a hung runtime, on the real reference runtime."""
+"""Faults fail fast and leave nothing running: a hung runtime, SIGTERM and SIGHUP, on the real
+reference runtime and the real ``harness run``."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +22,7 @@ from harness.card import load_card
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.plan import build_plan
 from harness.records import Journal
-from tests.conftest import DATA
+from tests.conftest import DATA, REPO
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
 pytestmark = pytest.mark.slow
@@ -133,3 +139,133 @@ def test_a_hung_runtime_fails_its_run_within_one_request_timeout(
     assert len(set(boots)) == 2 and stopped == boots
     assert kinds.index("boot_stopped") < kinds.index("run_start", 1)
     _assert_gone(events, campaign.root)
+
+
+@contextmanager
+def _harness_run(card: Path, reports: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``harness run CARD`` as a real process in a session of its own, as CI would start it.
+
+    Whatever the test found, nothing it started outlives it: the harness's session and every
+    runtime group the journal names are killed at the end (a no-op when all is well).
+    """
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        for journal in reports.glob("*/*/journal.jsonl"):
+            for event in Journal(journal).events():
+                # Only a group still led by this campaign's runtime: a PID may be reused.
+                if event["event"] == "boot" and str(reports) in _cmdline(event["pgid"]):
+                    with suppress(ProcessLookupError):
+                        os.killpg(event["pgid"], signal.SIGKILL)
+
+
+def _wait_for_boot(reports: Path, process: subprocess.Popen[bytes], ready: bool) -> Path:
+    """The campaign folder once a run has booted (and its runtime is listening, if ``ready``)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the harness exited before a run was in flight"
+        for journal in reports.glob("tiny/*/journal.jsonl"):
+            boots = [e for e in Journal(journal).events() if e["event"] == "boot"]
+            if not boots:
+                continue
+            log = journal.parent / "box" / boots[0]["run_id"] / "server.log"
+            if not ready or (log.is_file() and "listening on" in log.read_text()):
+                return journal.parent
+        time.sleep(0.05)
+    raise AssertionError("no run was in flight after 120 s")
+
+
+def _stop(process: subprocess.Popen[bytes], *signals: signal.Signals) -> int:
+    """Send the signals (the first, then the rest during the shutdown it starts); exit code."""
+    for index, signum in enumerate(signals):
+        process.send_signal(signum)
+        if index + 1 < len(signals):
+            time.sleep(0.05)
+    return process.wait(timeout=120)
+
+
+def _interrupted_run(root: Path) -> dict[str, Any]:
+    events = _events(root)
+    kinds = [e["event"] for e in events]
+    assert kinds[-1] == "campaign_interrupted", kinds
+    interrupted = [e for e in events if e["event"] == "run_interrupted"]
+    assert len(interrupted) == 1, kinds
+    run_id = interrupted[0]["run_id"]
+    mine = [e["event"] for e in events if e.get("run_id") == run_id]
+    assert mine.count("boot") == mine.count("boot_stopped") == 1
+    record: dict[str, Any] = json.loads((root / "runs" / run_id / "run.json").read_text())
+    assert record["status"] == "interrupted"
+    return record
+
+
+def test_sigterm_stops_the_runtime_journals_the_run_and_resumes(tmp_path: Path) -> None:
+    # Long enough runs that the signal, sent once the runtime listens, lands mid-run.
+    card = _card_with(
+        tmp_path,
+        {
+            "max_tokens: 8": "max_tokens: 32",
+            "requests: 2}": "requests: 8}",
+            "requests: 2, shift: true}": "requests: 8, shift: true}",
+        },
+    )
+    reports = tmp_path / "reports"
+    log = tmp_path / "harness.log"
+    with _harness_run(card, reports, log) as process:
+        root = _wait_for_boot(reports, process, ready=True)
+        code = _stop(process, signal.SIGTERM)
+    output = log.read_text()
+    assert code == 143, output
+    record = _interrupted_run(root)
+    assert record["reason"] == f"interrupted (SIGTERM); resume with harness run --resume {root}"
+    assert f"interrupted (SIGTERM); resume with: harness run --resume {root}\n" in output
+    assert _events(root)[-1]["signal"] == "SIGTERM"
+    _assert_gone(_events(root), root)
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--resume", str(root), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    events = _events(root)
+    done = [e["run_id"] for e in events if e["event"] == "run_done"]
+    assert sorted(done) == sorted(set(done)) and len(done) == 4
+    assert record["run_id"] in done
+    _assert_gone(events, root)
+
+
+def test_sighup_during_boot_and_more_signals_during_shutdown_leave_nothing(
+    tmp_path: Path,
+) -> None:
+    # The runtime takes a minute to load, so the signal lands while the harness waits for it.
+    card = _card_with(
+        tmp_path,
+        {"control:\n    env: {": 'control:\n    env: {REFBOX_BOOT_DELAY_S: "60", '},
+    )
+    reports = tmp_path / "reports"
+    log = tmp_path / "harness.log"
+    with _harness_run(card, reports, log) as process:
+        root = _wait_for_boot(reports, process, ready=False)
+        code = _stop(process, signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    output = log.read_text()
+    assert code == 129, output  # the first signal decides
+    assert "SIGTERM again; still stopping the runtime" in output
+    record = _interrupted_run(root)
+    assert record["reason"].startswith("interrupted (SIGHUP); resume with harness run --resume ")
+    assert (root / "runs" / record["run_id"] / "requests.parquet").is_file()
+    _assert_gone(_events(root), root)
