@@ -2,11 +2,14 @@
 
 Expected failures (:class:`HarnessError`) are printed without a traceback and mapped to exit codes:
 0 pass, 1 a gate failed, 2 bad input or usage, 3 infrastructure. ``--debug`` shows tracebacks.
+Stopped by a signal, a command exits 128 + its number: 130 Ctrl-C (SIGINT), 143 SIGTERM,
+129 SIGHUP (:mod:`harness.execute.interrupts`), after stopping any runtime it booted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -24,6 +27,7 @@ from harness.errors import (
     BadInput,
     HarnessError,
 )
+from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
@@ -135,8 +139,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     with make_progress(plan, quiet=args.quiet, out=out) as progress:
         outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
     if outcome.interrupted:
-        out.write(f"interrupted; resume with: harness run --resume {campaign.root}\n")
-        return 130
+        out.write(
+            f"interrupted ({outcome.interrupted_by}); "
+            f"resume with: harness run --resume {campaign.root}\n"
+        )
+        return outcome.exit_code
     out.write(f"runs: {len(outcome.done)} done, {len(outcome.failed)} failed\n")
     return _after_run(args, campaign.root, outcome.failed, out)
 
@@ -462,16 +469,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     handler: Handler = args.handler
+    # The reference runtime handles its own signals in its event loop.
+    signals = stop_signals() if args.verb != "refbox" else contextlib.nullcontext()
     try:
-        return handler(args, out or sys.stdout)
+        with signals:
+            return handler(args, out or sys.stdout)
     except HarnessError as exc:
         if args.debug:
             traceback.print_exc()
         _print_error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:
+        sys.stderr.write(f"interrupted ({describe(exc)})\n")
+        return exit_code(exc)
 
 
 def entry() -> None:

@@ -135,7 +135,9 @@ def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
         for r in failed
     }
     assert "not ready after 4 s" in reasons["control"]
-    assert "timed out" in reasons["wide"]
+    # Hung in the warmup: one timed-out request, then nothing more is sent.
+    assert reasons["wide"].startswith("runtime hung: request "), reasons["wide"]
+    assert "(phase warmup) timed out after 3 s" in reasons["wide"]
 
 
 def test_killed_campaign_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:

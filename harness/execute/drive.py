@@ -6,6 +6,11 @@ time spent waiting for the limiter is recorded apart as the scheduling delay. Ev
 arrival time is kept; TTFT is the first chunk with content; ``n`` is the server's
 ``usage.completion_tokens``. SSE comment lines (``: prefill`` keep-alives) are skipped, never
 counted as tokens.
+
+A hung runtime is recognised as hung (:class:`_Watch`): once a request has timed out with no
+token from any request since its own last one, the drive sends nothing more, cancels what is in
+flight and raises :class:`RuntimeHung` with every result so far, instead of waiting out one
+request timeout per remaining request.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from harness.errors import InfrastructureError
 
 
 @dataclass(frozen=True)
@@ -122,13 +130,122 @@ def _chunk_text(payload: dict[str, Any]) -> str:
     return str(delta.get("content") or "")
 
 
-async def send_one(
-    session: aiohttp.ClientSession, spec: DriveSpec, item: WorkItem, origin: float, queued: float
-) -> RequestResult:
-    """Send one streaming request and time every chunk."""
-    path, body = _body(spec, item)
+class RuntimeHung(InfrastructureError):
+    """The runtime stopped streaming (see :class:`_Watch`); ``results`` holds every request the
+    drive sent, those cancelled in flight included."""
+
+    def __init__(self, message: str, results: list[RequestResult]) -> None:
+        super().__init__(message)
+        self.results = results
+
+
+CANCELLED_HUNG = "cancelled: the runtime was judged hung (a request timed out with no token since)"
+
+
+class _Watch:
+    """Decides when the runtime is hung, and then cancels the requests in flight.
+
+    Progress is a content chunk (a token's text) arriving on any stream of this drive. Headers,
+    SSE comments and keep-alives are not progress: a runtime whose HTTP loop still answers
+    while its engine is stuck sends those forever. A request that times out has been stalled
+    since its own last content chunk (since it was sent, if it had none). The runtime is hung
+    when no request at all got a content chunk after that moment: nothing moved for a whole
+    stall, so it is not one slow request among streaming ones. Every request sent before the
+    runtime's last token times out within ``timeout_s`` of it, so hung is decided at most one
+    request timeout after the last token, whatever the concurrency. A runtime whose first
+    token takes longer than the timeout is judged hung too: to a client the two look alike,
+    and a scored request that timed out fails its run anyway.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.last_token = float("-inf")  # perf_counter of the latest content chunk, any request
+        self.hung: str | None = None  # what the timed-out request saw, once decided
+        self.in_flight: set[asyncio.Task[RequestResult]] = set()
+        self.cancelled = 0
+        self.not_sent = 0
+
+    def token(self, now: float) -> None:
+        """A content chunk arrived on some stream."""
+        self.last_token = max(self.last_token, now)
+
+    def timed_out(self, result: RequestResult, stalled_since: float, now: float) -> None:
+        """A request timed out: decide whether the runtime is hung, and if so stop the rest."""
+        if self.hung is not None or self.last_token > stalled_since:
+            return
+        self.hung = (
+            f"request {result.prompt_id} (phase {result.phase}) timed out after "
+            f"{self.timeout_s:g} s with no token from any request for the last "
+            f"{now - stalled_since:.1f} s"
+        )
+        current = asyncio.current_task()
+        for task in self.in_flight:
+            if task is not current:
+                task.cancel()
+
+    async def send(
+        self,
+        session: aiohttp.ClientSession,
+        spec: DriveSpec,
+        item: WorkItem,
+        origin: float,
+        queued: float,
+    ) -> RequestResult:
+        """:func:`send_one` in a task of its own, so a hung verdict can cancel it and still
+        keep what it streamed."""
+        result = _new_result(item)
+        task = asyncio.create_task(
+            send_one(session, spec, item, origin, queued, result=result, watch=self)
+        )
+        self.in_flight.add(task)
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()  # the drive itself is being cancelled (Ctrl-C, a stop signal)
+            raise
+        finally:
+            self.in_flight.discard(task)
+        if task.cancelled():
+            self.cancelled += 1
+            result.error = CANCELLED_HUNG
+            return result
+        return task.result()
+
+    def error(self, results: list[RequestResult]) -> RuntimeHung:
+        """The failure the drive raises once the runtime is hung."""
+        noun = "request" if self.cancelled == 1 else "requests"
+        return RuntimeHung(
+            f"runtime hung: {self.hung}; stopped sending ({self.cancelled} {noun} in flight "
+            f"cancelled, {self.not_sent} not sent). See the runtime's log tail; if it is only "
+            "slow, raise workload.request_timeout_s",
+            results,
+        )
+
+
+def _new_result(item: WorkItem) -> RequestResult:
     result = RequestResult(item.prompt_id, item.domain, item.phase, item.phase_index, item.warmup)
     result.target_prompt_tokens = item.target_prompt_tokens
+    return result
+
+
+async def send_one(
+    session: aiohttp.ClientSession,
+    spec: DriveSpec,
+    item: WorkItem,
+    origin: float,
+    queued: float,
+    *,
+    result: RequestResult | None = None,
+    watch: _Watch | None = None,
+) -> RequestResult:
+    """Send one streaming request and time every chunk (into ``result``, when given).
+
+    With a ``watch``, every content chunk counts as progress and a timeout asks it whether the
+    runtime is hung.
+    """
+    path, body = _body(spec, item)
+    if result is None:
+        result = _new_result(item)
     sent = body.get("prompt")
     if sent is None:
         sent = "".join(m.get("content", "") for m in body.get("messages", []))
@@ -137,8 +254,11 @@ async def send_one(
     t0 = time.perf_counter()
     result.t_start_s = t0 - origin
     result.scheduling_delay_s = t0 - queued
+    stalled_since = t0  # the last content chunk, in perf_counter time
     try:
-        timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+        # aiohttp rounds timeouts of 5 s and more up to a whole second of loop time; requests
+        # would then time out together, and a stalled one would outlive its timeout.
+        timeout = aiohttp.ClientTimeout(total=spec.timeout_s, ceil_threshold=math.inf)
         async with session.post(spec.base_url + path, json=body, timeout=timeout) as response:
             if response.status != 200:
                 detail = (await response.text())[:500]
@@ -166,6 +286,9 @@ async def send_one(
                     result.server_timings = payload["timings"]
                 text = _chunk_text(payload)
                 if text:
+                    stalled_since = now
+                    if watch is not None:
+                        watch.token(now)
                     if result.ttft_s is None:
                         result.ttft_s = now - t0
                     result.e2el_s = now - t0
@@ -174,6 +297,8 @@ async def send_one(
                     texts.append(text)
     except TimeoutError:
         result.error = f"timed out after {spec.timeout_s:g} s"
+        if watch is not None:
+            watch.timed_out(result, stalled_since, time.perf_counter())
         return result
     except (aiohttp.ClientError, json.JSONDecodeError, ConnectionError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
@@ -205,12 +330,16 @@ class _Cursor:
 
 
 async def _timed_worker(
-    cursor: _Cursor, send: Callable[[WorkItem], Awaitable[RequestResult]]
+    cursor: _Cursor, send: Callable[[WorkItem], Awaitable[RequestResult | None]]
 ) -> list[RequestResult]:
-    """One of ``concurrency`` workers cycling through a phase's items until its deadline."""
+    """One of ``concurrency`` workers cycling through a phase's items until its deadline (or
+    until ``send`` returns None: the runtime is hung)."""
     done: list[RequestResult] = []
     while (item := cursor.next_item()) is not None:
-        done.append(await send(item))
+        result = await send(item)
+        if result is None:
+            break
+        done.append(result)
     return done
 
 
@@ -231,38 +360,52 @@ async def drive(
 
     ``t_start_s`` is measured from ``origin`` (a ``perf_counter`` value; default: now), so a run
     driven in several pieces keeps one time axis. ``mark_first`` flags the earliest request as
-    the first after boot; a later piece of the same boot passes False.
+    the first after boot; a later piece of the same boot passes False. Raises
+    :class:`RuntimeHung`, carrying the results, when the runtime stops streaming.
     """
     results: list[RequestResult] = []
     limiter = asyncio.Semaphore(spec.concurrency)
     connector = aiohttp.TCPConnector(limit=spec.concurrency, force_close=False)
+    watch = _Watch(spec.timeout_s)
     if origin is None:
         origin = time.perf_counter()
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def limited(item: WorkItem) -> RequestResult:
+        async def limited(item: WorkItem, counted: bool = True) -> RequestResult | None:
             queued = time.perf_counter()
             async with limiter:
-                result = await send_one(session, spec, item, origin, queued)
+                if watch.hung is not None:
+                    watch.not_sent += counted  # a timed phase has no count of what is left
+                    return None
+                result = await watch.send(session, spec, item, origin, queued)
             if on_result is not None:
                 on_result(result)
             return result
 
-        for phase in phases:
+        for index, phase in enumerate(phases):
             if on_phase is not None:
                 await on_phase(phase)
             if phase.duration_s is None:
-                results.extend(await asyncio.gather(*(limited(i) for i in phase.items)))
-                continue
-            cursor = _Cursor(phase)
-            batches = await asyncio.gather(
-                *(_timed_worker(cursor, limited) for _ in range(spec.concurrency))
-            )
-            for batch in batches:
-                results.extend(batch)
+                sent = await asyncio.gather(*(limited(i) for i in phase.items))
+                results.extend(r for r in sent if r is not None)
+            else:
+                cursor = _Cursor(phase)
+                batches = await asyncio.gather(
+                    *(
+                        _timed_worker(cursor, lambda i: limited(i, counted=False))
+                        for _ in range(spec.concurrency)
+                    )
+                )
+                for batch in batches:
+                    results.extend(batch)
+            if watch.hung is not None:
+                watch.not_sent += sum(len(p.items) for p in phases[index + 1 :] if not p.duration_s)
+                break
     if results and mark_first:
         first = min(results, key=lambda r: r.t_start_s)
         first.first_after_boot = True
+    if watch.hung is not None:
+        raise watch.error(results)
     return results
 
 

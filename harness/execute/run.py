@@ -3,8 +3,10 @@
 Lifecycle of one run: upload knob files → cache state → boot → ready → live knobs → counters
 before → drive → counters after → collect ring/log → stop (verify the process group is gone) →
 write the records → journal ``run_done``. A run that fails is recorded with its reason and log tail
-and the campaign goes on; Ctrl-C stops the runtime, marks the run interrupted and leaves a campaign
-that ``harness run --resume DIR`` continues.
+and the campaign goes on; a hung runtime fails its run after one request timeout
+(:class:`~harness.execute.drive.RuntimeHung`), and a retry boots afresh. Ctrl-C, SIGTERM or SIGHUP
+(:mod:`.interrupts`) stops the runtime, marks the run interrupted and leaves a campaign that
+``harness run --resume DIR`` continues.
 
 What a run sends (:mod:`.workload`), the tables it leaves (:mod:`.frames`), checkpoints and
 orphans (:mod:`.resume`) and the box capture (:mod:`.environment`) live beside this module. It
@@ -31,9 +33,10 @@ from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box
 from harness.execute.counters import scrape_counters
-from harness.execute.drive import PhasePlan, RequestResult, drive
+from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
+from harness.execute.interrupts import deferred, describe, exit_code
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
@@ -45,7 +48,7 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
-from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render
+from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render, stop_group
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.plan import Plan, Run, plan_json_text
@@ -73,6 +76,8 @@ class CampaignOutcome:
     done: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     interrupted: bool = False
+    interrupted_by: str = ""  # "SIGTERM", "SIGHUP", "SIGINT, Ctrl-C" or "Ctrl-C"
+    exit_code: int = 0  # when interrupted: 128 + the signal number (130, 143, 129)
 
 
 def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> CampaignDir:
@@ -114,6 +119,7 @@ class _Boot:
     index: int
     remote_dir: str
     store: RingStore
+    pgid: int | None = None  # journalled as soon as the runtime starts, before it is ready
     previous: CheckpointState | None = None  # the boots a resumed run already went through
     journal: Journal | None = None  # the checkpoint journal (checkpointed runs only)
     monitor: RunMonitor | None = None
@@ -178,9 +184,11 @@ class CampaignRunner:
                     continue
                 status = self._run_with_retries(run)
                 (outcome.done if status == RUN_OK else outcome.failed).append(run.run_id)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             outcome.interrupted = True
-            self.campaign.journal.append("campaign_interrupted")
+            outcome.interrupted_by = describe(exc)
+            outcome.exit_code = exit_code(exc)
+            self.campaign.journal.append("campaign_interrupted", signal=outcome.interrupted_by)
         finally:
             self.box.close()
         if not outcome.interrupted:
@@ -258,18 +266,18 @@ class CampaignRunner:
         if self.checkpointed:
             (local_dir / "checkpoint").mkdir(exist_ok=True)
             state.journal = Journal(local_dir / "checkpoint" / "segments.jsonl")
-        if previous is not None:
-            record.started_at = previous.started_at
-            self.campaign.journal.append(
-                "run_resume",
-                run_id=run.run_id,
-                boot=boot_index,
-                segments_done=len(previous.done_segments),
-            )
-        self.campaign.journal.append("run_start", run_id=run.run_id, attempt=attempt)
-        self.progress("start", run, {"attempt": attempt})
         runtime: RunningRuntime | None = None
         try:
+            if previous is not None:
+                record.started_at = previous.started_at
+                self.campaign.journal.append(
+                    "run_resume",
+                    run_id=run.run_id,
+                    boot=boot_index,
+                    segments_done=len(previous.done_segments),
+                )
+            self.campaign.journal.append("run_start", run_id=run.run_id, attempt=attempt)
+            self.progress("start", run, {"attempt": attempt})
             uploaded = self._upload_files(cell.files, remote_dir)
             port = self.box.free_port()
             spec = boot_spec(
@@ -288,7 +296,10 @@ class CampaignRunner:
                 self._evict(spec.run_dir, spec.knobs)
             swap_before = self.box.swapout_pages()
             runtime = boot(
-                self.box, self.loaded.runtime, spec, lambda pgid: self._journal_boot(run, pgid)
+                self.box,
+                self.loaded.runtime,
+                spec,
+                lambda pgid: self._journal_boot(run, pgid, state),
             )
             self._start_monitor(runtime, state)
             runtime.post_live(spec.live)
@@ -323,21 +334,30 @@ class CampaignRunner:
                 )
             else:
                 record.status = RUN_OK
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
-            record.reason = "interrupted (Ctrl-C); resume with harness run --resume"
+            record.reason = (
+                f"interrupted ({describe(exc)}); resume with harness run --resume "
+                f"{self.campaign.root}"
+            )
             raise
+        except RuntimeHung as exc:
+            state.results.extend(exc.results)  # what was sent, for the records
+            record.reason = exc.message
         except (HarnessError, OSError) as exc:
             message, _, tail = str(exc).partition("; log tail:\n")
             record.reason = message.strip() or type(exc).__name__
             if isinstance(exc, InfrastructureError) and tail:
                 record.log_tail = tail
         finally:
-            self._finish(run, record, runtime, state, local_dir)
+            # The shutdown of a run is not cut in two by a stop signal: it is raised after.
+            with deferred():
+                self._finish(run, record, runtime, state, local_dir)
         return record.status
 
-    def _journal_boot(self, run: Run, pgid: int) -> None:
+    def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
+        state.pgid = pgid  # and so this run stops it, if interrupted before the boot returns
         identity = ""
         with contextlib.suppress(HarnessError, OSError):
             identity = orphan_identity(self.box, pgid)
@@ -484,6 +504,15 @@ class CampaignRunner:
     ) -> None:
         if state.monitor is not None:
             state.monitor.stop()  # before the stop, so no sample sees a half-stopped group
+        if runtime is None and state.pgid is not None:
+            # Started but never returned from the boot (interrupted while it got ready).
+            if stop_group(self.box, self.loaded.runtime, state.pgid):
+                self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=state.pgid)
+            else:
+                record.status = RUN_FAILED
+                record.reason = (record.reason + "; " if record.reason else "") + (
+                    f"process group {state.pgid} survived SIGKILL"
+                )
         if runtime is not None:
             if not record.log_tail and record.status != RUN_OK:
                 record.log_tail = runtime.log_tail()

@@ -20,6 +20,7 @@ from typing import Any
 from harness.card import Cell, KnobValue
 from harness.errors import KnobError, RuntimeBootError
 from harness.execute.boxes import Box, quote_path, shell_command
+from harness.execute.interrupts import deferred
 from harness.profiles import RuntimeProfile
 
 
@@ -224,20 +225,26 @@ class RunningRuntime:
 
     def stop(self) -> bool:
         """Signal the process group, wait the grace period, then SIGKILL; True if it is gone."""
-        if not self.box.group_alive(self.pgid):
+        return stop_group(self.box, self.profile, self.pgid)
+
+
+def stop_group(box: Box, profile: RuntimeProfile, pgid: int) -> bool:
+    """Stop a runtime's process group as its profile says: the stop signal, the grace period,
+    then SIGKILL; True when no process of the group is left."""
+    if not box.group_alive(pgid):
+        return True
+    box.signal_group(pgid, profile.stop.signal)
+    deadline = time.monotonic() + profile.stop.grace_s
+    while time.monotonic() < deadline:
+        if not box.group_alive(pgid):
             return True
-        self.box.signal_group(self.pgid, self.profile.stop.signal)
-        deadline = time.monotonic() + self.profile.stop.grace_s
-        while time.monotonic() < deadline:
-            if not self.box.group_alive(self.pgid):
-                return True
-            time.sleep(0.1)
-        self.box.signal_group(self.pgid, "KILL")
-        for _ in range(50):
-            if not self.box.group_alive(self.pgid):
-                return True
-            time.sleep(0.1)
-        return False
+        time.sleep(0.1)
+    box.signal_group(pgid, "KILL")
+    for _ in range(50):
+        if not box.group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def boot(
@@ -250,11 +257,15 @@ def boot(
 
     ``on_started`` gets the process group as soon as it exists, before the (possibly long)
     readiness wait, so a caller can journal it: a harness killed mid-boot leaves a runtime too.
+    A stop signal (:mod:`.interrupts`) arriving while the runtime starts is raised after
+    ``on_started`` has run, so the caller always has the group to stop.
     """
     box.mkdirs(spec.run_dir)
-    pgid = box.start_background(spec.argv, spec.env, spec.cwd, spec.log_path)
-    if on_started is not None:
-        on_started(pgid)
+    # A stop signal between the start and ``on_started`` would leave a runtime nobody knows of.
+    with deferred():
+        pgid = box.start_background(spec.argv, spec.env, spec.cwd, spec.log_path)
+        if on_started is not None:
+            on_started(pgid)
     runtime = RunningRuntime(
         box=box,
         profile=profile,

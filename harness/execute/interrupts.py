@@ -1,0 +1,140 @@
+"""Stop signals: SIGTERM, SIGHUP and SIGINT end a harness command the way Ctrl-C does, once.
+
+CI time limits, ``timeout``, Slurm and systemd stop a job with SIGTERM (SIGHUP when its terminal
+goes away). Python's default for both is to die on the spot, which left the runtime the harness
+had booted running. While :func:`stop_signals` is active, the first of the three raises
+:class:`Interrupted` in the main thread. It is a ``KeyboardInterrupt``, so every path that
+handles Ctrl-C (stop the runtime, journal the run interrupted) handles it too, and the command
+exits 128 + the signal number: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, as a shell reports a process
+killed by that signal.
+
+Later signals are noted on stderr and ignored: a second SIGTERM from an impatient scheduler must
+not cut the shutdown it interrupts (stopping the runtime, writing the run's records) in two.
+Code that must not be cut in two either (starting a runtime and journalling its process group)
+runs under :func:`deferred`: a signal arriving inside it is raised when it ends. A signal that is
+ignored when the command starts (``nohup``, a background job's SIGINT) stays ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal arrived; ``exit_code`` is 128 + its number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(self.name)
+
+    @property
+    def name(self) -> str:
+        """The signal's name, e.g. ``SIGTERM``."""
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        """What the command exits with: 128 + the signal number, as a shell reports it."""
+        return 128 + self.signum
+
+
+def describe(exc: KeyboardInterrupt) -> str:
+    """How a run was interrupted, for its reason: ``SIGTERM``, or ``Ctrl-C`` for a plain one."""
+    if isinstance(exc, Interrupted):
+        return "SIGINT, Ctrl-C" if exc.signum == signal.SIGINT else exc.name
+    return "Ctrl-C"
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """128 + the signal number; 130 for a KeyboardInterrupt raised by Python's own handler."""
+    return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+
+
+class _Guard:
+    """What the handler knows: whether it raised already, and what a critical section holds."""
+
+    def __init__(self) -> None:
+        self.raised: int | None = None  # the signal that was raised; later ones are ignored
+        self.pending: int | None = None  # one that arrived inside a critical section
+        self.depth = 0  # critical sections open
+
+    def reset(self) -> None:
+        """Forget earlier signals: a new command starts."""
+        self.raised = self.pending = None
+        self.depth = 0
+
+
+_GUARD = _Guard()
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    guard = _GUARD
+    if guard.raised is not None or guard.pending is not None:
+        # os.write, not sys.stderr: the handler may run while the main thread is inside a
+        # write to stderr, and the buffered writer refuses reentrant calls.
+        message = (
+            f"harness: {signal.Signals(signum).name} again; still stopping the runtime and "
+            "recording the run (SIGKILL abandons that; `harness run --resume DIR` then stops "
+            "what is left)\n"
+        )
+        os.write(2, message.encode())
+        return
+    if guard.depth:
+        guard.pending = signum
+        return
+    guard.raised = signum
+    raise Interrupted(signum)
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """Within the block, SIGTERM, SIGHUP and SIGINT raise :class:`Interrupted`, the first only.
+
+    Outside the main thread (where signals cannot be handled) the block runs unchanged. The
+    previous handlers come back when it ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    _GUARD.reset()
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            continue
+        previous[signum] = signal.signal(signum, _handler)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _GUARD.reset()
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A critical section: a stop signal arriving inside it is raised when it ends.
+
+    Only the first signal is ever raised; one that arrives while the block runs replaces any
+    exception the block itself raises, since the user asked to stop. Signals are handled in the
+    main thread, so elsewhere the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    guard = _GUARD
+    guard.depth += 1
+    try:
+        yield
+    finally:
+        guard.depth -= 1
+        if guard.depth == 0 and guard.pending is not None and guard.raised is None:
+            signum, guard.pending = guard.pending, None
+            guard.raised = signum
+            raise Interrupted(signum)
