@@ -111,6 +111,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from harness.execute.progress import make_progress
     from harness.execute.reopen import reopen_campaign
     from harness.execute.run import CampaignRunner, new_campaign_dir
+    from harness.execute.sequential import run_sequential
 
     if args.resume:
         reopened = reopen_campaign(Path(args.resume), cycles=args.cycles)
@@ -134,10 +135,22 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         loaded = scale_workload(load_card(Path(args.card)), args.scale)
         plan = build_plan(loaded, scale=args.scale)
         campaign = new_campaign_dir(loaded, plan, Path(args.reports))
+    design = loaded.card.design
+    if design.sequential and design.max_cycles is not None and plan.cycles > design.max_cycles:
+        raise BadInput(
+            f"--cycles {plan.cycles}: the card's sequential design ends at max_cycles "
+            f"{design.max_cycles}; its α is spent there (start a new campaign with a larger "
+            "max_cycles)"
+        )
     out.write(f"campaign directory: {campaign.root}\n")
     out.flush()
-    with make_progress(plan, quiet=args.quiet, out=out) as progress:
-        outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
+    if design.sequential:
+        outcome = run_sequential(
+            loaded, plan, campaign, lambda p: make_progress(p, quiet=args.quiet, out=out), out
+        )
+    else:
+        with make_progress(plan, quiet=args.quiet, out=out) as progress:
+            outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
     if outcome.interrupted:
         out.write(
             f"interrupted ({outcome.interrupted_by}); "

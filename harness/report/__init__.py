@@ -122,6 +122,7 @@ def build_context(
         "recovery": tables.recovery_table(analysis),
         "frozen": tables.frozen_map_tables(analysis, comparisons),
         "policy": tables.policy_table(analysis),
+        "looks": tables.looks_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
         "campaign_warnings": list(analysis.warnings),

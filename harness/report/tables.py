@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness.analyze.campaign import CampaignAnalysis
 from harness.analyze.cell_values import cell_value
+from harness.analyze.looks import design_plan
 from harness.analyze.seed_tables import T90
 from harness.catalog import METRICS
 from harness.report import fmt
@@ -266,3 +267,36 @@ def _flag_summary(flags: list[dict[str, str]]) -> list[str]:
         f"{kind} in cycle{'s' if len(cycles) > 1 else ''} {', '.join(cycles)}"
         for kind, cycles in by_kind.items()
     ]
+
+
+def looks_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """A sequential design's looks: the schedule, where the analysis stands, and each look."""
+    look, design = analysis.look, design_plan(analysis.card)
+    if look is None or design is None:
+        return None
+    rows = []
+    for r in frame_records(analysis.looks):
+        lo, hi = fmt.finite(r.get("ci_low")), fmt.finite(r.get("ci_high"))
+        rows.append(
+            {
+                "look": r.get("look"),
+                "cycles": r.get("cycles"),
+                "information": fmt.fixed(r.get("information"), 2),
+                "nominal": fmt.num(r.get("nominal_alpha")),
+                "comparison": f"{r.get('cell', '')}/{r.get('cache_state', '')} "
+                f"{r.get('metric', '')}",
+                "ratio": fmt.ratio3(r.get("ratio")),
+                "ci": f"[{fmt.ratio3(lo)}, {fmt.ratio3(hi)}]" if lo is not None else "none",
+                "label": str(r.get("label", "")),
+                "decision": str(r.get("decision", "")),
+            }
+        )
+    return {
+        "scheduled": design.scheduled(),
+        "max_cycles": design.max_cycles,
+        "alpha": design.alpha,
+        "look": look.look,
+        "cycles": look.cycles,
+        "nominal_text": fmt.num(look.nominal_alpha),
+        "rows": rows,
+    }
