@@ -243,6 +243,19 @@ def _describe(row: dict[str, Any]) -> str:
     return text
 
 
+def _unrecorded(runs: pd.DataFrame, cell: str, state: str, metric: str) -> list[str]:
+    """Completed runs of a comparison (the cell's and its control's) without the metric."""
+    subset = runs[
+        (runs["cell"].eq(cell) | runs["comparison"].eq(cell))
+        & runs["cache_state"].eq(state)
+        & runs["status"].eq("ok")
+    ]
+    if metric not in subset.columns:
+        return [str(r) for r in subset["run_id"]]
+    values = pd.to_numeric(subset[metric], errors="coerce")
+    return [str(r) for r in subset.loc[~np.isfinite(values), "run_id"]]
+
+
 def _better_in(
     analysis: CampaignAnalysis, cells: list[str], states: list[str], metric: str
 ) -> tuple[bool, list[str], dict[str, Any]]:
@@ -255,6 +268,18 @@ def _better_in(
             if incomplete:
                 ok = False
                 reasons.append(f"{key}: runs not complete ({', '.join(incomplete[:3])})")
+                continue
+            # A run without the metric drops its cycle from the comparison; the rest would
+            # decide on less than the card asked for, so the gate fails and names the runs.
+            unrecorded = _unrecorded(analysis.runs, cell, state, metric)
+            if unrecorded:
+                ok = False
+                reasons.append(
+                    f"{key}: {metric} was not recorded for runs {', '.join(unrecorded[:3])}"
+                    + (f" and {len(unrecorded) - 3} more" if len(unrecorded) > 3 else "")
+                    + " (the runtime does not report what it needs, or it is undefined for"
+                    " the run), so the cell cannot be compared on it"
+                )
                 continue
             if row is None:
                 ok = False

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
+from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
@@ -492,6 +493,31 @@ def test_better_fails_when_only_one_cycle_ran(tmp_path: Path) -> None:
     assert not result.passed
     assert "over 1 cycle: inconclusive" in result.reason
     assert result.evidence["treat/warm"]["ci_low"] is None
+
+
+def _no_misses_for_treat(run: Run) -> dict[str, float]:
+    # A runtime that counts hits but not misses: the treatment's hit rate cannot be formed.
+    out = dict(COUNTERS)
+    if run["cell"] == "treat":
+        del out["misses"]
+    return out
+
+
+def test_hit_rate_without_a_misses_counter_is_not_recorded() -> None:
+    assert counter_metrics({"delta": {"hits": 600.0}})["hit_rate"] is None
+    assert counter_metrics({"delta": {"hits": 0.0, "misses": 0.0}})["hit_rate"] is None
+    assert counter_metrics({"delta": {"hits": 600.0, "misses": 0.0}})["hit_rate"] == 1.0
+    assert counter_metrics({"delta": {"hits": 600.0, "misses": 200.0}})["hit_rate"] == 0.75
+
+
+def test_better_hit_rate_fails_closed_without_misses(tmp_path: Path) -> None:
+    synth = Synth(counters=_no_misses_for_treat)
+    result = only(verdict_of(tmp_path, "  - {kind: better, metric: hit_rate}", synth, cycles=2))
+    assert not result.passed
+    assert result.reason.startswith("treat/warm: hit_rate was not recorded for runs 0001-treat-")
+    assert "so the cell cannot be compared on it" in result.reason
+    # The control reports both counters: only the treatment's runs are named.
+    assert "control" not in result.reason.split(" (")[0]
 
 
 # ---- survives ----------------------------------------------------------------------------------
