@@ -277,3 +277,36 @@ def test_cold_state_evicts_the_runtime_files_from_the_page_cache(tmp_path: Path)
     assert _resident_bytes(path) == 0
     warm = [json.loads((campaign.run_dir(r) / "run.json").read_text()) for r in done]
     assert {r["cache_state"] for r in warm} == {"cold"}
+
+
+def test_a_declared_ring_that_was_not_collected_fails_the_run(tmp_path: Path) -> None:
+    # The profile looks for the ring where the runtime does not write it. The good run fails for
+    # it; the run that failed anyway says so as well, so no reader takes the absence for zero.
+    profile = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text(encoding="utf-8")
+    declared = 'ring: {path: "{run_dir}/ring.bin", header: true}'
+    assert declared in profile
+    profile = profile.replace("name: refbox", "name: misplaced-ring").replace(
+        declared, 'ring: {path: "{run_dir}/elsewhere.bin", header: true}'
+    )
+    (tmp_path / "runtimes").mkdir()
+    (tmp_path / "runtimes" / "misplaced-ring.yaml").write_text(profile, encoding="utf-8")
+    card = _card_with(
+        tmp_path,
+        "ringless.yaml",
+        {
+            "runtime: refbox": "runtime: misplaced-ring",
+            WIDE: 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "12", REFBOX_LAYERS: "2"',
+            "control: control\n": "",
+            "order: abba": "order: sequential",
+            "{kind: exact_outputs, min_match: all}": "{kind: exact_outputs, vs: control}",
+        },
+    )
+    campaign, done, failed = _run(card, tmp_path / "reports")
+    assert done == [] and len(failed) == 2
+    good, crashed = (json.loads((campaign.run_dir(r) / "run.json").read_text()) for r in failed)
+    assert good["cell"] == "control" and crashed["cell"] == "wide"
+    missing = f"the runtime wrote no ring at {campaign.root.resolve()}/box/"
+    assert good["status"] == "failed"
+    assert good["reason"].startswith("collecting telemetry failed: " + missing), good["reason"]
+    assert crashed["status"] == "failed" and "requests failed" in crashed["reason"]
+    assert "; telemetry not collected: " + missing in crashed["reason"], crashed["reason"]

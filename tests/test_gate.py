@@ -56,7 +56,6 @@ class Synth:
     counters: Callable[[Run], dict[str, float]] = lambda run: dict(COUNTERS)
     quality: Callable[[Run, str], str] | None = None  # quality-suite output per prompt id
     quality_ids: tuple[str, ...] | None = None  # default: the card's quality pool
-    ring_lost: Callable[[Run], int] = lambda run: 0
     ring: Callable[[Run], tuple[int, int, float] | None] = lambda run: None
     noise_sd: float = 0.003  # seeded per-request noise on the log scale
     extra: dict[str, Any] = field(default_factory=dict)
@@ -174,7 +173,7 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
             write_json_atomic(
                 folder / "counters.json", {"before": {}, "after": dict(delta), "delta": delta}
             )
-        ring_lost = synth.ring_lost(run)
+        ring_lost = 0
         ring_spec = synth.ring(run)
         if ring_spec is not None and status == RUN_OK:
             ring_lost = _write_ring(folder, *ring_spec)
@@ -364,14 +363,31 @@ def test_counter_fails_closed_when_a_run_did_not_complete(tmp_path: Path) -> Non
     assert result.reason == "runs not complete: 0002-treat-c0-warm-s2-r0 (missing)"
 
 
-@pytest.mark.parametrize(("lost", "passed"), [(0, True), (5, False)])
-def test_counter_lost_ring_records(tmp_path: Path, lost: int, passed: bool) -> None:
-    synth = Synth(ring_lost=lambda run: lost if run["run_id"].startswith("0002") else 0)
+@pytest.mark.parametrize(("capacity", "lost", "passed"), [(4096, 0, True), (500, 101, False)])
+def test_counter_lost_ring_records(tmp_path: Path, capacity: int, lost: int, passed: bool) -> None:
+    # Run 0002's ring is written 601 times: a 500-slot ring loses 101 records before the read.
+    def ring(run: Run) -> tuple[int, int, float]:
+        return (601, capacity if run["run_id"].startswith("0002") else 4096, 5.0)
+
     result = only(
-        verdict_of(tmp_path, "  - {kind: counter, counter: lost_ring_records, max: 0}", synth)
+        verdict_of(
+            tmp_path, "  - {kind: counter, counter: lost_ring_records, max: 0}", Synth(ring=ring)
+        )
     )
     assert result.passed is passed, result.reason
     assert result.evidence["values"]["0002-treat-c0-warm-s2-r0"] == lost
+
+
+def test_counter_lost_ring_records_without_a_ring_fails_closed(tmp_path: Path) -> None:
+    # run.json says 0 records lost, but no ring was collected: 0 is not evidence.
+    synth = Synth(ring=lambda run: None if run["run_id"].startswith("0001") else (601, 4096, 5.0))
+    result = only(
+        verdict_of(tmp_path, "  - {kind: counter, counter: lost_ring_records, max: 0}", synth)
+    )
+    assert not result.passed
+    assert result.reason.startswith(
+        "lost_ring_records was not recorded for run 0001-treat-c0-warm-s1-r0"
+    )
 
 
 @pytest.mark.parametrize(("status", "passed"), [(RUN_OK, True), ("failed", False), (None, False)])

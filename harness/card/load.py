@@ -17,6 +17,7 @@ from harness.card.checks import (
     check_cells,
     check_gates,
     check_prompts,
+    check_runtime_needs,
     resolve_box,
     resolve_runtime,
 )
@@ -113,6 +114,7 @@ def validate_card(doc: YamlDoc) -> LoadedCard:
     runtime = resolve_runtime(card, card_dir, problems)
     check_cells(card, runtime, card_dir, problems)
     check_gates(card, problems)
+    check_runtime_needs(card, runtime, problems)
     prompts, quality = check_prompts(card, card_dir, problems)
     if problems.lines or box is None or runtime is None:
         raise CardError(f"{doc.path}: invalid card", problems.lines)

@@ -498,6 +498,11 @@ class CampaignRunner:
             if record.status == RUN_OK:
                 record.status = RUN_FAILED
                 record.reason = f"collecting telemetry failed: {exc}"
+            elif runtime is not None:
+                # Failed already; say what is missing too, so no reader takes its absence for 0.
+                record.reason = (record.reason + "; " if record.reason else "") + (
+                    f"telemetry not collected: {exc}"
+                )
         frames = [
             (requests_frame(state.results, run.cell, state.index), chunks_frame(state.results))
         ]
@@ -648,9 +653,8 @@ class CampaignRunner:
             return
         ring_remote = render(telemetry.ring.path, context)
         if not self.box.exists(ring_remote):
-            if record.status == RUN_OK:
-                raise RecordError(f"the runtime wrote no ring at {ring_remote}")
-            return
+            # The profile declares a ring: a run without one fails, whatever else happened.
+            raise RecordError(f"the runtime wrote no ring at {ring_remote}")
         ring_local = local_dir / "ring.bin"
         self.box.get_file(ring_remote, ring_local)
         if not telemetry.ring.header:
