@@ -30,6 +30,7 @@ from harness.card import (
     parse_fraction,
 )
 from harness.catalog import METRICS
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.records import read_json, write_json_atomic
 
 
@@ -42,16 +43,32 @@ class GateResult:
     passed: bool
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    # Failed only because runs it needs are missing or failed: resuming may settle it (exit 3),
+    # where a failure on complete data is a verdict (exit 1).
+    incomplete: bool = False
 
 
 @dataclass
 class Verdict:
-    """All gates; ``passed`` only when every gate passed and there was at least one."""
+    """All gates; ``passed`` only when there was at least one, every gate passed, and every
+    planned run completed (a campaign with runs missing proves nothing about them)."""
 
     campaign: str
     passed: bool
     gates: list[GateResult]
     incomplete_runs: list[str]
+
+    def exit_code(self) -> int:
+        """0 pass; 3 when runs are missing or failed and no gate failed on complete data; else 1."""
+        if self.passed:
+            return EXIT_OK
+        if (
+            self.incomplete_runs
+            and self.gates
+            and all(g.passed or g.incomplete for g in self.gates)
+        ):
+            return EXIT_INFRASTRUCTURE
+        return EXIT_GATE_FAILED
 
     def to_json(self) -> dict[str, Any]:
         """The ``verdict.json`` payload."""
@@ -92,8 +109,21 @@ def _cells(gate: Gate, analysis: CampaignAnalysis, *, treatments_only: bool) -> 
 
 
 def _incomplete(runs: pd.DataFrame, cells: list[str]) -> list[str]:
+    """Runs of the cells and of their comparisons (the control's blocks) that did not complete."""
     subset = runs[runs["cell"].isin(cells) | runs["comparison"].isin(cells)]
     return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
+
+
+def _incomplete_of(runs: pd.DataFrame, cell: str) -> list[str]:
+    """Runs of one cell that did not complete: outputs of a run that never finished are unknown,
+    so the other runs' outputs cannot stand in for them."""
+    subset = runs[runs["cell"] == cell]
+    return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
+
+
+def _listed(items: list[str], most: int = 5) -> str:
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
 
 
 def _required(fraction: str | int, n: int) -> int:
@@ -108,8 +138,20 @@ def _required(fraction: str | int, n: int) -> int:
 def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
     name = _gate_name(gate)
     reference = gate.vs or analysis.card.control
+    if reference is None:
+        return GateResult(gate.kind, name, False, "no reference cell: name one with `vs`")
+    missing_reference = _incomplete_of(analysis.runs, reference)
+    if missing_reference:
+        return GateResult(
+            gate.kind,
+            name,
+            False,
+            f"reference {reference}: runs not complete ({_listed(missing_reference)})",
+            {"reference": reference, "incomplete": missing_reference},
+            incomplete=True,
+        )
     outputs = analysis.outputs
-    if outputs.empty or reference is None:
+    if outputs.empty:
         return GateResult(gate.kind, name, False, "no outputs recorded (no completed runs)")
     outputs = outputs[outputs["phase"] != "quality"]
     ref = outputs[(outputs["cell"] == reference) & outputs["ok"]]
@@ -119,9 +161,11 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
     ref_flaky = ref.groupby("prompt_id")["output_sha256"].nunique()
     evidence: dict[str, Any] = {"reference": reference, "cells": {}}
     failures = []
+    on_data = False  # a failure on complete data, not only on missing runs
     for cell in _cells(gate, analysis, treatments_only=True):
         if cell == reference:
             continue
+        missing_runs = _incomplete_of(analysis.runs, cell)
         mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
         matched, mismatched, allowed, missing = [], [], [], []
         for prompt_id, expected in ref_hash.items():
@@ -145,8 +189,12 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             "allowed_mismatches": allowed,
             "missing": missing,
             "flaky_in_reference": sorted(str(p) for p, k in ref_flaky.items() if k > 1),
+            "incomplete": missing_runs,
         }
-        if not ok:
+        if missing_runs:
+            failures.append(f"{cell}: runs not complete ({_listed(missing_runs)})")
+        elif not ok:
+            on_data = True
             detail = f"{cell}: {len(matched)}/{n} match {reference}, need {need}"
             if mismatched:
                 detail += f"; differ: {', '.join(mismatched[:5])}"
@@ -154,7 +202,9 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
                 detail += f"; missing outputs for {len(missing)} prompts"
             failures.append(detail)
     if failures:
-        return GateResult(gate.kind, name, False, "; ".join(failures), evidence)
+        return GateResult(
+            gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
+        )
     summary = ", ".join(
         f"{c}: {e['matched']}/{e['n']}"
         + (f" (+{len(e['allowed_mismatches'])} allowed)" if e["allowed_mismatches"] else "")
@@ -175,7 +225,11 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
         incomplete = _incomplete(runs, cells)
         if incomplete:
             return GateResult(
-                gate.kind, name, False, f"runs not complete: {', '.join(incomplete[:5])}"
+                gate.kind,
+                name,
+                False,
+                f"runs not complete: {', '.join(incomplete[:5])}",
+                incomplete=True,
             )
         values = {}
         for row in subset.itertuples():
@@ -198,7 +252,15 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
     evidence = {"values": values}
     if breaches:
         worst = ", ".join(f"{run}={value:g}" for run, value in list(breaches.items())[:5])
-        return GateResult(gate.kind, name, False, f"out of bounds: {worst}", evidence)
+        # Too many failed runs is still a matter of runs that did not complete.
+        return GateResult(
+            gate.kind,
+            name,
+            False,
+            f"out of bounds: {worst}",
+            evidence,
+            incomplete=gate.counter == "failed_runs",
+        )
     top = max(values.values()) if values else 0.0
     return GateResult(
         gate.kind, name, True, f"{len(values)} runs within bounds (max {top:g})", evidence
@@ -258,8 +320,10 @@ def _unrecorded(runs: pd.DataFrame, cell: str, state: str, metric: str) -> list[
 
 def _better_in(
     analysis: CampaignAnalysis, cells: list[str], states: list[str], metric: str
-) -> tuple[bool, list[str], dict[str, Any]]:
-    reasons, evidence, ok = [], {}, True
+) -> tuple[bool, list[str], dict[str, Any], bool]:
+    """Whether every cell is better in every state, the reasons, the evidence, and whether any
+    failure rests on complete data (not only on runs that are missing or failed)."""
+    reasons, evidence, ok, on_data = [], {}, True, False
     for cell in cells:
         incomplete = _incomplete(analysis.runs, [cell])
         for state in states:
@@ -273,7 +337,7 @@ def _better_in(
             # decide on less than the card asked for, so the gate fails and names the runs.
             unrecorded = _unrecorded(analysis.runs, cell, state, metric)
             if unrecorded:
-                ok = False
+                ok, on_data = False, True
                 reasons.append(
                     f"{key}: {metric} was not recorded for runs {', '.join(unrecorded[:3])}"
                     + (f" and {len(unrecorded) - 3} more" if len(unrecorded) > 3 else "")
@@ -282,12 +346,12 @@ def _better_in(
                 )
                 continue
             if row is None:
-                ok = False
+                ok, on_data = False, True
                 reasons.append(f"{key}: no comparison on {metric} (no complete cycle)")
                 continue
             evidence[key] = {k: row[k] for k in ("ratio", "ci_low", "ci_high", "label", "n_cycles")}
             if row["label"] != "better":
-                ok = False
+                ok, on_data = False, True
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
                 if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
@@ -295,15 +359,16 @@ def _better_in(
                 reasons.append(f"{key}: {_describe(row)}{more}")
             else:
                 reasons.append(f"{key}: {_describe(row)}")
-    return ok, reasons, evidence
+    return ok, reasons, evidence, on_data
 
 
 def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:
     cells = _cells(gate, analysis, treatments_only=True)
-    ok, reasons, evidence = _better_in(
+    ok, reasons, evidence, on_data = _better_in(
         analysis, cells, list(analysis.card.design.cache_states), gate.metric
     )
-    return GateResult(gate.kind, _gate_name(gate), ok, "; ".join(reasons), evidence)
+    incomplete = not ok and not on_data
+    return GateResult(gate.kind, _gate_name(gate), ok, "; ".join(reasons), evidence, incomplete)
 
 
 def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
@@ -311,12 +376,13 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
     if not metrics:
         return GateResult(gate.kind, _gate_name(gate), False, "no metric to check: add `metrics`")
     cells = _cells(gate, analysis, treatments_only=True)
-    all_ok = True
+    all_ok, any_on_data = True, False
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
     for metric in metrics:
-        ok, why, ev = _better_in(analysis, cells, list(gate.cache_states), metric)
+        ok, why, ev, on_data = _better_in(analysis, cells, list(gate.cache_states), metric)
         all_ok &= ok
+        any_on_data |= on_data
         reasons.extend(f"{metric} {r}" for r in why if not ok or "better" in r)
         evidence[metric] = ev
     summary = (
@@ -324,7 +390,8 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
         if not all_ok
         else (f"better in every state ({', '.join(gate.cache_states)}) on {', '.join(metrics)}")
     )
-    return GateResult(gate.kind, _gate_name(gate), all_ok, summary, evidence)
+    incomplete = not all_ok and not any_on_data
+    return GateResult(gate.kind, _gate_name(gate), all_ok, summary, evidence, incomplete)
 
 
 def _check(check: dict[str, Any], text: str) -> bool:
@@ -387,14 +454,29 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
                 passed.append(prompt_id)
         return passed
 
+    cells = _cells(gate, analysis, treatments_only=gate.vs is not None)
+    # A run that did not complete has unknown answers; the cell's other runs cannot stand in.
+    missing = {
+        c: _incomplete_of(analysis.runs, c) for c in [*cells, *([gate.vs] if gate.vs else [])]
+    }
+    on_data = False
     floor = len(passing(gate.vs)) if gate.vs else 0
-    for cell in _cells(gate, analysis, treatments_only=gate.vs is not None):
+    if gate.vs and missing[gate.vs]:
+        # No floor from a partial reference; the cells still have to meet min_pass.
+        floor = 0
+        failures.append(f"reference {gate.vs}: runs not complete ({_listed(missing[gate.vs])})")
+    for cell in cells:
+        if missing[cell]:
+            failures.append(f"{cell}: runs not complete ({_listed(missing[cell])})")
+            continue
         passed = passing(cell)
         need = max(_required(gate.min_pass, len(suite)), floor)
         evidence[cell] = {"passed": len(passed), "n": len(suite), "required": need}
         if gate.vs:
-            evidence[cell]["reference"] = {"cell": gate.vs, "passed": floor}
+            known = None if missing[gate.vs] else floor  # a partial reference proves nothing
+            evidence[cell]["reference"] = {"cell": gate.vs, "passed": known}
         if len(passed) < need:
+            on_data = True
             failed = sorted(set(suite) - set(passed))
             against = f" ({gate.vs} passes {floor})" if gate.vs else ""
             failures.append(
@@ -402,7 +484,9 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
                 f"(failing: {', '.join(failed[:5])})"
             )
     if failures:
-        return GateResult(gate.kind, name, False, "; ".join(failures), evidence)
+        return GateResult(
+            gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
+        )
     return GateResult(gate.kind, name, True, "every cell passes the quality suite", evidence)
 
 
@@ -414,10 +498,12 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
     evidence: dict[str, dict[str, Any]] = {}
     if runs.empty:
         return GateResult(gate.kind, name, False, "no soak run in the campaign")
+    not_complete = 0
     for row in runs.itertuples():
         key = str(row.run_id)
         if row.status != "ok":
             problems.append(f"{key}: {row.status}: {getattr(row, 'reason', '')}")
+            not_complete += 1
             continue
         duration = getattr(row, "ring_duration_s", None)
         if duration is None or (isinstance(duration, float) and math.isnan(duration)):
@@ -453,7 +539,10 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
             elif growth > gate.rss_growth_pct_max:
                 problems.append(f"{key}: RSS grew {growth:.1f}% > {gate.rss_growth_pct_max:g}%")
     if problems:
-        return GateResult(gate.kind, name, False, "; ".join(problems), evidence)
+        only_incomplete = not_complete == len(problems)
+        return GateResult(
+            gate.kind, name, False, "; ".join(problems), evidence, incomplete=only_incomplete
+        )
     resumed_runs = sum(1 for e in evidence.values() if e["boots"] > 1)
     note = f"; {resumed_runs} resumed across boots (not one process)" if resumed_runs else ""
     return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held{note}", evidence)
@@ -495,18 +584,29 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         else:
             results.append(_lockstep(gate, analysis))
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
-    passed = bool(results) and all(r.passed for r in results)
+    passed = bool(results) and all(r.passed for r in results) and not incomplete
     return Verdict(analysis.card.campaign, passed, results, incomplete)
+
+
+def incomplete_text(verdict: Verdict) -> str:
+    """What the verdict says of a campaign with runs missing or failed, with the remedy."""
+    runs = verdict.incomplete_runs
+    return (
+        f"{len(runs)} planned run{'' if len(runs) == 1 else 's'} missing or failed "
+        f"({_listed(runs)}): the campaign cannot pass until they complete; "
+        "retry them with `harness run --resume DIR`"
+    )
 
 
 def write_verdict(verdict: Verdict, root: Path) -> None:
     """Write ``verdict.json`` and ``verdict.junit.xml`` for CI systems."""
     write_json_atomic(root / "verdict.json", verdict.to_json())
+    incomplete = bool(verdict.incomplete_runs)
     suite = ET.Element(
         "testsuite",
         name=f"harness.{verdict.campaign}",
-        tests=str(len(verdict.gates)),
-        failures=str(sum(not g.passed for g in verdict.gates)),
+        tests=str(len(verdict.gates) + incomplete),
+        failures=str(sum(not g.passed for g in verdict.gates) + incomplete),
     )
     for gate in verdict.gates:
         case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=gate.name)
@@ -515,6 +615,13 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
             failure.text = gate.reason
         else:
             ET.SubElement(case, "system-out").text = gate.reason
+    if incomplete:
+        # A CI reading only the test cases must not see a green suite for a partial campaign.
+        case = ET.SubElement(
+            suite, "testcase", classname="campaign.complete", name="every planned run completed"
+        )
+        text = incomplete_text(verdict)
+        ET.SubElement(case, "failure", message=text[:500]).text = text
     root_element = ET.Element("testsuites")
     root_element.append(suite)
     tree = ET.ElementTree(root_element)
@@ -522,4 +629,4 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
     tree.write(root / "verdict.junit.xml", encoding="utf-8", xml_declaration=True)
 
 
-__all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "write_verdict"]
+__all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "incomplete_text", "write_verdict"]

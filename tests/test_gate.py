@@ -265,7 +265,7 @@ def test_exact_outputs_fail_closed_when_the_cell_has_no_outputs(tmp_path: Path) 
     synth = Synth(status=lambda run: "failed" if run["cell"] == "treat" else RUN_OK)
     result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: 1/4}", synth))
     assert not result.passed
-    assert "missing outputs for 4 prompts" in result.reason
+    assert result.reason.startswith("treat: runs not complete (0001-treat-c0-warm-s1-r0 (failed)")
     assert result.evidence["cells"]["treat"]["missing"] == list(HELDOUT)
 
 
@@ -273,14 +273,17 @@ def test_exact_outputs_fail_closed_without_reference_outputs(tmp_path: Path) -> 
     synth = Synth(status=lambda run: None if run["cell"] == "control" else RUN_OK)
     result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: 1/4}", synth))
     assert not result.passed
-    assert result.reason == "reference cell 'control' has no outputs"
+    assert result.reason == (
+        "reference control: runs not complete "
+        "(0000-control-c0-warm-s0-r0 (missing), 0003-control-c0-warm-s3-r0 (missing))"
+    )
 
 
 def test_exact_outputs_fail_closed_with_no_completed_run(tmp_path: Path) -> None:
     synth = Synth(status=lambda run: None)
     verdict = verdict_of(tmp_path, "  - {kind: exact_outputs}", synth)
     assert not only(verdict).passed
-    assert "no outputs recorded" in only(verdict).reason
+    assert "reference control: runs not complete" in only(verdict).reason
     assert len(verdict.incomplete_runs) == 4 and not verdict.passed
 
 
@@ -299,6 +302,23 @@ def test_exact_outputs_against_a_named_reference_cell(tmp_path: Path) -> None:
     )
     assert result.passed, result.reason
     assert list(result.evidence["cells"]) == ["c"] and result.evidence["reference"] == "b"
+
+
+@pytest.mark.parametrize(
+    ("failing", "who"),
+    [("0001", "treat: runs not complete (0001-treat-c0-warm-s1-r0 (failed))"),
+     ("0003", "reference control: runs not complete (0003-control-c0-warm-s3-r0 (failed))")],
+)  # fmt: skip
+def test_exact_outputs_fail_closed_on_a_failed_run_even_when_others_cover_every_prompt(
+    tmp_path: Path, failing: str, who: str
+) -> None:
+    # Every prompt still has outputs from the other runs; the failed run's outputs are unknown.
+    synth = Synth(status=lambda run: "failed" if run["run_id"].startswith(failing) else RUN_OK)
+    result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: all}", synth,
+                             cycles=2))  # fmt: skip
+    assert not result.passed
+    assert who in result.reason
+    assert result.incomplete
 
 
 # ---- counters --------------------------------------------------------------------------------
@@ -693,6 +713,30 @@ def test_quality_fails_closed_without_a_suite_or_answers(tmp_path: Path) -> None
     assert not result.passed and "0/2 pass, need 1" in result.reason
 
 
+@pytest.mark.parametrize(
+    ("gate", "missing", "who"),
+    [
+        ("{kind: quality, min_pass: 3/3}", "0002", "treat: runs not complete (0002-treat-"),
+        ("{kind: quality, min_pass: 1, vs: control}", "0000", "reference control: runs not"),
+    ],
+)
+def test_quality_fails_closed_on_a_missing_run(
+    tmp_path: Path, gate: str, missing: str, who: str
+) -> None:
+    ids = tuple(str(p["id"]) for p in SUITE)
+    synth = Synth(
+        quality=_answers({}),
+        quality_ids=ids,
+        status=lambda run: None if run["run_id"].startswith(missing) else RUN_OK,
+    )
+    campaign = build_campaign(tmp_path, _card_text(f"  - {gate}", cycles=2), synth)
+    write_json_atomic(campaign.root / "quality.json", {"prompts": SUITE})
+    result = only(evaluate_gates(analyze_campaign(campaign.root)))
+    assert not result.passed
+    assert who in result.reason and "(missing)" in result.reason
+    assert result.incomplete
+
+
 # ---- soak --------------------------------------------------------------------------------------
 
 
@@ -866,6 +910,21 @@ def test_verdict_lists_incomplete_runs(tmp_path: Path) -> None:
     assert only(verdict).passed  # two incomplete runs are within this gate's bound
 
 
+def test_a_verdict_with_incomplete_runs_never_passes(tmp_path: Path) -> None:
+    # The gate tolerates two failed runs, but the campaign is still incomplete.
+    synth = Synth(status=lambda run: "failed" if run["run_id"].startswith("0001") else RUN_OK)
+    verdict = verdict_of(tmp_path, "  - {kind: counter, counter: failed_runs, max: 2}", synth)
+    assert only(verdict).passed and not verdict.passed
+    assert verdict.exit_code() == 3
+    write_verdict(verdict, tmp_path)
+    assert json.loads((tmp_path / "verdict.json").read_text())["passed"] is False
+    cases = ET.parse(tmp_path / "verdict.junit.xml").getroot().findall(".//testcase")
+    complete = [c for c in cases if c.get("classname") == "campaign.complete"]
+    assert len(complete) == 1
+    failure = complete[0].find("failure")
+    assert failure is not None and "0001-treat-c0-warm-s1-r0" in (failure.text or "")
+
+
 @pytest.mark.slow
 def test_cli_gate_exit_codes(tmp_path: Path) -> None:
     # One subprocess per exit code: each one also renders the HTML report, which takes seconds.
@@ -890,6 +949,25 @@ def test_cli_gate_exit_codes(tmp_path: Path) -> None:
         assert (campaign.root / "verdict.junit.xml").is_file()
     verdict = json.loads((campaign.root / "verdict.json").read_text())
     assert verdict["incomplete_runs"] == ["0002-treat-c0-warm-s2-r0", "0005-control-c1-warm-s1-r0"]
+
+
+@pytest.mark.slow
+def test_cli_gate_never_exits_0_with_incomplete_runs(tmp_path: Path) -> None:
+    failed_run = Synth(status=lambda run: "failed" if run["run_id"].startswith("0001") else RUN_OK)
+    cases = {
+        # Every gate passes on the runs that completed: still not a pass, runs are missing (3).
+        "incomplete": ("  - {kind: exact_outputs, vs: control, cells: [control]}", 3),
+        # A gate that fails on complete data is a failure (1), whatever else is missing.
+        "also-failed": ("  - {kind: counter, counter: swaps, max: 0, cells: [control]}\n"
+                        "  - {kind: lockstep}", 1),
+    }  # fmt: skip
+    for name, (gates, code) in cases.items():
+        campaign = build_campaign(tmp_path / name, _card_text(gates, cycles=2), failed_run)
+        result = run_cli("gate", str(campaign.root))
+        assert result.code == code, f"{name}: {result.stdout}\n{result.stderr}"
+        assert "verdict: FAIL" in result.stdout
+        assert "0001-treat-c0-warm-s1-r0" in result.stdout, result.stdout
+        assert json.loads((campaign.root / "verdict.json").read_text())["passed"] is False
 
 
 def test_cli_gate_on_a_folder_that_is_not_a_campaign_is_bad_input(tmp_path: Path) -> None:
