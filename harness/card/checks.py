@@ -229,6 +229,13 @@ def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problem
     the missing data would only show up as a gate that can never pass (or, worse, a 0)."""
     if runtime is None:
         return
+    if "cold" in card.design.cache_states and not runtime.cache_files:
+        out.add(
+            ("design", "cache_states"),
+            f"cold runs need the runtime's files evicted, and runtime {runtime.name!r} declares no "
+            "`cache_files`: add `cache_files` (globs of the files it reads, e.g. the model) to "
+            "the profile, or drop `cold`",
+        )
     if runtime.telemetry.ring is not None:
         return
     needs = (
