@@ -31,6 +31,7 @@ from harness.card import (
 )
 from harness.catalog import METRICS
 from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.prompts import check_problems
 from harness.records import read_json, write_json_atomic
 
 
@@ -395,9 +396,13 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
 
 
 def _check(check: dict[str, Any], text: str) -> bool:
+    """Whether ``text`` passes a quality check; an invalid check (see ``check_problems``) passes
+    nothing."""
+    if check_problems(check):
+        return False
     kind = check.get("kind")
     if kind == "regex":
-        return re.search(str(check.get("pattern", "")), text) is not None
+        return re.search(str(check["pattern"]), text) is not None
     try:
         value = json.loads(text.strip())
     except json.JSONDecodeError:
@@ -407,21 +412,40 @@ def _check(check: dict[str, Any], text: str) -> bool:
     return _matches_schema(value, check.get("schema", {}))
 
 
+_SCHEMA_TYPES: dict[str, type | tuple[type, ...]] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "number": (int, float),
+    "integer": int,
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality of JSON values: Python's bool is an int (True == 1), JSON's boolean is not."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
 def _matches_schema(value: Any, schema: dict[str, Any]) -> bool:
     """The JSON-schema subset quality checks use: type, required, properties, enum."""
-    types: dict[str, type | tuple[type, ...]] = {
-        "object": dict,
-        "array": list,
-        "string": str,
-        "number": (int, float),
-        "integer": int,
-        "boolean": bool,
-        "null": type(None),
-    }
     expected = schema.get("type")
-    if expected is not None and not isinstance(value, types.get(expected, object)):
-        return False
-    if "enum" in schema and value not in schema["enum"]:
+    if expected is not None:
+        if expected not in _SCHEMA_TYPES:
+            return False  # an unknown type accepts nothing (loading refuses it)
+        if not isinstance(value, _SCHEMA_TYPES[expected]):
+            return False
+        # A JSON boolean parses to a Python bool, which isinstance counts as an int.
+        if isinstance(value, bool) and expected in ("integer", "number"):
+            return False
+    if "enum" in schema and not any(_json_equal(value, item) for item in schema["enum"]):
         return False
     if isinstance(value, dict):
         if any(key not in value for key in schema.get("required", [])):
@@ -438,6 +462,14 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
     if not path.is_file():
         return GateResult(gate.kind, name, False, "no quality suite was run in this campaign")
     suite = {p["id"]: p for p in read_json(path)["prompts"]}
+    # Loading refuses invalid checks; a campaign recorded before that may still hold one.
+    invalid = [
+        f"quality check of prompt {prompt_id} is invalid: {'; '.join(problems)}"
+        for prompt_id, prompt in suite.items()
+        if (problems := check_problems(prompt.get("check")))
+    ]
+    if invalid:
+        return GateResult(gate.kind, name, False, "; ".join(invalid))
     outputs = analysis.outputs
     outputs = outputs[outputs["phase"] == "quality"] if not outputs.empty else outputs
     failures: list[str] = []

@@ -26,7 +26,7 @@ from harness.card import load_card
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
-from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
+from harness.gate import GateResult, Verdict, _check, evaluate_gates, write_verdict
 from harness.plan import build_plan
 from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.telemetry import RingGeometry, RingWriter
@@ -666,6 +666,7 @@ def test_quality_passes_every_check_kind(tmp_path: Path) -> None:
         ("q-schema", '{"size": 3}'),  # required name missing
         ("q-schema", '{"name": 7}'),  # wrong type
         ("q-schema", '{"name": "x", "size": 1.5}'),  # integer expected
+        ("q-schema", '{"name": "x", "size": true}'),  # a boolean is not an integer
         ("q-schema", '{"name": "x", "mode": "medium"}'),  # not in the enum
         ("q-schema", '["name"]'),  # not an object
     ],
@@ -678,6 +679,43 @@ def test_quality_fails_a_check(tmp_path: Path, prompt_id: str, bad: str) -> None
     assert not result.passed
     assert result.reason == f"treat: 2/3 pass, need 3 (failing: {prompt_id})"
     assert result.evidence["control"]["passed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("schema", "answer", "matches"),
+    [
+        ({"type": "number"}, "1.5", True),
+        ({"type": "number"}, "3", True),
+        ({"type": "number"}, "false", False),  # JSON booleans are not numbers
+        ({"type": "integer"}, "true", False),
+        ({"type": "boolean"}, "true", True),
+        ({"enum": [1]}, "true", False),  # nor equal to 1
+        ({"enum": [1]}, "1.0", True),  # JSON numbers compare by value
+        ({"enum": [[0, 1]]}, "[false, true]", False),
+        ({"type": "int"}, "3", False),  # an unknown type accepts nothing
+    ],
+)
+def test_json_schema_checks_keep_booleans_apart(
+    schema: dict[str, Any], answer: str, matches: bool
+) -> None:
+    assert _check({"kind": "json_schema", "schema": schema}, answer) is matches
+
+
+def test_quality_fails_closed_on_an_invalid_check_in_the_campaign(tmp_path: Path) -> None:
+    # A quality.json from before checks were validated: a regex without a pattern matched all.
+    ids = tuple(str(p["id"]) for p in SUITE)
+    campaign = build_campaign(
+        tmp_path, _card_text("  - {kind: quality, min_pass: 1}"),
+        Synth(quality=_answers({}), quality_ids=ids),
+    )  # fmt: skip
+    suite = [{**SUITE[0], "check": {"kind": "regex"}}, *SUITE[1:]]
+    write_json_atomic(campaign.root / "quality.json", {"prompts": suite})
+    result = only(evaluate_gates(analyze_campaign(campaign.root)))
+    assert not result.passed and not result.incomplete
+    assert result.reason == (
+        "quality check of prompt q-ok is invalid: check.pattern: a regex check needs a `pattern` "
+        "(a regular expression string); without one it would match every answer"
+    )
 
 
 def test_quality_k_of_n_tolerates_a_failure(tmp_path: Path) -> None:
