@@ -537,10 +537,18 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
             problems.append(f"{key}: {row.status}: {getattr(row, 'reason', '')}")
             not_complete += 1
             continue
-        duration = getattr(row, "ring_duration_s", None)
-        if duration is None or (isinstance(duration, float) and math.isnan(duration)):
-            duration = float(str(row.ended_at)) - float(str(row.started_at))
-        lost = int(getattr(row, "ring_lost", 0) or 0)
+        duration = _number(getattr(row, "ring_duration_s", None))
+        lost_value = _number(getattr(row, "ring_lost", None))
+        if duration is None or lost_value is None:
+            # end - start would count the boot as served, and nothing counted the losses: the
+            # soak's claims rest on the ring, so without one the gate cannot be shown to hold.
+            evidence[key] = {"duration_s": None, "lost_ring_records": None}
+            problems.append(
+                f"{key}: no ring records: duration, lost records and inter-token p99 cannot be "
+                "shown (the runtime's ring was not collected)"
+            )
+            continue
+        lost = int(lost_value)
         p99 = getattr(row, "ring_itl_p99_ms", None)
         raw_boots = getattr(row, "boots", None)
         boots = (
@@ -561,7 +569,7 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
             problems.append(f"{key}: {lost} ring records lost")
         if gate.itl_p99_ms_max is not None:
             if p99 is None or (isinstance(p99, float) and math.isnan(p99)):
-                problems.append(f"{key}: no inter-token p99 (no ring)")
+                problems.append(f"{key}: no inter-token p99 (no decode steps in the ring)")
             elif p99 > gate.itl_p99_ms_max:
                 problems.append(f"{key}: inter-token p99 {p99:.2f} ms > {gate.itl_p99_ms_max:g} ms")
         if gate.rss_growth_pct_max is not None:
@@ -575,9 +583,16 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
         return GateResult(
             gate.kind, name, False, "; ".join(problems), evidence, incomplete=only_incomplete
         )
-    resumed_runs = sum(1 for e in evidence.values() if e["boots"] > 1)
+    resumed_runs = sum(1 for e in evidence.values() if e.get("boots", 1) > 1)
     note = f"; {resumed_runs} resumed across boots (not one process)" if resumed_runs else ""
     return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held{note}", evidence)
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from a run-table cell; None for a missing value (None or NaN)."""
+    if isinstance(value, int | float | np.integer | np.floating) and math.isfinite(float(value)):
+        return float(value)
+    return None
 
 
 def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:
