@@ -1,7 +1,9 @@
 """Promotion gates: the card's declarative gates evaluated over a campaign's analysis.
 
-Every gate fails closed: a missing run, a failed run, a counter the box could not read, or a
-comparison that could not be made is a failure with its reason, never a pass.
+Every gate fails closed: a missing run, a failed run (of the cell or of its reference; other runs
+never stand in for it), a counter or metric the runtime did not record, a comparison that could
+not be made, or a check that could not fail is a failure with its reason, never a pass; and a
+verdict with any planned run incomplete never passes (docs/design.md#gates).
 """
 
 from __future__ import annotations
