@@ -54,4 +54,8 @@ COUNTERS: dict[str, str] = {
     "failed_runs": "runs that did not complete",
 }
 
+# Metrics and counters only a telemetry ring provides (recovery, churn, records lost): a gate on
+# one against a runtime without a ring could only ever read "not recorded", or worse, 0.
+RING_ONLY = frozenset({"t90_s", "t2x_s", "churn_per_min", "lost_ring_records"})
+
 CACHE_STATES = ("warm", "cold")

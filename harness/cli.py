@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, TextIO
 from harness import __version__
 from harness.card import load_boxes_file, load_card, scale_workload
 from harness.errors import (
-    EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
     EXIT_OK,
     BadInput,
@@ -186,9 +185,7 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
     report = _render_report_if_available(root, analysis, verdict)
     if report is not None:
         out.write(f"report: {report}\n")
-    if verdict.passed:
-        return EXIT_OK
-    return EXIT_INFRASTRUCTURE if verdict.incomplete_runs else EXIT_GATE_FAILED
+    return verdict.exit_code()
 
 
 def _render_report_if_available(root: Path, analysis: object, verdict: object) -> Path | None:
@@ -213,6 +210,12 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
         table.add_row(gate.name, mark, gate.reason)
     if not verdict.gates:
         table.add_row("(none)", "[bold red]FAIL[/bold red]", "the card declares no gates")
+    if verdict.incomplete_runs:
+        from harness.gate import incomplete_text
+
+        table.add_row(
+            "(campaign) runs complete", "[bold red]FAIL[/bold red]", incomplete_text(verdict)
+        )
     Console(file=out, width=140, highlight=False).print(table)
 
 
@@ -408,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", action="store_true", help="print the summary as JSON")
     analyze.set_defaults(handler=_cmd_analyze)
 
-    gate = verbs.add_parser("gate", help="evaluate the card's gates (exit 0 pass, 1 fail)")
+    gate = verbs.add_parser(
+        "gate", help="evaluate the card's gates (exit 0 pass, 1 fail, 3 runs incomplete)"
+    )
     gate.add_argument("dir", metavar="DIR")
     gate.add_argument("--quiet", action="store_true", help="no verdict table")
     gate.set_defaults(handler=_cmd_gate)

@@ -1,7 +1,9 @@
 """Promotion gates: the card's declarative gates evaluated over a campaign's analysis.
 
-Every gate fails closed: a missing run, a failed run, a counter the box could not read, or a
-comparison that could not be made is a failure with its reason, never a pass.
+Every gate fails closed: a missing run, a failed run (of the cell or of its reference; other runs
+never stand in for it), a counter or metric the runtime did not record, a comparison that could
+not be made, or a check that could not fail is a failure with its reason, never a pass; and a
+verdict with any planned run incomplete never passes (docs/design.md#gates).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from harness.card import (
     parse_fraction,
 )
 from harness.catalog import METRICS
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.prompts import check_problems
 from harness.records import read_json, write_json_atomic
 
 
@@ -42,16 +46,32 @@ class GateResult:
     passed: bool
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    # Failed only because runs it needs are missing or failed: resuming may settle it (exit 3),
+    # where a failure on complete data is a verdict (exit 1).
+    incomplete: bool = False
 
 
 @dataclass
 class Verdict:
-    """All gates; ``passed`` only when every gate passed and there was at least one."""
+    """All gates; ``passed`` only when there was at least one, every gate passed, and every
+    planned run completed (a campaign with runs missing proves nothing about them)."""
 
     campaign: str
     passed: bool
     gates: list[GateResult]
     incomplete_runs: list[str]
+
+    def exit_code(self) -> int:
+        """0 pass; 3 when runs are missing or failed and no gate failed on complete data; else 1."""
+        if self.passed:
+            return EXIT_OK
+        if (
+            self.incomplete_runs
+            and self.gates
+            and all(g.passed or g.incomplete for g in self.gates)
+        ):
+            return EXIT_INFRASTRUCTURE
+        return EXIT_GATE_FAILED
 
     def to_json(self) -> dict[str, Any]:
         """The ``verdict.json`` payload."""
@@ -92,8 +112,21 @@ def _cells(gate: Gate, analysis: CampaignAnalysis, *, treatments_only: bool) -> 
 
 
 def _incomplete(runs: pd.DataFrame, cells: list[str]) -> list[str]:
+    """Runs of the cells and of their comparisons (the control's blocks) that did not complete."""
     subset = runs[runs["cell"].isin(cells) | runs["comparison"].isin(cells)]
     return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
+
+
+def _incomplete_of(runs: pd.DataFrame, cell: str) -> list[str]:
+    """Runs of one cell that did not complete: outputs of a run that never finished are unknown,
+    so the other runs' outputs cannot stand in for them."""
+    subset = runs[runs["cell"] == cell]
+    return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
+
+
+def _listed(items: list[str], most: int = 5) -> str:
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
 
 
 def _required(fraction: str | int, n: int) -> int:
@@ -108,8 +141,20 @@ def _required(fraction: str | int, n: int) -> int:
 def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
     name = _gate_name(gate)
     reference = gate.vs or analysis.card.control
+    if reference is None:
+        return GateResult(gate.kind, name, False, "no reference cell: name one with `vs`")
+    missing_reference = _incomplete_of(analysis.runs, reference)
+    if missing_reference:
+        return GateResult(
+            gate.kind,
+            name,
+            False,
+            f"reference {reference}: runs not complete ({_listed(missing_reference)})",
+            {"reference": reference, "incomplete": missing_reference},
+            incomplete=True,
+        )
     outputs = analysis.outputs
-    if outputs.empty or reference is None:
+    if outputs.empty:
         return GateResult(gate.kind, name, False, "no outputs recorded (no completed runs)")
     outputs = outputs[outputs["phase"] != "quality"]
     ref = outputs[(outputs["cell"] == reference) & outputs["ok"]]
@@ -119,9 +164,11 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
     ref_flaky = ref.groupby("prompt_id")["output_sha256"].nunique()
     evidence: dict[str, Any] = {"reference": reference, "cells": {}}
     failures = []
+    on_data = False  # a failure on complete data, not only on missing runs
     for cell in _cells(gate, analysis, treatments_only=True):
         if cell == reference:
             continue
+        missing_runs = _incomplete_of(analysis.runs, cell)
         mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
         matched, mismatched, allowed, missing = [], [], [], []
         for prompt_id, expected in ref_hash.items():
@@ -145,8 +192,12 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             "allowed_mismatches": allowed,
             "missing": missing,
             "flaky_in_reference": sorted(str(p) for p, k in ref_flaky.items() if k > 1),
+            "incomplete": missing_runs,
         }
-        if not ok:
+        if missing_runs:
+            failures.append(f"{cell}: runs not complete ({_listed(missing_runs)})")
+        elif not ok:
+            on_data = True
             detail = f"{cell}: {len(matched)}/{n} match {reference}, need {need}"
             if mismatched:
                 detail += f"; differ: {', '.join(mismatched[:5])}"
@@ -154,7 +205,9 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
                 detail += f"; missing outputs for {len(missing)} prompts"
             failures.append(detail)
     if failures:
-        return GateResult(gate.kind, name, False, "; ".join(failures), evidence)
+        return GateResult(
+            gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
+        )
     summary = ", ".join(
         f"{c}: {e['matched']}/{e['n']}"
         + (f" (+{len(e['allowed_mismatches'])} allowed)" if e["allowed_mismatches"] else "")
@@ -175,7 +228,11 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
         incomplete = _incomplete(runs, cells)
         if incomplete:
             return GateResult(
-                gate.kind, name, False, f"runs not complete: {', '.join(incomplete[:5])}"
+                gate.kind,
+                name,
+                False,
+                f"runs not complete: {', '.join(incomplete[:5])}",
+                incomplete=True,
             )
         values = {}
         for row in subset.itertuples():
@@ -198,7 +255,15 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
     evidence = {"values": values}
     if breaches:
         worst = ", ".join(f"{run}={value:g}" for run, value in list(breaches.items())[:5])
-        return GateResult(gate.kind, name, False, f"out of bounds: {worst}", evidence)
+        # Too many failed runs is still a matter of runs that did not complete.
+        return GateResult(
+            gate.kind,
+            name,
+            False,
+            f"out of bounds: {worst}",
+            evidence,
+            incomplete=gate.counter == "failed_runs",
+        )
     top = max(values.values()) if values else 0.0
     return GateResult(
         gate.kind, name, True, f"{len(values)} runs within bounds (max {top:g})", evidence
@@ -243,10 +308,25 @@ def _describe(row: dict[str, Any]) -> str:
     return text
 
 
+def _unrecorded(runs: pd.DataFrame, cell: str, state: str, metric: str) -> list[str]:
+    """Completed runs of a comparison (the cell's and its control's) without the metric."""
+    subset = runs[
+        (runs["cell"].eq(cell) | runs["comparison"].eq(cell))
+        & runs["cache_state"].eq(state)
+        & runs["status"].eq("ok")
+    ]
+    if metric not in subset.columns:
+        return [str(r) for r in subset["run_id"]]
+    values = pd.to_numeric(subset[metric], errors="coerce")
+    return [str(r) for r in subset.loc[~np.isfinite(values), "run_id"]]
+
+
 def _better_in(
     analysis: CampaignAnalysis, cells: list[str], states: list[str], metric: str
-) -> tuple[bool, list[str], dict[str, Any]]:
-    reasons, evidence, ok = [], {}, True
+) -> tuple[bool, list[str], dict[str, Any], bool]:
+    """Whether every cell is better in every state, the reasons, the evidence, and whether any
+    failure rests on complete data (not only on runs that are missing or failed)."""
+    reasons, evidence, ok, on_data = [], {}, True, False
     for cell in cells:
         incomplete = _incomplete(analysis.runs, [cell])
         for state in states:
@@ -256,13 +336,25 @@ def _better_in(
                 ok = False
                 reasons.append(f"{key}: runs not complete ({', '.join(incomplete[:3])})")
                 continue
+            # A run without the metric drops its cycle from the comparison; the rest would
+            # decide on less than the card asked for, so the gate fails and names the runs.
+            unrecorded = _unrecorded(analysis.runs, cell, state, metric)
+            if unrecorded:
+                ok, on_data = False, True
+                reasons.append(
+                    f"{key}: {metric} was not recorded for runs {', '.join(unrecorded[:3])}"
+                    + (f" and {len(unrecorded) - 3} more" if len(unrecorded) > 3 else "")
+                    + " (the runtime does not report what it needs, or it is undefined for"
+                    " the run), so the cell cannot be compared on it"
+                )
+                continue
             if row is None:
-                ok = False
+                ok, on_data = False, True
                 reasons.append(f"{key}: no comparison on {metric} (no complete cycle)")
                 continue
             evidence[key] = {k: row[k] for k in ("ratio", "ci_low", "ci_high", "label", "n_cycles")}
             if row["label"] != "better":
-                ok = False
+                ok, on_data = False, True
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
                 if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
@@ -270,15 +362,16 @@ def _better_in(
                 reasons.append(f"{key}: {_describe(row)}{more}")
             else:
                 reasons.append(f"{key}: {_describe(row)}")
-    return ok, reasons, evidence
+    return ok, reasons, evidence, on_data
 
 
 def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:
     cells = _cells(gate, analysis, treatments_only=True)
-    ok, reasons, evidence = _better_in(
+    ok, reasons, evidence, on_data = _better_in(
         analysis, cells, list(analysis.card.design.cache_states), gate.metric
     )
-    return GateResult(gate.kind, _gate_name(gate), ok, "; ".join(reasons), evidence)
+    incomplete = not ok and not on_data
+    return GateResult(gate.kind, _gate_name(gate), ok, "; ".join(reasons), evidence, incomplete)
 
 
 def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
@@ -286,12 +379,13 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
     if not metrics:
         return GateResult(gate.kind, _gate_name(gate), False, "no metric to check: add `metrics`")
     cells = _cells(gate, analysis, treatments_only=True)
-    all_ok = True
+    all_ok, any_on_data = True, False
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
     for metric in metrics:
-        ok, why, ev = _better_in(analysis, cells, list(gate.cache_states), metric)
+        ok, why, ev, on_data = _better_in(analysis, cells, list(gate.cache_states), metric)
         all_ok &= ok
+        any_on_data |= on_data
         reasons.extend(f"{metric} {r}" for r in why if not ok or "better" in r)
         evidence[metric] = ev
     summary = (
@@ -299,13 +393,18 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
         if not all_ok
         else (f"better in every state ({', '.join(gate.cache_states)}) on {', '.join(metrics)}")
     )
-    return GateResult(gate.kind, _gate_name(gate), all_ok, summary, evidence)
+    incomplete = not all_ok and not any_on_data
+    return GateResult(gate.kind, _gate_name(gate), all_ok, summary, evidence, incomplete)
 
 
 def _check(check: dict[str, Any], text: str) -> bool:
+    """Whether ``text`` passes a quality check; an invalid check (see ``check_problems``) passes
+    nothing."""
+    if check_problems(check):
+        return False
     kind = check.get("kind")
     if kind == "regex":
-        return re.search(str(check.get("pattern", "")), text) is not None
+        return re.search(str(check["pattern"]), text) is not None
     try:
         value = json.loads(text.strip())
     except json.JSONDecodeError:
@@ -315,21 +414,40 @@ def _check(check: dict[str, Any], text: str) -> bool:
     return _matches_schema(value, check.get("schema", {}))
 
 
+_SCHEMA_TYPES: dict[str, type | tuple[type, ...]] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "number": (int, float),
+    "integer": int,
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality of JSON values: Python's bool is an int (True == 1), JSON's boolean is not."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
 def _matches_schema(value: Any, schema: dict[str, Any]) -> bool:
     """The JSON-schema subset quality checks use: type, required, properties, enum."""
-    types: dict[str, type | tuple[type, ...]] = {
-        "object": dict,
-        "array": list,
-        "string": str,
-        "number": (int, float),
-        "integer": int,
-        "boolean": bool,
-        "null": type(None),
-    }
     expected = schema.get("type")
-    if expected is not None and not isinstance(value, types.get(expected, object)):
-        return False
-    if "enum" in schema and value not in schema["enum"]:
+    if expected is not None:
+        if expected not in _SCHEMA_TYPES:
+            return False  # an unknown type accepts nothing (loading refuses it)
+        if not isinstance(value, _SCHEMA_TYPES[expected]):
+            return False
+        # A JSON boolean parses to a Python bool, which isinstance counts as an int.
+        if isinstance(value, bool) and expected in ("integer", "number"):
+            return False
+    if "enum" in schema and not any(_json_equal(value, item) for item in schema["enum"]):
         return False
     if isinstance(value, dict):
         if any(key not in value for key in schema.get("required", [])):
@@ -346,6 +464,14 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
     if not path.is_file():
         return GateResult(gate.kind, name, False, "no quality suite was run in this campaign")
     suite = {p["id"]: p for p in read_json(path)["prompts"]}
+    # Loading refuses invalid checks; a campaign recorded before that may still hold one.
+    invalid = [
+        f"quality check of prompt {prompt_id} is invalid: {'; '.join(problems)}"
+        for prompt_id, prompt in suite.items()
+        if (problems := check_problems(prompt.get("check")))
+    ]
+    if invalid:
+        return GateResult(gate.kind, name, False, "; ".join(invalid))
     outputs = analysis.outputs
     outputs = outputs[outputs["phase"] == "quality"] if not outputs.empty else outputs
     failures: list[str] = []
@@ -362,14 +488,29 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
                 passed.append(prompt_id)
         return passed
 
+    cells = _cells(gate, analysis, treatments_only=gate.vs is not None)
+    # A run that did not complete has unknown answers; the cell's other runs cannot stand in.
+    missing = {
+        c: _incomplete_of(analysis.runs, c) for c in [*cells, *([gate.vs] if gate.vs else [])]
+    }
+    on_data = False
     floor = len(passing(gate.vs)) if gate.vs else 0
-    for cell in _cells(gate, analysis, treatments_only=gate.vs is not None):
+    if gate.vs and missing[gate.vs]:
+        # No floor from a partial reference; the cells still have to meet min_pass.
+        floor = 0
+        failures.append(f"reference {gate.vs}: runs not complete ({_listed(missing[gate.vs])})")
+    for cell in cells:
+        if missing[cell]:
+            failures.append(f"{cell}: runs not complete ({_listed(missing[cell])})")
+            continue
         passed = passing(cell)
         need = max(_required(gate.min_pass, len(suite)), floor)
         evidence[cell] = {"passed": len(passed), "n": len(suite), "required": need}
         if gate.vs:
-            evidence[cell]["reference"] = {"cell": gate.vs, "passed": floor}
+            known = None if missing[gate.vs] else floor  # a partial reference proves nothing
+            evidence[cell]["reference"] = {"cell": gate.vs, "passed": known}
         if len(passed) < need:
+            on_data = True
             failed = sorted(set(suite) - set(passed))
             against = f" ({gate.vs} passes {floor})" if gate.vs else ""
             failures.append(
@@ -377,7 +518,9 @@ def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
                 f"(failing: {', '.join(failed[:5])})"
             )
     if failures:
-        return GateResult(gate.kind, name, False, "; ".join(failures), evidence)
+        return GateResult(
+            gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
+        )
     return GateResult(gate.kind, name, True, "every cell passes the quality suite", evidence)
 
 
@@ -389,15 +532,25 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
     evidence: dict[str, dict[str, Any]] = {}
     if runs.empty:
         return GateResult(gate.kind, name, False, "no soak run in the campaign")
+    not_complete = 0
     for row in runs.itertuples():
         key = str(row.run_id)
         if row.status != "ok":
             problems.append(f"{key}: {row.status}: {getattr(row, 'reason', '')}")
+            not_complete += 1
             continue
-        duration = getattr(row, "ring_duration_s", None)
-        if duration is None or (isinstance(duration, float) and math.isnan(duration)):
-            duration = float(str(row.ended_at)) - float(str(row.started_at))
-        lost = int(getattr(row, "ring_lost", 0) or 0)
+        duration = _number(getattr(row, "ring_duration_s", None))
+        lost_value = _number(getattr(row, "ring_lost", None))
+        if duration is None or lost_value is None:
+            # end - start would count the boot as served, and nothing counted the losses: the
+            # soak's claims rest on the ring, so without one the gate cannot be shown to hold.
+            evidence[key] = {"duration_s": None, "lost_ring_records": None}
+            problems.append(
+                f"{key}: no ring records: duration, lost records and inter-token p99 cannot be "
+                "shown (the runtime's ring was not collected)"
+            )
+            continue
+        lost = int(lost_value)
         p99 = getattr(row, "ring_itl_p99_ms", None)
         raw_boots = getattr(row, "boots", None)
         boots = (
@@ -418,7 +571,7 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
             problems.append(f"{key}: {lost} ring records lost")
         if gate.itl_p99_ms_max is not None:
             if p99 is None or (isinstance(p99, float) and math.isnan(p99)):
-                problems.append(f"{key}: no inter-token p99 (no ring)")
+                problems.append(f"{key}: no inter-token p99 (no decode steps in the ring)")
             elif p99 > gate.itl_p99_ms_max:
                 problems.append(f"{key}: inter-token p99 {p99:.2f} ms > {gate.itl_p99_ms_max:g} ms")
         if gate.rss_growth_pct_max is not None:
@@ -428,10 +581,20 @@ def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
             elif growth > gate.rss_growth_pct_max:
                 problems.append(f"{key}: RSS grew {growth:.1f}% > {gate.rss_growth_pct_max:g}%")
     if problems:
-        return GateResult(gate.kind, name, False, "; ".join(problems), evidence)
-    resumed_runs = sum(1 for e in evidence.values() if e["boots"] > 1)
+        only_incomplete = not_complete == len(problems)
+        return GateResult(
+            gate.kind, name, False, "; ".join(problems), evidence, incomplete=only_incomplete
+        )
+    resumed_runs = sum(1 for e in evidence.values() if e.get("boots", 1) > 1)
     note = f"; {resumed_runs} resumed across boots (not one process)" if resumed_runs else ""
     return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held{note}", evidence)
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from a run-table cell; None for a missing value (None or NaN)."""
+    if isinstance(value, int | float | np.integer | np.floating) and math.isfinite(float(value)):
+        return float(value)
+    return None
 
 
 def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:
@@ -470,18 +633,29 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         else:
             results.append(_lockstep(gate, analysis))
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
-    passed = bool(results) and all(r.passed for r in results)
+    passed = bool(results) and all(r.passed for r in results) and not incomplete
     return Verdict(analysis.card.campaign, passed, results, incomplete)
+
+
+def incomplete_text(verdict: Verdict) -> str:
+    """What the verdict says of a campaign with runs missing or failed, with the remedy."""
+    runs = verdict.incomplete_runs
+    return (
+        f"{len(runs)} planned run{'' if len(runs) == 1 else 's'} missing or failed "
+        f"({_listed(runs)}): the campaign cannot pass until they complete; "
+        "retry them with `harness run --resume DIR`"
+    )
 
 
 def write_verdict(verdict: Verdict, root: Path) -> None:
     """Write ``verdict.json`` and ``verdict.junit.xml`` for CI systems."""
     write_json_atomic(root / "verdict.json", verdict.to_json())
+    incomplete = bool(verdict.incomplete_runs)
     suite = ET.Element(
         "testsuite",
         name=f"harness.{verdict.campaign}",
-        tests=str(len(verdict.gates)),
-        failures=str(sum(not g.passed for g in verdict.gates)),
+        tests=str(len(verdict.gates) + incomplete),
+        failures=str(sum(not g.passed for g in verdict.gates) + incomplete),
     )
     for gate in verdict.gates:
         case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=gate.name)
@@ -490,6 +664,13 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
             failure.text = gate.reason
         else:
             ET.SubElement(case, "system-out").text = gate.reason
+    if incomplete:
+        # A CI reading only the test cases must not see a green suite for a partial campaign.
+        case = ET.SubElement(
+            suite, "testcase", classname="campaign.complete", name="every planned run completed"
+        )
+        text = incomplete_text(verdict)
+        ET.SubElement(case, "failure", message=text[:500]).text = text
     root_element = ET.Element("testsuites")
     root_element.append(suite)
     tree = ET.ElementTree(root_element)
@@ -497,4 +678,4 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
     tree.write(root / "verdict.junit.xml", encoding="utf-8", xml_declaration=True)
 
 
-__all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "write_verdict"]
+__all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "incomplete_text", "write_verdict"]

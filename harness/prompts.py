@@ -12,6 +12,14 @@ from harness.errors import BadInput
 
 _ALLOWED_KEYS = {"id", "domain", "split", "prompt", "messages", "max_tokens", "check"}
 _CHECK_KINDS = {"regex", "json_valid", "json_schema"}
+_CHECK_KEYS = {
+    "regex": ("kind", "pattern"),
+    "json_valid": ("kind",),
+    "json_schema": ("kind", "schema"),
+}
+# The JSON-schema subset the quality gate evaluates; anything else would be silently ignored.
+SCHEMA_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+SCHEMA_KEYWORDS = ("type", "required", "properties", "enum")
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,73 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().casefold()
 
 
+def check_problems(check: Any) -> list[str]:
+    """What is wrong with a quality check, each as ``field: message``; [] when it is valid.
+
+    A check that cannot fail (a regex without a pattern, an unknown schema type or keyword) would
+    pass every answer, so each is refused with what to write instead.
+    """
+    if not isinstance(check, dict) or check.get("kind") not in _CHECK_KINDS:
+        return [f"check.kind: must be one of {', '.join(sorted(_CHECK_KINDS))}"]
+    kind = str(check["kind"])
+    allowed = _CHECK_KEYS[kind]
+    problems = [
+        f"check.{key}: unknown key for a {kind} check; it takes: {', '.join(allowed)}"
+        for key in check
+        if key not in allowed
+    ]
+    if kind == "regex":
+        pattern = check.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            problems.append(
+                "check.pattern: a regex check needs a `pattern` (a regular expression string); "
+                "without one it would match every answer"
+            )
+        else:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                problems.append(f"check.pattern: not a regular expression: {exc}")
+    elif kind == "json_schema":
+        schema = check.get("schema")
+        if not isinstance(schema, dict):
+            problems.append("check.schema: a json_schema check needs a `schema` (a mapping)")
+        else:
+            problems.extend(_schema_problems(schema, "check.schema"))
+    return problems
+
+
+def _schema_problems(schema: dict[str, Any], where: str) -> list[str]:
+    problems = [
+        f"{where}.{key}: not supported (quality checks know {', '.join(SCHEMA_KEYWORDS)}): "
+        "it would be ignored"
+        for key in schema
+        if key not in SCHEMA_KEYWORDS
+    ]
+    kind = schema.get("type")
+    if kind is not None and kind not in SCHEMA_TYPES:
+        problems.append(f"{where}.type: unknown type {kind!r}; one of {', '.join(SCHEMA_TYPES)}")
+    required = schema.get("required")
+    if required is not None and not (
+        isinstance(required, list) and all(isinstance(name, str) for name in required)
+    ):
+        problems.append(f"{where}.required: must be a list of property names")
+    enum = schema.get("enum")
+    if enum is not None and not isinstance(enum, list):
+        problems.append(f"{where}.enum: must be a list of allowed values")
+    properties = schema.get("properties")
+    if properties is not None:
+        if not isinstance(properties, dict):
+            problems.append(f"{where}.properties: must map property names to schemas")
+        else:
+            for name, sub in properties.items():
+                if isinstance(sub, dict):
+                    problems.extend(_schema_problems(sub, f"{where}.properties.{name}"))
+                else:
+                    problems.append(f"{where}.properties.{name}: must be a schema (a mapping)")
+    return problems
+
+
 def _parse_line(raw: dict[str, Any], where: str) -> tuple[Prompt | None, list[str]]:
     problems = []
     unknown = set(raw) - _ALLOWED_KEYS
@@ -61,8 +136,8 @@ def _parse_line(raw: dict[str, Any], where: str) -> tuple[Prompt | None, list[st
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         problems.append(f"{where}: `max_tokens` must be a positive integer")
     check = raw.get("check")
-    if check is not None and (not isinstance(check, dict) or check.get("kind") not in _CHECK_KINDS):
-        problems.append(f"{where}: `check.kind` must be one of {sorted(_CHECK_KINDS)}")
+    if check is not None:
+        problems.extend(f"{where}: {problem}" for problem in check_problems(check))
     if problems:
         return None, problems
     prompt = Prompt(

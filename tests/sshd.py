@@ -7,17 +7,20 @@ except that sshd insists on its privilege-separation directory (``/run/sshd``) e
 runs as root, which Debian's service unit normally creates at boot.
 
 Test modules use the session fixture by importing it: ``from tests.sshd import sshd``.
+``sshd_with_path`` starts another one whose sessions lack some commands (``timeout``, ``perl``),
+to stand for a box such as stock macOS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,10 +88,11 @@ def _keygen(path: Path, comment: str) -> str:
     return path.with_suffix(".pub").read_text(encoding="utf-8").strip()
 
 
-def _config_text(directory: Path, port: int) -> str:
+def _config_text(directory: Path, port: int, extra: Sequence[str] = ()) -> str:
     # Every path is absolute and inside `directory`; nothing reads the system sshd_config.
     return "\n".join(
         [
+            *extra,
             "ListenAddress 127.0.0.1",
             f"Port {port}",
             f"HostKey {directory / 'host_ed25519'}",
@@ -126,8 +130,13 @@ def _wait_listening(process: subprocess.Popen[bytes], port: int, timeout_s: floa
     return False
 
 
-def start_sshd(directory: Path) -> tuple[LoopbackSshd, subprocess.Popen[bytes]]:
-    """Write keys and config into ``directory`` and start sshd on a free loopback port."""
+def start_sshd(
+    directory: Path, extra_config: Sequence[str] = ()
+) -> tuple[LoopbackSshd, subprocess.Popen[bytes]]:
+    """Write keys and config into ``directory`` and start sshd on a free loopback port.
+
+    ``extra_config`` lines go first in ``sshd_config`` (e.g. ``SetEnv PATH=…`` for a box whose
+    sessions see a different PATH)."""
     binary = find_sshd()
     if binary is None:
         raise SshdError(
@@ -146,7 +155,7 @@ def start_sshd(directory: Path) -> tuple[LoopbackSshd, subprocess.Popen[bytes]]:
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = _free_loopback_port()
         config = directory / "sshd_config"
-        config.write_text(_config_text(directory, port), encoding="utf-8")
+        config.write_text(_config_text(directory, port, extra_config), encoding="utf-8")
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [binary, "-D", "-e", "-f", str(config)],
@@ -183,6 +192,32 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def sshd_with_path(directory: Path, hidden: Sequence[str]) -> Iterator[LoopbackSshd]:
+    """A loopback sshd whose sessions' PATH holds every command of this machine's PATH except
+    ``hidden`` (e.g. ``timeout``, to stand for a stock macOS box); stopped on exit."""
+    bin_dir = directory / "bin"
+    bin_dir.mkdir(parents=True)
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for entry in sorted(os.listdir(folder)):
+            target = Path(folder) / entry
+            link = bin_dir / entry
+            if entry in hidden or link.exists() or link.is_symlink():
+                continue
+            if target.is_file() and os.access(target, os.X_OK):
+                link.symlink_to(target)
+    try:
+        server, process = start_sshd(directory / "sshd", [f"SetEnv PATH={bin_dir}"])
+    except (SshdError, subprocess.CalledProcessError, OSError) as exc:
+        pytest.fail(f"loopback sshd unavailable: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        stop_process(process)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,9 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import BoxError
-from harness.execute.boxes import Box, LocalBox, SshBox, shell_command
+from harness.execute.boxes import Box, CommandResult, LocalBox, SshBox, shell_command
+from harness.execute.preflight import check_box
 from harness.profiles import BoxSpec
-from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
+from tests.sshd import LoopbackSshd, sshd, sshd_with_path  # noqa: F401 - the session fixture
 
 # A tiny program that records exactly what it was given: argv and the named env variables.
 RECORDER = (
@@ -319,3 +321,62 @@ def test_missing_known_hosts_file_is_an_error(sshd: LoopbackSshd, tmp_path: Path
     box = SshBox("loopback", _spec(sshd), known_hosts=[tmp_path / "absent"])
     with pytest.raises(BoxError, match="does not exist"):
         box.sh("true")
+
+
+# ---- the remote guard without coreutils' timeout (stock macOS) ----------------------------------
+
+
+def test_commands_are_guarded_without_timeout_or_gtimeout(tmp_path: Path) -> None:
+    # A box like stock macOS: no `timeout`, no `gtimeout`; perl enforces the deadline instead.
+    with sshd_with_path(tmp_path / "box", hidden=("timeout", "gtimeout")) as server:
+        box = SshBox("bare", _spec(server), known_hosts=[server.known_hosts])
+        try:
+            assert box.sh("command -v timeout gtimeout", check=False).code != 0
+            # The guard is the command's parent, so this reads its name.
+            assert box.sh("ps -o comm= -p $PPID").stdout.strip() == "perl"
+            assert box.sh("echo out; echo err >&2; exit 3", check=False) == CommandResult(
+                3, "out\n", "err\n"
+            )
+            assert box.sh("kill -TERM $$", check=False).code == 128 + signal.SIGTERM
+            pid_file = tmp_path / "sleep.pid"
+            started = time.monotonic()
+            with pytest.raises(BoxError, match=r"timed out after 1 s \(killed there\)"):
+                box.sh(f"sleep 120 & echo $! > {pid_file}; wait", timeout_s=1)
+            assert time.monotonic() - started < 10  # the guard's deadline, not the local slack
+            pid = int(pid_file.read_text())
+            deadline = time.monotonic() + 10
+            while _alive_not_zombie(box, pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _alive_not_zombie(box, pid), "the timed-out command's child still runs"
+            # A command that ignores TERM gets KILL after the grace.
+            started = time.monotonic()
+            with pytest.raises(BoxError, match="timed out"):
+                box.sh("trap '' TERM; sleep 30", timeout_s=1)
+            assert time.monotonic() - started < 15
+            # A server started in the background outlives the guard of the command that started it.
+            server_pid = box.start_background(["sleep", "60"], {}, None, str(tmp_path / "bg.log"))
+            assert box.group_alive(server_pid)
+            box.signal_group(server_pid, "KILL")
+            assert _wait_gone(box, server_pid)
+            guard = {c.name: c for c in check_box("bare", box.spec, box=box)}["remote timeout"]
+            assert guard.ok and "perl enforces the deadline" in guard.detail, guard
+        finally:
+            box.close()
+
+
+def test_a_box_with_no_way_to_guard_commands_is_refused_with_the_remedy(tmp_path: Path) -> None:
+    with sshd_with_path(tmp_path / "box", hidden=("timeout", "gtimeout", "perl")) as server:
+        box = SshBox("bare", _spec(server), known_hosts=[server.known_hosts])
+        marker = tmp_path / "ran"
+        try:
+            with pytest.raises(BoxError) as caught:
+                box.sh(f"touch {marker}")
+            (reach,) = check_box("bare", box.spec, box=box)
+        finally:
+            box.close()
+    assert reach.name == "reachable" and not reach.ok
+    assert reach.fix == "install coreutils (macOS: `brew install coreutils`) or perl on the box"
+    assert not marker.exists(), "an unguarded command ran"
+    message = str(caught.value)
+    assert "cannot guard commands: neither timeout, gtimeout nor perl" in message
+    assert "install coreutils (macOS: `brew install coreutils`) or perl on the box" in message

@@ -26,6 +26,12 @@ TINY = DATA / "cards" / "e2e" / "tiny.yaml"
 pytestmark = pytest.mark.slow
 CONTROL = 'control:\n    env: {REFBOX_LAYERS: "2"'
 WIDE = 'wide:\n    env: {REFBOX_LAYERS: "2"'
+# The tiny card's two cells run one after the other, each once per cache state.
+SEQUENTIAL = {
+    "control: control\n": "",
+    "order: abba": "order: sequential",
+    "{kind: exact_outputs, min_match: all}": "{kind: exact_outputs, vs: control}",
+}
 
 
 def _card_with(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
@@ -262,13 +268,21 @@ def _resident_bytes(path: Path) -> int:
 
 
 def test_cold_state_evicts_the_runtime_files_from_the_page_cache(tmp_path: Path) -> None:
+    # The refbox writes its slow tier at its first boot: the warm runs come first.
     card = _card_with(
-        tmp_path,
-        "cold.yaml",
-        {"cache_states: [warm]": "cache_states: [cold]", "cycles: 1": "cycles: 1"},
+        tmp_path, "cold.yaml", {**SEQUENTIAL, "cache_states: [warm]": "cache_states: [warm, cold]"}
     )
     campaign, done, failed = _run(card, tmp_path / "reports")
     assert failed == [] and len(done) == 4
+    records = [json.loads((campaign.run_dir(r) / "run.json").read_text()) for r in done]
+    assert [r["cache_state"] for r in records] == ["warm", "warm", "cold", "cold"]
+    cache = f"{campaign.root.resolve()}/box/cache/refbox-slow-"
+    for record in records:
+        evicted = record["runtime"].get("evicted", [])
+        if record["cache_state"] == "cold":
+            assert evicted and all(p.startswith(cache) for p in evicted), record["runtime"]
+        else:
+            assert evicted == []
     slow_files = list((campaign.root / "box" / "cache").glob("refbox-slow-*.bin"))
     assert slow_files, "the refbox keeps its slow tier in the box cache folder"
     box = LocalBox("local", BoxSpec())
@@ -277,5 +291,50 @@ def test_cold_state_evicts_the_runtime_files_from_the_page_cache(tmp_path: Path)
     assert _resident_bytes(path) > 0
     assert box.evict_from_page_cache([str(path)])
     assert _resident_bytes(path) == 0
-    warm = [json.loads((campaign.run_dir(r) / "run.json").read_text()) for r in done]
-    assert {r["cache_state"] for r in warm} == {"cold"}
+
+
+def test_a_cold_run_with_nothing_to_evict_fails(tmp_path: Path) -> None:
+    # Cold first: no boot has written the refbox's slow tier yet, so there is nothing to evict
+    # and the run would be warm. It fails (before booting) instead of running warm silently.
+    card = _card_with(tmp_path, "cold-first.yaml", {"cache_states: [warm]": "cache_states: [cold]"})
+    campaign, done, failed = _run(card, tmp_path / "reports")
+    assert done == [] and len(failed) == 4
+    pattern = f"{campaign.root.resolve()}/box/cache/refbox-slow-*.bin"
+    for run_id in failed:
+        record = json.loads((campaign.run_dir(run_id) / "run.json").read_text())
+        assert record["reason"].startswith(
+            f"cold run could not evict: no file matched {pattern} (the profile's cache_files)"
+        ), record["reason"]
+        assert "put `warm` before `cold` in design.cache_states" in record["reason"]
+        assert "boot_s" not in record["runtime"]  # refused before any boot
+
+
+def test_a_declared_ring_that_was_not_collected_fails_the_run(tmp_path: Path) -> None:
+    # The profile looks for the ring where the runtime does not write it. The good run fails for
+    # it; the run that failed anyway says so as well, so no reader takes the absence for zero.
+    profile = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text(encoding="utf-8")
+    declared = 'ring: {path: "{run_dir}/ring.bin", header: true}'
+    assert declared in profile
+    profile = profile.replace("name: refbox", "name: misplaced-ring").replace(
+        declared, 'ring: {path: "{run_dir}/elsewhere.bin", header: true}'
+    )
+    (tmp_path / "runtimes").mkdir()
+    (tmp_path / "runtimes" / "misplaced-ring.yaml").write_text(profile, encoding="utf-8")
+    card = _card_with(
+        tmp_path,
+        "ringless.yaml",
+        {
+            **SEQUENTIAL,
+            "runtime: refbox": "runtime: misplaced-ring",
+            WIDE: 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "12", REFBOX_LAYERS: "2"',
+        },
+    )
+    campaign, done, failed = _run(card, tmp_path / "reports")
+    assert done == [] and len(failed) == 2
+    good, crashed = (json.loads((campaign.run_dir(r) / "run.json").read_text()) for r in failed)
+    assert good["cell"] == "control" and crashed["cell"] == "wide"
+    missing = f"the runtime wrote no ring at {campaign.root.resolve()}/box/"
+    assert good["status"] == "failed"
+    assert good["reason"].startswith("collecting telemetry failed: " + missing), good["reason"]
+    assert crashed["status"] == "failed" and "requests failed" in crashed["reason"]
+    assert "; telemetry not collected: " + missing in crashed["reason"], crashed["reason"]

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
+from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
-from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
+from harness.gate import GateResult, Verdict, _check, evaluate_gates, write_verdict
 from harness.plan import build_plan
 from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.telemetry import RingGeometry, RingWriter
@@ -55,7 +56,6 @@ class Synth:
     counters: Callable[[Run], dict[str, float]] = lambda run: dict(COUNTERS)
     quality: Callable[[Run, str], str] | None = None  # quality-suite output per prompt id
     quality_ids: tuple[str, ...] | None = None  # default: the card's quality pool
-    ring_lost: Callable[[Run], int] = lambda run: 0
     ring: Callable[[Run], tuple[int, int, float] | None] = lambda run: None
     noise_sd: float = 0.003  # seeded per-request noise on the log scale
     extra: dict[str, Any] = field(default_factory=dict)
@@ -173,7 +173,7 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
             write_json_atomic(
                 folder / "counters.json", {"before": {}, "after": dict(delta), "delta": delta}
             )
-        ring_lost = synth.ring_lost(run)
+        ring_lost = 0
         ring_spec = synth.ring(run)
         if ring_spec is not None and status == RUN_OK:
             ring_lost = _write_ring(folder, *ring_spec)
@@ -265,7 +265,7 @@ def test_exact_outputs_fail_closed_when_the_cell_has_no_outputs(tmp_path: Path) 
     synth = Synth(status=lambda run: "failed" if run["cell"] == "treat" else RUN_OK)
     result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: 1/4}", synth))
     assert not result.passed
-    assert "missing outputs for 4 prompts" in result.reason
+    assert result.reason.startswith("treat: runs not complete (0001-treat-c0-warm-s1-r0 (failed)")
     assert result.evidence["cells"]["treat"]["missing"] == list(HELDOUT)
 
 
@@ -273,14 +273,17 @@ def test_exact_outputs_fail_closed_without_reference_outputs(tmp_path: Path) -> 
     synth = Synth(status=lambda run: None if run["cell"] == "control" else RUN_OK)
     result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: 1/4}", synth))
     assert not result.passed
-    assert result.reason == "reference cell 'control' has no outputs"
+    assert result.reason == (
+        "reference control: runs not complete "
+        "(0000-control-c0-warm-s0-r0 (missing), 0003-control-c0-warm-s3-r0 (missing))"
+    )
 
 
 def test_exact_outputs_fail_closed_with_no_completed_run(tmp_path: Path) -> None:
     synth = Synth(status=lambda run: None)
     verdict = verdict_of(tmp_path, "  - {kind: exact_outputs}", synth)
     assert not only(verdict).passed
-    assert "no outputs recorded" in only(verdict).reason
+    assert "reference control: runs not complete" in only(verdict).reason
     assert len(verdict.incomplete_runs) == 4 and not verdict.passed
 
 
@@ -299,6 +302,23 @@ def test_exact_outputs_against_a_named_reference_cell(tmp_path: Path) -> None:
     )
     assert result.passed, result.reason
     assert list(result.evidence["cells"]) == ["c"] and result.evidence["reference"] == "b"
+
+
+@pytest.mark.parametrize(
+    ("failing", "who"),
+    [("0001", "treat: runs not complete (0001-treat-c0-warm-s1-r0 (failed))"),
+     ("0003", "reference control: runs not complete (0003-control-c0-warm-s3-r0 (failed))")],
+)  # fmt: skip
+def test_exact_outputs_fail_closed_on_a_failed_run_even_when_others_cover_every_prompt(
+    tmp_path: Path, failing: str, who: str
+) -> None:
+    # Every prompt still has outputs from the other runs; the failed run's outputs are unknown.
+    synth = Synth(status=lambda run: "failed" if run["run_id"].startswith(failing) else RUN_OK)
+    result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: all}", synth,
+                             cycles=2))  # fmt: skip
+    assert not result.passed
+    assert who in result.reason
+    assert result.incomplete
 
 
 # ---- counters --------------------------------------------------------------------------------
@@ -363,14 +383,31 @@ def test_counter_fails_closed_when_a_run_did_not_complete(tmp_path: Path) -> Non
     assert result.reason == "runs not complete: 0002-treat-c0-warm-s2-r0 (missing)"
 
 
-@pytest.mark.parametrize(("lost", "passed"), [(0, True), (5, False)])
-def test_counter_lost_ring_records(tmp_path: Path, lost: int, passed: bool) -> None:
-    synth = Synth(ring_lost=lambda run: lost if run["run_id"].startswith("0002") else 0)
+@pytest.mark.parametrize(("capacity", "lost", "passed"), [(4096, 0, True), (500, 101, False)])
+def test_counter_lost_ring_records(tmp_path: Path, capacity: int, lost: int, passed: bool) -> None:
+    # Run 0002's ring is written 601 times: a 500-slot ring loses 101 records before the read.
+    def ring(run: Run) -> tuple[int, int, float]:
+        return (601, capacity if run["run_id"].startswith("0002") else 4096, 5.0)
+
     result = only(
-        verdict_of(tmp_path, "  - {kind: counter, counter: lost_ring_records, max: 0}", synth)
+        verdict_of(
+            tmp_path, "  - {kind: counter, counter: lost_ring_records, max: 0}", Synth(ring=ring)
+        )
     )
     assert result.passed is passed, result.reason
     assert result.evidence["values"]["0002-treat-c0-warm-s2-r0"] == lost
+
+
+def test_counter_lost_ring_records_without_a_ring_fails_closed(tmp_path: Path) -> None:
+    # run.json says 0 records lost, but no ring was collected: 0 is not evidence.
+    synth = Synth(ring=lambda run: None if run["run_id"].startswith("0001") else (601, 4096, 5.0))
+    result = only(
+        verdict_of(tmp_path, "  - {kind: counter, counter: lost_ring_records, max: 0}", synth)
+    )
+    assert not result.passed
+    assert result.reason.startswith(
+        "lost_ring_records was not recorded for run 0001-treat-c0-warm-s1-r0"
+    )
 
 
 @pytest.mark.parametrize(("status", "passed"), [(RUN_OK, True), ("failed", False), (None, False)])
@@ -516,6 +553,31 @@ def test_better_fails_when_only_one_cycle_ran(tmp_path: Path) -> None:
     assert result.evidence["treat/warm"]["ci_low"] is None
 
 
+def _no_misses_for_treat(run: Run) -> dict[str, float]:
+    # A runtime that counts hits but not misses: the treatment's hit rate cannot be formed.
+    out = dict(COUNTERS)
+    if run["cell"] == "treat":
+        del out["misses"]
+    return out
+
+
+def test_hit_rate_without_a_misses_counter_is_not_recorded() -> None:
+    assert counter_metrics({"delta": {"hits": 600.0}})["hit_rate"] is None
+    assert counter_metrics({"delta": {"hits": 0.0, "misses": 0.0}})["hit_rate"] is None
+    assert counter_metrics({"delta": {"hits": 600.0, "misses": 0.0}})["hit_rate"] == 1.0
+    assert counter_metrics({"delta": {"hits": 600.0, "misses": 200.0}})["hit_rate"] == 0.75
+
+
+def test_better_hit_rate_fails_closed_without_misses(tmp_path: Path) -> None:
+    synth = Synth(counters=_no_misses_for_treat)
+    result = only(verdict_of(tmp_path, "  - {kind: better, metric: hit_rate}", synth, cycles=2))
+    assert not result.passed
+    assert result.reason.startswith("treat/warm: hit_rate was not recorded for runs 0001-treat-")
+    assert "so the cell cannot be compared on it" in result.reason
+    # The control reports both counters: only the treatment's runs are named.
+    assert "control" not in result.reason.split(" (")[0]
+
+
 # ---- survives ----------------------------------------------------------------------------------
 
 
@@ -626,6 +688,7 @@ def test_quality_passes_every_check_kind(tmp_path: Path) -> None:
         ("q-schema", '{"size": 3}'),  # required name missing
         ("q-schema", '{"name": 7}'),  # wrong type
         ("q-schema", '{"name": "x", "size": 1.5}'),  # integer expected
+        ("q-schema", '{"name": "x", "size": true}'),  # a boolean is not an integer
         ("q-schema", '{"name": "x", "mode": "medium"}'),  # not in the enum
         ("q-schema", '["name"]'),  # not an object
     ],
@@ -638,6 +701,43 @@ def test_quality_fails_a_check(tmp_path: Path, prompt_id: str, bad: str) -> None
     assert not result.passed
     assert result.reason == f"treat: 2/3 pass, need 3 (failing: {prompt_id})"
     assert result.evidence["control"]["passed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("schema", "answer", "matches"),
+    [
+        ({"type": "number"}, "1.5", True),
+        ({"type": "number"}, "3", True),
+        ({"type": "number"}, "false", False),  # JSON booleans are not numbers
+        ({"type": "integer"}, "true", False),
+        ({"type": "boolean"}, "true", True),
+        ({"enum": [1]}, "true", False),  # nor equal to 1
+        ({"enum": [1]}, "1.0", True),  # JSON numbers compare by value
+        ({"enum": [[0, 1]]}, "[false, true]", False),
+        ({"type": "int"}, "3", False),  # an unknown type accepts nothing
+    ],
+)
+def test_json_schema_checks_keep_booleans_apart(
+    schema: dict[str, Any], answer: str, matches: bool
+) -> None:
+    assert _check({"kind": "json_schema", "schema": schema}, answer) is matches
+
+
+def test_quality_fails_closed_on_an_invalid_check_in_the_campaign(tmp_path: Path) -> None:
+    # A quality.json from before checks were validated: a regex without a pattern matched all.
+    ids = tuple(str(p["id"]) for p in SUITE)
+    campaign = build_campaign(
+        tmp_path, _card_text("  - {kind: quality, min_pass: 1}"),
+        Synth(quality=_answers({}), quality_ids=ids),
+    )  # fmt: skip
+    suite = [{**SUITE[0], "check": {"kind": "regex"}}, *SUITE[1:]]
+    write_json_atomic(campaign.root / "quality.json", {"prompts": suite})
+    result = only(evaluate_gates(analyze_campaign(campaign.root)))
+    assert not result.passed and not result.incomplete
+    assert result.reason == (
+        "quality check of prompt q-ok is invalid: check.pattern: a regex check needs a `pattern` "
+        "(a regular expression string); without one it would match every answer"
+    )
 
 
 def test_quality_k_of_n_tolerates_a_failure(tmp_path: Path) -> None:
@@ -671,6 +771,30 @@ def test_quality_fails_closed_without_a_suite_or_answers(tmp_path: Path) -> None
                               Synth())  # fmt: skip
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed and "0/2 pass, need 1" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("gate", "missing", "who"),
+    [
+        ("{kind: quality, min_pass: 3/3}", "0002", "treat: runs not complete (0002-treat-"),
+        ("{kind: quality, min_pass: 1, vs: control}", "0000", "reference control: runs not"),
+    ],
+)
+def test_quality_fails_closed_on_a_missing_run(
+    tmp_path: Path, gate: str, missing: str, who: str
+) -> None:
+    ids = tuple(str(p["id"]) for p in SUITE)
+    synth = Synth(
+        quality=_answers({}),
+        quality_ids=ids,
+        status=lambda run: None if run["run_id"].startswith(missing) else RUN_OK,
+    )
+    campaign = build_campaign(tmp_path, _card_text(f"  - {gate}", cycles=2), synth)
+    write_json_atomic(campaign.root / "quality.json", {"prompts": SUITE})
+    result = only(evaluate_gates(analyze_campaign(campaign.root)))
+    assert not result.passed
+    assert who in result.reason and "(missing)" in result.reason
+    assert result.incomplete
 
 
 # ---- soak --------------------------------------------------------------------------------------
@@ -730,11 +854,19 @@ def test_soak_inter_token_p99_over_bound_fails(tmp_path: Path) -> None:
 
 
 def test_soak_without_a_ring_or_rss_fails_closed(tmp_path: Path) -> None:
-    no_ring = _soak(tmp_path / "a", "{kind: soak, min_duration_s: 5, itl_p99_ms_max: 50}", Synth())
-    assert not no_ring.passed
-    assert "no inter-token p99 (no ring)" in no_ring.reason
-    # The duration then comes from run.json (8 s), enough for 5 s.
-    assert "ran" not in no_ring.reason
+    # run.json spans 8 s and says 0 records lost; neither is evidence without the ring (the span
+    # includes the boot, and nothing counted the losses).
+    for gate in (
+        "{kind: soak, min_duration_s: 5}",
+        "{kind: soak, min_duration_s: 5, itl_p99_ms_max: 50}",
+    ):
+        no_ring = _soak(tmp_path / gate[-3:-1], gate, Synth())
+        assert not no_ring.passed and not no_ring.incomplete
+        assert no_ring.reason == (
+            "0000-soak-c0-warm-s0-r0: no ring records: duration, lost records and inter-token "
+            "p99 cannot be shown (the runtime's ring was not collected)"
+        )
+        assert no_ring.evidence["0000-soak-c0-warm-s0-r0"]["duration_s"] is None
     rss = _soak(tmp_path / "b", "{kind: soak, min_duration_s: 5, rss_growth_pct_max: 10}", _ring())
     assert not rss.passed
     assert "RSS was not sampled, so growth cannot be bounded" in rss.reason
@@ -846,6 +978,21 @@ def test_verdict_lists_incomplete_runs(tmp_path: Path) -> None:
     assert only(verdict).passed  # two incomplete runs are within this gate's bound
 
 
+def test_a_verdict_with_incomplete_runs_never_passes(tmp_path: Path) -> None:
+    # The gate tolerates two failed runs, but the campaign is still incomplete.
+    synth = Synth(status=lambda run: "failed" if run["run_id"].startswith("0001") else RUN_OK)
+    verdict = verdict_of(tmp_path, "  - {kind: counter, counter: failed_runs, max: 2}", synth)
+    assert only(verdict).passed and not verdict.passed
+    assert verdict.exit_code() == 3
+    write_verdict(verdict, tmp_path)
+    assert json.loads((tmp_path / "verdict.json").read_text())["passed"] is False
+    cases = ET.parse(tmp_path / "verdict.junit.xml").getroot().findall(".//testcase")
+    complete = [c for c in cases if c.get("classname") == "campaign.complete"]
+    assert len(complete) == 1
+    failure = complete[0].find("failure")
+    assert failure is not None and "0001-treat-c0-warm-s1-r0" in (failure.text or "")
+
+
 @pytest.mark.slow
 def test_cli_gate_exit_codes(tmp_path: Path) -> None:
     # One subprocess per exit code: each one also renders the HTML report, which takes seconds.
@@ -870,6 +1017,25 @@ def test_cli_gate_exit_codes(tmp_path: Path) -> None:
         assert (campaign.root / "verdict.junit.xml").is_file()
     verdict = json.loads((campaign.root / "verdict.json").read_text())
     assert verdict["incomplete_runs"] == ["0002-treat-c0-warm-s2-r0", "0005-control-c1-warm-s1-r0"]
+
+
+@pytest.mark.slow
+def test_cli_gate_never_exits_0_with_incomplete_runs(tmp_path: Path) -> None:
+    failed_run = Synth(status=lambda run: "failed" if run["run_id"].startswith("0001") else RUN_OK)
+    cases = {
+        # Every gate passes on the runs that completed: still not a pass, runs are missing (3).
+        "incomplete": ("  - {kind: exact_outputs, vs: control, cells: [control]}", 3),
+        # A gate that fails on complete data is a failure (1), whatever else is missing.
+        "also-failed": ("  - {kind: counter, counter: swaps, max: 0, cells: [control]}\n"
+                        "  - {kind: lockstep}", 1),
+    }  # fmt: skip
+    for name, (gates, code) in cases.items():
+        campaign = build_campaign(tmp_path / name, _card_text(gates, cycles=2), failed_run)
+        result = run_cli("gate", str(campaign.root))
+        assert result.code == code, f"{name}: {result.stdout}\n{result.stderr}"
+        assert "verdict: FAIL" in result.stdout
+        assert "0001-treat-c0-warm-s1-r0" in result.stdout, result.stdout
+        assert json.loads((campaign.root / "verdict.json").read_text())["passed"] is False
 
 
 def test_cli_gate_on_a_folder_that_is_not_a_campaign_is_bad_input(tmp_path: Path) -> None:

@@ -128,10 +128,12 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             row.update(status="missing", reason="never ran (resume the campaign)")
             rows.append(row)
             continue
+        # Records lost counts only beside a ring: run.json says 0 for a run with none.
+        has_ring = (campaign.run_dir(run_id) / "ring.parquet").is_file()
         row.update(
             status=record["status"],
             reason=record.get("reason", ""),
-            ring_lost=record.get("ring_lost", 0),
+            ring_lost=record.get("ring_lost") if has_ring else None,
             started_at=record.get("started_at"),
             ended_at=record.get("ended_at"),
         )

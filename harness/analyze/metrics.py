@@ -81,10 +81,13 @@ def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
 
     hits, misses = get("hits"), get("misses")
     lookups, cold = get("lookups"), get("cold_lookups")
+    # Both counters or no rate: a runtime that counts hits but not misses has no hit rate
+    # (reading the missing counter as 0 would report every lookup served from the fast tier).
+    hit_rate = None
+    if hits is not None and misses is not None and hits + misses:
+        hit_rate = hits / (hits + misses)
     return {
-        "hit_rate": hits / (hits + misses)
-        if hits is not None and misses and hits + misses
-        else (1.0 if hits and not misses else None),
+        "hit_rate": hit_rate,
         "cold_share": cold / lookups if cold is not None and lookups else None,
         "expert_loads": get("expert_loads"),
         "bytes_read": get("bytes_read"),

@@ -29,9 +29,10 @@ from harness.card.schema import (
     ExactOutputsGate,
     KnobValue,
     QualityGate,
+    SoakGate,
     SurvivesGate,
 )
-from harness.catalog import COUNTERS, METRICS
+from harness.catalog import COUNTERS, METRICS, RING_ONLY
 from harness.errors import BadInput, CardError
 from harness.profiles import BoxSpec, KnobSpec, RuntimeProfile
 from harness.prompts import Prompt, load_pool, normalise
@@ -232,6 +233,44 @@ def check_gates(card: Card, out: Problems) -> None:
             )
         if isinstance(gate, QualityGate) and card.prompts.quality is None:
             out.add(loc, "a quality gate needs `prompts.quality` (a pool with `check` per prompt)")
+
+
+def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problems) -> None:
+    """What the design and gates need from the runtime: a ring for ring-only figures and soaks,
+    files to evict for cold runs. Caught here, before any box is touched, because at run time
+    the missing data would only show up as a gate that can never pass (or, worse, a 0)."""
+    if runtime is None:
+        return
+    if "cold" in card.design.cache_states and not runtime.cache_files:
+        out.add(
+            ("design", "cache_states"),
+            f"cold runs need the runtime's files evicted, and runtime {runtime.name!r} declares no "
+            "`cache_files`: add `cache_files` (globs of the files it reads, e.g. the model) to "
+            "the profile, or drop `cold`",
+        )
+    if runtime.telemetry.ring is not None:
+        return
+    needs = (
+        f"needs a telemetry ring, and runtime {runtime.name!r} declares none (`telemetry.ring`): "
+        "drop the gate, or use a profile whose runtime writes a ring"
+    )
+    for index, gate in enumerate(card.gates):
+        loc: Loc = ("gates", index)
+        if isinstance(gate, CounterGate) and gate.counter in RING_ONLY:
+            out.add((*loc, "counter"), f"{gate.counter} {needs}")
+        if isinstance(gate, BetterGate) and gate.metric in RING_ONLY:
+            out.add((*loc, "metric"), f"{gate.metric} {needs}")
+        if isinstance(gate, SurvivesGate):
+            for metric in gate.metrics or []:
+                if metric in RING_ONLY:
+                    out.add((*loc, "metrics"), f"{metric} {needs}")
+        if isinstance(gate, SoakGate):
+            out.add(
+                loc,
+                "a soak gate needs a telemetry ring (duration, lost records and inter-token p99 "
+                f"come from it), and runtime {runtime.name!r} declares none (`telemetry.ring`): "
+                "use a profile whose runtime writes a ring",
+            )
 
 
 def check_prompts(card: Card, where: Locator, out: Problems) -> tuple[list[Prompt], list[Prompt]]:

@@ -17,6 +17,7 @@ from harness.card.checks import (
     check_cells,
     check_gates,
     check_prompts,
+    check_runtime_needs,
     resolve_box,
     resolve_runtime,
 )
@@ -124,6 +125,7 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
     runtime, runtime_file = resolve_runtime(card, where, problems)
     check_cells(card, runtime, where, problems)
     check_gates(card, problems)
+    check_runtime_needs(card, runtime, problems)
     prompts, quality = check_prompts(card, where, problems)
     if problems.lines or box is None or runtime is None:
         raise CardError(f"{doc.path}: invalid card", problems.lines)

@@ -5,8 +5,10 @@ tested on both paths: every argv item and env value is ``shlex.quote``-d, the en
 inline (sshd drops protocol env), and a background server is started with ``setsid nohup … &`` so
 its PID is also its process-group id and the whole group can be signalled.
 
-Over SSH every command runs under ``timeout`` on the box, because a command that times out here
-keeps running there; host keys are checked against known_hosts unless the box opts out.
+Over SSH every command runs under a guard on the box (``timeout``, ``gtimeout``, or perl where
+neither is installed, as on stock macOS), because a command that times out here keeps running
+there; a box with none of them is refused. Host keys are checked against known_hosts unless the
+box opts out.
 
 It stays whole past the ~500-line mark: the local and SSH boxes are one job, two sides of one
 interface over one shell text, and are best read side by side.
@@ -53,6 +55,41 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KILL_AFTER_S = 5
 # Extra seconds the local side waits beyond the remote guard before giving up on the channel.
 _LOCAL_SLACK_S = 15
+# coreutils' `timeout` where there is none (stock macOS has perl): the command runs in its own
+# process group, TERM goes to the whole group at the deadline and KILL after the grace, and the
+# exit status is timeout's (124 after TERM, 137 after KILL, 128+N for a signal, else the code).
+# Perl's waitpid retries after a signal handler runs, so the alarm needs no polling loop.
+_PERL_GUARD = """
+use POSIX ();
+my ($limit, $grace) = splice(@ARGV, 0, 2);
+my $pid = fork();
+die "harness guard: fork: $!\\n" unless defined $pid;
+if ($pid == 0) {
+    setpgrp(0, 0);
+    exec { $ARGV[0] } @ARGV;
+    print STDERR "harness guard: $ARGV[0]: $!\\n";
+    POSIX::_exit(127);
+}
+setpgrp($pid, $pid);
+my $signalled = 0;
+$SIG{ALRM} = sub {
+    $signalled++;
+    kill($signalled == 1 ? "TERM" : "KILL", -$pid);
+    alarm($grace) if $signalled == 1;
+};
+alarm($limit);
+waitpid($pid, 0);
+my $status = $?;
+alarm(0);
+if ($signalled) {
+    kill("KILL", -$pid);
+    exit($signalled > 1 ? 137 : 124);
+}
+exit($status & 127 ? 128 + ($status & 127) : $status >> 8);
+"""
+# Exit status and stderr line of a box with no guard at all: the command is not run.
+_NO_GUARD_EXIT = 125
+_NO_GUARD = "harness: cannot guard commands: neither timeout, gtimeout nor perl is on the PATH"
 
 
 @dataclass(frozen=True)
@@ -363,22 +400,26 @@ class LocalBox(Box):
 
 
 def remote_guard(command: str, timeout_s: float) -> str:
-    """Shell text that runs ``command`` under ``timeout`` (or ``gtimeout``) on the box.
+    """Shell text that runs ``command`` under a deadline on the box.
 
-    ``timeout`` puts itself in a new process group and signals the whole group when time is up,
-    so children of the command die too; ``-k`` follows TERM with KILL. A box with neither tool
-    runs the command unguarded (``harness box check`` reports it). The login shell must not
-    ``exec`` the guard: bash started by sshd at SHLVL below 2 sources ~/.bashrc again, which
-    doubled the cost of every command on a box with a heavy .bashrc.
+    ``timeout`` (``gtimeout`` with Homebrew's coreutils) puts itself in a new process group and
+    signals the whole group when time is up, so children of the command die too; ``-k`` follows
+    TERM with KILL. Without either, perl does the same (``_PERL_GUARD``). A box with none of them
+    does not run the command: it exits ``_NO_GUARD_EXIT`` with ``_NO_GUARD`` on stderr, which
+    :meth:`SshBox.sh` turns into an error with the remedy. The login shell must not ``exec`` the
+    guard: bash started by sshd at SHLVL below 2 sources ~/.bashrc again, which doubled the cost
+    of every command on a box with a heavy .bashrc.
     """
     limit_s = int(timeout_s) + 1
     body = shlex.quote(command)
+    perl = f"perl -e {shlex.quote(_PERL_GUARD)} {limit_s} {_KILL_AFTER_S} bash -c {body}"
     return (
         "if command -v timeout >/dev/null 2>&1; then "
         f"timeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
         "elif command -v gtimeout >/dev/null 2>&1; then "
         f"gtimeout -k {_KILL_AFTER_S} {limit_s} bash -c {body}; "
-        f"else bash -c {body}; fi"
+        f"elif command -v perl >/dev/null 2>&1; then {perl}; "
+        f"else echo {shlex.quote(_NO_GUARD)} >&2; exit {_NO_GUARD_EXIT}; fi"
     )
 
 
@@ -515,6 +556,13 @@ class SshBox(Box):
             raise BoxError(f"{self.where}: {type(exc).__name__}: {exc}: {command}") from exc
         elapsed_s = time.monotonic() - started
         outcome = CommandResult(result.exited, result.stdout, result.stderr)
+        if outcome.code == _NO_GUARD_EXIT and _NO_GUARD in outcome.stderr:
+            raise BoxError(
+                f"{self.where}: cannot guard commands: neither timeout, gtimeout nor perl is on "
+                "the box's PATH, so a command that timed out here would keep running there "
+                f"(not run: {command}); install coreutils (macOS: `brew install coreutils`) or "
+                "perl on the box"
+            )
         # timeout exits 124 after its TERM (137 after the KILL); the command may exit so itself,
         # so only count it as a timeout when the guard's limit has really passed.
         if outcome.code in (124, 137) and elapsed_s >= int(timeout_s) + 0.5:

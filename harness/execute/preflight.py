@@ -63,6 +63,8 @@ def _reachable(box: Box) -> Check:
         text = str(exc)
         if "known_hosts" in text:
             fix = "add the box's host key to known_hosts (the message above says how)"
+        elif "cannot guard commands" in text:
+            fix = "install coreutils (macOS: `brew install coreutils`) or perl on the box"
         elif "authentication" in text:
             fix = "check `user` and `key` on the box and the box's authorized_keys"
         else:
@@ -73,16 +75,19 @@ def _reachable(box: Box) -> Check:
 
 
 def _timeout_tool(box: Box) -> Check:
-    found = box.sh("command -v timeout || command -v gtimeout", check=False).stdout.strip()
-    if found:
-        return Check("remote timeout", True, f"commands are guarded by {found}")
-    return Check(
-        "remote timeout",
-        False,
-        "neither `timeout` nor `gtimeout` is on the box's PATH: a timed-out command would keep "
-        "running there",
-        "install coreutils on the box (macOS: `brew install coreutils`)",
-    )
+    # The same order remote_guard tries; a box with none of them fails `reachable` already.
+    probe = "command -v timeout || command -v gtimeout || command -v perl"
+    found = box.sh(probe, check=False).stdout.strip()
+    if not found:
+        return Check(
+            "remote timeout",
+            False,
+            "neither `timeout`, `gtimeout` nor `perl` is on the box's PATH: a timed-out command "
+            "would keep running there",
+            "install coreutils (macOS: `brew install coreutils`) or perl on the box",
+        )
+    how = " (no timeout or gtimeout: perl enforces the deadline)" if found.endswith("perl") else ""
+    return Check("remote timeout", True, f"commands are guarded by {found}{how}")
 
 
 def _python(box: Box, spec: BoxSpec, profile: RuntimeProfile | None) -> tuple[Check, bool]:

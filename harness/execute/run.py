@@ -293,7 +293,9 @@ class CampaignRunner:
             record.knobs = spec.knobs
             self.box.mkdirs(remote_dir)
             if run.cache_state == "cold":
-                self._evict(spec.run_dir, spec.knobs)
+                record.runtime["evicted"] = self._evict(spec.run_dir, spec.knobs)
+            else:
+                record.runtime["evicted"] = []
             swap_before = self.box.swapout_pages()
             runtime = boot(
                 self.box,
@@ -531,6 +533,11 @@ class CampaignRunner:
             if record.status == RUN_OK:
                 record.status = RUN_FAILED
                 record.reason = f"collecting telemetry failed: {exc}"
+            elif runtime is not None:
+                # Failed already; say what is missing too, so no reader takes its absence for 0.
+                record.reason = (record.reason + "; " if record.reason else "") + (
+                    f"telemetry not collected: {exc}"
+                )
         frames = [
             (requests_frame(state.results, run.cell, state.index), chunks_frame(state.results))
         ]
@@ -601,7 +608,11 @@ class CampaignRunner:
             uploaded[name] = remote
         return uploaded
 
-    def _evict(self, run_dir: str, knobs: dict[str, str]) -> None:
+    def _evict(self, run_dir: str, knobs: dict[str, str]) -> list[str]:
+        """Drop the profile's ``cache_files`` from the box's page cache; the files evicted.
+
+        Nothing matched means nothing would be cold: the run fails rather than run warm.
+        """
         profile = self.loaded.runtime
         context = {
             "run_dir": run_dir,
@@ -612,11 +623,19 @@ class CampaignRunner:
         }
         patterns = [render(p, context) for p in profile.cache_files]
         files = self.box.glob(patterns)
-        if files and not self.box.evict_from_page_cache(files):
+        if not files:
+            raise InfrastructureError(
+                f"cold run could not evict: no file matched {', '.join(patterns)} (the profile's "
+                f"cache_files) on box {self.box.name}; a runtime that writes them at its first "
+                "boot needs a warm run first: put `warm` before `cold` in design.cache_states, "
+                "or fix the profile's cache_files"
+            )
+        if not self.box.evict_from_page_cache(files):
             raise InfrastructureError(
                 f"box {self.box.name}: cannot drop {len(files)} runtime files from the page cache "
                 "(cold state); on macOS allow `sudo -n purge`"
             )
+        return files
 
     def _drive(
         self,
@@ -681,9 +700,8 @@ class CampaignRunner:
             return
         ring_remote = render(telemetry.ring.path, context)
         if not self.box.exists(ring_remote):
-            if record.status == RUN_OK:
-                raise RecordError(f"the runtime wrote no ring at {ring_remote}")
-            return
+            # The profile declares a ring: a run without one fails, whatever else happened.
+            raise RecordError(f"the runtime wrote no ring at {ring_remote}")
         ring_local = local_dir / "ring.bin"
         self.box.get_file(ring_remote, ring_local)
         if not telemetry.ring.header:
