@@ -79,9 +79,11 @@ def _assert_exit_follows_verdict(code: int, root: Path, output: str) -> None:
 
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
-    code, root, output = _run("demo.yaml", tmp_path, "0.5")
-    _assert_exit_follows_verdict(code, root, output)
-    assert "verdict:" in output and "report:" in output
+    # The demo as `make demo` runs it: a sequential design that decides at its first look (3
+    # cycles) or its last (4), and passes.
+    code, root, output = _run("demo.yaml", tmp_path, "1")
+    assert code == 0, output
+    assert "verdict: PASS" in output and "report:" in output
     gates = _verdict(root)
     assert list(gates) == [
         "exact outputs all",
@@ -89,26 +91,23 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         "better decode_tok_s",
         "better hit_rate",
     ]
-    # The fitted map's deterministic evidence always holds: same outputs, fewer misses.
-    assert gates["exact outputs all"]["passed"], gates
-    assert gates["counter new_swapout_pages <= 0"]["passed"], gates
-    assert gates["better hit_rate"]["passed"], gates
-    _assert_timing_gate_honest(gates["better decode_tok_s"])
+    assert all(g["passed"] for g in gates.values()), gates
+    looks = [line for line in output.splitlines() if line.startswith("look ")]
+    assert 1 <= len(looks) <= 2 and "stop" in looks[-1], output
     comparisons = _comparisons(root).set_index("metric")
     assert comparisons.loc["hit_rate", "label"] == "better"
-    assert comparisons.loc["hit_rate", "ratio"] > 1
     assert comparisons.loc["expert_loads", "label"] == "better"
     assert comparisons.loc["expert_loads", "ratio"] < 0.5
-    # Seed 000's story: the seed map is faster, whatever the interval says on a busy box.
     assert comparisons.loc["decode_tok_s", "ratio"] > 1.1
-    assert comparisons.loc["decode_tok_s", "label"] in ("better", "inconclusive")
     shifts = pd.read_parquet(root / "analysis" / "shifts.parquet")
     assert set(shifts["from_phase"]) == {"agent"} and set(shifts["to_phase"]) == {"prose"}
-    ladder = _summary(root)["seed_tables"]["recovery"]
+    summary = _summary(root)
+    ladder = summary["seed_tables"]["recovery"]
     assert ladder["directions"] == [["agent", "prose"]]
     assert [r["cell"] for r in ladder["rows"]] == ["stale", "seed"]
+    assert summary["sequential"]["cycles"] in (3, 4)
     html = (root / "report.html").read_text()
-    assert 'id="recovery"' in html and 'id="frozen"' in html
+    assert 'id="recovery"' in html and 'id="frozen"' in html and 'id="looks"' in html
     assert (root / "verdict.junit.xml").is_file()
 
 
