@@ -60,6 +60,18 @@ def display_path(path: Path) -> Path:
         return normal
 
 
+def _is_file(where: Locator, rel: str) -> bool:
+    """Whether the path ``rel``, as written on the card, names a file.
+
+    A name no file system takes (a NUL byte, too long, an unknown ``~user``) is no file: the
+    caller reports it as not found instead of letting pathlib's error out.
+    """
+    try:
+        return where.path(rel).is_file()
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def _did_you_mean(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1)
     return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options) or 'none'}"
@@ -124,7 +136,7 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
         out.add(("cells",), f"order {card.design.order!r} needs the control and at least one cell")
     for name, cell in card.cells.items():
         for key, rel in cell.files.items():
-            if not where.path(rel).is_file():
+            if not _is_file(where, rel):
                 out.add(("cells", name, "files", key), f"file not found: {rel} (relative to card)")
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
@@ -280,20 +292,20 @@ def check_prompts(card: Card, where: Locator, out: Problems) -> tuple[list[Promp
     """
     prompts: list[Prompt] = []
     for index, rel in enumerate(card.prompts.pools):
-        path = display_path(where.path(rel))
-        if not path.is_file():
+        if not _is_file(where, rel):
             out.add(("prompts", "pools", index), f"prompt pool not found: {rel} (relative to card)")
             continue
+        path = display_path(where.path(rel))
         try:
             prompts.extend(load_pool(path))
         except BadInput as exc:
             out.lines.extend(exc.lines())
     quality: list[Prompt] = []
     if card.prompts.quality is not None:
-        path = display_path(where.path(card.prompts.quality))
-        if not path.is_file():
+        if not _is_file(where, card.prompts.quality):
             out.add(("prompts", "quality"), f"quality pool not found: {card.prompts.quality}")
         else:
+            path = display_path(where.path(card.prompts.quality))
             try:
                 quality = load_pool(path)
             except BadInput as exc:
