@@ -72,6 +72,28 @@ def _is_file(where: Locator, rel: str) -> bool:
         return False
 
 
+# Files made by a command rather than shipped: (file knob, suffix) -> the command, so a missing
+# one says how to make it. "" matches any knob or suffix.
+_MADE_BY = {
+    ("", ".gguf"): "the tiny test MoE is made with `harness make-gguf -o {path} --seed 1` "
+    "(or point the card at a real GGUF model)",
+    ("rowmap", ""): "fit one with `harness collect CARD --split fit -o fit/` and "
+    "`harness fit-map fit/counts.json --top K -o {path}`",
+    ("hotlist", ""): "fit one with `harness collect CARD --split fit -o fit/` and "
+    "`harness fit-map fit/counts.json --hotlist N -o {path}`",
+}
+
+
+def _missing_file(key: str, rel: str, card_dir: Path) -> str:
+    """The message for a cell's missing file, with the command that makes it when we know one."""
+    message = f"file not found: {rel} (relative to card)"
+    suffix = Path(rel).suffix.lower()
+    for (knob, ending), how in _MADE_BY.items():
+        if knob in ("", key) and ending in ("", suffix):
+            return f"{message}; {how.format(path=display_path(card_dir / rel))}"
+    return message
+
+
 def _did_you_mean(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1)
     return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options) or 'none'}"
@@ -137,7 +159,7 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
     for name, cell in card.cells.items():
         for key, rel in cell.files.items():
             if not _is_file(where, rel):
-                out.add(("cells", name, "files", key), f"file not found: {rel} (relative to card)")
+                out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
 
