@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import MapError
+from harness.textfile import parse_json, read_text
 
 __all__ = [
     "HOTLIST_MAGIC",
@@ -49,6 +50,7 @@ _HOTLIST_COLUMNS = "# columns: layer expert hits weight"
 _HOTLIST_INT_KEYS = ("layers", "experts", "layer_records", "selections")
 
 HotlistEntry = tuple[int, int, int, float]
+_MAX_COUNT = 2**63  # counts are int64 on both sides
 
 
 @dataclass(frozen=True)
@@ -100,13 +102,7 @@ def _write_atomic(path: str | os.PathLike[str], text: str) -> None:
 
 def _load_json(path: str | os.PathLike[str]) -> Any:
     name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as handle:
-            return json.load(handle)
-    except OSError as exc:
-        raise MapError(f"{name}: cannot read: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise MapError(f"{name}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
+    return parse_json(read_text(name, MapError, "map"), name, MapError)
 
 
 def _layer_table(name: str, document: Any) -> list[Any]:
@@ -206,13 +202,7 @@ def write_rowmap(
 def read_hotlist(path: str | os.PathLike[str]) -> Hotlist:
     """Read a ds4 hotlist, rows in file order; zero-hit rows are skipped, as ds4 does."""
     name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except OSError as exc:
-        raise MapError(f"{name}: cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise MapError(f"{name}: not a text file: {exc.reason}") from exc
+    lines = read_text(name, MapError, "hotlist").splitlines()
     if not lines or lines[0].strip() != HOTLIST_MAGIC:
         raise MapError(f"{name}:1: expected the header line {HOTLIST_MAGIC!r}")
     header: dict[str, str] = {}
@@ -234,7 +224,9 @@ def read_hotlist(path: str | os.PathLike[str]) -> Hotlist:
         try:
             values[key] = int(text) if text is not None else 0
         except ValueError:
-            raise MapError(f"{name}: header '# {key}' is not an integer: {text!r}") from None
+            raise MapError(
+                f"{name}: header '# {key}' is not an integer: {str(text)[:24]!r}"
+            ) from None
     layers, experts = values["layers"], values["experts"]
     entries: list[HotlistEntry] = []
     for number, tokens in rows:
@@ -247,7 +239,8 @@ def read_hotlist(path: str | os.PathLike[str]) -> Hotlist:
             layer, expert, hits = int(tokens[0]), int(tokens[1]), int(tokens[2])
             weight = float(tokens[3])
         except ValueError:
-            raise MapError(f"{where}: expected integers and a number, got {tokens}") from None
+            shown = [token[:24] for token in tokens]
+            raise MapError(f"{where}: expected integers and a number, got {shown}") from None
         if not 0 <= layer < layers or not 0 <= expert < experts:
             raise MapError(
                 f"{where}: (layer {layer}, expert {expert}) is outside "
@@ -311,10 +304,13 @@ def read_count_snapshot(path: str | os.PathLike[str]) -> CountDump:
     widths = {len(row) if isinstance(row, list) else -1 for row in table}
     if len(widths) != 1 or -1 in widths or 0 in widths:
         raise MapError(f"{name}: every layer must hold a non-empty list of the same length")
-    if not all(_is_id(value) and value >= 0 for row in table for value in row):
-        raise MapError(f"{name}: counts must be non-negative integers")
+    if not all(_is_id(value) and 0 <= value < _MAX_COUNT for row in table for value in row):
+        raise MapError(
+            f"{name}: counts must be non-negative integers below 2^63 (int64, as the runtime "
+            "keeps them)"
+        )
     time_s = document.get("time")
-    if isinstance(time_s, bool) or not isinstance(time_s, int | float):
+    if isinstance(time_s, bool) or not isinstance(time_s, int | float) or abs(time_s) > 1e300:
         raise MapError(f"{name}: 'time' must be an epoch time in seconds, got {time_s!r}")
     return CountDump(counts=np.array(table, dtype=np.int64), time_s=float(time_s))
 

@@ -12,7 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.textfile import compile_pattern
+
 Platform = Literal["linux-cpu", "linux-cuda", "macos-metal", "any"]
+
+
+def _check_regex(pattern: str, field: str) -> None:
+    """Raise ValueError (pydantic reports it at the field's line) for a bad pattern."""
+    try:
+        compile_pattern(pattern)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise ValueError(f"`{field}` is not a regular expression: {exc}") from None
 
 
 class Strict(BaseModel):
@@ -68,7 +78,7 @@ class HttpProbe(Strict):
     """Ready when GET ``path`` answers ``status``."""
 
     path: str = Field("/health", description="path probed on the runtime's port")
-    status: int = Field(200, description="HTTP status meaning ready")
+    status: int = Field(200, ge=100, le=599, description="HTTP status meaning ready")
 
 
 class ReadyProbe(Strict):
@@ -76,13 +86,17 @@ class ReadyProbe(Strict):
 
     http: HttpProbe | None = Field(None, description="HTTP readiness probe")
     log_line: str | None = Field(None, description="regex; ready once the log shows a match")
-    timeout_s: float = Field(120, gt=0, description="give up (boot failed) after this long")
-    interval_s: float = Field(0.2, gt=0, description="probe interval")
+    timeout_s: float = Field(
+        120, gt=0, le=1e6, allow_inf_nan=False, description="give up (boot failed) after this long"
+    )
+    interval_s: float = Field(0.2, gt=0, le=1e4, allow_inf_nan=False, description="probe interval")
 
     @model_validator(mode="after")
     def _needs_one(self) -> ReadyProbe:
         if self.http is None and self.log_line is None:
             raise ValueError("a readiness probe needs `http` and/or `log_line`")
+        if self.log_line is not None:
+            _check_regex(self.log_line, "log_line")
         return self
 
 
@@ -113,7 +127,7 @@ class KnobSpec(Strict):
         if not (self.env or self.arg or self.live):
             raise ValueError("a knob needs `env`, `arg` or `live`")
         if self.pattern is not None:
-            re.compile(self.pattern)
+            _check_regex(self.pattern, "pattern")
         return self
 
     def check(self, value: str) -> str | None:
@@ -171,7 +185,9 @@ class Stop(Strict):
     """How to stop the runtime: a signal to its process group, then SIGKILL after a grace."""
 
     signal: Literal["TERM", "INT", "KILL"] = Field("TERM", description="first signal sent")
-    grace_s: float = Field(30, ge=0, description="seconds before SIGKILL")
+    grace_s: float = Field(
+        30, ge=0, le=1e5, allow_inf_nan=False, description="seconds before SIGKILL"
+    )
 
 
 class Version(Strict):
@@ -205,8 +221,16 @@ class RuntimeProfile(Strict):
         default_factory=list,
         description="files (templates, globs allowed) evicted from the page cache for cold runs",
     )
-    expected_boot_s: float = Field(10.0, ge=0, description="typical boot time, for plan estimates")
-    expected_tok_s: float = Field(100.0, gt=0, description="typical decode speed, for estimates")
+    expected_boot_s: float = Field(
+        10.0, ge=0, le=1e6, allow_inf_nan=False, description="typical boot time, for plan estimates"
+    )
+    expected_tok_s: float = Field(
+        100.0,
+        ge=1e-3,
+        le=1e9,
+        allow_inf_nan=False,
+        description="typical decode speed, for estimates",
+    )
     phase_live_knob: str | None = Field(
         None, description="live knob that tags the ring with the workload phase"
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.errors import BadInput
+from harness.textfile import compile_pattern, parse_json, read_bytes
 
 _ALLOWED_KEYS = {"id", "domain", "split", "prompt", "messages", "max_tokens", "check"}
 _CHECK_KINDS = {"regex", "json_valid", "json_schema"}
@@ -54,9 +54,9 @@ def check_problems(check: Any) -> list[str]:
     A check that cannot fail (a regex without a pattern, an unknown schema type or keyword) would
     pass every answer, so each is refused with what to write instead.
     """
-    if not isinstance(check, dict) or check.get("kind") not in _CHECK_KINDS:
+    kind = check.get("kind") if isinstance(check, dict) else None
+    if not isinstance(kind, str) or kind not in _CHECK_KINDS:  # a list here is unhashable
         return [f"check.kind: must be one of {', '.join(sorted(_CHECK_KINDS))}"]
-    kind = str(check["kind"])
     allowed = _CHECK_KEYS[kind]
     problems = [
         f"check.{key}: unknown key for a {kind} check; it takes: {', '.join(allowed)}"
@@ -72,8 +72,8 @@ def check_problems(check: Any) -> list[str]:
             )
         else:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                compile_pattern(pattern)
+            except (re.error, OverflowError, RecursionError) as exc:
                 problems.append(f"check.pattern: not a regular expression: {exc}")
     elif kind == "json_schema":
         schema = check.get("schema")
@@ -133,7 +133,9 @@ def _parse_line(raw: dict[str, Any], where: str) -> tuple[Prompt | None, list[st
     if has_prompt == has_messages:
         problems.append(f"{where}: give exactly one of `prompt` (string) or `messages` (list)")
     max_tokens = raw.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
         problems.append(f"{where}: `max_tokens` must be a positive integer")
     check = raw.get("check")
     if check is not None:
@@ -155,21 +157,26 @@ def _parse_line(raw: dict[str, Any], where: str) -> tuple[Prompt | None, list[st
 
 def load_pool(path: Path) -> list[Prompt]:
     """Read one JSONL pool; every bad line is reported at once as ``file:line: message``."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read prompt pool: {exc.strerror}") from exc
+    lines = read_bytes(path, BadInput, "prompt pool").split(b"\n")
     prompts: list[Prompt] = []
     problems: list[str] = []
     seen: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    for number, data in enumerate(lines, start=1):
+        if not data.strip():
             continue
         where = f"{path}:{number}"
+        # Each line on its own, so one bad line is reported with the others, at its number.
         try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{where}: invalid JSON: {exc.msg}")
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(
+                f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the pool as UTF-8"
+            )
+            continue
+        try:
+            raw = parse_json(line, str(path), BadInput, first_line=number)
+        except BadInput as exc:
+            problems.append(exc.message)
             continue
         if not isinstance(raw, dict):
             problems.append(f"{where}: each line must be a JSON object")

@@ -8,20 +8,30 @@ Layout (docs/design.md#run-records)::
 
 The journal is append-only and fsynced. A run is done only when its ``run.json`` says ``ok`` and the
 journal holds its ``done`` event, so a harness killed mid-write redoes that run and duplicates none.
+
+Reading is checked as far as the analysis relies on it: ``plan.json``'s runs, the fields of
+``run.json`` and ``counters.json`` it reads, and the columns of each run table
+(:data:`RUN_TABLE_COLUMNS`), so a damaged record is a :class:`RecordError` naming the file, the
+field and the fix, never a KeyError or TypeError inside the statistics.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from harness.errors import RecordError
+from harness.telemetry import RING_FIELDS
+from harness.textfile import parse_json, read_bytes, read_text
 
 # 1: first version of run.json, plan.json, journal.jsonl, counters.json and the parquet files.
 SCHEMA_VERSION = 1
@@ -55,21 +65,161 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def read_json(path: Path) -> dict[str, Any]:
     """Read a JSON record, failing with the file named when it is missing or broken."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecordError(f"{path}: missing") from None
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not path.is_file():
+        raise RecordError(f"{path}: missing")
+    data = parse_json(read_text(path, RecordError, "record"), str(path), RecordError)
     if not isinstance(data, dict):
         raise RecordError(f"{path}: expected a JSON object")
     version = data.get("schema_version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise RecordError(f"{path}: schema_version must be an integer, got {version!r:.40}")
     if version is not None and version > SCHEMA_VERSION:
         raise RecordError(
             f"{path}: schema_version {version} is newer than this harness understands "
             f"({SCHEMA_VERSION}); upgrade the harness"
         )
     return data
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float (not a bool) that converts to a float."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and (not isinstance(value, int) or abs(value) < 2**1023)
+    )
+
+
+def _broken(path: Path, field: str, what: str) -> RecordError:
+    return RecordError(
+        f"{path}: {field}: {what}; the record is damaged: restore it, or run that run again "
+        "(delete its folder, then `harness run --resume` the campaign)"
+    )
+
+
+# Run ids name folders: no separators, no "..", nothing a file system would refuse.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_PLAN_TEXT = ("run_id", "cell", "cache_state", "pattern", "comparison")
+_PLAN_INTS = ("cycle", "slot", "repeat")
+
+
+def check_plan(plan: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``plan.json``, its runs checked to carry the identity every reader of a run uses."""
+    runs = plan.get("runs")
+    if not isinstance(runs, list):
+        raise _broken(path, "runs", "must be a list of planned runs")
+    seen: set[str] = set()
+    for index, run in enumerate(runs):
+        where = f"runs[{index}]"
+        if not isinstance(run, dict):
+            raise _broken(path, where, "must be an object")
+        for key in _PLAN_TEXT:
+            if not isinstance(run.get(key), str):
+                raise _broken(path, f"{where}.{key}", "must be a string")
+        for key in _PLAN_INTS:
+            value = run.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+                raise _broken(path, f"{where}.{key}", "must be a non-negative integer")
+        run_id = run["run_id"]
+        if not _RUN_ID.fullmatch(run_id) or run_id in seen:
+            raise _broken(path, f"{where}.run_id", f"{run_id[:60]!r} is not a unique folder name")
+        seen.add(run_id)
+    scale = plan.get("scale", 1.0)
+    if not _is_number(scale) or not 0 < scale < math.inf:
+        raise _broken(path, "scale", "must be a positive number")
+    cycles = plan.get("cycles", 1)  # absent from plans written before plans recorded it
+    if not isinstance(cycles, int) or isinstance(cycles, bool) or not 0 < cycles < 2**31:
+        raise _broken(path, "cycles", "must be a positive integer")
+    return plan
+
+
+def check_run_record(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``run.json``, checked for the fields analysis and resume read."""
+    for key in ("status", "reason"):
+        if key in record and not isinstance(record[key], str):
+            raise _broken(path, key, "must be a string")
+    if "status" not in record:
+        raise _broken(path, "status", "missing")
+    lost = record.get("ring_lost", 0)
+    if not isinstance(lost, int) or isinstance(lost, bool) or not 0 <= lost < 2**62:
+        raise _broken(path, "ring_lost", "must be a non-negative integer")
+    for key in ("started_at", "ended_at"):
+        value = record.get(key)
+        if value is not None and not (_is_number(value) and math.isfinite(value)):
+            raise _broken(path, key, "must be a time in seconds")
+    return record
+
+
+def read_counters(path: Path) -> dict[str, Any]:
+    """``counters.json``: ``before``, ``after`` and ``delta``, each counter a number or null."""
+    counters = read_json(path)
+    for part in ("before", "after", "delta"):
+        values = counters.get(part)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise _broken(path, part, "must be an object of counters")
+        for name, value in values.items():
+            if value is not None and not _is_number(value):
+                raise _broken(path, f"{part}.{name}", f"must be a number, got {value!r:.40}")
+    return counters
+
+
+# The columns analysis reads from each run table and what they hold: "int" integers, "bool"
+# booleans, "number" ints or floats (null allowed: a failed request has no timings), "text"
+# strings (null allowed). Other columns are not checked.
+RUN_TABLE_COLUMNS: dict[str, dict[str, str]] = {
+    "requests.parquet": {
+        "request": "int",
+        "prompt_id": "text",
+        "domain": "text",
+        "phase": "text",
+        "warmup": "bool",
+        "ok": "bool",
+        "first_after_boot": "bool",
+        "ttft_s": "number",
+        "e2el_s": "number",
+        "completion_tokens": "number",
+        "prompt_tokens": "number",
+        "output_sha256": "text",
+        "output_text": "text",
+    },
+    "chunks.parquet": {"request": "int", "chunk": "int", "t_s": "number"},
+    "ring.parquet": dict.fromkeys(RING_FIELDS, "int"),
+    "samples.parquet": {
+        "t_s": "number",
+        "scored": "bool",
+        "rss_bytes": "number",
+        "swapout_pages": "number",
+    },
+}
+
+
+def _holds(column: pd.Series, want: str) -> bool:
+    kind = column.dtype.kind
+    if want == "int":
+        return kind in "iu"
+    if want == "bool":
+        return kind == "b"
+    values = column.dropna()
+    if want == "number":
+        return kind in "iuf" or all(_is_number(v) for v in values)
+    return all(isinstance(v, str) for v in values)
+
+
+# A ring's columns are the profile's fields (a header-less ring declares its own): only their
+# types are checked here; analysis names the fields it needs and a ring lacks (recovery.py).
+_PRESENT_ONLY = {"ring.parquet"}
+
+
+def _check_columns(frame: pd.DataFrame, path: Path) -> None:
+    wanted = RUN_TABLE_COLUMNS.get(path.name, {})
+    missing = [name for name in wanted if name not in frame.columns]
+    if missing and path.name not in _PRESENT_ONLY:
+        raise _broken(path, "columns", f"{', '.join(missing)} missing")
+    for name, want in wanted.items():
+        if name in frame.columns and not _holds(frame[name], want):
+            raise _broken(path, name, f"must hold {want} values, has {frame[name].dtype}")
 
 
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
@@ -83,13 +233,23 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
 
 
 def read_parquet(path: Path) -> pd.DataFrame:
-    """Read a parquet record, naming the file when it is missing or unreadable."""
+    """Read a parquet record, naming the file when it is missing, unreadable or incomplete.
+
+    A run table (:data:`RUN_TABLE_COLUMNS`, by file name) must have the columns analysis reads,
+    of the types it reads them as.
+    """
     if not path.is_file():
         raise RecordError(f"{path}: missing")
     try:
-        return pd.read_parquet(path)
-    except (OSError, ValueError) as exc:
-        raise RecordError(f"{path}: unreadable parquet: {exc}") from None
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, pa.ArrowException) as exc:
+        # A corrupt file fails in pyarrow's reader or in pandas' metadata: the file is at fault.
+        raise RecordError(
+            f"{path}: unreadable parquet ({type(exc).__name__}: {str(exc)[:200]}); the file "
+            "is damaged: restore it, or rerun the run"
+        ) from None
+    _check_columns(frame, path)
+    return frame
 
 
 class Journal:
@@ -108,20 +268,30 @@ class Journal:
             os.fsync(handle.fileno())
 
     def events(self) -> list[dict[str, Any]]:
-        """Every complete event; a torn last line (a kill mid-write) is ignored."""
+        """Every complete event; a torn line (a kill mid-write) is ignored.
+
+        A resume appends after a torn line, so one may sit anywhere: any line that is not a
+        JSON event object (not UTF-8, not JSON, no ``event``) is skipped, never fatal.
+        """
         if not self.path.is_file():
             return []
         events = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in read_bytes(self.path, RecordError, "journal").split(b"\n"):
             try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
+                event = parse_json(line.decode("utf-8"), str(self.path), RecordError)
+            except (RecordError, UnicodeDecodeError):
                 continue
+            if isinstance(event, dict) and isinstance(event.get("event"), str):
+                events.append(event)
         return events
 
     def done_runs(self) -> set[str]:
         """Run ids whose completion was journalled."""
-        return {e["run_id"] for e in self.events() if e.get("event") == "run_done"}
+        return {
+            e["run_id"]
+            for e in self.events()
+            if e["event"] == "run_done" and isinstance(e.get("run_id"), str)
+        }
 
 
 @dataclass
@@ -150,8 +320,9 @@ class CampaignDir:
         return self.runs_dir / run_id
 
     def plan(self) -> dict[str, Any]:
-        """The plan the campaign executes."""
-        return read_json(self.root / "plan.json")
+        """The plan the campaign executes, its runs checked (:func:`check_plan`)."""
+        path = self.root / "plan.json"
+        return check_plan(read_json(path), path)
 
     def card_path(self) -> Path:
         """The card as run (a verbatim copy)."""
@@ -162,7 +333,7 @@ class CampaignDir:
         path = self.run_dir(run_id) / "run.json"
         if not path.is_file():
             return None
-        return read_json(path)
+        return check_run_record(read_json(path), path)
 
     def is_done(self, run_id: str) -> bool:
         """True when the run completed and its record is whole."""

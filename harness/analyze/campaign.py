@@ -29,7 +29,13 @@ from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.errors import HarnessError, RecordError
-from harness.records import CampaignDir, read_json, read_parquet, write_json_atomic, write_parquet
+from harness.records import (
+    CampaignDir,
+    read_counters,
+    read_parquet,
+    write_json_atomic,
+    write_parquet,
+)
 
 RUN_KEYS = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state", "pattern", "comparison")
 
@@ -143,7 +149,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         run_dir = campaign.run_dir(run_id)
         requests = read_parquet(run_dir / "requests.parquet")
         chunks = read_parquet(run_dir / "chunks.parquet")
-        counters = read_json(run_dir / "counters.json")
+        counters = read_counters(run_dir / "counters.json")
         ring_path = run_dir / "ring.parquet"
         ring = read_parquet(ring_path) if ring_path.is_file() else None
         samples_path = run_dir / "samples.parquet"

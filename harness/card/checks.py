@@ -60,6 +60,40 @@ def display_path(path: Path) -> Path:
         return normal
 
 
+def _is_file(where: Locator, rel: str) -> bool:
+    """Whether the path ``rel``, as written on the card, names a file.
+
+    A name no file system takes (a NUL byte, too long, an unknown ``~user``) is no file: the
+    caller reports it as not found instead of letting pathlib's error out.
+    """
+    try:
+        return where.path(rel).is_file()
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+# Files made by a command rather than shipped: (file knob, suffix) -> the command, so a missing
+# one says how to make it. "" matches any knob or suffix.
+_MADE_BY = {
+    ("", ".gguf"): "the tiny test MoE is made with `harness make-gguf -o {path} --seed 1` "
+    "(or point the card at a real GGUF model)",
+    ("rowmap", ""): "fit one with `harness collect CARD --split fit -o fit/` and "
+    "`harness fit-map fit/counts.json --top K -o {path}`",
+    ("hotlist", ""): "fit one with `harness collect CARD --split fit -o fit/` and "
+    "`harness fit-map fit/counts.json --hotlist N -o {path}`",
+}
+
+
+def _missing_file(key: str, rel: str, card_dir: Path) -> str:
+    """The message for a cell's missing file, with the command that makes it when we know one."""
+    message = f"file not found: {rel} (relative to card)"
+    suffix = Path(rel).suffix.lower()
+    for (knob, ending), how in _MADE_BY.items():
+        if knob in ("", key) and ending in ("", suffix):
+            return f"{message}; {how.format(path=display_path(card_dir / rel))}"
+    return message
+
+
 def _did_you_mean(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1)
     return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options) or 'none'}"
@@ -124,8 +158,8 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
         out.add(("cells",), f"order {card.design.order!r} needs the control and at least one cell")
     for name, cell in card.cells.items():
         for key, rel in cell.files.items():
-            if not where.path(rel).is_file():
-                out.add(("cells", name, "files", key), f"file not found: {rel} (relative to card)")
+            if not _is_file(where, rel):
+                out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
 
@@ -280,20 +314,20 @@ def check_prompts(card: Card, where: Locator, out: Problems) -> tuple[list[Promp
     """
     prompts: list[Prompt] = []
     for index, rel in enumerate(card.prompts.pools):
-        path = display_path(where.path(rel))
-        if not path.is_file():
+        if not _is_file(where, rel):
             out.add(("prompts", "pools", index), f"prompt pool not found: {rel} (relative to card)")
             continue
+        path = display_path(where.path(rel))
         try:
             prompts.extend(load_pool(path))
         except BadInput as exc:
             out.lines.extend(exc.lines())
     quality: list[Prompt] = []
     if card.prompts.quality is not None:
-        path = display_path(where.path(card.prompts.quality))
-        if not path.is_file():
+        if not _is_file(where, card.prompts.quality):
             out.add(("prompts", "quality"), f"quality pool not found: {card.prompts.quality}")
         else:
+            path = display_path(where.path(card.prompts.quality))
             try:
                 quality = load_pool(path)
             except BadInput as exc:

@@ -91,10 +91,7 @@ def load_frozen_card(root: Path) -> FrozenCard:
     changed or is gone, is a RecordError naming the file and the fix; an original that changed
     or is gone is a note, and the copy is used.
     """
-    manifest_path = root / MANIFEST
-    entries = read_json(manifest_path).get("files")
-    if not isinstance(entries, list):
-        raise RecordError(f"{manifest_path}: no `files` list; the campaign directory is damaged")
+    entries = _entries(root / MANIFEST)
     notes: list[str] = []
     copies: dict[str, Path] = {}
     runtime_file: Path | None = None
@@ -122,12 +119,46 @@ def frozen_paths(root: Path, role: str) -> list[Path] | None:
     in manifest order; None when the directory has no manifest."""
     if not has_frozen_inputs(root):
         return None
-    entries = read_json(root / MANIFEST).get("files") or []
+    entries = _entries(root / MANIFEST)
     return [
         root / e["copy"] if e.get("copy") else Path(e["original"])
         for e in entries
         if e.get("role") == role
     ]
+
+
+# What each manifest entry holds, as written by freeze_inputs; null only where it writes one.
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "role": (str,),
+    "written": (str,),
+    "original": (str,),
+    "copy": (str, type(None)),
+    "sha256": (str,),
+    "bytes": (int,),
+    "mtime_ns": (int,),
+}
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """The manifest's entries, each checked to hold what a resume reads from it."""
+    entries = read_json(path).get("files")
+    if not isinstance(entries, list):
+        raise RecordError(f"{path}: no `files` list; the campaign directory is damaged")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise RecordError(f"{path}: files[{index}] is not an object; the manifest is damaged")
+        for key, types in _ENTRY_TYPES.items():
+            value = entry.get(key)
+            # A path pathlib would refuse (a NUL, longer than any file system takes) is damage.
+            unusable = isinstance(value, str) and (
+                not value or "\x00" in value or len(value) > 4096
+            )
+            if not isinstance(value, types) or isinstance(value, bool) or unusable:
+                raise RecordError(
+                    f"{path}: files[{index}].{key}: {value!r:.40} is not what freeze_inputs "
+                    "writes; the manifest is damaged: restore it or start a new campaign"
+                )
+    return entries
 
 
 def _checked(root: Path, entry: dict[str, Any], notes: list[str]) -> Path:

@@ -137,7 +137,7 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
         runtime=runtime,
         prompts=tuple(prompts),
         quality=tuple(quality),
-        text=doc.path.read_text(encoding="utf-8"),
+        text=doc.text,
         inputs=_inputs(doc.path, card, where, runtime_file, box_file),
     )
 

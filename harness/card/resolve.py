@@ -37,8 +37,11 @@ def find_runtime_profile(name: str, card_dir: Path) -> Path | None:
     """The first ``runtimes/<name>.yaml`` along the search path."""
     for root in search_path(card_dir):
         candidate = root / "runtimes" / f"{name}.yaml"
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except (OSError, ValueError):  # a name no file system takes (too long, a NUL) is unknown
+            return None
     return None
 
 

@@ -52,16 +52,25 @@ class PromptsSpec(Strict):
     quality: str | None = Field(None, description="JSONL quality suite with `check` per prompt")
 
 
+# Upper bounds on counts and durations (le=...) are far past any campaign; they keep a typo or a
+# damaged number (1e999, 10**400) from reaching plan estimates and timeouts as inf or overflow.
+
+
 class Phase(Strict):
     """A stretch of the workload on some domains; ``shift: true`` marks a domain shift."""
 
     name: str = Field(description="phase name, also the ring's phase tag")
     domains: list[str] = Field(min_length=1, description="domains whose held-out prompts it uses")
-    duration_s: float | None = Field(None, gt=0, description="run the phase this long")
-    requests: int | None = Field(None, ge=1, description="or send this many requests")
+    duration_s: float | None = Field(
+        None, gt=0, le=1e7, allow_inf_nan=False, description="run the phase this long"
+    )
+    requests: int | None = Field(None, ge=1, le=10**7, description="or send this many requests")
     shift: bool = Field(False, description="a domain shift starts this phase (T90 is measured)")
     prompt_tokens: int | None = Field(
-        None, ge=1, description="build each prompt to this many tokens from its domain's text"
+        None,
+        ge=1,
+        le=10**7,
+        description="build each prompt to this many tokens from its domain's text",
     )
 
     @model_validator(mode="after")
@@ -74,12 +83,20 @@ class Phase(Strict):
 class Workload(Strict):
     """What the driver sends in each run."""
 
-    max_tokens: int = Field(64, ge=1, description="tokens generated per request")
+    max_tokens: int = Field(64, ge=1, le=10**7, description="tokens generated per request")
     concurrency: int = Field(1, ge=1, le=64, description="concurrent requests (C1…C64)")
-    warmup_requests: int = Field(1, ge=0, description="requests sent first and not scored")
-    passes: int = Field(1, ge=1, description="passes over the held-out prompts when no phases")
-    request_timeout_s: float = Field(300, gt=0, description="per-request timeout")
-    temperature: float = Field(0.0, ge=0, description="0 = greedy, so outputs can be compared")
+    warmup_requests: int = Field(
+        1, ge=0, le=10**6, description="requests sent first and not scored"
+    )
+    passes: int = Field(
+        1, ge=1, le=10**4, description="passes over the held-out prompts when no phases"
+    )
+    request_timeout_s: float = Field(
+        300, gt=0, le=1e7, allow_inf_nan=False, description="per-request timeout"
+    )
+    temperature: float = Field(
+        0.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy, so outputs can be compared"
+    )
     phases: list[Phase] | None = Field(None, description="default: one pass over held-out prompts")
 
     @field_validator("phases")
@@ -108,18 +125,20 @@ class Design(Strict):
     """The run order: mirrored cycles so drift cancels, repeats and cache states inside them."""
 
     order: Literal["abba", "ladder", "sequential"] = Field("abba", description="run order")
-    cycles: int = Field(2, ge=1, description="mirrored cycles (ABBA, BAAB, …)")
-    repeats: int = Field(1, ge=1, description="runs per block (one arm's back-to-back runs)")
+    cycles: int = Field(2, ge=1, le=1000, description="mirrored cycles (ABBA, BAAB, …)")
+    repeats: int = Field(
+        1, ge=1, le=100, description="runs per block (one arm's back-to-back runs)"
+    )
     cache_states: list[CacheState] = Field(["warm"], min_length=1, description="warm and/or cold")
-    seed: int = Field(0, description="seed for prompt order and synthetic prompts")
-    retries: int = Field(1, ge=0, description="retries of a failed run before giving up")
+    seed: int = Field(0, ge=0, description="seed for prompt order and synthetic prompts")
+    retries: int = Field(1, ge=0, le=100, description="retries of a failed run before giving up")
     sequential: bool = Field(
         False, description="look after `cycles`, then every `look_every`; stop once decided"
     )
     max_cycles: int | None = Field(
-        None, ge=1, description="a sequential design's last look (its full size)"
+        None, ge=1, le=1000, description="a sequential design's last look (its full size)"
     )
-    look_every: int = Field(1, ge=1, description="cycles added between sequential looks")
+    look_every: int = Field(1, ge=1, le=1000, description="cycles added between sequential looks")
 
     @model_validator(mode="after")
     def _sequential_needs_its_size(self) -> Design:
@@ -148,11 +167,17 @@ class Design(Strict):
 class AnalysisSpec(Strict):
     """Analysis parameters (docs/design.md#metrics, #statistics)."""
 
-    window_s: float = Field(2.0, gt=0, description="cold-share window")
-    margin_pct: float = Field(2.0, gt=0, description="δ: smallest effect worth calling")
+    window_s: float = Field(2.0, gt=0, le=1e7, allow_inf_nan=False, description="cold-share window")
+    margin_pct: float = Field(
+        2.0, gt=0, le=1e4, allow_inf_nan=False, description="δ: smallest effect worth calling"
+    )
     alpha: float = Field(0.05, gt=0, lt=1, description="significance level")
-    converged_span_s: float = Field(10.0, gt=0, description="span whose median is converged")
-    hold_s: float = Field(4.0, ge=0, description="how long a recovery must hold")
+    converged_span_s: float = Field(
+        10.0, gt=0, le=1e7, allow_inf_nan=False, description="span whose median is converged"
+    )
+    hold_s: float = Field(
+        4.0, ge=0, le=1e7, allow_inf_nan=False, description="how long a recovery must hold"
+    )
 
 
 class _CellGate(Strict):
@@ -223,7 +248,9 @@ class SoakGate(_CellGate):
     """A soak reached its duration with no crash, no lost ring record and a bounded tail."""
 
     kind: Literal["soak"]
-    min_duration_s: float = Field(gt=0, description="duration the soak must reach")
+    min_duration_s: float = Field(
+        gt=0, le=1e9, allow_inf_nan=False, description="duration the soak must reach"
+    )
     itl_p99_ms_max: float | None = Field(None, gt=0, description="inter-token p99 bound")
     rss_growth_pct_max: float | None = Field(None, ge=0, description="memory growth bound")
     max_lost_records: int = Field(0, ge=0, description="ring records allowed to be lost")

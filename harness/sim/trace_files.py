@@ -17,18 +17,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
 from harness.errors import KnobError, TraceError
 from harness.policy import PolicyKnobs
-from harness.sim.traces import KnobChange, RecordedSwap, Trace, trace_from_arrays
+from harness.sim.traces import (
+    MAX_EXPERTS,
+    MAX_INT,
+    MAX_LAYERS,
+    KnobChange,
+    RecordedSwap,
+    Trace,
+    trace_from_arrays,
+)
 from harness.telemetry import ROUTE_TRACE_VERSION
+from harness.textfile import parse_json
 
 __all__ = ["file_sha256", "load_trace"]
 
@@ -54,29 +62,56 @@ def _knobs_from(raw: Any, where: str) -> tuple[PolicyKnobs, int]:
         knobs.validate()
     except (TypeError, KnobError) as exc:
         raise TraceError(f"{where}: invalid recorded knobs: {exc}") from None
+    # The replay's compiled loops hold these in int64.
+    for name in ("drain_every", "swaps_per_layer"):
+        if getattr(knobs, name) >= MAX_INT:
+            raise TraceError(f"{where}: invalid recorded knobs: {name} is past 2^62")
     phase = raw.get("phase", 0)
-    if isinstance(phase, bool) or not isinstance(phase, int):
-        raise TraceError(f"{where}: knobs.phase must be an integer, got {phase!r}")
+    if not _is_int(phase):
+        raise TraceError(f"{where}: knobs.phase must be an integer below 2^62, got {phase!r}")
     return knobs, phase
+
+
+def _is_int(value: Any, low: int = -MAX_INT) -> TypeGuard[int]:
+    """An integer (not a bool) that fits the int64 arrays it goes into, and at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < MAX_INT
+
+
+def _ids(value: Any, where: str, what: str) -> npt.NDArray[Any]:
+    """Nested JSON lists of expert ids as an integer array, or a TraceError naming the line."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError):
+        array = np.asarray(None)  # ragged lists: reported below as the wrong shape
+    if array.ndim == 0 or (array.size and array.dtype.kind not in "iu"):
+        raise TraceError(
+            f"{where}: {what} must be nested lists of integer expert ids of one shape, "
+            f"got {str(value)[:60]}"
+        )
+    return array
 
 
 def _json_lines(path: str) -> list[tuple[int, dict[str, Any]]]:
     records: list[tuple[int, dict[str, Any]]] = []
     try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115
+        handle = open(path, "rb")  # noqa: SIM115
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
     with handle:
         for number, raw in enumerate(handle, start=1):
-            line = raw.strip()
-            if not line:
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if raw.endswith("\n"):
-                    raise TraceError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
-                break  # a torn last line (the runtime was killed mid-write): drop it
+                record = parse_json(raw.decode("utf-8"), path, TraceError, first_line=number)
+            except (TraceError, UnicodeDecodeError) as exc:
+                if not raw.endswith(b"\n"):
+                    break  # a torn last line (the runtime was killed mid-write): drop it
+                if isinstance(exc, TraceError):
+                    raise
+                raise TraceError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); the trace "
+                    "is binary or corrupt: record it again"
+                ) from None
             if not isinstance(record, dict):
                 raise TraceError(f"{path}:{number}: expected a JSON object per line")
             records.append((number, record))
@@ -119,14 +154,25 @@ class _Rows:
         return trace
 
 
+def _step_tags(record: dict[str, Any], where: str) -> tuple[bool, int]:
+    """A step record's ``prefill`` flag and ``phase`` tag, checked."""
+    prefill, phase = record.get("prefill", False), record.get("phase", 0)
+    if not (isinstance(prefill, bool) or (isinstance(prefill, int) and prefill in (0, 1))):
+        raise TraceError(f"{where}: 'prefill' must be true or false, got {prefill!r:.40}")
+    if not _is_int(phase):
+        raise TraceError(f"{where}: 'phase' must be an integer, got {phase!r:.40}")
+    return bool(prefill), phase
+
+
 def _refbox_trace(
     path: str, records: list[tuple[int, dict[str, Any]]], experts: int | None
 ) -> Trace:
     line0, header = records[0]
     where = f"{path}:{line0}"
-    for key in ("layers", "experts", "top_k"):
-        if not isinstance(header.get(key), int) or header[key] < 1:
-            raise TraceError(f"{where}: header.{key} must be a positive integer")
+    for key, most in (("layers", MAX_LAYERS), ("experts", MAX_EXPERTS), ("top_k", MAX_EXPERTS)):
+        value = header.get(key)
+        if not _is_int(value, 1) or value > most:
+            raise TraceError(f"{where}: header.{key} must be an integer in 1..{most}")
     version = header.get("version")
     if version not in (1, ROUTE_TRACE_VERSION):
         raise TraceError(
@@ -147,13 +193,13 @@ def _refbox_trace(
         kind = record.get("kind")
         if kind == "step":
             step = record.get("step")
-            if not isinstance(step, int) or step <= last_step:
+            if not _is_int(step) or step <= last_step:
                 raise TraceError(
                     f"{here}: step {step!r} after step {last_step}: host steps must increase"
                 )
             last_step = step
-            is_prefill = bool(record.get("prefill", False))
-            routing = np.asarray(record.get("experts"))
+            is_prefill, phase = _step_tags(record, here)
+            routing = _ids(record.get("experts"), here, "experts")
             tokens = routing if is_prefill else routing[None, ...]
             if tokens.ndim != 3 or tokens.shape[1:] != (layers, top_k) or tokens.shape[0] < 1:
                 expected = "[tokens, layers, top_k]" if is_prefill else "[layers, top_k]"
@@ -161,21 +207,21 @@ def _refbox_trace(
                     f"{here}: experts must have shape {expected} with {layers} layers and "
                     f"top_k {top_k}, got {list(routing.shape)} (mixed top-k or a torn line?)"
                 )
-            rows.add(tokens, step, is_prefill, int(record.get("phase", 0)), number)
+            rows.add(tokens, step, is_prefill, phase, number)
         elif kind == "swap":
             values = [record.get(k) for k in ("step", "layer", "promoted", "evicted")]
-            if not all(isinstance(v, int) for v in values):
+            if not all(_is_int(v) for v in values):
                 raise TraceError(f"{here}: a swap needs integer step, layer, promoted, evicted")
             step_no, layer, promoted, evicted = (int(v) for v in values)  # type: ignore[arg-type]
             swaps.append(RecordedSwap(step_no, layer, promoted, evicted, line=number))
         elif kind == "drain":
             step = record.get("step")
-            if not isinstance(step, int):
+            if not _is_int(step):
                 raise TraceError(f"{here}: a drain line needs an integer step")
             drains.append(step)
         elif kind == "knobs":
             step = record.get("step")
-            if not isinstance(step, int):
+            if not _is_int(step):
                 raise TraceError(f"{here}: a knobs line needs an integer step")
             new, phase = _knobs_from(record.get("knobs"), here)
             changes.append(KnobChange(step, new, phase, number))
@@ -187,9 +233,14 @@ def _refbox_trace(
         raise TraceError(f"{path}: the trace has a header but no steps; send some requests")
     trace = rows.trace(path, "refbox", count)
     hot = header.get("hot") or None
-    if hot is not None and (len(hot) != layers or not all(isinstance(h, list) for h in hot)):
+    if hot is not None and (
+        not isinstance(hot, list)
+        or len(hot) != layers
+        or not all(isinstance(h, list) and all(_is_int(e, 0) and e < count for e in h) for h in hot)
+    ):
         raise TraceError(
-            f"{where}: header.hot must list the hot experts of each of {layers} layers"
+            f"{where}: header.hot must list the hot experts (ids in 0..{count - 1}) of each "
+            f"of {layers} layers"
         )
     del phase0  # the step lines carry the phase of every row
     trace.header = header
@@ -209,8 +260,8 @@ def _megatron_trace(
     for number, record in records:
         here = f"{path}:{number}"
         step, layer, top = record.get("step"), record.get("layer"), record.get("top_indices")
-        if not isinstance(step, int) or not isinstance(layer, int) or layer < 0:
-            raise TraceError(f"{here}: needs integer 'step' and 'layer' >= 0")
+        if not _is_int(step) or not _is_int(layer, 0) or layer >= MAX_LAYERS:
+            raise TraceError(f"{here}: needs integer 'step' and 'layer' in 0..{MAX_LAYERS - 1}")
         if top is None:
             raise TraceError(f"{here}: missing 'top_indices'")
         if by_step and step < by_step[-1][0]:
@@ -219,8 +270,7 @@ def _megatron_trace(
                 "backwards (sort the records by step)"
             )
         if not by_step or step != by_step[-1][0]:
-            by_step.append((step, number, {}, bool(record.get("prefill", False)),
-                            int(record.get("phase", 0))))  # fmt: skip
+            by_step.append((step, number, {}, *_step_tags(record, here)))
         layers = by_step[-1][2]
         if layer in layers:
             raise TraceError(f"{here}: step {step} lists layer {layer} twice")
@@ -235,7 +285,7 @@ def _megatron_trace(
         per_layer: list[npt.NDArray[Any]] = []
         for layer in range(n_layers):
             line, top = layers[layer]
-            array = np.asarray(top)
+            array = _ids(top, f"{path}:{line}", "top_indices")
             if array.ndim == 1:
                 array = array[None, :]
             if array.ndim != 2 or array.shape[1] == 0:
@@ -260,31 +310,70 @@ def _megatron_trace(
     return trace
 
 
+def _npy_header_problem(path: str) -> str | None:
+    """What is wrong with a ``.npy`` file's header, checked before numpy allocates its shape."""
+    with open(path, "rb") as handle:
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+        else:
+            return None  # a newer format: np.load checks it (and its errors are caught too)
+        body = os.fstat(handle.fileno()).st_size - handle.tell()
+    if dtype.hasobject:
+        return f"holds Python objects ({dtype}), not expert ids"
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need != body:
+        return f"its header says {list(shape)} {dtype} ({need:,} bytes), the file has {body:,}"
+    return None
+
+
 def _array_trace(path: str, experts: int | None) -> Trace:
+    # numpy's loaders raise a dozen unrelated types on a corrupt file (ValueError, EOFError,
+    # BadZipFile, zlib.error, SyntaxError from the header's dict, MemoryError from a huge
+    # shape...); every one is the file's fault, so every one becomes a TraceError naming it.
+    fix = "write it again with np.save / np.savez"
     try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: not a readable .npy/.npz array file: {exc}") from None
-    if isinstance(loaded, np.ndarray):
-        return trace_from_arrays(loaded, experts_count=experts, path=path, fmt="npy")
-    with loaded:
-        names = list(loaded.files)
-        key = next((k for k in _ARRAY_KEYS if k in names), names[0] if len(names) == 1 else None)
-        if key is None:
-            raise TraceError(
-                f"{path}: no routing array; name it one of {list(_ARRAY_KEYS)} (found {names})"
-            )
-        extra = {k: loaded[k] for k in ("phase", "prefill", "step") if k in names}
-        trace = trace_from_arrays(
-            loaded[key],
-            prefill=extra.get("prefill"),
-            phase=extra.get("phase"),
-            steps=extra.get("step"),
-            experts_count=experts,
-            path=path,
-            fmt="npz",
+        problem = _npy_header_problem(path) if path.lower().endswith(".npy") else None
+    except Exception as exc:
+        raise TraceError(f"{path}: not a readable .npy file ({str(exc)[:120]}); {fix}") from None
+    if problem is not None:
+        raise TraceError(f"{path}: corrupt .npy file: {problem}; {fix}")
+    try:
+        # Our own handle, closed however numpy fails: np.load leaks the one it opens when a
+        # corrupt .npz fails inside its constructor.
+        with open(path, "rb") as handle:
+            loaded = np.load(handle, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                arrays: dict[str, Any] = {"": loaded}
+                key: str | None = ""
+            else:
+                with loaded:
+                    names = list(loaded.files)
+                    only = names[0] if len(names) == 1 else None
+                    key = next((k for k in _ARRAY_KEYS if k in names), only)
+                    wanted = [k for k in (key, "phase", "prefill", "step") if k and k in names]
+                    arrays = {k: loaded[k] for k in wanted}
+    except Exception as exc:
+        raise TraceError(
+            f"{path}: not a readable .npy/.npz array file ({str(exc)[:120]}); {fix}"
+        ) from None
+    if key is None:
+        raise TraceError(
+            f"{path}: no routing array; name it one of {list(_ARRAY_KEYS)} (found {names})"
         )
-    return trace
+    if key == "":
+        return trace_from_arrays(arrays[""], experts_count=experts, path=path, fmt="npy")
+    return trace_from_arrays(
+        arrays[key],
+        prefill=arrays.get("prefill"),
+        phase=arrays.get("phase"),
+        steps=arrays.get("step"),
+        experts_count=experts,
+        path=path,
+        fmt="npz",
+    )
 
 
 def load_trace(path: str | os.PathLike[str], *, experts: int | None = None) -> Trace:

@@ -125,6 +125,15 @@ class Trace:
         return f"{self.path}:{line}" if line else f"{self.path}: step {step}"
 
 
+# Sanity bounds on a trace's geometry, far above any model's (256 experts, 61 layers for the
+# largest shipped MoEs): a corrupt id or header past them would make the replay allocate
+# layers x experts tables of terabytes; refusing names the file instead.
+MAX_LAYERS = 1024
+MAX_EXPERTS = 4096
+# Step numbers and tags are int64 in every array; a JSON integer past this does not fit.
+MAX_INT = 2**62
+
+
 def _int_dtype(max_id: int) -> type[np.integer[Any]]:
     # 1M tokens x 40 layers x top-6 is 240M ids: int16 keeps that at 480 MB.
     return np.int16 if max_id < 2**15 else np.int32
@@ -164,8 +173,21 @@ def trace_from_arrays(
             array = array.astype(np.int64)
         else:
             raise TraceError(f"{path}: expert ids must be integers, got dtype {array.dtype}")
+    if array.shape[1] > MAX_LAYERS:
+        raise TraceError(
+            f"{path}: {array.shape[1]} layers, more than any model's ({MAX_LAYERS}); the "
+            "trace is corrupt, or its axes are not [tokens, layers, top_k]"
+        )
     lowest, highest = int(array.min()), int(array.max())
     count = highest + 1 if experts_count is None else int(experts_count)
+    if experts_count is not None and not 1 <= count <= MAX_EXPERTS:
+        raise TraceError(f"{path}: the expert count must be in 1..{MAX_EXPERTS}, got {count}")
+    if experts_count is None and highest >= MAX_EXPERTS:
+        where = np.argwhere(array == highest)[0].tolist()
+        raise TraceError(
+            f"{path}: token {where[0]}, layer {where[1]}: expert id {highest} is more than "
+            f"any model has ({MAX_EXPERTS}); the trace is corrupt"
+        )
     if lowest < 0 or highest >= count:
         bad = lowest if lowest < 0 else highest
         where = np.argwhere(array == bad)[0].tolist()
@@ -181,6 +203,11 @@ def trace_from_arrays(
         out = np.asarray(values)
         if out.shape != (rows,):
             raise TraceError(f"{path}: {name} must have shape [{rows}], got {list(out.shape)}")
+        too_big = out.size > 0 and (int(out.max()) >= MAX_INT or int(out.min()) <= -MAX_INT)
+        if out.dtype.kind not in "biu" or too_big:
+            raise TraceError(
+                f"{path}: {name} must hold integers (or booleans) below 2^62, got dtype {out.dtype}"
+            )
         return out.astype(dtype)
 
     step_array: IntArray = per_row(steps, "step", 0, np.int64)

@@ -1,0 +1,86 @@
+"""Users' text and JSON files read into our own errors, naming the file and line.
+
+Every reader of a file a user hands us (cards, pools, maps, traces, run records) decodes and
+parses through here, so bytes that are not UTF-8, a number with more digits than Python will
+convert, or nesting deeper than the parser's stack become ``file:line: what is wrong, and the
+fix`` in the caller's :class:`BadInput` subclass instead of a traceback (and exit 1, which a
+release gate would read as a failed candidate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import warnings
+from typing import Any
+
+from harness.errors import BadInput
+
+__all__ = ["compile_pattern", "decode_utf8", "parse_json", "read_bytes", "read_text"]
+
+# Python refuses to convert longer digit strings (CVE-2020-10735); json and YAML raise ValueError.
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+_LONG_NUMBER = re.compile(rf"\d{{{_MAX_DIGITS + 1},}}")
+
+
+def read_bytes(path: str | os.PathLike[str], error: type[BadInput], what: str) -> bytes:
+    """The bytes of ``path``; a missing or unreadable file raises ``error`` naming it."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise error(f"{os.fspath(path)}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def decode_utf8(data: bytes, where: str, error: type[BadInput], *, first_line: int = 1) -> str:
+    """``data`` as UTF-8 text; a bad byte raises ``error`` at ``where:line`` of that byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = first_line + data.count(b"\n", 0, exc.start)
+        raise error(
+            f"{where}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}: {exc.reason}); the file is binary or corrupt: save it as UTF-8 or "
+            "restore it"
+        ) from None
+
+
+def read_text(path: str | os.PathLike[str], error: type[BadInput], what: str) -> str:
+    """The UTF-8 text of ``path``, every failure raised as ``error`` naming the file (and line)."""
+    return decode_utf8(read_bytes(path, error, what), os.fspath(path), error)
+
+
+def parse_json(text: str, where: str, error: type[BadInput], *, first_line: int = 1) -> Any:
+    """One JSON document; syntax, over-long numbers and deep nesting raise ``error`` with a line.
+
+    ``first_line`` is the line of ``text``'s start in its file (for one line of a JSONL file).
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        line = first_line + exc.lineno - 1
+        raise error(f"{where}:{line}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise error(
+            f"{where}:{first_line}: JSON nested too deeply to read; the file is corrupt"
+        ) from None
+    except ValueError:  # only a number too long to convert reaches here
+        found = _LONG_NUMBER.search(text)
+        line = first_line + (text.count("\n", 0, found.start()) if found else 0)
+        raise error(
+            f"{where}:{line}: a number with more than {_MAX_DIGITS} digits; no field takes "
+            "one: the file is corrupt"
+        ) from None
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A user's regular expression compiled; raises re.error, OverflowError or RecursionError.
+
+    Quietly: a FutureWarning about a valid pattern (``[[``) is not the user's error, and under
+    ``-W error`` it would escape as an exception of its own.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return re.compile(pattern)
