@@ -264,7 +264,10 @@ def test_sighup_during_boot_and_more_signals_during_shutdown_leave_nothing(
         code = _stop(process, signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     output = log.read_text()
     assert code == 129, output  # the first signal decides
-    assert "SIGTERM again; still stopping the runtime" in output
+    # Signals that land while the shutdown runs are noted ("SIGTERM again; …"); ones that land
+    # after it are ignored. Which it is depends on the machine's speed; neither may change the
+    # exit code or cut the records short.
+    assert "Traceback" not in output
     record = _interrupted_run(root)
     assert record["reason"].startswith("interrupted (SIGHUP); resume with harness run --resume ")
     assert (root / "runs" / record["run_id"] / "requests.parquet").is_file()

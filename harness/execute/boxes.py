@@ -250,6 +250,16 @@ class Box(ABC):
         """Send ``signal`` (TERM, INT, KILL) to the whole process group."""
         self.sh(f"kill -s {shlex.quote(signal)} -- -{int(pgid)} 2>/dev/null", check=False)
 
+    def wait_group_gone(self, pgid: int, timeout_s: float) -> bool:
+        """Poll until no process of the group is alive; False if one still is at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.group_alive(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
     def free_port(self) -> int:
         """A TCP port free on the box right now."""
         command = shell_command([self.spec.python_path(), "-c", _FREE_PORT_SNIPPET])

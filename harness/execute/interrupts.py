@@ -98,7 +98,9 @@ def stop_signals() -> Iterator[None]:
     """Within the block, SIGTERM, SIGHUP and SIGINT raise :class:`Interrupted`, the first only.
 
     Outside the main thread (where signals cannot be handled) the block runs unchanged. The
-    previous handlers come back when it ends.
+    previous handlers come back when it ends, unless a signal stopped the command: then the
+    process is about to exit 128 + that signal, and a later one (a scheduler sending SIGINT
+    after SIGTERM) must not kill it first and change what it exits with, so they are ignored.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -112,8 +114,9 @@ def stop_signals() -> Iterator[None]:
     try:
         yield
     finally:
+        stopped = _GUARD.raised is not None or _GUARD.pending is not None
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if stopped else handler)
         _GUARD.reset()
 
 

@@ -9,7 +9,6 @@ harness left running is stopped first, but only if its PID still names the same 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,11 +153,7 @@ def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
     if not identity or orphan_identity(box, pgid) != identity:
         return False
     box.signal_group(pgid, "KILL")
-    for _ in range(50):
-        if not box.group_alive(pgid):
-            return True
-        time.sleep(0.1)
-    return False
+    return box.wait_group_gone(pgid, 5.0)
 
 
 __all__ = [

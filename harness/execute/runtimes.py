@@ -234,17 +234,10 @@ def stop_group(box: Box, profile: RuntimeProfile, pgid: int) -> bool:
     if not box.group_alive(pgid):
         return True
     box.signal_group(pgid, profile.stop.signal)
-    deadline = time.monotonic() + profile.stop.grace_s
-    while time.monotonic() < deadline:
-        if not box.group_alive(pgid):
-            return True
-        time.sleep(0.1)
+    if box.wait_group_gone(pgid, profile.stop.grace_s):
+        return True
     box.signal_group(pgid, "KILL")
-    for _ in range(50):
-        if not box.group_alive(pgid):
-            return True
-        time.sleep(0.1)
-    return False
+    return box.wait_group_gone(pgid, 5.0)
 
 
 def boot(
