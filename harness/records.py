@@ -185,6 +185,7 @@ RUN_TABLE_COLUMNS: dict[str, dict[str, str]] = {
         "output_text": "text",
     },
     "chunks.parquet": {"request": "int", "chunk": "int", "t_s": "number"},
+    "bench.parquet": {"row": "int"},  # a command-driver run: + one number column per metric
     "ring.parquet": dict.fromkeys(RING_FIELDS, "int"),
     "samples.parquet": {
         "t_s": "number",

@@ -110,6 +110,15 @@ def _prompt_logs(requests: pd.DataFrame) -> np.ndarray:
     return logs
 
 
+def _row_logs(bench: pd.DataFrame) -> np.ndarray:
+    # A command-driver run's result rows stand where prompts do (one decode speed each).
+    if "decode_tok_s" not in bench.columns:
+        return np.array([], dtype=float)
+    values = bench["decode_tok_s"].to_numpy(dtype=float)
+    logs: np.ndarray = np.log(values[np.isfinite(values) & (values > 0)])
+    return logs
+
+
 @dataclass
 class RunTables:
     """The per-run tables of a campaign, and per-prompt log speeds for the bootstrap."""
@@ -154,12 +163,15 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         ring = read_parquet(ring_path) if ring_path.is_file() else None
         samples_path = run_dir / "samples.parquet"
         samples = read_parquet(samples_path) if samples_path.is_file() else None
+        bench_path = run_dir / "bench.parquet"  # a command-driver run's result rows
+        bench = read_parquet(bench_path) if bench_path.is_file() else None
         metrics, shifts = run_metrics(
             requests,
             chunks,
             counters,
             ring,
             samples=samples,
+            bench=bench,
             concurrency=card.workload.concurrency,
             window_s=card.analysis.window_s,
             converged_span_s=card.analysis.converged_span_s,
@@ -167,7 +179,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         )
         row.update(metrics)
         rows.append(row)
-        logs[run_id] = _prompt_logs(requests)
+        logs[run_id] = _prompt_logs(requests) if bench is None else _row_logs(bench)
         names = {i: p.name for i, p in enumerate(card.workload.phases or [])}
         for shift in shifts:
             shift_rows.append(

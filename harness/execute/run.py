@@ -32,11 +32,18 @@ from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box
+from harness.execute.command import collect_result, start_command, wait_command
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
 from harness.execute.interrupts import deferred, describe, exit_code
+from harness.execute.log_counters import (
+    log_counter_units,
+    log_snapshot,
+    missing_log_counters,
+    start_snapshot,
+)
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
@@ -48,7 +55,14 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
-from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render, stop_group
+from harness.execute.runtimes import (
+    BootSpec,
+    RunningRuntime,
+    boot,
+    boot_spec,
+    render,
+    stop_group,
+)
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.plan import Plan, Run, plan_json_text
@@ -110,6 +124,21 @@ def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
     # failure is reported from the requests).
     telemetry = runtime.profile.telemetry
     return scrape_counters(runtime.base_url, telemetry.counters_http, telemetry.metrics_http)
+
+
+def _with_log(
+    counters: dict[str, Any] | None, runtime: RunningRuntime, *, start: bool = False
+) -> dict[str, Any] | None:
+    # The profile's log counters, snapshotted from the server log beside the HTTP counters.
+    specs = runtime.profile.telemetry.log_counters
+    if not specs:
+        return counters
+    text = runtime.box.read_text(runtime.spec.log_path)
+    where = f"{runtime.spec.log_path}"
+    snapshot = start_snapshot(specs, text, where=where) if start else None
+    if snapshot is None:
+        snapshot = log_snapshot(text, specs, where=where)
+    return {**(counters or {}), **snapshot}
 
 
 @dataclass
@@ -297,45 +326,49 @@ class CampaignRunner:
             else:
                 record.runtime["evicted"] = []
             swap_before = self.box.swapout_pages()
-            runtime = boot(
-                self.box,
-                self.loaded.runtime,
-                spec,
-                lambda pgid: self._journal_boot(run, pgid, state),
-            )
-            self._start_monitor(runtime, state)
-            runtime.post_live(spec.live)
-            warmups: list[RequestResult] = []
-            if run.sends_warmup:
-                warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
-            if state.monitor is not None:
-                state.monitor.scored = True
-            before = _counters(runtime)
-            self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
-            after = _counters(runtime)
-            swap_after = self.box.swapout_pages()
-            self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
-            failures = [r for r in state.results if not r.ok and not r.warmup]
-            failures_before = self._previous_failures(local_dir, previous)
-            if failures or failures_before:
-                died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
-                scored = [r for r in state.results if not r.warmup]
-                first = (
-                    f"first ({failures[0].prompt_id}): {failures[0].error}"
-                    if failures
-                    else "in segments before the resume"
-                )
-                record.reason = (
-                    f"{died}{len(failures) + failures_before} of {len(scored)} requests "
-                    f"failed; {first}"
-                )
-            elif state.segments_done < state.segments_planned:
-                record.reason = (
-                    f"runtime exited mid-run: {state.segments_done} of "
-                    f"{state.segments_planned} segments ran"
-                )
-            else:
+            if self.loaded.runtime.driver is not None:
+                runtime = self._run_command(run, spec, state, local_dir, swap_before)
                 record.status = RUN_OK
+            else:
+                runtime = boot(
+                    self.box,
+                    self.loaded.runtime,
+                    spec,
+                    lambda pgid: self._journal_boot(run, pgid, state),
+                )
+                self._start_monitor(runtime, state)
+                runtime.post_live(spec.live)
+                warmups: list[RequestResult] = []
+                if run.sends_warmup:
+                    warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+                if state.monitor is not None:
+                    state.monitor.scored = True
+                before = _with_log(_counters(runtime), runtime, start=True)
+                self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+                after = _with_log(_counters(runtime), runtime)
+                swap_after = self.box.swapout_pages()
+                self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
+                failures = [r for r in state.results if not r.ok and not r.warmup]
+                failures_before = self._previous_failures(local_dir, previous)
+                if failures or failures_before:
+                    died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
+                    scored = [r for r in state.results if not r.warmup]
+                    first = (
+                        f"first ({failures[0].prompt_id}): {failures[0].error}"
+                        if failures
+                        else "in segments before the resume"
+                    )
+                    record.reason = (
+                        f"{died}{len(failures) + failures_before} of {len(scored)} requests "
+                        f"failed; {first}"
+                    )
+                elif state.segments_done < state.segments_planned:
+                    record.reason = (
+                        f"runtime exited mid-run: {state.segments_done} of "
+                        f"{state.segments_planned} segments ran"
+                    )
+                else:
+                    record.status = RUN_OK
         except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
             record.reason = (
@@ -356,6 +389,45 @@ class CampaignRunner:
             with deferred():
                 self._finish(run, record, runtime, state, local_dir)
         return record.status
+
+    def _run_command(
+        self,
+        run: Run,
+        spec: BootSpec,
+        state: _Boot,
+        local_dir: Path,
+        swap_before: int | None,
+    ) -> RunningRuntime:
+        """A command-driver run: the command is the run, its result rows the run record.
+
+        Its log counters start at 0 (the process starts with the run) and end at the log's
+        last snapshot; raises (the run fails) on a crash, a time limit or an unmapped column.
+        """
+        profile = self.loaded.runtime
+        assert profile.driver is not None
+        command = start_command(
+            self.box, profile, spec, lambda pgid: self._journal_boot(run, pgid, state)
+        )
+        state.origin_wall = time.time()
+        self._start_monitor(command.runtime, state)
+        if state.monitor is not None:
+            state.monitor.scored = True
+        try:
+            wait_command(command, profile.driver.timeout_s)
+        except BaseException:
+            command.runtime.stop()
+            raise
+        swap_after = self.box.swapout_pages()
+        specs = profile.telemetry.log_counters
+        before = start_snapshot(specs, None) if specs else None
+        after = None
+        if specs:
+            text = self.box.read_text(spec.log_path)
+            after = log_snapshot(text, specs, where=spec.log_path)
+        self._write_counters(local_dir, before, after, swap_before, swap_after, None)
+        collect_result(command, local_dir)
+        state.segments_planned = state.segments_done = 1
+        return command.runtime
 
     def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
@@ -681,6 +753,11 @@ class CampaignRunner:
         previous: CheckpointState | None,
     ) -> None:
         payload = counters_record(before, after, swap_before, swap_after, previous)
+        specs = self.loaded.runtime.telemetry.log_counters
+        if specs:
+            # Declared but not counted is said, so no reader takes the absence for 0.
+            payload["log_counter_units"] = log_counter_units(specs)
+            payload["missing"] = missing_log_counters(specs, before, after)
         write_json_atomic(local_dir / "counters.json", payload)
 
     def _collect(self, local_dir: Path, state: _Boot, record: RunRecord) -> None:
