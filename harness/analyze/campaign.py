@@ -29,8 +29,10 @@ from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.errors import HarnessError, RecordError
+from harness.plan import cohort_key
 from harness.records import (
     CampaignDir,
+    read_cohorts,
     read_counters,
     read_parquet,
     write_json_atomic,
@@ -133,6 +135,7 @@ class RunTables:
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
     """Read every run record and compute its metrics."""
     plan = campaign.plan()
+    cohorts = read_cohorts(campaign.root)
     rows, shift_rows, domain_rows, output_rows = [], [], [], []
     logs: dict[str, np.ndarray] = {}
     for raw in plan["runs"]:
@@ -141,6 +144,14 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         record = campaign.run_record(run_id)
         if record is None:
             row.update(status="missing", reason="never ran (resume the campaign)")
+            rows.append(row)
+            continue
+        cohort = cohort_key(raw["comparison"], raw["cache_state"], int(raw["cycle"]))
+        entry = cohorts.get(cohort, {})
+        if not entry.get("valid", True):
+            # A guard broke in its cohort: every run of it is invalid, however it ended.
+            reasons = "; ".join(str(r) for r in entry.get("reasons") or []) or "invalid"
+            row.update(status="invalid", reason=f"cohort {cohort} invalid: {reasons}")
             rows.append(row)
             continue
         # Records lost counts only beside a ring: run.json says 0 for a run with none.

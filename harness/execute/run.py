@@ -32,11 +32,13 @@ from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.boxes import Box, open_box
+from harness.execute.cohorts import CohortBook
 from harness.execute.command import collect_result, start_command, wait_command
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
+from harness.execute.guards import RunWatch, cohort_checks, cohort_key, guards_enabled
 from harness.execute.interrupts import deferred, describe, exit_code
 from harness.execute.log_counters import (
     log_counter_units,
@@ -61,6 +63,7 @@ from harness.execute.runtimes import (
     boot,
     boot_spec,
     render,
+    runtime_version,
     stop_group,
 )
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
@@ -152,6 +155,7 @@ class _Boot:
     previous: CheckpointState | None = None  # the boots a resumed run already went through
     journal: Journal | None = None  # the checkpoint journal (checkpointed runs only)
     monitor: RunMonitor | None = None
+    watch: RunWatch | None = None  # the guards during the run, when on
     results: list[RequestResult] = field(default_factory=list)
     pending: list[RequestResult] = field(default_factory=list)  # since the last checkpoint
     origin_wall: float = 0.0  # time.time() at t_start_s == 0 (samples count from it too)
@@ -188,6 +192,8 @@ class CampaignRunner:
         self.remote_root = ""
         self.monitor_settings = monitor or MonitorSettings()
         self.checkpoint_s = checkpoint_s
+        enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
+        self.cohorts = CohortBook.open(campaign.root, enabled, why)
 
     @property
     def cache_dir(self) -> str:
@@ -210,6 +216,11 @@ class CampaignRunner:
             for run in self.plan.runs:
                 if run.run_id in done:
                     self.progress("skip", run, {})
+                    continue
+                invalid = self._cohort_invalid(run)
+                if invalid is not None:
+                    self._record_invalid(run, invalid)
+                    outcome.failed.append(run.run_id)
                     continue
                 status = self._run_with_retries(run)
                 (outcome.done if status == RUN_OK else outcome.failed).append(run.run_id)
@@ -244,11 +255,69 @@ class CampaignRunner:
         status = RUN_FAILED
         for attempt in range(1, attempts + 1):
             status = self._run_once(run, attempt)
-            if status == RUN_OK:
-                break
+            if status == RUN_OK or self.cohorts.invalid_reason(cohort_key(run)) is not None:
+                break  # an invalid cohort is not retried into validity
         record = self.campaign.run_record(run.run_id) or {}
         self.progress("end", run, {"status": status, "reason": record.get("reason", "")})
         return status
+
+    def _cohort_invalid(self, run: Run) -> str | None:
+        """Why the run's cohort is invalid (checking it first, before its first run), or None."""
+        if not self.cohorts.enabled:
+            return None
+        key = cohort_key(run)
+        if not self.cohorts.checked(key):
+            patterns = self.loaded.runtime.competing
+            checks = cohort_checks(self.box, self.loaded.card.guards, patterns)
+            self.cohorts.record_checks(key, checks)
+            self.campaign.journal.append(
+                "cohort_checked",
+                cohort=key,
+                passed=all(c.passed for c in checks),
+                checks=[c.to_json() for c in checks],
+            )
+        return self.cohorts.invalid_reason(key)
+
+    def _record_invalid(self, run: Run, reason: str) -> None:
+        """A run of an invalid cohort: recorded failed, never run."""
+        local_dir = self.campaign.run_dir(run.run_id)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        record = RunRecord(
+            **run.identity(),
+            status=RUN_FAILED,
+            box=self.loaded.box_name,
+            boot_id="",
+            started_at=time.time(),
+            attempt=0,
+        )
+        record.reason = f"cohort {cohort_key(run)} invalid, not run: {reason}"
+        record.ended_at = record.started_at
+        write_json_atomic(local_dir / "run.json", record.to_json())
+        self.campaign.journal.append("run_failed", run_id=run.run_id, reason=record.reason)
+        self.progress("end", run, {"status": RUN_FAILED, "reason": record.reason})
+
+    def _start_watch(self, run: Run, pgid: int, state: _Boot, record: RunRecord) -> None:
+        """Guards during the run: a broken rule stops the runtime and invalidates the cohort."""
+        if not self.cohorts.enabled:
+            return
+        key = cohort_key(run)
+        version = runtime_version(self.box, self.loaded.runtime, self.loaded.box.python_path())
+        record.runtime["binary_sha256"] = version.get("binary_sha256")
+        changed = self.cohorts.binary(key, version.get("binary_sha256"))
+        if changed is not None:
+            self.cohorts.invalidate(key, changed)
+            raise InfrastructureError(f"guard: {changed}")
+        signal = self.loaded.runtime.stop.signal
+
+        def abort(box: Box, reason: str) -> None:
+            box.signal_group(pgid, signal)
+
+        state.watch = RunWatch(
+            open_box=lambda: open_box(self.loaded.box_name, self.loaded.box),
+            guards=self.loaded.card.guards,
+            on_abort=abort,
+        )
+        state.watch.start()
 
     def _resume_state(self, run: Run, local_dir: Path, attempt: int) -> CheckpointState | None:
         """The checkpoints a run continues from, or None when it must be redone whole.
@@ -327,7 +396,7 @@ class CampaignRunner:
                 record.runtime["evicted"] = []
             swap_before = self.box.swapout_pages()
             if self.loaded.runtime.driver is not None:
-                runtime = self._run_command(run, spec, state, local_dir, swap_before)
+                runtime = self._run_command(run, spec, state, local_dir, swap_before, record)
                 record.status = RUN_OK
             else:
                 runtime = boot(
@@ -337,6 +406,7 @@ class CampaignRunner:
                     lambda pgid: self._journal_boot(run, pgid, state),
                 )
                 self._start_monitor(runtime, state)
+                self._start_watch(run, runtime.pgid, state, record)
                 runtime.post_live(spec.live)
                 warmups: list[RequestResult] = []
                 if run.sends_warmup:
@@ -397,6 +467,7 @@ class CampaignRunner:
         state: _Boot,
         local_dir: Path,
         swap_before: int | None,
+        record: RunRecord,
     ) -> RunningRuntime:
         """A command-driver run: the command is the run, its result rows the run record.
 
@@ -410,6 +481,7 @@ class CampaignRunner:
         )
         state.origin_wall = time.time()
         self._start_monitor(command.runtime, state)
+        self._start_watch(run, command.runtime.pgid, state, record)
         if state.monitor is not None:
             state.monitor.scored = True
         try:
@@ -578,6 +650,15 @@ class CampaignRunner:
     ) -> None:
         if state.monitor is not None:
             state.monitor.stop()  # before the stop, so no sample sees a half-stopped group
+        if state.watch is not None:
+            state.watch.stop()
+            if state.watch.reason is not None:
+                # A guard stopped the run: that is why it failed, and the cohort is invalid.
+                record.status = RUN_FAILED
+                record.reason = f"guard: {state.watch.reason}" + (
+                    f" (then: {record.reason})" if record.reason else ""
+                )
+                self.cohorts.invalidate(cohort_key(run), state.watch.reason)
         if runtime is None and state.pgid is not None:
             # Started but never returned from the boot (interrupted while it got ready).
             if stop_group(self.box, self.loaded.runtime, state.pgid):
