@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
+from harness.analyze.logit_parity import LOGITS_DIR, embedded_mismatch, read_logit_dumps
 from harness.analyze.looks import (
     LookState,
     extension_warnings,
@@ -130,12 +131,15 @@ class RunTables:
     domains: pd.DataFrame
     outputs: pd.DataFrame
     prompt_logs: dict[str, np.ndarray]
+    # cell -> key -> values: the model path / ctx-alloc strings its logit dumps embed
+    logit_embedded: dict[str, dict[str, set[str]]] = field(default_factory=dict)
 
 
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
     """Read every run record and compute its metrics."""
     plan = campaign.plan()
     cohorts = read_cohorts(campaign.root)
+    embedded: dict[str, dict[str, set[str]]] = {}
     rows, shift_rows, domain_rows, output_rows = [], [], [], []
     logs: dict[str, np.ndarray] = {}
     for raw in plan["runs"]:
@@ -234,12 +238,32 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
                     "output_text": request["output_text"],
                 }
             )
+        if (run_dir / LOGITS_DIR).is_dir():
+            # Logit parity: each frontier dump is an output the exact_outputs gate compares.
+            dumps = read_logit_dumps(run_dir / LOGITS_DIR)
+            row["logit_sha256"] = dumps.combined_sha256
+            for key, values in dumps.embedded.items():
+                embedded.setdefault(raw["cell"], {}).setdefault(key, set()).update(values)
+            for name, sha in dumps.hashes.items():
+                output_rows.append(
+                    {
+                        "run_id": run_id,
+                        "cell": raw["cell"],
+                        "cache_state": raw["cache_state"],
+                        "prompt_id": name,
+                        "phase": "logits",
+                        "ok": True,
+                        "output_sha256": sha,
+                        "output_text": "",
+                    }
+                )
     return RunTables(
         runs=pd.DataFrame(rows),
         shifts=pd.DataFrame(shift_rows),
         domains=pd.DataFrame(domain_rows),
         outputs=pd.DataFrame(output_rows),
         prompt_logs=logs,
+        logit_embedded=embedded,
     )
 
 
@@ -339,6 +363,9 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         warnings.append(f"run {row['run_id']} {row['status']}: {row.get('reason', '')}")
     events = campaign.journal.events()
     warnings.extend(extension_warnings(card, events))
+    mismatch = embedded_mismatch(tables.logit_embedded)
+    if mismatch is not None:
+        warnings.append(mismatch)
     look = look_state(card, planned_cycles(campaign.plan()), events)
     comparisons: list[CellComparison] = []
     if card.control is not None and card.design.order != "sequential":

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.analyze.logit_parity import LOGITS_DIR
 from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
@@ -854,6 +855,7 @@ class CampaignRunner:
                 with contextlib.suppress(HarnessError, OSError):
                     if self.box.exists(old_log):
                         self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
+        self._collect_logits(local_dir, context)
         if telemetry.ring is None:
             return
         ring_remote = render(telemetry.ring.path, context)
@@ -887,6 +889,19 @@ class CampaignRunner:
         write_parquet(ring_frame, local_dir / "ring.parquet")
         ring_local.unlink()
         self._collect_trace(local_dir, context)
+
+    def _collect_logits(self, local_dir: Path, context: dict[str, Any]) -> None:
+        """The run's frontier-logit dumps, when the profile declares them (none: the run fails,
+        since the exact_outputs gate would otherwise compare nothing)."""
+        dumps = self.loaded.runtime.logit_dumps
+        if dumps is None:
+            return
+        remote = render(dumps.path, context)
+        if not self.box.exists(remote):
+            raise RecordError(f"the runtime wrote no frontier-logit dumps at {remote}")
+        self.box.get_dir(remote, local_dir / LOGITS_DIR)
+        if not any((local_dir / LOGITS_DIR).rglob(dumps.glob)):
+            raise RecordError(f"no {dumps.glob} in the frontier-logit dumps at {remote}")
 
     def _collect_trace(self, local_dir: Path, context: dict[str, Any]) -> None:
         telemetry = self.loaded.runtime.telemetry
