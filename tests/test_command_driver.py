@@ -17,6 +17,7 @@ import pytest
 
 from harness.llamacpp import build
 from harness.llamacpp.gguf_model import write_tiny_moe
+from harness.report.tables import LABEL_CLASS
 from tests.conftest import REPO, run_cli
 
 CARD = REPO / "campaigns" / "llama-bench-threads.yaml"
@@ -55,7 +56,11 @@ def _campaign(reports: Path) -> Path:
 
 
 def test_llama_bench_threads_runs_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
-    card = card_dir(tmp_path, tiny_model)
+    # As shipped, but for the competing-process guard (tests/test_guards.py holds it): on a shared
+    # test machine, another test's runtime may be running, which would rightly refuse the cohort.
+    card = card_dir(
+        tmp_path, tiny_model, card=CARD.read_text(encoding="utf-8") + "guards: {competing: false}\n"
+    )
     reports = tmp_path / "reports"
     result = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=600)
     assert "runs: 8 done, 0 failed" in result.stdout, result.stdout + result.stderr
@@ -81,7 +86,17 @@ def test_llama_bench_threads_runs_end_to_end(tiny_model: Path, tmp_path: Path) -
     verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
     assert {g["kind"] for g in verdict["gates"]} == {"counter", "better"}
     assert verdict["incomplete_runs"] == []
-    assert (root / "report.html").is_file()
+    html = (root / "report.html").read_text(encoding="utf-8")
+    record = (root / "record.md").read_text(encoding="utf-8")
+    assert record.startswith(f"# {root.name[:4]}-{root.name[4:6]}-{root.name[6:8]} ")
+    box = json.loads((root / "boxes" / "local.json").read_text(encoding="utf-8"))
+    assert f"binary SHA-256: `{box['runtime']['binary_sha256']}`" in record
+    # The same figures as the page: the comparison row's ratio and interval texts in both.
+    (row,) = [line for line in record.splitlines() if line.startswith("| t2 | t1 | warm |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    ratio, interval, label = cells[6], cells[7], cells[8]
+    assert ratio in html and interval in html and label in LABEL_CLASS
+    assert "## Invalid cohorts" in record and "## Gates" in record
 
 
 def test_a_failing_command_and_a_time_limit_fail_their_runs(

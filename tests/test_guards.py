@@ -107,7 +107,7 @@ def test_a_competing_process_is_found_and_invalidates_the_cohort(
         while check.passed and time.monotonic() < deadline:
             time.sleep(0.1)
             check = competing_processes(box, PATTERNS)
-        assert not check.passed and f"{rival.pid} llama-server 60" in check.reason
+        assert not check.passed and f"{rival.pid} llama-server 60" in str(check.value)
         root, output = _run(tmp_path, tiny_model, "{}")
     finally:
         rival.terminate()
@@ -119,6 +119,10 @@ def test_a_competing_process_is_found_and_invalidates_the_cohort(
         assert str(record["reason"]).startswith("cohort t2/warm/cycle0 invalid, not run: competing")
         assert record["attempt"] == 0  # never run
     _gate_fails_closed(root, "competing process running")
+    run_cli("report", str(root), "--no-figures")
+    record = (root / "record.md").read_text(encoding="utf-8")
+    (line,) = [x for x in record.splitlines() if x.startswith("| t2/warm/cycle0 | 4 |")]
+    assert "competing: competing process running:" in line and f"{rival.pid} llama-server" in line
 
 
 @pytest.mark.slow

@@ -114,7 +114,7 @@ def competing_processes(box: Box, patterns: Sequence[str]) -> GuardCheck:
         if any(p.search(args) for p in compiled):
             found.append(f"{pid_text} {args[:120]}")
     if found:
-        listed = "; ".join(found[:5])
+        listed = "; ".join(found[:20])
         return GuardCheck(
             "competing",
             False,
