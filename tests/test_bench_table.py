@@ -18,7 +18,7 @@ from harness.analyze.metrics import bench_metrics
 from harness.bench_table import map_result_rows, parse_result_rows
 from harness.card.resolve import load_runtime_profile
 from harness.errors import RecordError
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 DATA = Path(__file__).parent / "data" / "bench"
 RUNTIMES = REPO / "campaigns" / "runtimes"
@@ -103,3 +103,21 @@ def test_damaged_results_are_errors_never_zero() -> None:
         map_result_rows(rows, {"decode_tok_s": "gen_tps"}, where="r.csv")
     with pytest.raises(RecordError, match="list of objects"):
         parse_result_rows("[1, 2]", "json", "r.json")
+
+
+def test_shipped_profiles_validate_and_a_bad_column_map_is_named(tmp_path: Path) -> None:
+    names = ["ds4", "ds4-server", "llama-bench", "llama-cpp"]
+    result = run_cli("validate", *[str(RUNTIMES / f"{n}.yaml") for n in names])
+    assert result.code == 0, result.stderr
+    assert (
+        "ok: " in result.stdout
+        and "(runtime ds4, command driver, 14 knobs, 4 log counters)" in (result.stdout)
+    )
+    bad = tmp_path / "runtimes" / "ds4.yaml"
+    bad.parent.mkdir()
+    text = (RUNTIMES / "ds4.yaml").read_text(encoding="utf-8")
+    bad.write_text(text.replace("decode_tok_s: gen_tps", "decode_speed: gen_tps"), encoding="utf-8")
+    result = run_cli("validate", str(bad))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert "driver.columns maps onto decode_speed, not metrics or counters" in result.stderr
+    assert f"{bad}:" in result.stderr

@@ -8,13 +8,17 @@ is recorded invalid with the reason, that nothing retried it into validity, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from harness.card import Cell
+from harness.card.resolve import load_runtime_profile
 from harness.card.schema import Guards
 from harness.execute.boxes import LocalBox
 from harness.execute.guards import (
@@ -23,10 +27,12 @@ from harness.execute.guards import (
     enough_memory,
     guards_enabled,
     on_ac_power,
+    wait_idle,
     wired_bytes,
 )
-from harness.profiles import BoxSpec
-from tests.conftest import run_cli
+from harness.execute.runtimes import boot, boot_spec, http_json
+from harness.profiles import BoxSpec, Idle
+from tests.conftest import REPO, run_cli
 from tests.test_command_driver import CARD, PROFILE, card_dir, tiny_model  # noqa: F401 - fixture
 
 PATTERNS = ["(^|/)llama-(server|bench|cli)( |$)", "(^|/)ds4(-server|-bench)?( |$)"]
@@ -205,3 +211,44 @@ def test_cohort_checks_name_each_rule_kept_on() -> None:
     assert names == ["ac_power", "competing", "free_memory"]
     off = Guards(ac_power=False, competing=False, min_free_memory_pct=None)
     assert cohort_checks(box, off, PATTERNS) == []
+
+
+@pytest.mark.slow
+def test_a_busy_runtime_is_not_idle_and_an_idle_one_is(
+    tiny_model: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / "llama-cpp.yaml")
+    assert profile.idle is not None and profile.telemetry.metrics_http == "/metrics"
+    box = LocalBox("local", BoxSpec())
+    cell = Cell(knobs={"threads": 1, "model": str(tiny_model)})
+    spec = boot_spec(
+        profile, cell, port=box.free_port(), run_dir=str(tmp_path), python="python3",
+        bind_host="127.0.0.1", cache_dir=str(tmp_path), uploaded={},
+    )  # fmt: skip
+    runtime = boot(box, profile, spec)
+    try:
+        idle = wait_idle(runtime.base_url, "/metrics", profile.idle)
+        assert idle.passed and "llamacpp:requests_processing=0" in idle.reason
+        body = {"prompt": "Once", "max_tokens": 3000, "temperature": 0, "ignore_eos": True}
+        url = runtime.base_url + "/v1/completions"
+
+        def generate() -> None:
+            # Cut off when the runtime stops at the end of the test: that is expected.
+            with contextlib.suppress(OSError):
+                http_json(url, body, timeout_s=120)
+
+        worker = threading.Thread(target=generate)
+        worker.start()
+        time.sleep(1.0)
+        busy = wait_idle(
+            runtime.base_url, "/metrics", Idle(metrics=profile.idle.metrics, for_s=1, timeout_s=2)
+        )
+        assert not busy.passed and "llamacpp:requests_processing=1" in busy.reason, busy.reason
+        absent = wait_idle(
+            runtime.base_url, "/metrics", Idle(metrics=["vllm:num_requests_running"])
+        )
+        assert not absent.passed and "serves no vllm:num_requests_running" in absent.reason
+    finally:
+        assert runtime.stop()
+        worker.join(timeout=30)

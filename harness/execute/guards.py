@@ -21,8 +21,10 @@ from typing import Any
 from harness.card.schema import Guards
 from harness.errors import HarnessError
 from harness.execute.boxes import Box
+from harness.execute.counters import scrape_counters
 from harness.plan import Run
 from harness.plan import cohort_key as plan_cohort_key
+from harness.profiles import Idle
 from harness.textfile import compile_pattern
 
 # Linux: a supply of type Battery whose status is Discharging, and no Mains supply online.
@@ -190,6 +192,47 @@ def wired_bytes(box: Box) -> float | None:
     if "Unevictable" not in info:
         return None
     return info["Unevictable"] + info.get("Mlocked", 0.0)
+
+
+def idle_value(samples: dict[str, float], metric: str) -> float | None:
+    """A metric summed over its label sets (``name`` or ``name{…}``); None when not served."""
+    values = [v for k, v in samples.items() if k == metric or k.startswith(metric + "{")]
+    return float(sum(values)) if values else None
+
+
+def wait_idle(base_url: str, metrics_http: str, idle: Idle, poll_s: float = 0.5) -> GuardCheck:
+    """Poll the runtime's Prometheus metrics until every ``idle.metrics`` reads 0 for ``for_s``
+    (the CUDA lane's rule before timed runs on a shared box); a failed check past ``timeout_s``.
+
+    A metric the runtime does not serve fails closed: it cannot say the box is idle.
+    """
+    started = time.monotonic()
+    quiet_since: float | None = None
+    last = "no answer"
+    while True:
+        now = time.monotonic()
+        samples = scrape_counters(base_url, None, metrics_http, timeout_s=5)
+        if samples is not None:
+            values = {m: idle_value(samples, m) for m in idle.metrics}
+            absent = [m for m, v in values.items() if v is None]
+            if absent:
+                return GuardCheck(
+                    "idle", False, f"{metrics_http} serves no {', '.join(absent)}; fix profile idle"
+                )
+            last = ", ".join(f"{m}={v:g}" for m, v in values.items() if v is not None)
+            busy = any(v for v in values.values())
+            quiet_since = None if busy else (quiet_since if quiet_since is not None else now)
+            if quiet_since is not None and now - quiet_since >= idle.for_s:
+                return GuardCheck("idle", True, f"idle for {idle.for_s:g} s ({last})", last, 0)
+        if now - started > idle.timeout_s:
+            return GuardCheck(
+                "idle",
+                False,
+                f"box not idle for {idle.for_s:g} s within {idle.timeout_s:g} s (last: {last})",
+                last,
+                0,
+            )
+        time.sleep(poll_s)
 
 
 def cohort_checks(box: Box, guards: Guards, patterns: Sequence[str]) -> list[GuardCheck]:

@@ -39,7 +39,13 @@ from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
-from harness.execute.guards import RunWatch, cohort_checks, cohort_key, guards_enabled
+from harness.execute.guards import (
+    RunWatch,
+    cohort_checks,
+    cohort_key,
+    guards_enabled,
+    wait_idle,
+)
 from harness.execute.interrupts import deferred, describe, exit_code
 from harness.execute.log_counters import (
     log_counter_units,
@@ -320,6 +326,18 @@ class CampaignRunner:
         )
         state.watch.start()
 
+    def _check_idle(self, run: Run, runtime: RunningRuntime) -> None:
+        """Before any request: the profile's running/waiting metrics at 0 for a while."""
+        idle = self.loaded.runtime.idle
+        metrics_http = self.loaded.runtime.telemetry.metrics_http
+        if not self.cohorts.enabled or idle is None or metrics_http is None:
+            return
+        check = wait_idle(runtime.base_url, metrics_http, idle)
+        self.campaign.journal.append("idle_checked", run_id=run.run_id, **check.to_json())
+        if not check.passed:
+            self.cohorts.invalidate(cohort_key(run), f"idle: {check.reason}")
+            raise InfrastructureError(f"guard: {check.reason}")
+
     def _resume_state(self, run: Run, local_dir: Path, attempt: int) -> CheckpointState | None:
         """The checkpoints a run continues from, or None when it must be redone whole.
 
@@ -408,6 +426,7 @@ class CampaignRunner:
                 )
                 self._start_monitor(runtime, state)
                 self._start_watch(run, runtime.pgid, state, record)
+                self._check_idle(run, runtime)
                 runtime.post_live(spec.live)
                 warmups: list[RequestResult] = []
                 if run.sends_warmup:
