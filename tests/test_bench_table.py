@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,51 @@ def test_shipped_profiles_validate_and_a_bad_column_map_is_named(tmp_path: Path)
     assert result.code == 2 and "Traceback" not in result.stderr
     assert "driver.columns maps onto decode_speed, not metrics or counters" in result.stderr
     assert f"{bad}:" in result.stderr
+
+
+@pytest.mark.slow
+def test_ds4_bench_rows_fill_the_seed_004_table_end_to_end(tmp_path: Path) -> None:
+    # A command that prints the fixture CSV, mapped by ds4.yaml's own driver columns: the rows
+    # reach the policy table (decode t/s, hit rate, loads, routed reads, TPOT) and record.md.
+    driver = _ds4_driver()
+    profile = {
+        "name": "ds4-bench-replay",
+        "driver": {
+            "kind": "command",
+            "argv": ["sh", "-c", 'cat "$CSV"'],
+            "result": "csv",
+            "columns": driver.columns,
+            "units": driver.units,
+        },
+        "files": {"csv": "env:CSV"},
+    }
+    shutil.copytree(REPO / "campaigns" / "prompts", tmp_path / "prompts")
+    shutil.copy(DATA / "ds4-bench-new.csv", tmp_path / "bench.csv")
+    card = {
+        "campaign": "ds4-replay",
+        "runtime": profile,
+        "prompts": {"pools": ["prompts/mixed.jsonl"]},
+        "workload": {"warmup_requests": 0, "phases": [
+            {"name": "bench", "domains": ["en-prose"], "requests": 1}]},
+        "cells": {"legacy": {"files": {"csv": "bench.csv"}},
+                  "adaptive": {"files": {"csv": "bench.csv"}}},
+        "control": "legacy",
+        "design": {"order": "abba", "cycles": 1, "cache_states": ["warm"]},
+        "guards": {"enabled": False},
+        "gates": [{"kind": "better", "metric": "decode_tok_s"}],
+    }  # fmt: skip
+    (tmp_path / "card.yaml").write_text(json.dumps(card), encoding="utf-8")
+    reports = tmp_path / "reports"
+    result = run_cli("run", str(tmp_path / "card.yaml"), "--reports", str(reports), "--quiet")
+    assert "runs: 4 done, 0 failed" in result.stdout, result.stdout + result.stderr
+    (root,) = [p for p in reports.glob("*/*") if p.is_dir()]
+    summary = json.loads((root / "analysis" / "summary.json").read_text(encoding="utf-8"))
+    (row,) = [r for r in summary["seed_tables"]["policy"] if r["cell"] == "adaptive"]
+    values = row
+    assert values["decode_tok_s"] == pytest.approx(4.0)
+    assert values["hit_rate"] == pytest.approx(0.85)
+    assert values["expert_loads"] == 200
+    assert values["bytes_read"] == pytest.approx((0.329590 + 0.988770) * GIB)
+    assert values["tpot_p50_ms"] == pytest.approx(240.0)  # geomean of 120 and 480 over frontiers
+    record = (root / "record.md").read_text(encoding="utf-8")
+    assert "## Seed 004 table: policy, per cell" in record and "| adaptive | 2/2 | 4.00 |" in record
