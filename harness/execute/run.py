@@ -39,13 +39,7 @@ from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
-from harness.execute.guards import (
-    RunWatch,
-    cohort_checks,
-    cohort_key,
-    guards_enabled,
-    wait_idle,
-)
+from harness.execute.guards import RunWatch, cohort_key, guards_enabled
 from harness.execute.interrupts import deferred, describe, exit_code
 from harness.execute.log_counters import (
     log_counter_units,
@@ -64,13 +58,13 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
+from harness.execute.run_guards import GuardSteps
 from harness.execute.runtimes import (
     BootSpec,
     RunningRuntime,
     boot,
     boot_spec,
     render,
-    runtime_version,
     stop_group,
 )
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
@@ -170,7 +164,7 @@ class _Boot:
     segments_done: int = 0
 
 
-class CampaignRunner:
+class CampaignRunner(GuardSteps):
     """Executes the runs of one campaign directory on its box.
 
     A run whose workload has a timed phase (a soak) is checkpointed: its timed phases are cut
@@ -268,76 +262,6 @@ class CampaignRunner:
         self.progress("end", run, {"status": status, "reason": record.get("reason", "")})
         return status
 
-    def _cohort_invalid(self, run: Run) -> str | None:
-        """Why the run's cohort is invalid (checking it first, before its first run), or None."""
-        if not self.cohorts.enabled:
-            return None
-        key = cohort_key(run)
-        if not self.cohorts.checked(key):
-            patterns = self.loaded.runtime.competing
-            checks = cohort_checks(self.box, self.loaded.card.guards, patterns)
-            self.cohorts.record_checks(key, checks)
-            self.campaign.journal.append(
-                "cohort_checked",
-                cohort=key,
-                passed=all(c.passed for c in checks),
-                checks=[c.to_json() for c in checks],
-            )
-        return self.cohorts.invalid_reason(key)
-
-    def _record_invalid(self, run: Run, reason: str) -> None:
-        """A run of an invalid cohort: recorded failed, never run."""
-        local_dir = self.campaign.run_dir(run.run_id)
-        local_dir.mkdir(parents=True, exist_ok=True)
-        record = RunRecord(
-            **run.identity(),
-            status=RUN_FAILED,
-            box=self.loaded.box_name,
-            boot_id="",
-            started_at=time.time(),
-            attempt=0,
-        )
-        record.reason = f"cohort {cohort_key(run)} invalid, not run: {reason}"
-        record.ended_at = record.started_at
-        write_json_atomic(local_dir / "run.json", record.to_json())
-        self.campaign.journal.append("run_failed", run_id=run.run_id, reason=record.reason)
-        self.progress("end", run, {"status": RUN_FAILED, "reason": record.reason})
-
-    def _start_watch(self, run: Run, pgid: int, state: _Boot, record: RunRecord) -> None:
-        """Guards during the run: a broken rule stops the runtime and invalidates the cohort."""
-        if not self.cohorts.enabled:
-            return
-        key = cohort_key(run)
-        version = runtime_version(self.box, self.loaded.runtime, self.loaded.box.python_path())
-        record.runtime["binary_sha256"] = version.get("binary_sha256")
-        changed = self.cohorts.binary(key, version.get("binary_sha256"))
-        if changed is not None:
-            self.cohorts.invalidate(key, changed)
-            raise InfrastructureError(f"guard: {changed}")
-        signal = self.loaded.runtime.stop.signal
-
-        def abort(box: Box, reason: str) -> None:
-            box.signal_group(pgid, signal)
-
-        state.watch = RunWatch(
-            open_box=lambda: open_box(self.loaded.box_name, self.loaded.box),
-            guards=self.loaded.card.guards,
-            on_abort=abort,
-        )
-        state.watch.start()
-
-    def _check_idle(self, run: Run, runtime: RunningRuntime) -> None:
-        """Before any request: the profile's running/waiting metrics at 0 for a while."""
-        idle = self.loaded.runtime.idle
-        metrics_http = self.loaded.runtime.telemetry.metrics_http
-        if not self.cohorts.enabled or idle is None or metrics_http is None:
-            return
-        check = wait_idle(runtime.base_url, metrics_http, idle)
-        self.campaign.journal.append("idle_checked", run_id=run.run_id, **check.to_json())
-        if not check.passed:
-            self.cohorts.invalidate(cohort_key(run), f"idle: {check.reason}")
-            raise InfrastructureError(f"guard: {check.reason}")
-
     def _resume_state(self, run: Run, local_dir: Path, attempt: int) -> CheckpointState | None:
         """The checkpoints a run continues from, or None when it must be redone whole.
 
@@ -425,7 +349,7 @@ class CampaignRunner:
                     lambda pgid: self._journal_boot(run, pgid, state),
                 )
                 self._start_monitor(runtime, state)
-                self._start_watch(run, runtime.pgid, state, record)
+                state.watch = self._start_watch(run, runtime.pgid, record)
                 self._check_idle(run, runtime)
                 runtime.post_live(spec.live)
                 warmups: list[RequestResult] = []
@@ -501,7 +425,7 @@ class CampaignRunner:
         )
         state.origin_wall = time.time()
         self._start_monitor(command.runtime, state)
-        self._start_watch(run, command.runtime.pgid, state, record)
+        state.watch = self._start_watch(run, command.runtime.pgid, record)
         if state.monitor is not None:
             state.monitor.scored = True
         try:
@@ -672,6 +596,8 @@ class CampaignRunner:
             state.monitor.stop()  # before the stop, so no sample sees a half-stopped group
         if state.watch is not None:
             state.watch.stop()
+            if state.watch.reason is None:
+                state.watch.reason = self._swapped(local_dir)
             if state.watch.reason is not None:
                 # A guard stopped the run: that is why it failed, and the cohort is invalid.
                 record.status = RUN_FAILED
