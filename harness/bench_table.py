@@ -84,15 +84,18 @@ def map_result_rows(
     where: str,
     keep: Mapping[str, str | int | float | bool] | None = None,
     scale: Mapping[str, float] | None = None,
+    tier: str | None = None,
 ) -> pd.DataFrame:
     """One row per kept result row: ``row`` (its index in the table) and one column per metric.
 
     ``columns`` maps metric -> header; ``keep`` keeps only rows whose header equals a value;
-    ``scale`` multiplies a metric (GiB to bytes). Raises BadInput naming a missing header with
-    the headers the table has, or a mapped cell that is not a number.
+    ``scale`` multiplies a metric (GiB to bytes); ``tier`` names the header whose text labels
+    the row's tier (a ``tier`` column: the context frontier of a ds4-bench row). Raises
+    RecordError naming a missing header with the headers the table has, or a mapped cell that
+    is not a number.
     """
     headers: list[str] = list(rows[0]) if rows else []
-    needed = [*columns.values(), *(keep or {})]
+    needed = [*columns.values(), *(keep or {}), *([tier] if tier else [])]
     absent = [h for h in dict.fromkeys(needed) if not any(h in row for row in rows)]
     if absent or not rows:
         have = ", ".join(headers[:60]) or "none (no rows)"
@@ -105,6 +108,8 @@ def map_result_rows(
         if any(_text(row.get(h)) != _text(value) for h, value in (keep or {}).items()):
             continue
         mapped: dict[str, Any] = {"row": index}
+        if tier is not None:
+            mapped["tier"] = _text(row.get(tier))
         for metric, header in columns.items():
             value = _number(row.get(header))
             if value is None:

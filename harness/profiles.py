@@ -276,6 +276,10 @@ class CommandDriver(Strict):
     units: dict[str, LogUnit] = Field(
         default_factory=dict, description="metric -> unit as written (GiB read as bytes)"
     )
+    tier: str | None = Field(
+        None,
+        description="header labelling each row's tier (ds4-bench: ctx_tokens), reported per tier",
+    )
     timeout_s: float = Field(
         3600, gt=0, le=1e6, allow_inf_nan=False, description="a run past this fails"
     )

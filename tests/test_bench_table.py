@@ -112,7 +112,7 @@ def test_shipped_profiles_validate_and_a_bad_column_map_is_named(tmp_path: Path)
     assert result.code == 0, result.stderr
     assert (
         "ok: " in result.stdout
-        and "(runtime ds4, command driver, 14 knobs, 4 log counters)" in (result.stdout)
+        and "(runtime ds4, command driver, 15 knobs, 4 log counters)" in (result.stdout)
     )
     bad = tmp_path / "runtimes" / "ds4.yaml"
     bad.parent.mkdir()
@@ -137,6 +137,7 @@ def test_ds4_bench_rows_fill_the_seed_004_table_end_to_end(tmp_path: Path) -> No
             "result": "csv",
             "columns": driver.columns,
             "units": driver.units,
+            "tier": driver.tier,
         },
         "files": {"csv": "env:CSV"},
     }
@@ -170,3 +171,10 @@ def test_ds4_bench_rows_fill_the_seed_004_table_end_to_end(tmp_path: Path) -> No
     assert values["tpot_p50_ms"] == pytest.approx(240.0)  # geomean of 120 and 480 over frontiers
     record = (root / "record.md").read_text(encoding="utf-8")
     assert "## Seed 004 table: policy, per cell" in record and "| adaptive | 2/2 | 4.00 |" in record
+    # Each frontier apart too, in numeric order, never only the geomean over them.
+    tiers = [(t["cell"], t["tier"], t["decode_tok_s"], t["runs"]) for t in summary["tiers"]]
+    assert tiers == [("legacy", "128", 8.0, 2), ("legacy", "2048", 2.0, 2),
+                     ("adaptive", "128", 8.0, 2), ("adaptive", "2048", 2.0, 2)]  # fmt: skip
+    assert "| legacy | 128 | 2 | 8.0 tok/s |" in record
+    html = (root / "report.html").read_text(encoding="utf-8")
+    assert "Per tier" in html and "8.0 tok/s" in html

@@ -28,6 +28,7 @@ from harness.analyze.looks import (
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
 from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
+from harness.analyze.tiers import tier_table
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.errors import HarnessError, RecordError
 from harness.plan import cohort_key
@@ -61,6 +62,7 @@ class CampaignAnalysis:
     flags: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     simulated: bool = False
+    tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # cell × state × tier medians
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""
@@ -88,6 +90,7 @@ class CampaignAnalysis:
             "warnings": self.warnings,
             "seed_tables": self.seed_tables.to_json(),
             "sequential": self.look.to_json() if self.look else None,
+            "tiers": [{k: _clean(v) for k, v in r.items()} for r in self.tiers.to_dict("records")],
         }
 
     def undecided(self) -> list[str]:
@@ -133,6 +136,7 @@ class RunTables:
     prompt_logs: dict[str, np.ndarray]
     # cell -> key -> values: the model path / ctx-alloc strings its logit dumps embed
     logit_embedded: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # command-driver rows per tier
 
 
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
@@ -140,6 +144,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
     plan = campaign.plan()
     cohorts = read_cohorts(campaign.root)
     embedded: dict[str, dict[str, set[str]]] = {}
+    bench_frames: list[tuple[str, str, pd.DataFrame]] = []
     rows, shift_rows, domain_rows, output_rows = [], [], [], []
     logs: dict[str, np.ndarray] = {}
     for raw in plan["runs"]:
@@ -195,6 +200,8 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         row.update(metrics)
         rows.append(row)
         logs[run_id] = _prompt_logs(requests) if bench is None else _row_logs(bench)
+        if bench is not None:
+            bench_frames.append((str(raw["cell"]), str(raw["cache_state"]), bench))
         names = {i: p.name for i, p in enumerate(card.workload.phases or [])}
         for shift in shifts:
             shift_rows.append(
@@ -264,6 +271,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         outputs=pd.DataFrame(output_rows),
         prompt_logs=logs,
         logit_embedded=embedded,
+        tiers=tier_table(bench_frames),
     )
 
 
@@ -420,6 +428,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         flags=flags,
         warnings=warnings,
         simulated=simulated,
+        tiers=tables.tiers,
     )
 
 
@@ -433,6 +442,8 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
     write_parquet(analysis.cells, folder / "cells.parquet")
     write_parquet(analysis.comparison_table(), folder / "comparisons.parquet")
     write_parquet(analysis.looks, folder / "looks.parquet")
+    if not analysis.tiers.empty:
+        write_parquet(analysis.tiers, folder / "tiers.parquet")
     for stem, frame in analysis.seed_tables.frames().items():
         write_parquet(frame, folder / f"{stem}.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())

@@ -98,7 +98,7 @@ def collect_result(command: CommandRun, local_dir: Path) -> int:
         raw.read_text(encoding="utf-8", errors="replace"), driver.result, where
     )
     frame = map_result_rows(
-        rows, driver.columns, where=where, keep=driver.where, scale=driver.scale()
+        rows, driver.columns, where=where, keep=driver.where, scale=driver.scale(), tier=driver.tier
     )
     write_parquet(frame, local_dir / "bench.parquet")
     return len(frame)

@@ -128,6 +128,7 @@ def build_context(
         "recovery": tables.recovery_table(analysis),
         "frozen": tables.frozen_map_tables(analysis, comparisons),
         "policy": tables.policy_table(analysis),
+        "tiers": tables.tiers_table(analysis),
         "looks": tables.looks_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],

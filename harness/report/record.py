@@ -106,6 +106,13 @@ def render_record(context: dict[str, Any]) -> str:
                 for r in context["policy"]["rows"]
             ],
         )  # fmt: skip
+    if context.get("tiers"):
+        tiers = context["tiers"]
+        out += ["## Per tier (median over completed runs)", ""]
+        out += _table(
+            ["cell", "tier", "rows", *tiers["metrics"]],
+            [[r["name"], r["tier"], r["runs"], *r["values"]] for r in tiers["rows"]],
+        )
     if context["recovery"]:
         recovery = context["recovery"]
         out += ["## Seed 000 table: recovery after a shift", ""]
