@@ -573,7 +573,7 @@ class CampaignRunner(GuardSteps):
             ring_seq=state.store.after_sequence,
             ring_lost=state.store.lost,
             ring_dropped=state.store.dropped,
-            counters=_counters(runtime),
+            counters=_with_log(_counters(runtime), runtime),
             swapout_pages=self.box.swapout_pages(),
         )
 
