@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 from harness import __version__
 from harness.card import load_boxes_file, load_card, scale_workload
 from harness.errors import (
+    EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
     EXIT_OK,
     BadInput,
@@ -164,18 +165,24 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: TextIO) -> int:
-    """Analysis, gates and the report after a campaign; the exit code of the whole job."""
-    verdict_code = _analyze_and_gate(root, out, quiet=False)
+    """Analysis, gates and the report after a campaign; the exit code of the whole job.
+
+    Runs that could not complete make it 3, unless a gate failed on complete data: that is a
+    verdict a retry cannot change, and a pipeline that retries on 3 must not hide it.
+    """
+    verdict = _analyze_and_gate(root, out, quiet=False)
     if failed:
         out.write(
             f"{len(failed)} runs could not be completed (see their run.json for reasons); "
             f"retry them with: harness run --resume {root}\n"
         )
+        if any(not g.passed and not g.incomplete for g in verdict.gates):
+            return EXIT_GATE_FAILED
         return EXIT_INFRASTRUCTURE
-    return verdict_code
+    return verdict.exit_code()
 
 
-def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
+def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.analyze.campaign import analyze_campaign, write_analysis
     from harness.gate import evaluate_gates, write_verdict
 
@@ -188,7 +195,7 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
     report = _render_report_if_available(root, analysis, verdict)
     if report is not None:
         out.write(f"report: {report}\n")
-    return verdict.exit_code()
+    return verdict
 
 
 def _render_report_if_available(root: Path, analysis: object, verdict: object) -> Path | None:
@@ -262,7 +269,7 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
-    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet)
+    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
 
 
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
