@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from harness import __version__
 from harness.card import load_boxes_file, load_card, scale_workload
@@ -485,7 +487,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_error(exc: HarnessError) -> None:
     for line in exc.lines():
-        sys.stderr.write(f"{line}\n")
+        _stderr(f"{line}\n")
+
+
+class _Courtesy(io.TextIOBase):
+    """What a command prints, given up once the reader is gone: a hung-up terminal (SIGHUP) or
+    a closed pipe must not turn into a traceback, or change the exit code, of a command whose
+    records on disk are the truth."""
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self._target: TextIO | None = target
+        self._encoding = getattr(target, "encoding", None) or "utf-8"
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # read-only on io.TextIOBase
+        return self._encoding
+
+    def write(self, text: str) -> int:
+        if self._target is not None:
+            try:
+                self._target.write(text)
+            except OSError:
+                self._target = None
+        return len(text)
+
+    def flush(self) -> None:
+        if self._target is not None:
+            try:
+                self._target.flush()
+            except OSError:
+                self._target = None
+
+    def isatty(self) -> bool:
+        return self._target is not None and self._target.isatty()
+
+    def fileno(self) -> int:
+        if self._target is None:
+            raise OSError("output closed")
+        return self._target.fileno()
+
+
+def _stderr(text: str) -> None:
+    with contextlib.suppress(OSError):
+        sys.stderr.write(text)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -501,20 +546,26 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     signals = stop_signals() if args.verb != "refbox" else contextlib.nullcontext()
     try:
         with signals:
-            return handler(args, out or sys.stdout)
+            return handler(args, cast(TextIO, _Courtesy(out or sys.stdout)))
     except HarnessError as exc:
         if args.debug:
             traceback.print_exc()
         _print_error(exc)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        sys.stderr.write(f"interrupted ({describe(exc)})\n")
+        _stderr(f"interrupted ({describe(exc)})\n")
         return exit_code(exc)
 
 
 def entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except OSError:
+        # The reader is gone; Python would fail the flush at exit again and exit 120.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -329,3 +329,42 @@ def test_a_gate_failed_on_complete_data_wins_over_runs_that_failed(tmp_path: Pat
     assert not counter["passed"] and not counter["incomplete"]
     assert counter["reason"].startswith("out of bounds: ")
     assert run_cli("gate", str(root)).code == 1
+
+
+def test_sighup_with_the_terminal_gone_still_exits_129_and_keeps_the_run(tmp_path: Path) -> None:
+    # A hung-up terminal: the harness's stdout is a pipe whose reader has gone, so every line
+    # it prints from here on (the progress bar, "interrupted …; resume with …") fails to write.
+    card = _card_with(
+        tmp_path,
+        {
+            "max_tokens: 8": "max_tokens: 32",
+            "requests: 2}": "requests: 8}",
+            "requests: 2, shift: true}": "requests: 8, shift: true}",
+        },
+    )
+    reports = tmp_path / "reports"
+    errors = tmp_path / "stderr.log"
+    with errors.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        root = _wait_for_boot(reports, process, ready=True)
+        assert process.stdout is not None
+        process.stdout.close()
+        code = _stop(process, signal.SIGHUP)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    output = errors.read_text()
+    assert code == 129, output
+    assert "Traceback" not in output and "Exception ignored" not in output, output
+    record = _interrupted_run(root)
+    assert record["reason"].startswith("interrupted (SIGHUP); resume with harness run --resume ")
+    _assert_gone(_events(root), root)
