@@ -27,6 +27,7 @@ from harness.errors import (
     HarnessError,
 )
 from harness.execute.interrupts import describe, exit_code, stop_signals
+from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
@@ -458,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_sim(verbs)
     register_llamacpp(verbs)
     register_report(verbs)
+    register_import(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
     ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)
