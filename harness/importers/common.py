@@ -109,6 +109,8 @@ def number(value: Any, where: str, *, positive: bool = False) -> float:
 def geomean(values: Sequence[float]) -> float | None:
     """Geometric mean of the positive finite values, or None when there are none."""
     array = np.asarray([v for v in values if math.isfinite(v) and v > 0], dtype=float)
+    if array.size == 1:
+        return float(array[0])  # exactly the value the file holds, not exp(log(x))
     return float(np.exp(np.mean(np.log(array)))) if array.size else None
 
 
