@@ -27,6 +27,7 @@ from harness.errors import (
     HarnessError,
 )
 from harness.execute.interrupts import describe, exit_code, stop_signals
+from harness.history.commands import register as register_history
 from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
@@ -181,6 +182,9 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
     write_analysis(analysis)
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
+    from harness.history import append_history
+
+    append_history(analysis, verdict)
     if not quiet:
         _print_verdict(verdict, out)
     report = _render_report_if_available(root, analysis, verdict)
@@ -460,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_llamacpp(verbs)
     register_report(verbs)
     register_import(verbs)
+    register_history(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
     ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)
