@@ -92,3 +92,15 @@ def test_gating_a_campaign_under_reports_appends_its_rows(tmp_path: Path) -> Non
     shutil.copytree(DEMO, other)
     _cli("gate", str(other), "--quiet")
     assert not (tmp_path / "history").exists()
+
+
+def test_the_report_shows_the_campaigns_history(tmp_path: Path) -> None:
+    first = tmp_path / "reports" / "demo" / "20261201T100919Z"
+    second = tmp_path / "reports" / "demo" / "20261202T100919Z"
+    shutil.copytree(DEMO, first)
+    shutil.copytree(DEMO, second)
+    _cli("gate", str(first), "--quiet")
+    assert "<h3>History</h3>" not in (first / "report.html").read_text(encoding="utf-8")
+    _cli("gate", str(second), "--quiet")
+    html = (second / "report.html").read_text(encoding="utf-8")
+    assert "<h3>History</h3>" in html and 'alt="history per cell"' in html

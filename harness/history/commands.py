@@ -7,44 +7,11 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-import pandas as pd
-
 from harness.errors import EXIT_OK, BadInput
-from harness.history.changes import change_points
 from harness.history.store import HISTORY_DIR, read_history
+from harness.history.trends import trends
 
-__all__ = ["register", "trends"]
-
-
-def trends(table: pd.DataFrame, max_pvalue: float = 0.001) -> list[dict[str, Any]]:
-    """One trend per campaign × cell × cache state × metric: its values and change points."""
-    out: list[dict[str, Any]] = []
-    keys = ["campaign", "cell", "cache_state", "metric"]
-    for key, group in table.groupby(keys, sort=True):
-        values = [float(v) for v in group["value"]]
-        stamps = [str(s) for s in group["stamp"]]
-        points = change_points(values, max_pvalue)
-        out.append(
-            {
-                **dict(zip(keys, (str(k) for k in key), strict=True)),
-                "stamps": stamps,
-                "values": values,
-                "labels": [None if pd.isna(v) else str(v) for v in group["label"]],
-                "versions": [None if pd.isna(v) else str(v) for v in group["version"]],
-                "change_points": [
-                    {
-                        "index": p.index,
-                        "stamp": stamps[p.index],
-                        "mean_before": p.mean_before,
-                        "mean_after": p.mean_after,
-                        "change_pct": p.change_pct,
-                        "pvalue": p.pvalue,
-                    }
-                    for p in points
-                ],
-            }
-        )
-    return out
+__all__ = ["register"]
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
