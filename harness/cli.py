@@ -267,6 +267,42 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet)
 
 
+def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.analyze.across import compare_campaigns
+    from harness.analyze.campaign import analyze_campaign
+
+    a, b = analyze_campaign(Path(args.dir_a)), analyze_campaign(Path(args.dir_b))
+    rows = compare_campaigns(a, b, cross_box=args.cross_box)
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)",
+        title_justify="left",
+    )
+    for column in ("cell", "state", "metric", "A", "B", "B/A", "95% CI", "label", "in A", "in B"):
+        table.add_column(column)
+    for row in rows:
+        ci = (
+            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+            if row["ci_low"] is not None
+            else "no interval"
+        )
+        table.add_row(
+            row["cell"], row["cache_state"], row["metric"], f"{row['a_value']:.4g}",
+            f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", ci, row["label"],
+            str(row["a_label"] or "-"), str(row["b_label"] or "-"),
+        )  # fmt: skip
+    console = Console(file=out, width=160, highlight=False)
+    console.print(table)
+    if rows and rows[0]["cross_box"]:
+        console.print("warning: the campaigns ran on different boxes (--cross-box)")
+    return EXIT_OK
+
+
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_boxes
     from harness.execute.preflight import check_box
@@ -422,6 +458,17 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("dir", metavar="DIR")
     gate.add_argument("--quiet", action="store_true", help="no verdict table")
     gate.set_defaults(handler=_cmd_gate)
+
+    compare = verbs.add_parser(
+        "compare", help="two campaigns of the same card side by side (two builds)"
+    )
+    compare.add_argument("dir_a", metavar="DIR_A", help="the baseline campaign")
+    compare.add_argument("dir_b", metavar="DIR_B", help="the candidate campaign")
+    compare.add_argument(
+        "--cross-box", action="store_true", help="compare campaigns from different boxes anyway"
+    )
+    compare.add_argument("--json", action="store_true", help="machine-readable rows")
+    compare.set_defaults(handler=_cmd_compare)
 
     bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
     bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")
