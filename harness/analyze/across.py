@@ -31,7 +31,7 @@ from harness.catalog import METRICS
 from harness.errors import BadInput
 from harness.records import read_json
 
-__all__ = ["box_identity", "compare_campaigns"]
+__all__ = ["box_identity", "compare_campaigns", "welch_interval"]
 
 
 def box_identity(analysis: CampaignAnalysis) -> tuple[str, str | None]:
@@ -62,7 +62,8 @@ def _blocks(analysis: CampaignAnalysis, cell: str, state: str, metric: str) -> l
     return [float(np.mean(v)) for v in values.values()]
 
 
-def _interval(a: list[float], b: list[float], confidence: float) -> tuple[float, float] | None:
+def welch_interval(a: list[float], b: list[float], confidence: float) -> tuple[float, float] | None:
+    """Welch's t-interval for mean(b) − mean(a) at ``confidence``; None below two values a side."""
     if len(a) < 2 or len(b) < 2:
         return None
     va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
@@ -116,8 +117,8 @@ def compare_campaigns(
                 if not ya or not yb:
                     continue
                 d = float(np.mean(yb) - np.mean(ya))
-                ci95 = _interval(ya, yb, 1 - alpha)
-                ci90 = _interval(ya, yb, 1 - 2 * alpha)
+                ci95 = welch_interval(ya, yb, 1 - alpha)
+                ci90 = welch_interval(ya, yb, 1 - 2 * alpha)
                 label = decide_label(d, ci95, ci90, delta, higher_is_better=info.higher_is_better)
                 rows.append(
                     {

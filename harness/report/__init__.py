@@ -147,10 +147,13 @@ def build_context(
 def _history(root: Path, analysis: CampaignAnalysis) -> list[dict[str, Any]]:
     """This campaign's trends from the results store (the gated metrics, else decode speed)."""
     from harness.analyze.campaign import gated_metrics
+    from harness.card import RegressionGate
     from harness.errors import HarnessError
     from harness.history.trends import campaign_trends
 
-    metrics = gated_metrics(analysis.card) or ["decode_tok_s"]
+    metrics = gated_metrics(analysis.card)
+    metrics += [g.metric for g in analysis.card.gates if isinstance(g, RegressionGate)]
+    metrics = list(dict.fromkeys(metrics)) or ["decode_tok_s"]
     try:
         return campaign_trends(root, analysis.card.campaign, metrics)
     except HarnessError as exc:  # an unreadable store must not cost the campaign its report
