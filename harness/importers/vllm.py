@@ -41,10 +41,8 @@ _SUMMARY = {
     "p99_itl_ms": "itl_p99_ms",
     "output_throughput": "output_tok_s",
 }
-_WANTED = {metric: field for field, metric in _SUMMARY.items()}
-_WANTED["decode_tok_s"] = "median_tpot_ms (or ttfts/itls/output_lens with --save-detailed)"
 _IDENTITY = ("date", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
-             "request_rate", "max_concurrency", "version")  # fmt: skip
+             "request_rate", "max_concurrency", "version", "dataset_name", "tag")  # fmt: skip
 
 
 def _list(data: dict[str, Any], key: str, path: Path, n: int | None) -> list[Any]:
@@ -64,9 +62,19 @@ def read_vllm(path: Path) -> SourceBlock:
             f"{path}: not a `vllm bench serve --save-result` file (no `completed`/`duration` "
             "fields); check the FORMAT given to harness import"
         )
-    block = SourceBlock(path=path, format=FORMAT, sha256=file_sha256(path), wanted=dict(_WANTED))
+    return read_result(data, path, FORMAT, _SUMMARY, "--save-detailed")
+
+
+def read_result(
+    data: dict[str, Any], path: Path, fmt: str, summary: dict[str, str], detail_flag: str
+) -> SourceBlock:
+    """A vLLM-style result object (vLLM's and SGLang's clients save the same shape): the
+    summary fields named by ``summary`` and, when saved, the per-request lists."""
+    wanted = {metric: field for field, metric in summary.items()}
+    wanted["decode_tok_s"] = f"median_tpot_ms (or ttfts/itls/output_lens with {detail_flag})"
+    block = SourceBlock(path=path, format=fmt, sha256=file_sha256(path), wanted=wanted)
     block.identity = {k: data[k] for k in _IDENTITY if k in data and data[k] is not None}
-    for source, metric in _SUMMARY.items():
+    for source, metric in summary.items():
         if data.get(source) is not None:
             block.metrics[metric] = number(data[source], f"{path}: {source}")
             block.fields[metric] = source
@@ -82,7 +90,7 @@ def read_vllm(path: Path) -> SourceBlock:
         block.metrics["decode_tok_s"] = 1000.0 / tpot
         block.fields["decode_tok_s"] = "1000 / median_tpot_ms"
     block.notes.append(
-        "summary-only (saved without --save-detailed): decode tok/s is 1000 / median TPOT and "
+        f"summary-only (saved without {detail_flag}): decode tok/s is 1000 / median TPOT and "
         "TTFT/E2EL are medians, not geomeans over requests; no per-request spread, so no "
         "prompt-level bootstrap and no within-block noise for the drift flags"
     )

@@ -23,8 +23,10 @@ import pandas as pd
 import yaml
 
 from harness.errors import CardError, RecordError, ResultFileError
+from harness.importers.aiperf import read_aiperf
 from harness.importers.common import SourceBlock
 from harness.importers.ds4 import read_ds4
+from harness.importers.knee import read_knee
 from harness.importers.llamabench import read_llama_bench
 from harness.importers.mapping import (
     Assigned,
@@ -33,6 +35,7 @@ from harness.importers.mapping import (
     gate_metrics,
     load_mapping,
 )
+from harness.importers.sglang import read_sglang
 from harness.importers.tables import Selector
 from harness.importers.vllm import read_vllm
 from harness.records import (
@@ -63,6 +66,9 @@ FORMATS: dict[str, Reader] = {
     "vllm": _no_select(read_vllm, "vllm"),
     "ds4": read_ds4,
     "llama-bench": read_llama_bench,
+    "aiperf": _no_select(read_aiperf, "aiperf"),
+    "sglang": read_sglang,
+    "knee": read_knee,
 }
 
 _REQUEST_DTYPES = {
