@@ -30,6 +30,8 @@ from harness.errors import (
     HarnessError,
 )
 from harness.execute.interrupts import describe, exit_code, stop_signals
+from harness.history.commands import register as register_history
+from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
@@ -192,6 +194,9 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     write_analysis(analysis)
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
+    from harness.history import append_history
+
+    append_history(analysis, verdict)
     if not quiet:
         _print_verdict(verdict, out)
     report = _render_report_if_available(root, analysis, verdict)
@@ -272,6 +277,42 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
+
+
+def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.analyze.across import compare_campaigns
+    from harness.analyze.campaign import analyze_campaign
+
+    a, b = analyze_campaign(Path(args.dir_a)), analyze_campaign(Path(args.dir_b))
+    rows = compare_campaigns(a, b, cross_box=args.cross_box)
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)",
+        title_justify="left",
+    )
+    for column in ("cell", "state", "metric", "A", "B", "B/A", "95% CI", "label", "in A", "in B"):
+        table.add_column(column)
+    for row in rows:
+        ci = (
+            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+            if row["ci_low"] is not None
+            else "no interval"
+        )
+        table.add_row(
+            row["cell"], row["cache_state"], row["metric"], f"{row['a_value']:.4g}",
+            f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", ci, row["label"],
+            str(row["a_label"] or "-"), str(row["b_label"] or "-"),
+        )  # fmt: skip
+    console = Console(file=out, width=160, highlight=False)
+    console.print(table)
+    if rows and rows[0]["cross_box"]:
+        console.print("warning: the campaigns ran on different boxes (--cross-box)")
+    return EXIT_OK
 
 
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
@@ -430,6 +471,17 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--quiet", action="store_true", help="no verdict table")
     gate.set_defaults(handler=_cmd_gate)
 
+    compare = verbs.add_parser(
+        "compare", help="two campaigns of the same card side by side (two builds)"
+    )
+    compare.add_argument("dir_a", metavar="DIR_A", help="the baseline campaign")
+    compare.add_argument("dir_b", metavar="DIR_B", help="the candidate campaign")
+    compare.add_argument(
+        "--cross-box", action="store_true", help="compare campaigns from different boxes anyway"
+    )
+    compare.add_argument("--json", action="store_true", help="machine-readable rows")
+    compare.set_defaults(handler=_cmd_compare)
+
     bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
     bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
@@ -470,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_sim(verbs)
     register_llamacpp(verbs)
     register_report(verbs)
+    register_import(verbs)
+    register_history(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
     ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)

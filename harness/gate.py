@@ -12,7 +12,7 @@ import json
 import math
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +27,17 @@ from harness.card import (
     Gate,
     LockstepGate,
     QualityGate,
+    RegressionGate,
     SoakGate,
     SurvivesGate,
     parse_fraction,
 )
 from harness.catalog import METRICS
 from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK, RecordError
+from harness.gate_regression import regression_gate
+from harness.gate_result import GateResult
 from harness.prompts import check_problems
 from harness.records import read_json, write_json_atomic
-
-
-@dataclass
-class GateResult:
-    """One gate's outcome, with the reason and the evidence a reviewer needs."""
-
-    kind: str
-    name: str
-    passed: bool
-    reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    # Failed only because runs it needs are missing or failed: resuming may settle it (exit 3),
-    # where a failure on complete data is a verdict (exit 1).
-    incomplete: bool = False
 
 
 @dataclass
@@ -101,6 +90,8 @@ def _gate_name(gate: Gate) -> str:
         return f"quality {gate.min_pass}"
     if isinstance(gate, SoakGate):
         return f"soak {gate.min_duration_s:g} s"
+    if isinstance(gate, RegressionGate):
+        return f"regression {gate.metric} vs last {gate.last} promoted"
     return gate.kind
 
 
@@ -648,6 +639,8 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
             results.append(_quality(gate, analysis))
         elif isinstance(gate, SoakGate):
             results.append(_soak(gate, analysis))
+        elif isinstance(gate, RegressionGate):
+            results.append(regression_gate(gate, analysis))
         else:
             results.append(_lockstep(gate, analysis))
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
