@@ -32,6 +32,7 @@ from harness.analyze.logit_parity import LOGITS_DIR
 from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
+from harness.execute.box_cache import cache_dir_on_box, campaign_root_on_box
 from harness.execute.boxes import Box, open_box
 from harness.execute.cohorts import CohortBook
 from harness.execute.command import collect_result, start_command, wait_command
@@ -199,7 +200,7 @@ class CampaignRunner(GuardSteps):
     @property
     def cache_dir(self) -> str:
         """Folder on the box shared by all runs, for files a runtime keeps between boots."""
-        return f"{self.remote_root}/cache"
+        return cache_dir_on_box(self.remote_root)
 
     @property
     def checkpointed(self) -> bool:
@@ -239,12 +240,7 @@ class CampaignRunner(GuardSteps):
         return outcome
 
     def _prepare_box(self) -> None:
-        spec = self.loaded.box
-        if spec.kind == "local":
-            self.remote_root = str(self.campaign.root.resolve() / "box")
-        else:
-            base = self.box.home_path(spec.workdir)
-            self.remote_root = f"{base}/{self.loaded.card.campaign}/{self.campaign.root.name}"
+        self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
         env_path = self.campaign.root / "boxes" / f"{self.loaded.box_name}.json"
