@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TextIO, cast
 
 from harness import __version__
 from harness.card import load_boxes_file, load_card, scale_workload
+from harness.card.resolve import load_runtime_profile
 from harness.errors import (
     EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
@@ -53,6 +54,19 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
                 failed.append(problem)
                 continue
             out.write(f"ok: {path} ({len(boxes)} boxes)\n")
+            continue
+        if Path(path).parent.name == "runtimes":
+            try:
+                profile = load_runtime_profile(Path(path))
+            except HarnessError as problem:
+                failed.append(problem)
+                continue
+            driver = "command driver" if profile.driver is not None else "HTTP"
+            counters = sum(len(c.counters()) for c in profile.telemetry.log_counters)
+            out.write(
+                f"ok: {path} (runtime {profile.name}, {driver}, {len(profile.knobs)} knobs, "
+                f"{counters} log counters)\n"
+            )
             continue
         try:
             loaded = load_card(Path(path))
@@ -430,7 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    validate = verbs.add_parser("validate", help="check cards without touching a box")
+    validate = verbs.add_parser(
+        "validate", help="check cards (or runtimes/*.yaml, boxes.yaml) without touching a box"
+    )
     validate.add_argument("cards", nargs="+", metavar="CARD")
     validate.set_defaults(handler=_cmd_validate)
 

@@ -623,6 +623,25 @@ def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:
     return GateResult(gate.kind, _gate_name(gate), ok, reason, result)
 
 
+def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
+    """Fails closed when a guard invalidated any cohort (its runs read ``invalid``)."""
+    runs = analysis.runs
+    if runs.empty or "status" not in runs.columns:
+        return None
+    invalid = runs[runs["status"] == "invalid"]
+    if invalid.empty:
+        return None
+    reasons = sorted(set(invalid["reason"].astype(str)))
+    return GateResult(
+        "cohorts",
+        "every cohort valid",
+        False,
+        f"{len(reasons)} cohort{'' if len(reasons) == 1 else 's'} invalid ({_listed(reasons)}); "
+        "an invalid cohort is not repaired by a retry: rerun the campaign once the box is fit",
+        incomplete=True,
+    )
+
+
 def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
     """Evaluate every gate of the card over the analysis."""
     results: list[GateResult] = []
@@ -643,6 +662,9 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
             results.append(regression_gate(gate, analysis))
         else:
             results.append(_lockstep(gate, analysis))
+    cohorts = _cohorts(analysis)
+    if cohorts is not None:
+        results.append(cohorts)
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
     passed = bool(results) and all(r.passed for r in results) and not incomplete
     return Verdict(analysis.card.campaign, passed, results, incomplete)

@@ -26,6 +26,12 @@ from harness.errors import PlanError
 SCHEMA_VERSION = 1
 
 
+def cohort_key(comparison: str, cache_state: str, cycle: int) -> str:
+    """The cohort of a run: one comparison's mirrored blocks in one cache state and cycle (what
+    the guards invalidate as a whole)."""
+    return f"{comparison}/{cache_state}/cycle{cycle}"
+
+
 @dataclass(frozen=True)
 class Run:
     """One run: a cell, in a block of a mirrored sub-cycle, in one cache state."""

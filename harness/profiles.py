@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.catalog import COUNTERS, METRICS
 from harness.textfile import compile_pattern
 
 Platform = Literal["linux-cpu", "linux-cuda", "macos-metal", "any"]
@@ -159,8 +160,61 @@ class RingSpec(Strict):
         return self
 
 
+# Units a log counter may be written in, and the factor to the counter's stored unit: sizes are
+# stored in bytes, times in ms, everything else as written.
+LOG_UNITS: dict[str, float] = {
+    "count": 1.0,
+    "tokens": 1.0,
+    "ratio": 1.0,
+    "bytes": 1.0,
+    "KiB": 1024.0,
+    "MiB": 1024.0**2,
+    "GiB": 1024.0**3,
+    "us": 1e-3,
+    "ms": 1.0,
+    "s": 1e3,
+}
+LogUnit = Literal["count", "tokens", "ratio", "bytes", "KiB", "MiB", "GiB", "us", "ms", "s"]
+
+
+class LogCounter(Strict):
+    """Counters scraped from the runtime's log: one regex, each named group one counter.
+
+    ``last``: the line prints counts cumulative for the process (ds4's streaming cache line), so
+    a snapshot is the last matching line so far. ``sum``: each line counts one event (a request's
+    timings), so a snapshot is the sum over every matching line so far. Either way a run's value
+    is the after − before delta; a counter no line gave is missing, never 0.
+    """
+
+    pattern: str = Field(description="regex searched per log line; named groups are counters")
+    mode: Literal["last", "sum"] = Field("last", description="cumulative line, or one per event")
+    units: dict[str, LogUnit] = Field(
+        default_factory=dict,
+        description="group -> unit as printed (KiB/MiB/GiB stored as bytes, s/us as ms)",
+    )
+
+    @model_validator(mode="after")
+    def _named_groups(self) -> LogCounter:
+        _check_regex(self.pattern, "pattern")
+        groups = set(compile_pattern(self.pattern).groupindex)
+        if not groups:
+            raise ValueError("a log counter pattern needs named groups, e.g. (?P<hits>\\d+)")
+        unknown = sorted(set(self.units) - groups)
+        if unknown:
+            raise ValueError(f"`units` names {', '.join(unknown)}, not groups of the pattern")
+        return self
+
+    def counters(self) -> list[str]:
+        """The counter names this pattern yields."""
+        return list(compile_pattern(self.pattern).groupindex)
+
+
 class Telemetry(Strict):
     """What the executor collects from a run besides the client-side timings."""
+
+    log_counters: list[LogCounter] = Field(
+        default_factory=list, description="counters scraped from the runtime's log"
+    )
 
     ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
     counters_http: str | None = Field(None, description="GET path returning counters as JSON")
@@ -197,6 +251,75 @@ class Version(Strict):
     binary: str | None = Field(None, description="file whose SHA-256 is recorded")
 
 
+class CommandDriver(Strict):
+    """A runtime measured by its own benchmark binary: the command is the run.
+
+    Knobs reach it as they would a boot (env, or flags appended to ``argv``); its stdout (or
+    ``result_path``) is a CSV or JSON table whose columns map, by header name, onto metrics.
+    """
+
+    kind: Literal["command"] = Field(description="run a command per run (no server)")
+    argv: list[str] = Field(min_length=1, description="argv template, as a boot command")
+    env: dict[str, str] = Field(default_factory=dict, description="env templates")
+    cwd: str | None = Field(None, description="working directory template")
+    result: Literal["csv", "json"] = Field(description="format of the result table")
+    result_path: str | None = Field(
+        None, description="file template the command writes its table to (default: its stdout)"
+    )
+    columns: dict[str, str] = Field(
+        min_length=1, description="metric -> header name of the result column holding it"
+    )
+    where: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="header -> value: only rows whose column equals it are kept (e.g. n_prompt: 0)",
+    )
+    units: dict[str, LogUnit] = Field(
+        default_factory=dict, description="metric -> unit as written (GiB read as bytes)"
+    )
+    tier: str | None = Field(
+        None,
+        description="header labelling each row's tier (ds4-bench: ctx_tokens), reported per tier",
+    )
+    timeout_s: float = Field(
+        3600, gt=0, le=1e6, allow_inf_nan=False, description="a run past this fails"
+    )
+
+    @model_validator(mode="after")
+    def _known_metrics(self) -> CommandDriver:
+        known = {*METRICS, *COUNTERS}
+        unknown = sorted(set(self.columns) - known)
+        if unknown:
+            raise ValueError(
+                f"driver.columns maps onto {', '.join(unknown)}, not metrics or counters; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        extra = sorted(set(self.units) - set(self.columns))
+        if extra:
+            raise ValueError(f"driver.units names {', '.join(extra)}, not in driver.columns")
+        return self
+
+    def scale(self) -> dict[str, float]:
+        """metric -> factor from the unit written to the stored unit."""
+        return {metric: LOG_UNITS[unit] for metric, unit in self.units.items()}
+
+
+class Idle(Strict):
+    """The box is idle when these Prometheus metrics read 0 for ``for_s`` seconds."""
+
+    metrics: list[str] = Field(min_length=1, description="e.g. vllm:num_requests_running")
+    for_s: float = Field(120, ge=0, le=1e5, allow_inf_nan=False, description="how long at 0")
+    timeout_s: float = Field(
+        900, gt=0, le=1e6, allow_inf_nan=False, description="give up (cohort not run) after"
+    )
+
+
+class LogitDumps(Strict):
+    """Where a run leaves frontier-logit dumps (``frontier_NNNNNN.logits.json``) for parity."""
+
+    path: str = Field(description="folder template on the box, e.g. {run_dir}/logits")
+    glob: str = Field("frontier_*.logits.json", description="dump file names in that folder")
+
+
 FileRoute = Annotated[str, Field(pattern=r"^(arg|env):\S+$")]
 
 
@@ -206,8 +329,17 @@ class RuntimeProfile(Strict):
     name: str = Field(description="profile name")
     description: str = Field("", description="one line for humans")
     platforms: list[Platform] = Field(["any"], description="platforms it runs on")
-    boot: Boot
-    ready: ReadyProbe
+    boot: Boot = Field(description="how to start it (a command driver's is its argv)")
+    ready: ReadyProbe | None = Field(None, description="readiness probe (HTTP runtimes)")
+    driver: CommandDriver | None = Field(
+        None, description="command driver (a benchmark binary); default: HTTP requests"
+    )
+    competing: list[str] = Field(
+        default_factory=list,
+        description="regexes of process command lines that must not run beside a cohort",
+    )
+    idle: Idle | None = Field(None, description="metrics that say the box serves nobody else")
+    logit_dumps: LogitDumps | None = Field(None, description="frontier-logit dumps of a run")
     api: Api = Field(default_factory=lambda: Api())
     telemetry: Telemetry = Field(default_factory=lambda: Telemetry())
     stop: Stop = Field(default_factory=lambda: Stop())
@@ -234,6 +366,37 @@ class RuntimeProfile(Strict):
     phase_live_knob: str | None = Field(
         None, description="live knob that tags the ring with the workload phase"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _boot_from_driver(cls, data: object) -> object:
+        # A command driver's boot is its command, so every boot path (knobs, version, preflight)
+        # works unchanged; a profile giving both would have two commands.
+        if isinstance(data, dict) and isinstance(data.get("driver"), dict):
+            driver = data["driver"]
+            if "boot" in data:
+                raise ValueError("a profile with a command driver takes no `boot`: its argv is")
+            data = {
+                **data,
+                "boot": {
+                    "command": driver.get("argv"),
+                    "env": driver.get("env", {}),
+                    "cwd": driver.get("cwd"),
+                },
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _ready_unless_command(self) -> RuntimeProfile:
+        if self.driver is None and self.ready is None:
+            raise ValueError("an HTTP runtime needs `ready` (a readiness probe)")
+        for pattern in self.competing:
+            _check_regex(pattern, "competing")
+        names = [n for spec in self.telemetry.log_counters for n in spec.counters()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"log counters {', '.join(twice)} are named by two patterns")
+        return self
 
     @field_validator("name")
     @classmethod

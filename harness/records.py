@@ -168,6 +168,20 @@ def read_counters(path: Path) -> dict[str, Any]:
 # The columns analysis reads from each run table and what they hold: "int" integers, "bool"
 # booleans, "number" ints or floats (null allowed: a failed request has no timings), "text"
 # strings (null allowed). Other columns are not checked.
+def read_cohorts(root: Path) -> dict[str, dict[str, Any]]:
+    """``cohorts.json`` of a campaign (the guards' verdict per cohort); {} when guards never ran.
+
+    Each cohort: ``valid``, ``reasons`` (why not), ``checks`` (what the before-checks saw).
+    """
+    path = root / "cohorts.json"
+    if not path.is_file():
+        return {}
+    cohorts = read_json(path).get("cohorts")
+    if not isinstance(cohorts, dict) or not all(isinstance(v, dict) for v in cohorts.values()):
+        raise _broken(path, "cohorts", "must map cohort names to objects")
+    return cohorts
+
+
 RUN_TABLE_COLUMNS: dict[str, dict[str, str]] = {
     "requests.parquet": {
         "request": "int",
@@ -185,6 +199,7 @@ RUN_TABLE_COLUMNS: dict[str, dict[str, str]] = {
         "output_text": "text",
     },
     "chunks.parquet": {"request": "int", "chunk": "int", "t_s": "number"},
+    "bench.parquet": {"row": "int"},  # a command-driver run: + one number column per metric
     "ring.parquet": dict.fromkeys(RING_FIELDS, "int"),
     "samples.parquet": {
         "t_s": "number",

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
+from harness.analyze.logit_parity import LOGITS_DIR, embedded_mismatch, read_logit_dumps
 from harness.analyze.looks import (
     LookState,
     extension_warnings,
@@ -27,11 +28,14 @@ from harness.analyze.looks import (
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
 from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
+from harness.analyze.tiers import tier_table
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.catalog import METRICS
 from harness.errors import HarnessError, RecordError
+from harness.plan import cohort_key
 from harness.records import (
     CampaignDir,
+    read_cohorts,
     read_counters,
     read_json,
     read_parquet,
@@ -60,6 +64,7 @@ class CampaignAnalysis:
     flags: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     simulated: bool = False
+    tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # cell × state × tier medians
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""
@@ -87,6 +92,7 @@ class CampaignAnalysis:
             "warnings": self.warnings,
             "seed_tables": self.seed_tables.to_json(),
             "sequential": self.look.to_json() if self.look else None,
+            "tiers": [{k: _clean(v) for k, v in r.items()} for r in self.tiers.to_dict("records")],
         }
 
     def undecided(self) -> list[str]:
@@ -112,6 +118,15 @@ def _prompt_logs(requests: pd.DataFrame) -> np.ndarray:
     return logs
 
 
+def _row_logs(bench: pd.DataFrame) -> np.ndarray:
+    # A command-driver run's result rows stand where prompts do (one decode speed each).
+    if "decode_tok_s" not in bench.columns:
+        return np.array([], dtype=float)
+    values = bench["decode_tok_s"].to_numpy(dtype=float)
+    logs: np.ndarray = np.log(values[np.isfinite(values) & (values > 0)])
+    return logs
+
+
 @dataclass
 class RunTables:
     """The per-run tables of a campaign, and per-prompt log speeds for the bootstrap."""
@@ -121,12 +136,18 @@ class RunTables:
     domains: pd.DataFrame
     outputs: pd.DataFrame
     prompt_logs: dict[str, np.ndarray]
+    # cell -> key -> values: the model path / ctx-alloc strings its logit dumps embed
+    logit_embedded: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # command-driver rows per tier
     imported_notes: list[str] = field(default_factory=list)
 
 
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
     """Read every run record and compute its metrics."""
     plan = campaign.plan()
+    cohorts = read_cohorts(campaign.root)
+    embedded: dict[str, dict[str, set[str]]] = {}
+    bench_frames: list[tuple[str, str, pd.DataFrame]] = []
     rows, shift_rows, domain_rows, output_rows = [], [], [], []
     logs: dict[str, np.ndarray] = {}
     notes: list[str] = []
@@ -136,6 +157,14 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         record = campaign.run_record(run_id)
         if record is None:
             row.update(status="missing", reason="never ran (resume the campaign)")
+            rows.append(row)
+            continue
+        cohort = cohort_key(raw["comparison"], raw["cache_state"], int(raw["cycle"]))
+        entry = cohorts.get(cohort, {})
+        if not entry.get("valid", True):
+            # A guard broke in its cohort: every run of it is invalid, however it ended.
+            reasons = "; ".join(str(r) for r in entry.get("reasons") or []) or "invalid"
+            row.update(status="invalid", reason=f"cohort {cohort} invalid: {reasons}")
             rows.append(row)
             continue
         # Records lost counts only beside a ring: run.json says 0 for a run with none.
@@ -158,12 +187,15 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         ring = read_parquet(ring_path) if ring_path.is_file() else None
         samples_path = run_dir / "samples.parquet"
         samples = read_parquet(samples_path) if samples_path.is_file() else None
+        bench_path = run_dir / "bench.parquet"  # a command-driver run's result rows
+        bench = read_parquet(bench_path) if bench_path.is_file() else None
         metrics, shifts = run_metrics(
             requests,
             chunks,
             counters,
             ring,
             samples=samples,
+            bench=bench,
             concurrency=card.workload.concurrency,
             window_s=card.analysis.window_s,
             converged_span_s=card.analysis.converged_span_s,
@@ -174,7 +206,9 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             if note not in notes:
                 notes.append(note)
         rows.append(row)
-        logs[run_id] = _prompt_logs(requests)
+        logs[run_id] = _prompt_logs(requests) if bench is None else _row_logs(bench)
+        if bench is not None:
+            bench_frames.append((str(raw["cell"]), str(raw["cache_state"]), bench))
         names = {i: p.name for i, p in enumerate(card.workload.phases or [])}
         for shift in shifts:
             shift_rows.append(
@@ -218,12 +252,33 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
                     "output_text": request["output_text"],
                 }
             )
+        if (run_dir / LOGITS_DIR).is_dir():
+            # Logit parity: each frontier dump is an output the exact_outputs gate compares.
+            dumps = read_logit_dumps(run_dir / LOGITS_DIR)
+            row["logit_sha256"] = dumps.combined_sha256
+            for key, values in dumps.embedded.items():
+                embedded.setdefault(raw["cell"], {}).setdefault(key, set()).update(values)
+            for name, sha in dumps.hashes.items():
+                output_rows.append(
+                    {
+                        "run_id": run_id,
+                        "cell": raw["cell"],
+                        "cache_state": raw["cache_state"],
+                        "prompt_id": name,
+                        "phase": "logits",
+                        "ok": True,
+                        "output_sha256": sha,
+                        "output_text": "",
+                    }
+                )
     return RunTables(
         runs=pd.DataFrame(rows),
         shifts=pd.DataFrame(shift_rows),
         domains=pd.DataFrame(domain_rows),
         outputs=pd.DataFrame(output_rows),
         prompt_logs=logs,
+        logit_embedded=embedded,
+        tiers=tier_table(bench_frames),
         imported_notes=notes,
     )
 
@@ -357,6 +412,9 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
     events = campaign.journal.events()
     warnings.extend(tables.imported_notes)
     warnings.extend(extension_warnings(card, events))
+    mismatch = embedded_mismatch(tables.logit_embedded)
+    if mismatch is not None:
+        warnings.append(mismatch)
     look = look_state(card, planned_cycles(campaign.plan()), events)
     comparisons: list[CellComparison] = []
     imported = (root / "IMPORTED").is_file()
@@ -412,6 +470,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         flags=flags,
         warnings=warnings,
         simulated=simulated,
+        tiers=tables.tiers,
     )
 
 
@@ -425,6 +484,8 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
     write_parquet(analysis.cells, folder / "cells.parquet")
     write_parquet(analysis.comparison_table(), folder / "comparisons.parquet")
     write_parquet(analysis.looks, folder / "looks.parquet")
+    if not analysis.tiers.empty:
+        write_parquet(analysis.tiers, folder / "tiers.parquet")
     for stem, frame in analysis.seed_tables.frames().items():
         write_parquet(frame, folder / f"{stem}.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.recovery import ShiftRecovery, phase_recovery, ring_summary
+from harness.catalog import COUNTERS
 
 _SCORED_COLUMNS = [
     "request",
@@ -97,6 +98,29 @@ def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
+# Result-row metrics summed over a run's rows (counts of work done); shares are averaged; the rest
+# (speeds, times) are geomeans over rows, as over prompts.
+_SUMMED = frozenset(COUNTERS) - {"failed_runs", "lost_ring_records"}
+_AVERAGED = frozenset({"hit_rate", "cold_share"})
+
+
+def bench_metrics(bench: pd.DataFrame) -> dict[str, float | None]:
+    """Metrics of a command-driver run from its ``bench.parquet`` (one row per result row)."""
+    out: dict[str, float | None] = {"requests": float(len(bench))}
+    for metric in bench.columns:
+        if metric == "row":
+            continue
+        values = bench[metric].to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        if metric in _SUMMED:
+            out[metric] = float(values.sum()) if values.size else None
+        elif metric in _AVERAGED:
+            out[metric] = float(values.mean()) if values.size else None
+        else:
+            out[metric] = _geomean(values)
+    return out
+
+
 def run_metrics(
     requests: pd.DataFrame,
     chunks: pd.DataFrame,
@@ -108,10 +132,13 @@ def run_metrics(
     converged_span_s: float,
     hold_s: float,
     samples: pd.DataFrame | None = None,
+    bench: pd.DataFrame | None = None,
 ) -> tuple[dict[str, Any], list[ShiftRecovery]]:
     """Every per-run metric of the catalog, plus the shift recoveries from the ring.
 
-    ``samples`` is the run's ``samples.parquet`` (RSS and swap-out over time), when it has one.
+    ``samples`` is the run's ``samples.parquet`` (RSS and swap-out over time), when it has one;
+    ``bench`` its ``bench.parquet`` (a command-driver run), whose mapped metrics win over the
+    same names from counters (the binary's own figure for its own phase).
     """
     scored = request_metrics(requests) if not requests.empty else _EMPTY_SCORED
     decode = _geomean(scored["decode_tok_s"])
@@ -131,6 +158,8 @@ def run_metrics(
         "itl_p99_ms": _percentile(gaps, 99),
     }
     out.update(counter_metrics(counters))
+    if bench is not None:
+        out.update(bench_metrics(bench))
     if samples is not None:
         out.update(rss_metrics(samples))
     shifts: list[ShiftRecovery] = []

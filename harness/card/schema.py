@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from harness.profiles import BoxSpec, RuntimeProfile, Strict
+from harness.textfile import compile_pattern
 
 KnobValue = str | int | float | bool
 CacheState = Literal["warm", "cold"]
@@ -282,6 +283,52 @@ Gate = Annotated[
     | RegressionGate,
     Field(discriminator="kind"),
 ]
+
+
+class Guards(Strict):
+    """The runner's rules (seed 004's runner and CONTRIBUTING): what a cohort must not run beside.
+
+    A cohort is one comparison's mirrored blocks (one cycle of a cell against the control in one
+    cache state). Before its first run: the box on AC power, no competing process, enough free
+    memory. During each run (sampled every ``sample_s``): no new swap-out, wired memory under a
+    bound, the run under a time limit. Any failure, and a runtime binary that changed within the
+    cohort, invalidates the whole cohort: its runs are not run further or retried, it is
+    reported invalid, and ``harness gate`` fails closed. Default: on, except for the reference
+    runtime (a test double on a shared machine).
+    """
+
+    enabled: bool | None = Field(None, description="on/off; default: on unless runtime is refbox")
+    ac_power: bool = Field(True, description="refuse a cohort on battery")
+    competing: bool = Field(True, description="refuse a cohort beside a competing process")
+    competing_extra: list[str] = Field(
+        default_factory=list, description="regexes of command lines, besides the profile's"
+    )
+    min_free_memory_pct: float | None = Field(
+        20, ge=0, le=100, allow_inf_nan=False, description="refuse a cohort under this % free"
+    )
+    min_free_memory_bytes: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="refuse a cohort under this many bytes free"
+    )
+    swapout: bool = Field(True, description="abort a run on any new swap-out")
+    max_wired_bytes: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="abort a run past this wired memory"
+    )
+    max_run_s: float | None = Field(
+        None, gt=0, le=1e6, allow_inf_nan=False, description="abort a run past this long"
+    )
+    sample_s: float = Field(1.0, gt=0, le=60, allow_inf_nan=False, description="sample interval")
+
+    @field_validator("competing_extra")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                compile_pattern(pattern)
+            except (re.error, OverflowError, RecursionError) as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return patterns
+
+
 GATE_KINDS = (
     "exact_outputs", "counter", "better", "survives", "quality", "soak", "lockstep", "regression",
 )  # fmt: skip
@@ -301,6 +348,7 @@ class Card(Strict):
     design: Design = Field(default_factory=lambda: Design())
     analysis: AnalysisSpec = Field(default_factory=lambda: AnalysisSpec())
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
+    guards: Guards = Field(default_factory=lambda: Guards(), description="the runner's rules")
 
     @field_validator("cells")
     @classmethod

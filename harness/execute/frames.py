@@ -13,6 +13,7 @@ import pandas as pd
 from harness.execute.counters import timings_columns
 from harness.execute.drive import RequestResult
 from harness.execute.resume import CheckpointState
+from harness.records import RUN_TABLE_COLUMNS
 
 
 def requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd.DataFrame:
@@ -46,7 +47,16 @@ def requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd
                 **timings_columns(r.server_timings),
             }
         )
+    if not rows:
+        # A run that sent nothing (a command driver's): the columns readers check, no rows.
+        return _empty_requests()
     return pd.DataFrame(rows)
+
+
+def _empty_requests() -> pd.DataFrame:
+    kinds = {"int": "int64", "bool": "bool", "number": "float64", "text": "object"}
+    columns = RUN_TABLE_COLUMNS["requests.parquet"]
+    return pd.DataFrame({name: pd.Series(dtype=kinds[kind]) for name, kind in columns.items()})
 
 
 def chunks_frame(results: list[RequestResult]) -> pd.DataFrame:
@@ -56,6 +66,9 @@ def chunks_frame(results: list[RequestResult]) -> pd.DataFrame:
         for index, r in enumerate(results)
         for k, (t, chars) in enumerate(zip(r.chunk_times_s, r.chunk_chars, strict=True))
     ]
+    if not rows:
+        kinds = {"request": "int64", "chunk": "int64", "t_s": "float64", "chars": "int64"}
+        return pd.DataFrame({name: pd.Series(dtype=kind) for name, kind in kinds.items()})
     return pd.DataFrame(rows, columns=["request", "chunk", "t_s", "chars"])
 
 

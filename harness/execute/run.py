@@ -28,16 +28,26 @@ from typing import Any
 
 import pandas as pd
 
+from harness.analyze.logit_parity import LOGITS_DIR
 from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.box_cache import cache_dir_on_box, campaign_root_on_box
 from harness.execute.boxes import Box, open_box
+from harness.execute.cohorts import CohortBook
+from harness.execute.command import collect_result, start_command, wait_command
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
+from harness.execute.guards import RunWatch, cohort_key, guards_enabled
 from harness.execute.interrupts import deferred, describe, exit_code
+from harness.execute.log_counters import (
+    log_counter_units,
+    log_snapshot,
+    missing_log_counters,
+    start_snapshot,
+)
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
@@ -49,7 +59,15 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
-from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render, stop_group
+from harness.execute.run_guards import GuardSteps
+from harness.execute.runtimes import (
+    BootSpec,
+    RunningRuntime,
+    boot,
+    boot_spec,
+    render,
+    stop_group,
+)
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.plan import Plan, Run, plan_json_text
@@ -113,6 +131,21 @@ def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
     return scrape_counters(runtime.base_url, telemetry.counters_http, telemetry.metrics_http)
 
 
+def _with_log(
+    counters: dict[str, Any] | None, runtime: RunningRuntime, *, start: bool = False
+) -> dict[str, Any] | None:
+    # The profile's log counters, snapshotted from the server log beside the HTTP counters.
+    specs = runtime.profile.telemetry.log_counters
+    if not specs:
+        return counters
+    text = runtime.box.read_text(runtime.spec.log_path)
+    where = f"{runtime.spec.log_path}"
+    snapshot = start_snapshot(specs, text, where=where) if start else None
+    if snapshot is None:
+        snapshot = log_snapshot(text, specs, where=where)
+    return {**(counters or {}), **snapshot}
+
+
 @dataclass
 class _Boot:
     """One boot of a run: its remote folder, ring store, monitor and checkpoint journal."""
@@ -124,6 +157,7 @@ class _Boot:
     previous: CheckpointState | None = None  # the boots a resumed run already went through
     journal: Journal | None = None  # the checkpoint journal (checkpointed runs only)
     monitor: RunMonitor | None = None
+    watch: RunWatch | None = None  # the guards during the run, when on
     results: list[RequestResult] = field(default_factory=list)
     pending: list[RequestResult] = field(default_factory=list)  # since the last checkpoint
     origin_wall: float = 0.0  # time.time() at t_start_s == 0 (samples count from it too)
@@ -131,7 +165,7 @@ class _Boot:
     segments_done: int = 0
 
 
-class CampaignRunner:
+class CampaignRunner(GuardSteps):
     """Executes the runs of one campaign directory on its box.
 
     A run whose workload has a timed phase (a soak) is checkpointed: its timed phases are cut
@@ -160,6 +194,8 @@ class CampaignRunner:
         self.remote_root = ""
         self.monitor_settings = monitor or MonitorSettings()
         self.checkpoint_s = checkpoint_s
+        enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
+        self.cohorts = CohortBook.open(campaign.root, enabled, why)
 
     @property
     def cache_dir(self) -> str:
@@ -182,6 +218,11 @@ class CampaignRunner:
             for run in self.plan.runs:
                 if run.run_id in done:
                     self.progress("skip", run, {})
+                    continue
+                invalid = self._cohort_invalid(run)
+                if invalid is not None:
+                    self._record_invalid(run, invalid)
+                    outcome.failed.append(run.run_id)
                     continue
                 status = self._run_with_retries(run)
                 (outcome.done if status == RUN_OK else outcome.failed).append(run.run_id)
@@ -211,8 +252,8 @@ class CampaignRunner:
         status = RUN_FAILED
         for attempt in range(1, attempts + 1):
             status = self._run_once(run, attempt)
-            if status == RUN_OK:
-                break
+            if status == RUN_OK or self.cohorts.invalid_reason(cohort_key(run)) is not None:
+                break  # an invalid cohort is not retried into validity
         record = self.campaign.run_record(run.run_id) or {}
         self.progress("end", run, {"status": status, "reason": record.get("reason", "")})
         return status
@@ -293,45 +334,51 @@ class CampaignRunner:
             else:
                 record.runtime["evicted"] = []
             swap_before = self.box.swapout_pages()
-            runtime = boot(
-                self.box,
-                self.loaded.runtime,
-                spec,
-                lambda pgid: self._journal_boot(run, pgid, state),
-            )
-            self._start_monitor(runtime, state)
-            runtime.post_live(spec.live)
-            warmups: list[RequestResult] = []
-            if run.sends_warmup:
-                warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
-            if state.monitor is not None:
-                state.monitor.scored = True
-            before = _counters(runtime)
-            self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
-            after = _counters(runtime)
-            swap_after = self.box.swapout_pages()
-            self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
-            failures = [r for r in state.results if not r.ok and not r.warmup]
-            failures_before = self._previous_failures(local_dir, previous)
-            if failures or failures_before:
-                died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
-                scored = [r for r in state.results if not r.warmup]
-                first = (
-                    f"first ({failures[0].prompt_id}): {failures[0].error}"
-                    if failures
-                    else "in segments before the resume"
-                )
-                record.reason = (
-                    f"{died}{len(failures) + failures_before} of {len(scored)} requests "
-                    f"failed; {first}"
-                )
-            elif state.segments_done < state.segments_planned:
-                record.reason = (
-                    f"runtime exited mid-run: {state.segments_done} of "
-                    f"{state.segments_planned} segments ran"
-                )
-            else:
+            if self.loaded.runtime.driver is not None:
+                runtime = self._run_command(run, spec, state, local_dir, swap_before, record)
                 record.status = RUN_OK
+            else:
+                runtime = boot(
+                    self.box,
+                    self.loaded.runtime,
+                    spec,
+                    lambda pgid: self._journal_boot(run, pgid, state),
+                )
+                self._start_monitor(runtime, state)
+                state.watch = self._start_watch(run, runtime.pgid, record)
+                self._check_idle(run, runtime)
+                runtime.post_live(spec.live)
+                warmups: list[RequestResult] = []
+                if run.sends_warmup:
+                    warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+                if state.monitor is not None:
+                    state.monitor.scored = True
+                before = _with_log(_counters(runtime), runtime, start=True)
+                self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+                after = _with_log(_counters(runtime), runtime)
+                swap_after = self.box.swapout_pages()
+                self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
+                failures = [r for r in state.results if not r.ok and not r.warmup]
+                failures_before = self._previous_failures(local_dir, previous)
+                if failures or failures_before:
+                    died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
+                    scored = [r for r in state.results if not r.warmup]
+                    first = (
+                        f"first ({failures[0].prompt_id}): {failures[0].error}"
+                        if failures
+                        else "in segments before the resume"
+                    )
+                    record.reason = (
+                        f"{died}{len(failures) + failures_before} of {len(scored)} requests "
+                        f"failed; {first}"
+                    )
+                elif state.segments_done < state.segments_planned:
+                    record.reason = (
+                        f"runtime exited mid-run: {state.segments_done} of "
+                        f"{state.segments_planned} segments ran"
+                    )
+                else:
+                    record.status = RUN_OK
         except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
             record.reason = (
@@ -352,6 +399,47 @@ class CampaignRunner:
             with deferred():
                 self._finish(run, record, runtime, state, local_dir)
         return record.status
+
+    def _run_command(
+        self,
+        run: Run,
+        spec: BootSpec,
+        state: _Boot,
+        local_dir: Path,
+        swap_before: int | None,
+        record: RunRecord,
+    ) -> RunningRuntime:
+        """A command-driver run: the command is the run, its result rows the run record.
+
+        Its log counters start at 0 (the process starts with the run) and end at the log's
+        last snapshot; raises (the run fails) on a crash, a time limit or an unmapped column.
+        """
+        profile = self.loaded.runtime
+        assert profile.driver is not None
+        command = start_command(
+            self.box, profile, spec, lambda pgid: self._journal_boot(run, pgid, state)
+        )
+        state.origin_wall = time.time()
+        self._start_monitor(command.runtime, state)
+        state.watch = self._start_watch(run, command.runtime.pgid, record)
+        if state.monitor is not None:
+            state.monitor.scored = True
+        try:
+            wait_command(command, profile.driver.timeout_s)
+        except BaseException:
+            command.runtime.stop()
+            raise
+        swap_after = self.box.swapout_pages()
+        specs = profile.telemetry.log_counters
+        before = start_snapshot(specs, None) if specs else None
+        after = None
+        if specs:
+            text = self.box.read_text(spec.log_path)
+            after = log_snapshot(text, specs, where=spec.log_path)
+        self._write_counters(local_dir, before, after, swap_before, swap_after, None)
+        collect_result(command, local_dir)
+        state.segments_planned = state.segments_done = 1
+        return command.runtime
 
     def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
@@ -481,7 +569,7 @@ class CampaignRunner:
             ring_seq=state.store.after_sequence,
             ring_lost=state.store.lost,
             ring_dropped=state.store.dropped,
-            counters=_counters(runtime),
+            counters=_with_log(_counters(runtime), runtime),
             swapout_pages=self.box.swapout_pages(),
         )
 
@@ -502,6 +590,17 @@ class CampaignRunner:
     ) -> None:
         if state.monitor is not None:
             state.monitor.stop()  # before the stop, so no sample sees a half-stopped group
+        if state.watch is not None:
+            state.watch.stop()
+            if state.watch.reason is None:
+                state.watch.reason = self._swapped(local_dir)
+            if state.watch.reason is not None:
+                # A guard stopped the run: that is why it failed, and the cohort is invalid.
+                record.status = RUN_FAILED
+                record.reason = f"guard: {state.watch.reason}" + (
+                    f" (then: {record.reason})" if record.reason else ""
+                )
+                self.cohorts.invalidate(cohort_key(run), state.watch.reason)
         if runtime is None and state.pgid is not None:
             # Started but never returned from the boot (interrupted while it got ready).
             if stop_group(self.box, self.loaded.runtime, state.pgid):
@@ -677,6 +776,11 @@ class CampaignRunner:
         previous: CheckpointState | None,
     ) -> None:
         payload = counters_record(before, after, swap_before, swap_after, previous)
+        specs = self.loaded.runtime.telemetry.log_counters
+        if specs:
+            # Declared but not counted is said, so no reader takes the absence for 0.
+            payload["log_counter_units"] = log_counter_units(specs)
+            payload["missing"] = missing_log_counters(specs, before, after)
         write_json_atomic(local_dir / "counters.json", payload)
 
     def _collect(self, local_dir: Path, state: _Boot, record: RunRecord) -> None:
@@ -692,6 +796,7 @@ class CampaignRunner:
                 with contextlib.suppress(HarnessError, OSError):
                     if self.box.exists(old_log):
                         self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
+        self._collect_logits(local_dir, context)
         if telemetry.ring is None:
             return
         ring_remote = render(telemetry.ring.path, context)
@@ -725,6 +830,19 @@ class CampaignRunner:
         write_parquet(ring_frame, local_dir / "ring.parquet")
         ring_local.unlink()
         self._collect_trace(local_dir, context)
+
+    def _collect_logits(self, local_dir: Path, context: dict[str, Any]) -> None:
+        """The run's frontier-logit dumps, when the profile declares them (none: the run fails,
+        since the exact_outputs gate would otherwise compare nothing)."""
+        dumps = self.loaded.runtime.logit_dumps
+        if dumps is None:
+            return
+        remote = render(dumps.path, context)
+        if not self.box.exists(remote):
+            raise RecordError(f"the runtime wrote no frontier-logit dumps at {remote}")
+        self.box.get_dir(remote, local_dir / LOGITS_DIR)
+        if not any((local_dir / LOGITS_DIR).rglob(dumps.glob)):
+            raise RecordError(f"no {dumps.glob} in the frontier-logit dumps at {remote}")
 
     def _collect_trace(self, local_dir: Path, context: dict[str, Any]) -> None:
         telemetry = self.loaded.runtime.telemetry

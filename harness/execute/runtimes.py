@@ -184,6 +184,8 @@ class RunningRuntime:
     def wait_ready(self) -> None:
         """Block until the readiness probe passes; RuntimeBootError with the log tail if not."""
         ready = self.profile.ready
+        if ready is None:  # a command driver: nothing to wait for
+            return
         started = time.monotonic()
         pattern = re.compile(ready.log_line) if ready.log_line else None
         while True:

@@ -1,6 +1,7 @@
 """The HTML report reviewers read: one self-contained file per campaign directory.
 
-``render_report(root, analysis, verdict)`` writes ``root/report.html`` (and, for a campaign under
+``render_report(root, analysis, verdict)`` writes ``root/report.html`` and ``root/record.md`` (the
+dated markdown record, :mod:`.record`, from the same context) (and, for a campaign under
 ``reports/<campaign>/<stamp>``, a copy at ``reports/<campaign>-<stamp>.html``) and returns the
 path of the first. The page is jinja2 with autoescape on for everything (prompt and output text is
 untrusted), inline CSS, figures as base64 PNG, no script and no external request.
@@ -33,14 +34,19 @@ CYCLE_METRICS = ("decode_tok_s", "tpot_p50_ms")
 def render_report(
     root: Path, analysis: CampaignAnalysis, verdict: Verdict, *, figures: bool = True
 ) -> Path:
-    """Write ``root/report.html`` (and the copy under ``reports/``); return the first path.
+    """Write ``root/report.html`` (and the copy under ``reports/``) and ``root/record.md``;
+    return the first path.
 
     ``figures=False`` renders the same page without drawing any figure (the benchmark baseline).
     """
+    from harness.report.record import RECORD_NAME, render_record
+
     context = build_context(root, analysis, verdict, figures=figures)
     html = _render(context, link_prefix="")
     path = root / REPORT_NAME
     _write(path, html)
+    # The markdown record from the same context: the same numbers as the page.
+    _write(root / RECORD_NAME, render_record(context))
     copy = copy_path(root, analysis.card.campaign)
     if copy is not None:
         _write(copy, _render(context, link_prefix=f"{root.parent.name}/{root.name}/"))
@@ -127,6 +133,7 @@ def build_context(
         "recovery": tables.recovery_table(analysis),
         "frozen": tables.frozen_map_tables(analysis, comparisons),
         "policy": tables.policy_table(analysis),
+        "tiers": tables.tiers_table(analysis),
         "looks": tables.looks_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
@@ -139,6 +146,8 @@ def build_context(
         "history": history,
         "card_text": _read_text(root / "card.yaml"),
         "failed_runs": ctx.failed_runs(analysis),
+        "invalid_cohorts": ctx.invalid_cohorts(analysis),
+        "logit_hashes": ctx.logit_hashes(analysis),
         "links": ctx.raw_links(analysis),
         "palette": palette,
     }

@@ -19,6 +19,7 @@ from harness.card import Card, Cell
 from harness.card.frozen import frozen_paths
 from harness.errors import HarnessError
 from harness.gate import Verdict
+from harness.plan import cohort_key
 from harness.report import fmt
 from harness.report.tables import frame_records
 
@@ -419,3 +420,29 @@ def raw_links(analysis: CampaignAnalysis) -> dict[str, Any]:
             {"run_id": run["run_id"], "files": [f"runs/{run['run_id']}/{f}" for f in files]}
         )
     return {"campaign": campaign_files, "runs": runs}
+
+
+def invalid_cohorts(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
+    """Cohorts a guard invalidated: their runs and why (from the runs table)."""
+    runs = analysis.runs
+    if runs.empty or "status" not in runs.columns:
+        return []
+    out: dict[str, dict[str, Any]] = {}
+    for row in frame_records(runs[runs["status"] == "invalid"]):
+        key = cohort_key(str(row["comparison"]), str(row["cache_state"]), int(row["cycle"]))
+        entry = out.setdefault(key, {"cohort": key, "runs": 0, "why": ""})
+        entry["runs"] += 1
+        entry["why"] = str(row.get("reason") or "").split(" invalid: ", 1)[-1]
+    return list(out.values())
+
+
+def logit_hashes(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
+    """Per cell, the frontier-logit SHA-256 values its runs recorded (one when they agree)."""
+    runs = analysis.runs
+    if runs.empty or "logit_sha256" not in runs.columns:
+        return []
+    out = []
+    for cell, group in runs[runs["logit_sha256"].notna()].groupby("cell", sort=False):
+        shas = sorted({str(s) for s in group["logit_sha256"]})
+        out.append({"cell": str(cell), "runs": len(group), "sha": ", ".join(shas)})
+    return out

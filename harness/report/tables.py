@@ -300,3 +300,25 @@ def looks_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "nominal_text": fmt.num(look.nominal_alpha),
         "rows": rows,
     }
+
+
+def tiers_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Command-driver results per tier (ds4-bench: per context frontier), formatted."""
+    frame = analysis.tiers
+    if frame.empty:
+        return None
+    metrics = [c for c in frame.columns if c not in ("cell", "cache_state", "tier", "runs")]
+    rows = []
+    for row in frame_records(frame):
+        rows.append(
+            {
+                "name": key_name(analysis, str(row["cell"]), str(row["cache_state"])),
+                "tier": str(row["tier"]),
+                "runs": int(row["runs"]),
+                "values": [
+                    fmt.metric(m, row.get(m), METRICS[m].unit if m in METRICS else "")
+                    for m in metrics
+                ],
+            }
+        )
+    return {"metrics": metrics, "rows": rows}

@@ -1,0 +1,168 @@
+"""``record.md``: the dated markdown record of a campaign, beside ``report.html``.
+
+In the shape of ds4's ``docs/benchmarks/YYYY-MM-DD-*.md`` write-ups: the machine and binary, the
+cells, the seed-style tables with intervals and labels, the deterministic evidence apart, invalid
+cohorts and failed runs with why, then the gates. Every figure is a text the report context already
+holds (:func:`harness.report.build_context`, built once for both files), so the record and the
+HTML cannot disagree: this module formats, it computes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+RECORD_NAME = "record.md"
+
+
+def _cell(text: Any) -> str:
+    """A value safe inside a markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ").strip() or "—"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines.extend("| " + " | ".join(_cell(v) for v in row) + " |" for row in rows)
+    return [*lines, ""]
+
+
+def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
+    return _table(
+        ["cell", "vs", "state", "metric", "control", "cell value", "ratio", "95% CI", "label",
+         "cycles", "notes"],
+        [
+            [r["cell"], r["vs"], r["state"], r["metric"], r["control_text"], r["cell_text"],
+             r["ratio_text"], r["ci_text"], r["label"], r["n_cycles"],
+             "; ".join([*r["notes"], *r["flag_summary"]])]
+            for r in rows
+        ],
+    )  # fmt: skip
+
+
+def _date(stamp: str) -> str:
+    # The campaign's own date (its directory stamp, 20261201T140910Z), not the rendering's.
+    try:
+        return time.strftime("%Y-%m-%d", time.strptime(stamp[:8], "%Y%m%d"))
+    except ValueError:
+        return time.strftime("%Y-%m-%d")
+
+
+def render_record(context: dict[str, Any]) -> str:
+    """The markdown text of ``record.md`` from the report's context."""
+    verdict = context["verdict"]
+    date = _date(str(context["stamp"]))
+    out = [
+        f"# {date} {context['campaign']}: {verdict['word']}",
+        "",
+        context["description"] or "",
+        "",
+        f"Campaign directory `{context['stamp']}`, runtime `{context['runtime_name']}`, "
+        f"harness {context['harness_version']}, recorded {context['generated_at']}."
+        + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
+        "",
+        "## Machine and binary",
+        "",
+    ]
+    for box in context["boxes"]:
+        if box["error"]:
+            out += [f"- box {box['name']}: {box['error']}", ""]
+            continue
+        out.append(f"Box `{box['name']}` ({box['file']}):")
+        out.append("")
+        out += [f"- {key}: {_cell(value)}" for key, value in box["summary"]]
+        out.append(f"- runtime profile: {box['runtime_profile'] or '—'}")
+        out.append(f"- binary: `{box['runtime_binary'] or '—'}`")
+        out.append(f"- binary SHA-256: `{box['runtime_sha256'] or 'not recorded'}`")
+        version = box["runtime_version"].splitlines()
+        out.append(f"- version: {_cell(version[0]) if version else '—'}")
+        out.append("")
+    design = context["design"]
+    out += [
+        "## Cells",
+        "",
+        f"Control `{context['control']}`; order {design['order']}, {design['cycles']} cycles "
+        f"({', '.join(design['patterns']) or 'no patterns'}), repeats {design['repeats']}, cache "
+        f"states {', '.join(design['cache_states'])}; {design['n_runs']} runs planned.",
+        "",
+    ]
+    for cell in context["cells"]:
+        role = " (control)" if cell["control"] else ""
+        settings = ", ".join(
+            f"{s['key']}={s['value']}" + (f" (control: {s['was']})" if s["was"] is not None else "")
+            for s in cell["settings"]
+        )
+        out.append(f"- **{cell['name']}**{role}: {cell['description'] or ''} {settings or ''}")
+    out.append("")
+    if context["policy"]:
+        out += ["## Seed 004 table: policy, per cell", ""]
+        out += _table(
+            ["cell", "runs", "decode t/s", "hit rate", "expert loads", "routed reads",
+             "TPOT p50 / p95", "new swap-out"],
+            [
+                [r["name"] + (" (control)" if r["control"] else ""), r["runs"],
+                 r["decode"]["text"], r["hit_rate"]["text"], r["loads"]["text"],
+                 r["bytes"]["text"], r["tpot"]["text"], r["swapout"]["text"]]
+                for r in context["policy"]["rows"]
+            ],
+        )  # fmt: skip
+    if context.get("tiers"):
+        tiers = context["tiers"]
+        out += ["## Per tier (median over completed runs)", ""]
+        out += _table(
+            ["cell", "tier", "rows", *tiers["metrics"]],
+            [[r["name"], r["tier"], r["runs"], *r["values"]] for r in tiers["rows"]],
+        )
+    if context["recovery"]:
+        recovery = context["recovery"]
+        out += ["## Seed 000 table: recovery after a shift", ""]
+        out += _table(
+            ["cell", *[f"T90 {d}" for d in recovery["directions"]], "vs control", "churn",
+             "C1 (converged)"],
+            [
+                [r["name"], *[t["text"] for t in r["t90"]], r["ratio"], r["churn"]["text"],
+                 r["c1_all"]["text"]]
+                for r in recovery["rows"]
+            ],
+        )  # fmt: skip
+    out += ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
+    out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
+    out += ["## Deterministic evidence (drift cannot move it)", ""]
+    if context["deterministic_rows"]:
+        out += _comparisons(context["deterministic_rows"])
+    logits = context.get("logit_hashes") or []
+    if logits:
+        out += ["Frontier-logit SHA-256 (over the sorted per-file hashes) per cell:", ""]
+        out += _table(
+            ["cell", "runs", "SHA-256"], [[r["cell"], r["runs"], r["sha"]] for r in logits]
+        )
+    exact = [g for g in verdict["gates"] if g["kind"] == "exact_outputs"]
+    for gate in exact:
+        out.append(f"- {gate['name']}: {'pass' if gate['passed'] else 'FAIL'}: {gate['reason']}")
+    if not (context["deterministic_rows"] or logits or exact):
+        out.append("None recorded.")
+    out.append("")
+    out += ["## Invalid cohorts", ""]
+    cohorts = context.get("invalid_cohorts") or []
+    if cohorts:
+        out += _table(
+            ["cohort", "runs", "why"], [[c["cohort"], c["runs"], c["why"]] for c in cohorts]
+        )
+    else:
+        out += ["None: every cohort held the guards (or the guards were off).", ""]
+    failed = [r for r in context["failed_runs"] if r["status"] != "invalid"]
+    if failed:
+        out += ["## Failed runs", ""]
+        out += _table(
+            ["run", "cell", "status", "attempt", "reason"],
+            [[r["run_id"], r["cell"], r["status"], r["attempt"], r["reason"]] for r in failed],
+        )
+    out += ["## Gates", ""]
+    out += _table(
+        ["gate", "result", "reason"],
+        [[g["name"], "pass" if g["passed"] else "FAIL", g["reason"]] for g in verdict["gates"]],
+    )
+    if context["campaign_warnings"]:
+        out += ["## Warnings", ""]
+        out += [f"- {_cell(w)}" for w in context["campaign_warnings"]] + [""]
+    return "\n".join(out).rstrip() + "\n"
