@@ -98,8 +98,8 @@ def ladder_figure(
     axes = figure.add_subplot()
     axes.scatter(finite[x][keep], finite[y][keep], s=18, color="#7f8c8d", label="points")
     if front:
-        chosen = ladder["point"].isin(front) & keep
-        axes.scatter(finite[x][chosen], finite[y][chosen], s=36, color="#2980b9", label="front")
+        on_front = ladder["point"].isin(front) & keep
+        axes.scatter(finite[x][on_front], finite[y][on_front], s=36, color="#2980b9", label="front")
     if chosen:
         picked = ladder["point"].isin(chosen) & keep
         axes.scatter(finite[x][picked], finite[y][picked], s=120, facecolors="none",
