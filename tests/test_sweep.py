@@ -197,3 +197,14 @@ def test_a_trace_without_a_shift_has_no_t90(tmp_path: Path) -> None:
     card, paths = _setup(tmp_path)
     sweep = run_sweep(load_card(card), [load_trace(paths[0])], grid_points([]))
     assert np.isnan(sweep.ladder["t90_s"].iloc[0])  # one phase: nothing to recover from
+
+
+@pytest.mark.slow
+def test_sweep_bench_quick_runs_three_ways_alike() -> None:
+    from harness.benchmarks import sweep as bench_sweep
+
+    identical, speedup, threaded, wall, rate = bench_sweep.run_bench(quick=True)
+    assert threaded.value > 0
+    assert identical.passed is True and "54 tasks" in identical.name
+    assert speedup.value > 0 and "load average" in speedup.baseline
+    assert wall.value > 0 and rate.value == pytest.approx(27 / wall.value)

@@ -8,7 +8,7 @@ depend on its thread count (``tests/test_sim_replay.py``), so where a task ran c
 
 * **in process** (``jobs=1``): one task after another, each replay on every CPU's thread.
 * **processes** (``jobs=N``): a spawned pool; the traces are written once to ``.npy`` files that
-  every worker maps read-only (the page cache holds one copy, nothing is pickled per task), and
+  every worker maps copy-on-write (the page cache holds one copy, nothing is pickled per task), and
   each replay runs on one thread, the points being the parallelism.
 * **Dask** (``scheduler="tcp://HOST:8786"``): the traces are scattered once to every worker
   (``broadcast``, so a worker lost mid-sweep leaves a replica behind), each task submitted
@@ -71,11 +71,14 @@ def _save_shared(traces: Sequence[Trace], folder: Path) -> None:
 
 
 def _load_shared(folder: str, count: int) -> None:
-    """Pool initializer: map the traces the parent saved (read-only, shared page cache)."""
+    """Pool initializer: map the traces the parent saved (shared page cache)."""
     _SHARED.clear()
     for index in range(count):
+        # Copy-on-write maps: shared pages until written (never, here), and writable arrays,
+        # which numba types as the parent's arrays are typed, so its cached machine code
+        # serves them (a read-only array is another type: a compile in every worker).
         arrays = [
-            np.asarray(np.load(Path(folder) / f"{index}.{name}.npy", mmap_mode="r"))
+            np.asarray(np.load(Path(folder) / f"{index}.{name}.npy", mmap_mode="c"))
             for name in _ARRAYS
         ]
         experts_count, fmt, path = (
