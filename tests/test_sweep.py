@@ -84,13 +84,17 @@ def test_grid_and_sample_points() -> None:
         (["drain_every=8,x"], "'x' is not an integer"),
         (["rowmap=missing.json"], "missing.json: no such file"),
         (["drain_every"], "write KNOB=v1,v2"),
+        (["drain_every=8,16", "--reference"], "drop --reference and --start"),
+        (["drain_every=8,16", "--pick", "1"], "pick at least 2"),
+        (["drain_every=8,16", "--pick", "2", "--pick-out", "/tmp/x.yaml"], "beside"),
     ],
 )
 def test_bad_sweeps_are_bad_input(tmp_path: Path, spec: list[str], message: str) -> None:
     card, traces = _setup(tmp_path)
     args = ["simulate", str(card), "--traces", str(traces[0]), "--out", str(tmp_path / "s")]
     for one in spec:
-        args += ["--sweep", one]
+        flag = one.startswith(("--", "/")) or one.isdigit()
+        args += [one] if flag else ["--sweep", one]
     done = run_cli(*args)
     assert done.code == 2, done.stdout + done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr

@@ -48,6 +48,7 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     """Run the sweep the arguments describe; exit 0 (warnings do not fail it)."""
     # Imported here: `harness --help` should not pay for pandas, numba and the card loader.
     from harness.card import load_card
+    from harness.records import write_parquet
     from harness.sim.pick import pick_points, picked_frame, write_picked_card
     from harness.sim.results import CostModel
     from harness.sim.simulate import simulate_card
@@ -59,7 +60,22 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
 
     if not args.sweep:
         raise BadInput("give --sweep KNOB=V1,V2,... (repeat for a grid)")
+    if args.reference or args.start != "card":
+        raise BadInput(
+            "a sweep replays from the card's maps with the fast replay (its decisions are the "
+            "plain replay's, tests pin it); drop --reference and --start"
+        )
+    if args.pick is not None and args.pick < 2:
+        raise BadInput(f"--pick {args.pick}: pick at least 2 (the control and one cell to boot)")
     loaded = load_card(Path(args.card))
+    target = (
+        Path(args.pick_out) if args.pick_out else loaded.directory / f"{loaded.path.stem}-pick.yaml"
+    )
+    if args.pick and target.resolve().parent != loaded.directory.resolve():
+        raise BadInput(
+            f"--pick-out {target}: write the picked card beside {loaded.path} "
+            "(its runtime profiles, boxes and relative paths are found from that folder)"
+        )
     traces = [load_trace(path, experts=args.experts) for path in args.traces]
     axes = parse_axes(args.sweep)
     seed = args.seed if args.seed is not None else loaded.card.design.seed
@@ -100,14 +116,9 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"note: {note}\n")
     for point, why in pick.excluded.items():
         out.write(f"not picked: {point}: {why}\n")
-    target = (
-        Path(args.pick_out)
-        if args.pick_out
-        else loaded.directory / (f"{loaded.path.stem}-pick.yaml")
-    )
     write_picked_card(sweep, pick, target)
     picked = load_card(target)  # the written card must validate, or this is our bug
-    picked_frame(sweep, pick).to_parquet(root / "picked.parquet")
+    write_parquet(picked_frame(sweep, pick), root / "picked.parquet")
     sim_root, _ = simulate_card(picked, traces, reports=Path(args.reports), cost=cost)
     out.write(
         f"picked {len(pick.chosen)} cells ({', '.join(pick.chosen)}): wrote {target}\n"
