@@ -123,6 +123,7 @@ def test_dask_sweep_equals_local_and_survives_a_lost_worker(
     pd.testing.assert_frame_equal(local.rows, survived.rows)
 
 
+@pytest.mark.slow  # the client retries the connection for its whole timeout first
 def test_an_unreachable_scheduler_is_an_infrastructure_error(tmp_path: Path) -> None:
     from harness.sim.sweep_run import SweepError
 
