@@ -15,9 +15,10 @@ reported apart. The fast replay runs on every CPU (ranges of layers on threads) 
 three times during the reference's single run, at its quarters (the reference's time leaves
 those pauses out): the machine's speed drifts over half a minute, and both sides see the
 same drift. The median of the three counts. The floor is timed right after each fast run, at
-the same pauses, so the fast ÷ floor ratio compares the same moments. With ``reference_prefix_tokens`` below the trace
-length, the reference is timed on that prefix and its time scaled linearly (it is a per-step
-loop with a constant cost per step); the figures say so.
+the same pauses, so the fast ÷ floor ratio compares the same moments. With
+``reference_prefix_tokens`` below the trace length, the reference is timed on that prefix and
+its time scaled linearly (it is a per-step loop with a constant cost per step); the figures
+say so.
 """
 
 from __future__ import annotations

@@ -19,6 +19,15 @@ from harness.errors import EXIT_OK, BadInput
 
 __all__ = ["add_sweep_arguments", "sweep_command"]
 
+# Below this many replayed tokens in all, the sweep runs in this process by default: a spawned
+# worker takes seconds to import and load the compiled kernels, longer than such a sweep.
+SMALL_SWEEP_TOKENS = 5_000_000
+
+
+def _default_jobs(tokens: int, cpus: int) -> int:
+    """One process per CPU, unless the sweep is too small to repay starting them."""
+    return 1 if tokens < SMALL_SWEEP_TOKENS else cpus
+
 
 def add_sweep_arguments(sim: argparse.ArgumentParser) -> None:
     """The sweep's flags on ``harness simulate``."""
@@ -87,7 +96,7 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
         swap_ns=round(args.swap_ms * 1e6),
     )
     root = sweep_root(loaded, Path(args.reports), Path(args.out) if args.out else None)
-    jobs = args.jobs or default_jobs()
+    jobs = args.jobs or _default_jobs(len(points) * sum(t.rows for t in traces), default_jobs())
     where = f"Dask at {args.scheduler}" if args.scheduler else f"{jobs} local process(es)"
     out.write(f"sweeping {len(points)} points x {len(traces)} trace(s) on {where}\n")
     sweep = run_sweep(
