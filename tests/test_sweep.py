@@ -212,3 +212,13 @@ def test_sweep_bench_quick_runs_three_ways_alike() -> None:
     assert identical.passed is True and "54 tasks" in identical.name
     assert speedup.value > 0 and "load average" in speedup.baseline
     assert wall.value > 0 and rate.value == pytest.approx(27 / wall.value)
+
+
+def test_pareto_front_and_small_sweeps_in_process() -> None:
+    from harness.sim.pick import pareto_front
+    from harness.sim.sweep_cmd import SMALL_SWEEP_TOKENS, _default_jobs
+
+    values = np.array([[1.0, 1.0], [2.0, 0.5], [0.5, 2.0], [0.9, 0.9], [2.0, 0.5]])
+    assert pareto_front(values) == [0, 1, 2, 4]  # equal points do not dominate each other
+    assert _default_jobs(SMALL_SWEEP_TOKENS - 1, 8) == 1
+    assert _default_jobs(SMALL_SWEEP_TOKENS, 8) == 8
