@@ -41,6 +41,7 @@ Progress = Callable[[int, int], None]  # (tasks done, tasks in all)
 
 _ARRAYS = ("experts", "steps", "prefill", "phase")
 _SHARED: list[Trace] = []  # a worker process's traces, mapped by _load_shared
+_RESUBMITS = 3  # times a task whose result was lost with its worker is submitted again
 
 
 class SweepError(InfrastructureError):
@@ -157,13 +158,37 @@ def _dask(
         if not client.scheduler_info().get("workers"):
             client.wait_for_workers(1, timeout=60)
         scattered = client.scatter(list(traces), broadcast=True)  # type: ignore[no-untyped-call]
-        futures = {
-            client.submit(evaluate, task, scattered[task.trace_index], pure=False, retries=2): i
-            for i, task in enumerate(tasks)
-        }
-        for done, future in enumerate(dask_completed(futures), start=1):  # type: ignore[no-untyped-call]
-            index = futures[future]
-            rows[index] = future.result()
+
+        def submit(index: int) -> Any:
+            task = tasks[index]
+            return client.submit(evaluate, task, scattered[task.trace_index], pure=False, retries=2)
+
+        futures = {submit(i): i for i in range(len(tasks))}
+        resubmitted = [0] * len(tasks)
+        pending = dask_completed(list(futures))  # type: ignore[no-untyped-call]
+        done = 0
+        for future in pending:
+            index = futures.pop(future)
+            try:
+                rows[index] = future.result()
+            except Exception:
+                # A worker that died takes with it the results it had not handed over, and
+                # maybe the last replica of a trace (the scheduler's memory manager trims the
+                # broadcast copies): the task's future reads as cancelled. Scatter a lost trace
+                # again and submit the task again. An error of the task itself raises.
+                if future.status == "error" or resubmitted[index] >= _RESUBMITS:
+                    raise
+                resubmitted[index] += 1
+                trace = tasks[index].trace_index
+                if scattered[trace].status != "finished":
+                    scattered[trace] = client.scatter(  # type: ignore[no-untyped-call]
+                        traces[trace], broadcast=True, hash=False
+                    )
+                again = submit(index)
+                futures[again] = index
+                pending.add(again)  # type: ignore[no-untyped-call]
+                continue
+            done += 1
             progress(done, len(tasks))
             if on_result is not None:
                 on_result(done)
