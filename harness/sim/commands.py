@@ -22,6 +22,7 @@ from harness.sim.fitmap import (
     load_counts,
 )
 from harness.sim.results import CostModel
+from harness.sim.sweep_cmd import add_sweep_arguments
 from harness.sim.trace_files import file_sha256, load_trace
 
 __all__ = ["register"]
@@ -37,6 +38,13 @@ Replay routing traces through the reference runtime's own policy code.
       write a simulated campaign directory (reports/<campaign>-sim/<stamp>/ by default) that
       `harness analyze` and `harness gate` read unchanged. Traces are replayed in order as one
       stream; rows keep their recorded phase tags, untagged traces are phase 0, 1, ... in order.
+  harness simulate CARD --traces FILE... --sweep KNOB=V1,V2 [--sweep ...] [--sample N]
+                   [--pick K] [--jobs N | --scheduler tcp://HOST:8786]
+      replay every point of a knob grid (or N sampled points from KNOB=LOW:HIGH ranges) on
+      every trace; print and write the predicted ladder against the control
+      (reports/<campaign>-sweep/<stamp>/); --pick K writes a card with the control and the
+      Pareto front on the card's gated metrics. A sweep point booting a map no cell of the
+      card boots is flagged WRONG MAP.
 """
 
 
@@ -45,6 +53,12 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
         return _lockstep(args, out)
     if args.card is None or not args.traces:
         raise BadInput("give CARD --traces FILE... to simulate a campaign, or --lockstep TRACE")
+    if args.sweep:
+        from harness.sim.sweep_cmd import sweep_command
+
+        return sweep_command(args, out)
+    if args.pick or args.sample or args.scheduler:
+        raise BadInput("--pick, --sample and --scheduler go with --sweep KNOB=V1,V2,...")
     from harness.card import load_card
     from harness.sim.simulate import simulate_card
 
@@ -185,6 +199,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         sim.add_argument(
             flag, type=float, default=ns / 1e6, help=f"synthetic ring time {what} ({ns / 1e6:g})"
         )
+    add_sweep_arguments(sim)
     sim.set_defaults(handler=_cmd_simulate)
 
     fit = verbs.add_parser(

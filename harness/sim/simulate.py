@@ -116,10 +116,18 @@ def _cell_values(loaded: LoadedCard, cell: Cell) -> dict[str, str]:
 
 
 def cell_settings(
-    loaded: LoadedCard, name: str, trace: Trace, start: Literal["card", "empty"] = "card"
+    loaded: LoadedCard,
+    name: str,
+    trace: Trace,
+    start: Literal["card", "empty"] = "card",
+    cell: Cell | None = None,
 ) -> CellSettings:
-    """Resolve one cell's policy settings (raises KnobError/MapError naming the cell)."""
-    cell = loaded.card.cells[name]
+    """Resolve one cell's policy settings (raises KnobError/MapError naming the cell).
+
+    ``cell`` replaces the card's cell of that name (a sweep point: the base cell with knobs or
+    files changed); its relative file paths resolve beside the card as the card's own do.
+    """
+    cell = cell if cell is not None else loaded.card.cells[name]
     values = _cell_values(loaded, cell)
     where = f"cells.{name}"
     typed: dict[str, Any] = {}
