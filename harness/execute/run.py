@@ -48,9 +48,11 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
+from harness.execute.routes import read_route_snapshot, route_counters, wait_idle, write_route_delta
 from harness.execute.runtimes import RunningRuntime, boot, boot_spec, render, stop_group
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
+from harness.maps import CountDump
 from harness.plan import Plan, Run, plan_json_text
 from harness.records import (
     RUN_FAILED,
@@ -310,9 +312,21 @@ class CampaignRunner:
                 warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
             if state.monitor is not None:
                 state.monitor.scored = True
+            idle = self.loaded.runtime.telemetry.idle
+            if idle is not None and self.loaded.runtime.telemetry.metrics_http is not None:
+                record.runtime["idle_wait_s"] = wait_idle(
+                    runtime.base_url, self.loaded.runtime.telemetry.metrics_http, idle
+                )
+            routes_before = self._route_snapshot(remote_dir)
             before = _counters(runtime)
+            if before is not None:
+                before.update(route_counters(routes_before))
             self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+            routes_after = self._route_snapshot(remote_dir)
             after = _counters(runtime)
+            if after is not None:
+                after.update(route_counters(routes_after))
+            write_route_delta(local_dir / "route-counts.json", routes_before, routes_after)
             swap_after = self.box.swapout_pages()
             self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
             failures = [r for r in state.results if not r.ok and not r.warmup]
@@ -356,6 +370,10 @@ class CampaignRunner:
             with deferred():
                 self._finish(run, record, runtime, state, local_dir)
         return record.status
+
+    def _route_snapshot(self, remote_dir: str) -> CountDump | None:
+        spec = self.loaded.runtime.telemetry.count_dump
+        return read_route_snapshot(self.box, spec, remote_dir) if spec is not None else None
 
     def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
@@ -697,6 +715,7 @@ class CampaignRunner:
                     if self.box.exists(old_log):
                         self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
         if telemetry.ring is None:
+            self._collect_trace(local_dir, context)
             return
         ring_remote = render(telemetry.ring.path, context)
         if not self.box.exists(ring_remote):
