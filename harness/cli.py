@@ -31,6 +31,7 @@ from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
+from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
     from harness.gate import Verdict
@@ -457,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_sim(verbs)
     register_llamacpp(verbs)
+    register_vllm(verbs)
     register_report(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
