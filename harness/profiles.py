@@ -130,6 +130,9 @@ class KnobSpec(Strict):
     pattern: str | None = Field(None, description="regex a value must match in full")
     help: str = Field("", description="what the knob does, for error messages")
     default: str | None = Field(None, description="value used when a cell does not set it")
+    required: bool = Field(
+        False, description="every cell must set it (a container image, a model path)"
+    )
     switch: bool = Field(
         False,
         description="`arg` is a flag without a value (--enforce-eager): given when the knob is "
