@@ -335,7 +335,7 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     names = _bench_names()
     if args.name not in names:
         raise HarnessError(f"unknown benchmark {args.name!r}; known: {', '.join(names) or 'none'}")
-    module = importlib.import_module(f"harness.benchmarks.{args.name}")
+    module = importlib.import_module(f"harness.benchmarks.{args.name.replace('-', '_')}")
     figures: list[Figure] = module.run_bench(quick=args.quick)
     if args.json:
         payload = [figure.__dict__ for figure in figures]
@@ -351,7 +351,10 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
 
 def _bench_names() -> list[str]:
     folder = Path(__file__).resolve().parent / "benchmarks"
-    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    # Module vllm_client is the benchmark vllm-client: names are typed with dashes.
+    return sorted(
+        p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.stem.startswith("_")
+    )
 
 
 def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
