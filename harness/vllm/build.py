@@ -19,6 +19,7 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-vllm.sh"
 PLUGIN = Path(__file__).resolve().parent / "plugin.py"
 DEFAULT_MODEL = "tiny-qwen3-moe"
 DEFAULT_SEED = 1
+BUILD_LEVEL = "2"  # scripts/build-vllm.sh's build_level: an older venv is rebuilt in place
 
 
 def cache_root() -> Path:
@@ -45,11 +46,16 @@ def _plugin_current() -> bool:
     return stamp.read_text().strip() == hashlib.sha256(PLUGIN.read_bytes()).hexdigest()
 
 
+def _read(path: Path) -> str:
+    return path.read_text().strip() if path.is_file() else ""
+
+
 def built() -> bool:
     """True when the venv has vLLM, its version shim and the current plugin."""
     venv = venv_dir()
     return (
         (venv / ".vllm-installed").is_file()
+        and _read(venv / ".harness-build") == BUILD_LEVEL
         and (venv / "bin" / "vllm").is_file()
         and _plugin_current()
     )
