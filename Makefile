@@ -8,9 +8,12 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint typecheck pytest sysdeps clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --editable '.[dev]'
+	# Apache Otava (harness history's change points) needs only numpy and scipy at run time, but
+	# its metadata pins numpy==2.2.0, which would downgrade ours: installed without its deps.
+	$(BIN)/python -m pip install --quiet --no-deps 'apache-otava==0.8.0'
 	touch $(STAMP)
 
 .venv: $(STAMP)

@@ -32,6 +32,9 @@ METRICS: dict[str, MetricInfo] = {
     "e2el_ms": MetricInfo("ms", False, "geomean end-to-end latency"),
     "itl_p99_ms": MetricInfo("ms", False, "99th percentile inter-token latency, pooled chunks"),
     "prefill_tok_s": MetricInfo("tok/s", True, "prompt tokens / TTFT (geomean)"),
+    "output_tok_s": MetricInfo(
+        "tok/s", True, "aggregate output tokens per second, as a benchmark tool reported it"
+    ),
     "first_request_tok_s": MetricInfo(
         "tok/s", True, "decode speed of the first request after each boot"
     ),

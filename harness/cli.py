@@ -11,22 +11,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from harness import __version__
 from harness.card import load_boxes_file, load_card, scale_workload
 from harness.errors import (
+    EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
     EXIT_OK,
     BadInput,
     HarnessError,
 )
 from harness.execute.interrupts import describe, exit_code, stop_signals
+from harness.history.commands import register as register_history
+from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
@@ -108,6 +113,7 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.execute.box_cache import release_cache
     from harness.execute.progress import make_progress
     from harness.execute.reopen import reopen_campaign
     from harness.execute.run import CampaignRunner, new_campaign_dir
@@ -151,6 +157,8 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         with make_progress(plan, quiet=args.quiet, out=out) as progress:
             outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
+    if not outcome.interrupted:
+        release_cache(loaded, campaign.root)
     if outcome.interrupted:
         out.write(
             f"interrupted ({outcome.interrupted_by}); "
@@ -162,18 +170,24 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: TextIO) -> int:
-    """Analysis, gates and the report after a campaign; the exit code of the whole job."""
-    verdict_code = _analyze_and_gate(root, out, quiet=False)
+    """Analysis, gates and the report after a campaign; the exit code of the whole job.
+
+    Runs that could not complete make it 3, unless a gate failed on complete data: that is a
+    verdict a retry cannot change, and a pipeline that retries on 3 must not hide it.
+    """
+    verdict = _analyze_and_gate(root, out, quiet=False)
     if failed:
         out.write(
             f"{len(failed)} runs could not be completed (see their run.json for reasons); "
             f"retry them with: harness run --resume {root}\n"
         )
+        if any(not g.passed and not g.incomplete for g in verdict.gates):
+            return EXIT_GATE_FAILED
         return EXIT_INFRASTRUCTURE
-    return verdict_code
+    return verdict.exit_code()
 
 
-def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
+def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.analyze.campaign import analyze_campaign, write_analysis
     from harness.gate import evaluate_gates, write_verdict
 
@@ -181,12 +195,15 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> int:
     write_analysis(analysis)
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
+    from harness.history import append_history
+
+    append_history(analysis, verdict)
     if not quiet:
         _print_verdict(verdict, out)
     report = _render_report_if_available(root, analysis, verdict)
     if report is not None:
         out.write(f"report: {report}\n")
-    return verdict.exit_code()
+    return verdict
 
 
 def _render_report_if_available(root: Path, analysis: object, verdict: object) -> Path | None:
@@ -260,7 +277,43 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
-    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet)
+    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
+
+
+def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.analyze.across import compare_campaigns
+    from harness.analyze.campaign import analyze_campaign
+
+    a, b = analyze_campaign(Path(args.dir_a)), analyze_campaign(Path(args.dir_b))
+    rows = compare_campaigns(a, b, cross_box=args.cross_box)
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)",
+        title_justify="left",
+    )
+    for column in ("cell", "state", "metric", "A", "B", "B/A", "95% CI", "label", "in A", "in B"):
+        table.add_column(column)
+    for row in rows:
+        ci = (
+            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+            if row["ci_low"] is not None
+            else "no interval"
+        )
+        table.add_row(
+            row["cell"], row["cache_state"], row["metric"], f"{row['a_value']:.4g}",
+            f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", ci, row["label"],
+            str(row["a_label"] or "-"), str(row["b_label"] or "-"),
+        )  # fmt: skip
+    console = Console(file=out, width=160, highlight=False)
+    console.print(table)
+    if rows and rows[0]["cross_box"]:
+        console.print("warning: the campaigns ran on different boxes (--cross-box)")
+    return EXIT_OK
 
 
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
@@ -422,6 +475,17 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--quiet", action="store_true", help="no verdict table")
     gate.set_defaults(handler=_cmd_gate)
 
+    compare = verbs.add_parser(
+        "compare", help="two campaigns of the same card side by side (two builds)"
+    )
+    compare.add_argument("dir_a", metavar="DIR_A", help="the baseline campaign")
+    compare.add_argument("dir_b", metavar="DIR_B", help="the candidate campaign")
+    compare.add_argument(
+        "--cross-box", action="store_true", help="compare campaigns from different boxes anyway"
+    )
+    compare.add_argument("--json", action="store_true", help="machine-readable rows")
+    compare.set_defaults(handler=_cmd_compare)
+
     bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
     bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
@@ -463,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_llamacpp(verbs)
     register_vllm(verbs)
     register_report(verbs)
+    register_import(verbs)
+    register_history(verbs)
 
     ring = verbs.add_parser("ring", help="telemetry ring files")
     ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)
@@ -480,7 +546,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_error(exc: HarnessError) -> None:
     for line in exc.lines():
-        sys.stderr.write(f"{line}\n")
+        _stderr(f"{line}\n")
+
+
+class _Courtesy(io.TextIOBase):
+    """What a command prints, given up once the reader is gone: a hung-up terminal (SIGHUP) or
+    a closed pipe must not turn into a traceback, or change the exit code, of a command whose
+    records on disk are the truth."""
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self._target: TextIO | None = target
+        self._encoding = getattr(target, "encoding", None) or "utf-8"
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # read-only on io.TextIOBase
+        return self._encoding
+
+    def write(self, text: str) -> int:
+        if self._target is not None:
+            try:
+                self._target.write(text)
+            except OSError:
+                self._target = None
+        return len(text)
+
+    def flush(self) -> None:
+        if self._target is not None:
+            try:
+                self._target.flush()
+            except OSError:
+                self._target = None
+
+    def isatty(self) -> bool:
+        return self._target is not None and self._target.isatty()
+
+    def fileno(self) -> int:
+        if self._target is None:
+            raise OSError("output closed")
+        return self._target.fileno()
+
+
+def _stderr(text: str) -> None:
+    with contextlib.suppress(OSError):
+        sys.stderr.write(text)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -496,20 +605,26 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     signals = stop_signals() if args.verb != "refbox" else contextlib.nullcontext()
     try:
         with signals:
-            return handler(args, out or sys.stdout)
+            return handler(args, cast(TextIO, _Courtesy(out or sys.stdout)))
     except HarnessError as exc:
         if args.debug:
             traceback.print_exc()
         _print_error(exc)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        sys.stderr.write(f"interrupted ({describe(exc)})\n")
+        _stderr(f"interrupted ({describe(exc)})\n")
         return exit_code(exc)
 
 
 def entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except OSError:
+        # The reader is gone; Python would fail the flush at exit again and exit 120.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(code)
 
 
 if __name__ == "__main__":

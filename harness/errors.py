@@ -60,6 +60,11 @@ class RecordError(BadInput):
     """A campaign directory or run record is missing or unreadable."""
 
 
+class ResultFileError(BadInput):
+    """Another tool's results file (vLLM, llama-bench, ds4-bench…) is of the wrong format or
+    lacks a field the import needs."""
+
+
 class InfrastructureError(HarnessError):
     """Something outside the user's input failed: a box, a boot, a connection."""
 

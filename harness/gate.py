@@ -12,7 +12,7 @@ import json
 import math
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +27,17 @@ from harness.card import (
     Gate,
     LockstepGate,
     QualityGate,
+    RegressionGate,
     SoakGate,
     SurvivesGate,
     parse_fraction,
 )
 from harness.catalog import METRICS
-from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK, RecordError
+from harness.gate_regression import regression_gate
+from harness.gate_result import GateResult
 from harness.prompts import check_problems
 from harness.records import read_json, write_json_atomic
-
-
-@dataclass
-class GateResult:
-    """One gate's outcome, with the reason and the evidence a reviewer needs."""
-
-    kind: str
-    name: str
-    passed: bool
-    reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    # Failed only because runs it needs are missing or failed: resuming may settle it (exit 3),
-    # where a failure on complete data is a verdict (exit 1).
-    incomplete: bool = False
 
 
 @dataclass
@@ -101,6 +90,8 @@ def _gate_name(gate: Gate) -> str:
         return f"quality {gate.min_pass}"
     if isinstance(gate, SoakGate):
         return f"soak {gate.min_duration_s:g} s"
+    if isinstance(gate, RegressionGate):
+        return f"regression {gate.metric} vs last {gate.last} promoted"
     return gate.kind
 
 
@@ -459,12 +450,25 @@ def _matches_schema(value: Any, schema: dict[str, Any]) -> bool:
     return True
 
 
+def _quality_suite(path: Path) -> dict[str, dict[str, Any]]:
+    """The suite a campaign recorded, by prompt id; a broken record names its field."""
+    prompts = read_json(path).get("prompts")
+    if not isinstance(prompts, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("id"), str) for p in prompts
+    ):
+        raise RecordError(
+            f"{path}: `prompts` must be a list of objects with a string `id`; the record is "
+            "damaged: restore it or rerun the campaign"
+        )
+    return {p["id"]: p for p in prompts}
+
+
 def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
     name = _gate_name(gate)
     path = analysis.campaign.root / "quality.json"
     if not path.is_file():
         return GateResult(gate.kind, name, False, "no quality suite was run in this campaign")
-    suite = {p["id"]: p for p in read_json(path)["prompts"]}
+    suite = _quality_suite(path)
     # Loading refuses invalid checks; a campaign recorded before that may still hold one.
     invalid = [
         f"quality check of prompt {prompt_id} is invalid: {'; '.join(problems)}"
@@ -609,7 +613,12 @@ def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:
             "traces first",
         )
     result = read_json(path)
-    divergent = int(result.get("divergent", -1))
+    divergent = result.get("divergent")
+    if isinstance(divergent, bool) or not isinstance(divergent, int):
+        raise RecordError(
+            f"{path}: `divergent` must be a count, not {divergent!r}; rerun "
+            "`harness simulate --lockstep`"
+        )
     ok = 0 <= divergent <= gate.max_divergent
     reason = f"{result.get('decisions', 0)} decisions, {divergent} divergent"
     return GateResult(gate.kind, _gate_name(gate), ok, reason, result)
@@ -631,6 +640,8 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
             results.append(_quality(gate, analysis))
         elif isinstance(gate, SoakGate):
             results.append(_soak(gate, analysis))
+        elif isinstance(gate, RegressionGate):
+            results.append(regression_gate(gate, analysis))
         else:
             results.append(_lockstep(gate, analysis))
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]

@@ -22,7 +22,7 @@ from harness.card import load_card
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.plan import build_plan
 from harness.records import Journal
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, REPO, run_cli
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
 pytestmark = pytest.mark.slow
@@ -69,6 +69,40 @@ def _assert_gone(events: list[dict[str, Any]], root: Path) -> None:
     for proc in Path("/proc").glob("[0-9]*"):
         cmdline = _cmdline(int(proc.name))
         assert str(root) not in cmdline, cmdline
+
+
+def test_a_runtime_that_dies_in_a_timed_phase_fails_its_run_at_once(tmp_path: Path) -> None:
+    # The runtime exits 12 tokens into the first scored request of a 60 s phase. Before, the
+    # drive went on sending requests that were refused at once, thousands, until the deadline.
+    card = _card_with(
+        tmp_path,
+        {
+            WIDE: 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "12", REFBOX_LAYERS: "2"',
+            "max_tokens: 8": "max_tokens: 32",
+            "warmup_requests: 1": "warmup_requests: 0",
+            "{name: prose, domains: [en-prose], requests: 2}": (
+                "{name: soak, domains: [en-prose], duration_s: 60}"
+            ),
+            "    - {name: code, domains: [python], requests: 2, shift: true}\n": "",
+        },
+    )
+    loaded = load_card(card)
+    full = build_plan(loaded)
+    dying = next(r for r in full.runs if r.cell == "wide")
+    plan = dataclasses.replace(full, runs=(dying,))
+    campaign = new_campaign_dir(loaded, plan, tmp_path / "reports")
+    outcome = CampaignRunner(loaded, plan, campaign).execute()
+    assert outcome.failed == [dying.run_id]
+    folder = campaign.run_dir(dying.run_id)
+    record = json.loads((folder / "run.json").read_text())
+    reason = record["reason"]
+    assert reason.startswith("runtime down: request "), reason
+    assert "could not connect (ClientConnectorError" in reason
+    assert "the runtime exited or stopped listening" in reason
+    requests = pd.read_parquet(folder / "requests.parquet")
+    # The one the runtime died in, then the one that found it gone: nothing after.
+    assert len(requests) == 2 and not requests["ok"].any()
+    _assert_gone(_events(campaign.root), campaign.root)
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
@@ -271,4 +305,66 @@ def test_sighup_during_boot_and_more_signals_during_shutdown_leave_nothing(
     record = _interrupted_run(root)
     assert record["reason"].startswith("interrupted (SIGHUP); resume with harness run --resume ")
     assert (root / "runs" / record["run_id"] / "requests.parquet").is_file()
+    _assert_gone(_events(root), root)
+
+
+def test_a_gate_failed_on_complete_data_wins_over_runs_that_failed(tmp_path: Path) -> None:
+    # Every `wide` run crashes; the control's runs complete and breach a bound of their own.
+    # Exit 3 would tell a pipeline to retry the infrastructure; the breach is a verdict.
+    card = _card_with(
+        tmp_path,
+        {
+            WIDE: 'wide:\n    env: {REFBOX_FAIL_AFTER_TOKENS: "4", REFBOX_LAYERS: "2"',
+            "  - {kind: counter, counter: lost_ring_records, max: 0}": (
+                "  - {kind: counter, counter: cold_lookups, max: 0, cells: [control]}"
+            ),
+        },
+    )
+    ran = run_cli("run", str(card), "--quiet", "--reports", str(tmp_path / "reports"))
+    assert ran.code == 1, ran.stdout + ran.stderr
+    assert "2 runs could not be completed" in ran.stdout
+    (root,) = (tmp_path / "reports").glob("tiny/*")
+    verdict = json.loads((root / "verdict.json").read_text())
+    counter = next(g for g in verdict["gates"] if g["kind"] == "counter")
+    assert not counter["passed"] and not counter["incomplete"]
+    assert counter["reason"].startswith("out of bounds: ")
+    assert run_cli("gate", str(root)).code == 1
+
+
+def test_sighup_with_the_terminal_gone_still_exits_129_and_keeps_the_run(tmp_path: Path) -> None:
+    # A hung-up terminal: the harness's stdout is a pipe whose reader has gone, so every line
+    # it prints from here on (the progress bar, "interrupted …; resume with …") fails to write.
+    card = _card_with(
+        tmp_path,
+        {
+            "max_tokens: 8": "max_tokens: 32",
+            "requests: 2}": "requests: 8}",
+            "requests: 2, shift: true}": "requests: 8, shift: true}",
+        },
+    )
+    reports = tmp_path / "reports"
+    errors = tmp_path / "stderr.log"
+    with errors.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        root = _wait_for_boot(reports, process, ready=True)
+        assert process.stdout is not None
+        process.stdout.close()
+        code = _stop(process, signal.SIGHUP)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    output = errors.read_text()
+    assert code == 129, output
+    assert "Traceback" not in output and "Exception ignored" not in output, output
+    record = _interrupted_run(root)
+    assert record["reason"].startswith("interrupted (SIGHUP); resume with harness run --resume ")
     _assert_gone(_events(root), root)

@@ -23,6 +23,7 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
+from harness.errors import RecordError
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
@@ -905,10 +906,22 @@ def test_lockstep_fails_closed_without_a_result(tmp_path: Path) -> None:
     assert "no lockstep result" in result.reason and "harness simulate --lockstep" in result.reason
 
 
-def test_lockstep_without_a_divergent_count_fails_closed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("divergent", [None, "3", True, 2.5])
+def test_a_damaged_lockstep_record_is_bad_input_not_a_gate_result(
+    tmp_path: Path, divergent: object
+) -> None:
     campaign = build_campaign(tmp_path, _card_text("  - {kind: lockstep}", cycles=1), Synth())
-    write_json_atomic(campaign.root / "lockstep.json", {"decisions": 900})
-    assert not only(evaluate_gates(analyze_campaign(campaign.root))).passed
+    result = {"decisions": 900} | ({} if divergent is None else {"divergent": divergent})
+    write_json_atomic(campaign.root / "lockstep.json", result)
+    with pytest.raises(RecordError, match=r"lockstep\.json: `divergent` must be a count"):
+        evaluate_gates(analyze_campaign(campaign.root))
+
+
+def test_a_damaged_quality_record_names_its_field(tmp_path: Path) -> None:
+    campaign = build_campaign(tmp_path, _card_text("  - {kind: quality, min_pass: 1}"), Synth())
+    write_json_atomic(campaign.root / "quality.json", {"prompts": [{"check": {}}]})
+    with pytest.raises(RecordError, match=r"quality\.json: `prompts` must be a list"):
+        evaluate_gates(analyze_campaign(campaign.root))
 
 
 # ---- verdict, JUnit and the CLI ------------------------------------------------------------------

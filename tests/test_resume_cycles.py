@@ -31,6 +31,8 @@ def _campaign(tmp_path: Path) -> tuple[Path, Path]:
     first = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=300)
     assert first.code == 0, first.stdout + first.stderr
     (root,) = reports.glob("tiny/*")
+    # The runtime's slow tier (kept between boots for cold runs) is given back at the end.
+    assert (root / "box").is_dir() and not (root / "box" / "cache").exists()
     return card, root
 
 
@@ -55,6 +57,7 @@ def test_a_campaign_grows_by_a_cycle_from_its_frozen_inputs(tmp_path: Path) -> N
     copy = root / "inputs" / "pools" / "small.jsonl"
     assert f"note: {pool}: gone; using the frozen copy {copy}" in grown.stdout
     assert f"note: {card}: changed since the campaign started" in grown.stdout
+    assert not (root / "box" / "cache").exists()  # rebuilt by the first new boot, given back
     assert "extended: 1 → 2 cycles (8 runs planned)" in grown.stdout
 
     plan = json.loads((root / "plan.json").read_text())

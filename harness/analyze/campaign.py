@@ -29,10 +29,12 @@ from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
 from harness.analyze.runtime_tables import RuntimeTables, build_runtime_tables
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
+from harness.catalog import METRICS
 from harness.errors import HarnessError, RecordError
 from harness.records import (
     CampaignDir,
     read_counters,
+    read_json,
     read_parquet,
     write_json_atomic,
     write_parquet,
@@ -124,6 +126,7 @@ class RunTables:
     domains: pd.DataFrame
     outputs: pd.DataFrame
     prompt_logs: dict[str, np.ndarray]
+    imported_notes: list[str] = field(default_factory=list)
 
 
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
@@ -131,6 +134,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
     plan = campaign.plan()
     rows, shift_rows, domain_rows, output_rows = [], [], [], []
     logs: dict[str, np.ndarray] = {}
+    notes: list[str] = []
     for raw in plan["runs"]:
         run_id = raw["run_id"]
         row: dict[str, Any] = {key: raw[key] for key in RUN_KEYS}
@@ -171,6 +175,9 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             hold_s=card.analysis.hold_s,
         )
         row.update(metrics)
+        for note in _imported_metrics(run_dir, row):
+            if note not in notes:
+                notes.append(note)
         rows.append(row)
         logs[run_id] = _prompt_logs(requests)
         names = {i: p.name for i, p in enumerate(card.workload.phases or [])}
@@ -222,7 +229,36 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         domains=pd.DataFrame(domain_rows),
         outputs=pd.DataFrame(output_rows),
         prompt_logs=logs,
+        imported_notes=notes,
     )
+
+
+def _imported_metrics(run_dir: Path, row: dict[str, Any]) -> list[str]:
+    """Fill the metrics an imported block's tool reported and its records cannot give.
+
+    ``harness import`` writes ``imported.json`` beside a run's records: the tool's own figures
+    by catalog name. A metric computed from the run's requests always wins; the tool's figure
+    only fills one the records leave empty (a summary-only file). Returns the block's notes on
+    what differs from the harness's own definitions.
+    """
+    path = run_dir / "imported.json"
+    if not path.is_file():
+        return []
+    source = read_json(path)
+    values = source.get("metrics")
+    if not isinstance(values, dict):
+        raise RecordError(f"{path}: metrics: must be an object of numbers")
+    for name, value in values.items():
+        if name not in METRICS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RecordError(f"{path}: metrics.{name}: must be a number, got {value!r:.40}")
+        current = row.get(name)
+        if current is None or (isinstance(current, float) and math.isnan(current)):
+            row[name] = float(value)
+    notes = source.get("notes") or []
+    label = f"imported from {source.get('format', '?')}"
+    return [f"{label}: {n}" for n in notes if isinstance(n, str)]
 
 
 def _cell_table(runs: pd.DataFrame, card: Card) -> pd.DataFrame:
@@ -258,8 +294,12 @@ def gated_metrics(card: Card) -> list[str]:
     return gated
 
 
-def _metrics_to_compare(card: Card) -> list[str]:
+def _metrics_to_compare(card: Card, imported: pd.DataFrame | None = None) -> list[str]:
+    """The default metrics and the gated ones; for imported runs, every metric they hold
+    (a tool's own figures, such as llama-bench's prefill speed, are what there is to compare)."""
     metrics = list(DEFAULT_METRICS)
+    if imported is not None:
+        metrics += [m for m in METRICS if m in imported.columns and m not in metrics]
     for gate in card.gates:
         extra = [gate.metric] if isinstance(gate, BetterGate) else []
         if isinstance(gate, SurvivesGate):
@@ -320,9 +360,11 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
     for _, row in bad.iterrows():
         warnings.append(f"run {row['run_id']} {row['status']}: {row.get('reason', '')}")
     events = campaign.journal.events()
+    warnings.extend(tables.imported_notes)
     warnings.extend(extension_warnings(card, events))
     look = look_state(card, planned_cycles(campaign.plan()), events)
     comparisons: list[CellComparison] = []
+    imported = (root / "IMPORTED").is_file()
     if card.control is not None and card.design.order != "sequential":
         comparisons = compare_cells(
             runs,
@@ -330,7 +372,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
             control=card.control,
             cells=card.treatments,
             cache_states=card.design.cache_states,
-            metrics=_metrics_to_compare(card),
+            metrics=_metrics_to_compare(card, runs if imported else None),
             gated=gated_metrics(card),
             margin_pct=card.analysis.margin_pct,
             alpha=look.nominal_alpha if look else card.analysis.alpha,

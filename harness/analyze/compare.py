@@ -70,7 +70,8 @@ def _cycles(
         if missing:
             dropped.append(f"cycle {cycle}: {missing}")
             continue
-        aligned = len(logs) == 4 and len({len(x) for x in logs}) == 1
+        # Blocks without per-prompt values (an imported summary-only file) keep their means.
+        aligned = len(logs) == 4 and len({len(x) for x in logs}) == 1 and len(logs[0]) > 0
         if aligned:
             # Replace block means by the prompt-level means so the two agree exactly.
             blocks = [float(np.mean(x)) for x in logs]

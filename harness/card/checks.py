@@ -29,6 +29,7 @@ from harness.card.schema import (
     ExactOutputsGate,
     KnobValue,
     QualityGate,
+    RegressionGate,
     SoakGate,
     SurvivesGate,
 )
@@ -252,7 +253,7 @@ def check_gates(card: Card, out: Problems) -> None:
                 f"comparisons are made against the control ({card.control!r}); "
                 "drop `vs` or make that cell the control",
             )
-        if isinstance(gate, BetterGate) and gate.metric not in METRICS:
+        if isinstance(gate, BetterGate | RegressionGate) and gate.metric not in METRICS:
             out.add((*loc, "metric"), f"unknown metric{_did_you_mean(gate.metric, list(METRICS))}")
         if isinstance(gate, SurvivesGate):
             for metric in gate.metrics or []:

@@ -263,6 +263,14 @@ class LockstepGate(_CellGate):
     max_divergent: int = Field(0, ge=0, description="divergent decisions allowed")
 
 
+class RegressionGate(_CellGate):
+    """Not worse than the last N promoted campaigns of this card on this box, by the margin."""
+
+    kind: Literal["regression"]
+    metric: str = Field(description="metric name")
+    last: int = Field(3, ge=1, le=1000, description="promoted campaigns to compare with")
+
+
 Gate = Annotated[
     ExactOutputsGate
     | CounterGate
@@ -270,10 +278,13 @@ Gate = Annotated[
     | SurvivesGate
     | QualityGate
     | SoakGate
-    | LockstepGate,
+    | LockstepGate
+    | RegressionGate,
     Field(discriminator="kind"),
 ]
-GATE_KINDS = ("exact_outputs", "counter", "better", "survives", "quality", "soak", "lockstep")
+GATE_KINDS = (
+    "exact_outputs", "counter", "better", "survives", "quality", "soak", "lockstep", "regression",
+)  # fmt: skip
 
 
 class Card(Strict):

@@ -131,19 +131,22 @@ def _chunk_text(payload: dict[str, Any]) -> str:
 
 
 class RuntimeHung(InfrastructureError):
-    """The runtime stopped streaming (see :class:`_Watch`); ``results`` holds every request the
-    drive sent, those cancelled in flight included."""
+    """The runtime stopped streaming or refused a connection (see :class:`_Watch`); ``results``
+    holds every request the drive sent, those cancelled in flight included."""
 
     def __init__(self, message: str, results: list[RequestResult]) -> None:
         super().__init__(message)
         self.results = results
 
 
-CANCELLED_HUNG = "cancelled: the runtime was judged hung (a request timed out with no token since)"
+CANCELLED_HUNG = (
+    "cancelled: the runtime was judged hung (a request timed out with no token since) or down "
+    "(a request could not connect)"
+)
 
 
 class _Watch:
-    """Decides when the runtime is hung, and then cancels the requests in flight.
+    """Decides when the runtime is hung (or down), and then cancels the requests in flight.
 
     Progress is a content chunk (a token's text) arriving on any stream of this drive. Headers,
     SSE comments and keep-alives are not progress: a runtime whose HTTP loop still answers
@@ -154,13 +157,16 @@ class _Watch:
     runtime's last token times out within ``timeout_s`` of it, so hung is decided at most one
     request timeout after the last token, whatever the concurrency. A runtime whose first
     token takes longer than the timeout is judged hung too: to a client the two look alike,
-    and a scored request that timed out fails its run anyway.
+    and a scored request that timed out fails its run anyway. A request that cannot connect
+    means the runtime is down (exited, or no longer listening): every later one would fail the
+    same way, at once, so the drive stops there too rather than spin through a timed phase.
     """
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.last_token = float("-inf")  # perf_counter of the latest content chunk, any request
-        self.hung: str | None = None  # what the timed-out request saw, once decided
+        self.hung: str | None = None  # what the request that decided it saw, once decided
+        self.state = "hung"  # or "down": it refused a connection
         self.in_flight: set[asyncio.Task[RequestResult]] = set()
         self.cancelled = 0
         self.not_sent = 0
@@ -178,6 +184,21 @@ class _Watch:
             f"{self.timeout_s:g} s with no token from any request for the last "
             f"{now - stalled_since:.1f} s"
         )
+        self._cancel_others()
+
+    def refused(self, result: RequestResult, exc: aiohttp.ClientConnectorError) -> None:
+        """A request could not connect: the runtime exited or stopped listening, so every
+        later request would fail the same way (a timed phase would send them until its end)."""
+        if self.hung is not None:
+            return
+        self.state = "down"
+        self.hung = (
+            f"request {result.prompt_id} (phase {result.phase}) could not connect "
+            f"({type(exc).__name__}: {exc}): the runtime exited or stopped listening"
+        )
+        self._cancel_others()
+
+    def _cancel_others(self) -> None:
         current = asyncio.current_task()
         for task in self.in_flight:
             if task is not current:
@@ -214,10 +235,14 @@ class _Watch:
     def error(self, results: list[RequestResult]) -> RuntimeHung:
         """The failure the drive raises once the runtime is hung."""
         noun = "request" if self.cancelled == 1 else "requests"
+        advice = (
+            "if it is only slow, raise workload.request_timeout_s"
+            if self.state == "hung"
+            else "a retry boots it afresh"
+        )
         return RuntimeHung(
-            f"runtime hung: {self.hung}; stopped sending ({self.cancelled} {noun} in flight "
-            f"cancelled, {self.not_sent} not sent). See the runtime's log tail; if it is only "
-            "slow, raise workload.request_timeout_s",
+            f"runtime {self.state}: {self.hung}; stopped sending ({self.cancelled} {noun} in "
+            f"flight cancelled, {self.not_sent} not sent). See the runtime's log tail; {advice}",
             results,
         )
 
@@ -299,6 +324,11 @@ async def send_one(
         result.error = f"timed out after {spec.timeout_s:g} s"
         if watch is not None:
             watch.timed_out(result, stalled_since, time.perf_counter())
+        return result
+    except aiohttp.ClientConnectorError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        if watch is not None:
+            watch.refused(result, exc)
         return result
     except (aiohttp.ClientError, json.JSONDecodeError, ConnectionError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"

@@ -17,6 +17,7 @@ ignored when the command starts (``nohup``, a background job's SIGINT) stays ign
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -84,7 +85,8 @@ def _handler(signum: int, frame: FrameType | None) -> None:
             "recording the run (SIGKILL abandons that; `harness run --resume DIR` then stops "
             "what is left)\n"
         )
-        os.write(2, message.encode())
+        with contextlib.suppress(OSError):  # stderr went with the terminal (SIGHUP)
+            os.write(2, message.encode())
         return
     if guard.depth:
         guard.pending = signum

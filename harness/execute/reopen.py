@@ -17,6 +17,7 @@ from harness.card.frozen import has_frozen_inputs, load_frozen_card
 from harness.errors import BadInput, PlanError, RecordError
 from harness.plan import Plan, build_plan, extend_plan, plan_json_text
 from harness.records import CampaignDir, open_campaign, write_text_atomic
+from harness.textfile import read_text
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def reopen_campaign(root: Path, *, cycles: int | None = None) -> Reopened:
                 f"{root}: neither inputs/manifest.json nor card.path; the campaign cannot say "
                 "which card it ran, so start a new campaign"
             )
-        source = pointer.read_text(encoding="utf-8").strip()
+        source = read_text(pointer, RecordError, "card path").strip()
         notes = [
             f"note: {root} keeps no copy of its inputs (made before campaign directories did); "
             f"loading the card from {source}, as before"

@@ -31,6 +31,7 @@ import pandas as pd
 from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
+from harness.execute.box_cache import cache_dir_on_box, campaign_root_on_box
 from harness.execute.boxes import Box, open_box
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
@@ -165,7 +166,7 @@ class CampaignRunner:
     @property
     def cache_dir(self) -> str:
         """Folder on the box shared by all runs, for files a runtime keeps between boots."""
-        return f"{self.remote_root}/cache"
+        return cache_dir_on_box(self.remote_root)
 
     @property
     def checkpointed(self) -> bool:
@@ -200,12 +201,7 @@ class CampaignRunner:
         return outcome
 
     def _prepare_box(self) -> None:
-        spec = self.loaded.box
-        if spec.kind == "local":
-            self.remote_root = str(self.campaign.root.resolve() / "box")
-        else:
-            base = self.box.home_path(spec.workdir)
-            self.remote_root = f"{base}/{self.loaded.card.campaign}/{self.campaign.root.name}"
+        self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
         env_path = self.campaign.root / "boxes" / f"{self.loaded.box_name}.json"

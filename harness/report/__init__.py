@@ -90,7 +90,9 @@ def build_context(
     palette = ctx.cell_palette(card)
     pools = ctx.pools_context(root, analysis)
     comparisons = tables.comparison_rows(analysis)
-    images: dict[str, Any] = {"cold_share": None, "cycles": [], "tpot": None, "swap": None}
+    images: dict[str, Any] = {
+        "cold_share": None, "cycles": [], "tpot": None, "swap": None, "history": None,
+    }  # fmt: skip
     predicted = tables.predicted_table(analysis)
     if figures:
         data = fig.load_run_data(analysis)
@@ -103,6 +105,9 @@ def build_context(
         images["swap"] = fig.swap_cost_figure(data, analysis, palette)
         if predicted is not None:
             predicted["png"] = fig.predicted_figure(predicted["rows"])
+    history = _history(root, analysis)
+    if figures and history:
+        images["history"] = fig.history_figure(history, palette)
     return {
         "title": f"{card.campaign}: {'PASS' if verdict.passed else 'FAIL'}",
         "campaign": card.campaign,
@@ -133,11 +138,28 @@ def build_context(
         "images": images,
         "figures_enabled": figures,
         "predicted": predicted,
+        "history": history,
         "card_text": _read_text(root / "card.yaml"),
         "failed_runs": ctx.failed_runs(analysis),
         "links": ctx.raw_links(analysis),
         "palette": palette,
     }
+
+
+def _history(root: Path, analysis: CampaignAnalysis) -> list[dict[str, Any]]:
+    """This campaign's trends from the results store (the gated metrics, else decode speed)."""
+    from harness.analyze.campaign import gated_metrics
+    from harness.card import RegressionGate
+    from harness.errors import HarnessError
+    from harness.history.trends import campaign_trends
+
+    metrics = gated_metrics(analysis.card)
+    metrics += [g.metric for g in analysis.card.gates if isinstance(g, RegressionGate)]
+    metrics = list(dict.fromkeys(metrics)) or ["decode_tok_s"]
+    try:
+        return campaign_trends(root, analysis.card.campaign, metrics)
+    except HarnessError as exc:  # an unreadable store must not cost the campaign its report
+        return [{"error": exc.message}]
 
 
 def _read_text(path: Path) -> str:

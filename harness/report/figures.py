@@ -401,3 +401,20 @@ def predicted_figure(rows: list[dict[str, object]]) -> str | None:
         _style(ax)
     axes[0].legend(fontsize=7, frameon=False)
     return _png(figure)
+
+
+def history_figure(rows: list[dict[str, object]], palette: dict[str, str]) -> str | None:
+    """Each cell's metric over the campaigns of the store, change points dashed."""
+    if not rows:
+        return None
+    figure, axes = _panels(len(rows), height=2.2)
+    for ax, row in zip(axes, rows, strict=True):
+        values = list(row["values"])  # type: ignore[call-overload]
+        ax.plot(range(len(values)), values, marker="o", lw=1,
+                color=palette.get(str(row["cell"]), TEXT))  # fmt: skip
+        for point in row["change_points"]:  # type: ignore[attr-defined]
+            ax.axvline(point["index"] - 0.5, color="#c0392b", ls="--", lw=1)
+        ax.set_title(f"{row['cell']}/{row['cache_state']}: {row['metric']}", fontsize=9)
+        ax.set_xlabel("campaign, oldest first", fontsize=8)
+        _style(ax)
+    return _png(figure)

@@ -1,0 +1,38 @@
+"""Where a campaign lives on its box, and giving back the cache folder its runtimes kept.
+
+A runtime may keep files between boots in the campaign's cache folder (the reference runtime's
+slow tier: about 1 GB for the demo), so that a ``cold`` run has a file to evict. They are
+rebuilt by the first boot that needs them, so once a campaign's runs are over they are only
+disk a user would have to find and delete by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.card import LoadedCard
+from harness.execute.boxes import Box, open_box, quote_path
+
+
+def campaign_root_on_box(loaded: LoadedCard, box: Box, campaign_root: Path) -> str:
+    """The folder of this campaign on its box (beside the records for the local box)."""
+    spec = loaded.box
+    if spec.kind == "local":
+        return str(campaign_root.resolve() / "box")
+    base = box.home_path(spec.workdir)
+    return f"{base}/{loaded.card.campaign}/{campaign_root.name}"
+
+
+def cache_dir_on_box(root_on_box: str) -> str:
+    """Folder on the box shared by all runs, for files a runtime keeps between boots."""
+    return f"{root_on_box}/cache"
+
+
+def release_cache(loaded: LoadedCard, campaign_root: Path) -> None:
+    """Delete the campaign's cache folder on its box; a resume's first boot rebuilds it."""
+    box = open_box(loaded.box_name, loaded.box)
+    try:
+        cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root))
+        box.sh(f"rm -rf {quote_path(cache)}", timeout_s=120, check=False)
+    finally:
+        box.close()

@@ -1,0 +1,87 @@
+"""``harness history [--campaign NAME] [--metric M]``: trends and change points per cell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.errors import EXIT_OK, BadInput
+from harness.history.store import HISTORY_DIR, read_history
+from harness.history.trends import trends
+
+__all__ = ["register"]
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 * len(rows)), squeeze=False)
+    for ax, row in zip(axes[:, 0], rows, strict=True):
+        ax.plot(range(len(row["values"])), row["values"], marker="o", lw=1)
+        for point in row["change_points"]:
+            ax.axvline(point["index"] - 0.5, color="#c0392b", ls="--", lw=1)
+        ax.set_title(f"{row['campaign']} {row['cell']}/{row['cache_state']} {row['metric']}",
+                     fontsize=9)  # fmt: skip
+        ax.set_xlabel("campaign (oldest first)", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
+    folder = Path(args.reports) / HISTORY_DIR
+    table = read_history(folder)
+    if args.campaign:
+        table = table[table["campaign"] == args.campaign]
+    if args.metric:
+        table = table[table["metric"] == args.metric]
+    if args.cell:
+        table = table[table["cell"] == args.cell]
+    if table.empty:
+        raise BadInput(
+            f"{folder}: no history matches; campaigns under {args.reports}/<campaign>/<stamp> "
+            "add to it when they finish (harness run, or harness gate DIR)"
+        )
+    rows = trends(table, args.max_pvalue)
+    if args.plot:
+        _plot(rows, Path(args.plot))
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(title=f"history ({folder})", title_justify="left")
+    for column in ("campaign", "cell", "state", "metric", "n", "first", "last", "change points"):
+        view.add_column(column)
+    for row in rows:
+        changes = "; ".join(
+            f"at {p['stamp']}: {p['mean_before']:.4g} → {p['mean_after']:.4g} "
+            f"({p['change_pct']:+.1f}%, p={p['pvalue']:.2g})"
+            for p in row["change_points"]
+        )
+        view.add_row(row["campaign"], row["cell"], row["cache_state"], row["metric"],
+                     str(len(row["values"])), f"{row['values'][0]:.4g}",
+                     f"{row['values'][-1]:.4g}", changes or "none")  # fmt: skip
+    Console(file=out, width=160, highlight=False).print(view)
+    if args.plot:
+        out.write(f"figure: {args.plot}\n")
+    return EXIT_OK
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``harness history`` to the CLI."""
+    verb = verbs.add_parser("history", help="trends and change points across campaigns")
+    verb.add_argument("--reports", default="reports", help="the reports folder (default: reports)")
+    verb.add_argument("--campaign", metavar="NAME", help="only this campaign")
+    verb.add_argument("--metric", metavar="M", help="only this metric")
+    verb.add_argument("--cell", metavar="CELL", help="only this cell")
+    verb.add_argument("--max-pvalue", type=float, default=0.001, help="change-point threshold")
+    verb.add_argument("--plot", metavar="PNG", help="also draw each trend to this file")
+    verb.add_argument("--json", action="store_true", help="machine-readable trends")
+    verb.set_defaults(handler=_cmd_history)

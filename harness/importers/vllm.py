@@ -1,0 +1,143 @@
+"""``vllm bench serve --save-result`` JSON (vllm/benchmarks/serve.py).
+
+The saved object holds the run's summary — ``duration``, ``completed``, ``failed``,
+``output_throughput``, and per selected metric ``mean_/median_/std_<m>_ms`` and
+``p<q>_<m>_ms`` for ``ttft``, ``tpot``, ``itl``, ``e2el`` (percentiles from
+``--metric-percentiles``, default 99) — and, with ``--save-detailed``, per request
+``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (lists of s), ``generated_texts``,
+``errors`` (and in newer versions ``start_times`` and ``latencies``). Without
+``--save-detailed`` those lists are deleted before saving, and the block is summary-only.
+
+Per-request data becomes ``requests.parquet``/``chunks.parquet``, so decode speed, TPOT
+percentiles, TTFT and ITL are the harness's own (geomeans over requests, as for a driven run).
+Summary-only, the tool's figures are used as they are: decode tok/s is 1000 / median TPOT
+(the median request's speed, not the geomean), TTFT and E2EL are medians, and the statistics
+have no per-request spread to bootstrap or to set drift thresholds from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ResultFileError
+from harness.importers.common import (
+    SourceBlock,
+    file_sha256,
+    number,
+    read_json_file,
+    request_frames,
+)
+
+FORMAT = "vllm"
+_DETAILED = ("ttfts", "itls", "output_lens")
+# Summary field -> catalog metric (the direct ones; decode speed is derived from median TPOT).
+_SUMMARY = {
+    "median_tpot_ms": "tpot_p50_ms",
+    "p95_tpot_ms": "tpot_p95_ms",
+    "p99_tpot_ms": "tpot_p99_ms",
+    "median_ttft_ms": "ttft_ms",
+    "median_e2el_ms": "e2el_ms",
+    "p99_itl_ms": "itl_p99_ms",
+    "output_throughput": "output_tok_s",
+}
+_IDENTITY = ("date", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+             "request_rate", "max_concurrency", "version", "dataset_name", "tag")  # fmt: skip
+
+
+def _list(data: dict[str, Any], key: str, path: Path, n: int | None) -> list[Any]:
+    value = data.get(key)
+    if not isinstance(value, list):
+        raise ResultFileError(f"{path}: {key}: must be a list (one entry per request)")
+    if n is not None and len(value) != n:
+        raise ResultFileError(f"{path}: {key}: {len(value)} entries, ttfts has {n}")
+    return value
+
+
+def read_vllm(path: Path) -> SourceBlock:
+    """One ``vllm bench serve`` result file as a block."""
+    data = read_json_file(path, "vLLM bench result")
+    if not isinstance(data, dict) or "completed" not in data or "duration" not in data:
+        raise ResultFileError(
+            f"{path}: not a `vllm bench serve --save-result` file (no `completed`/`duration` "
+            "fields); check the FORMAT given to harness import"
+        )
+    return read_result(data, path, FORMAT, _SUMMARY, "--save-detailed")
+
+
+def read_result(
+    data: dict[str, Any], path: Path, fmt: str, summary: dict[str, str], detail_flag: str
+) -> SourceBlock:
+    """A vLLM-style result object (vLLM's and SGLang's clients save the same shape): the
+    summary fields named by ``summary`` and, when saved, the per-request lists."""
+    wanted = {metric: field for field, metric in summary.items()}
+    wanted["decode_tok_s"] = f"median_tpot_ms (or ttfts/itls/output_lens with {detail_flag})"
+    block = SourceBlock(path=path, format=fmt, sha256=file_sha256(path), wanted=wanted)
+    block.identity = {k: data[k] for k in _IDENTITY if k in data and data[k] is not None}
+    for source, metric in summary.items():
+        if data.get(source) is not None:
+            block.metrics[metric] = number(data[source], f"{path}: {source}")
+            block.fields[metric] = source
+    present = [k for k in _DETAILED if k in data]
+    if present and len(present) < len(_DETAILED):
+        lacking = [k for k in _DETAILED if k not in data]
+        raise ResultFileError(f"{path}: {', '.join(lacking)}: missing beside {present[0]}")
+    if present:
+        _read_detailed(data, path, block)
+        return block
+    tpot = block.metrics.get("tpot_p50_ms")
+    if tpot is not None and tpot > 0:
+        block.metrics["decode_tok_s"] = 1000.0 / tpot
+        block.fields["decode_tok_s"] = "1000 / median_tpot_ms"
+    block.notes.append(
+        f"summary-only (saved without {detail_flag}): decode tok/s is 1000 / median TPOT and "
+        "TTFT/E2EL are medians, not geomeans over requests; no per-request spread, so no "
+        "prompt-level bootstrap and no within-block noise for the drift flags"
+    )
+    return block
+
+
+def _read_detailed(data: dict[str, Any], path: Path, block: SourceBlock) -> None:
+    ttfts = _list(data, "ttfts", path, None)
+    n = len(ttfts)
+    itls = _list(data, "itls", path, n)
+    outs = _list(data, "output_lens", path, n)
+    errors = _list(data, "errors", path, n) if "errors" in data else [""] * n
+    ok = [not e for e in errors]
+    ttft = [number(v, f"{path}: ttfts[{i}]") if ok[i] else 0.0 for i, v in enumerate(ttfts)]
+    gaps: list[list[float]] = []
+    for i, row in enumerate(itls):
+        if not isinstance(row, list):
+            raise ResultFileError(f"{path}: itls[{i}]: must be a list of seconds")
+        gaps.append([number(g, f"{path}: itls[{i}][{j}]") for j, g in enumerate(row)])
+    lens = [int(number(v, f"{path}: output_lens[{i}]")) for i, v in enumerate(outs)]
+    prompt = None
+    if "input_lens" in data:
+        raw = _list(data, "input_lens", path, n)
+        prompt = [int(number(v, f"{path}: input_lens[{i}]")) for i, v in enumerate(raw)]
+    e2el = None
+    if "latencies" in data:
+        raw = _list(data, "latencies", path, n)
+        e2el = [number(v, f"{path}: latencies[{i}]") if ok[i] else 0.0 for i, v in enumerate(raw)]
+    start = None
+    if "start_times" in data:
+        raw = _list(data, "start_times", path, n)
+        start = [number(v, f"{path}: start_times[{i}]") for i, v in enumerate(raw)]
+    texts = _list(data, "generated_texts", path, n) if "generated_texts" in data else None
+    block.requests, block.chunks = request_frames(
+        ttft,
+        gaps,
+        lens,
+        ok=ok,
+        prompt_lens=prompt,
+        e2el_s=e2el,
+        start_s=start,
+        errors=[str(e or "") for e in errors],
+        texts=[str(t or "") for t in texts] if texts is not None else None,
+    )
+    # The harness computes these itself from the requests; the tool's medians are not kept
+    # beside them, so one name never holds two definitions.
+    for metric in ("tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "ttft_ms", "e2el_ms",
+                   "itl_p99_ms"):  # fmt: skip
+        block.metrics.pop(metric, None)
+        block.fields.pop(metric, None)
