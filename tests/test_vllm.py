@@ -129,6 +129,7 @@ def test_switch_knobs_are_flags_without_values(tmp_path: Path) -> None:
         argvs[name] = spec.argv
         assert spec.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         assert spec.env["HARNESS_VLLM_ROUTES"] == "/r/route-counts.json"
+        assert spec.env["VLLM_CACHE_ROOT"] == "/c/vllm"  # compiled with the plugin, never mixed
     a, b = argvs["a"], argvs["b"]
     assert "--enforce-eager" in a and "--enforce-eager" not in b
     assert "--no-enable-prefix-caching" in a and "--enable-prefix-caching" in b
