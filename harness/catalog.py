@@ -55,7 +55,20 @@ COUNTERS: dict[str, str] = {
     "cold_lookups": "expert lookups that missed the fast tier",
     "lost_ring_records": "telemetry ring records overwritten before they were read",
     "failed_runs": "runs that did not complete",
+    "route_selections": "expert selections the runtime's route-count dump counted, all layers "
+    "(top_k x routed tokens per layer)",
+    # vLLM's Prometheus counters (/metrics), summed over their label sets.
+    "vllm:prompt_tokens_total": "prompt tokens vLLM processed",
+    "vllm:generation_tokens_total": "tokens vLLM generated",
+    "vllm:prefix_cache_queries_total": "prompt tokens vLLM looked up in its prefix cache",
+    "vllm:prefix_cache_hits_total": "prompt tokens vLLM served from its prefix cache",
+    "vllm:num_preemptions_total": "requests vLLM preempted (KV cache full)",
+    "vllm:request_success_total": "requests vLLM finished, any reason",
 }
+
+# Counters read from Prometheus text: a name with a ':' (vllm:..., llamacpp:...). A run's value is
+# the delta summed over every label set of that name.
+PROMETHEUS_COUNTERS = tuple(name for name in COUNTERS if ":" in name)
 
 # Metrics and counters only a telemetry ring provides (recovery, churn, records lost): a gate on
 # one against a runtime without a ring could only ever read "not recorded", or worse, 0.

@@ -37,6 +37,7 @@ from harness.llamacpp.commands import register as register_llamacpp
 from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
+from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
     from harness.gate import Verdict
@@ -401,7 +402,7 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     names = _bench_names()
     if args.name not in names:
         raise HarnessError(f"unknown benchmark {args.name!r}; known: {', '.join(names) or 'none'}")
-    module = importlib.import_module(f"harness.benchmarks.{args.name}")
+    module = importlib.import_module(f"harness.benchmarks.{args.name.replace('-', '_')}")
     figures: list[Figure] = module.run_bench(quick=args.quick)
     if args.json:
         payload = [figure.__dict__ for figure in figures]
@@ -417,7 +418,10 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
 
 def _bench_names() -> list[str]:
     folder = Path(__file__).resolve().parent / "benchmarks"
-    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    # Module vllm_client is the benchmark vllm-client: names are typed with dashes.
+    return sorted(
+        p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.stem.startswith("_")
+    )
 
 
 def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
@@ -537,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_sim(verbs)
     register_llamacpp(verbs)
+    register_vllm(verbs)
     register_report(verbs)
     register_import(verbs)
     register_history(verbs)

@@ -226,17 +226,18 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
                 incomplete=True,
             )
         values = {}
-        for row in subset.itertuples():
-            value = getattr(row, column, None) if column in subset.columns else None
+        # Records, not itertuples: a Prometheus name (vllm:...) is no attribute name.
+        for row in subset.to_dict("records"):
+            value = row.get(column)
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 return GateResult(
                     gate.kind,
                     name,
                     False,
-                    f"{gate.counter} was not recorded for run {row.run_id}: the box or runtime "
-                    "does not expose it, so the bound cannot be shown to hold",
+                    f"{gate.counter} was not recorded for run {row['run_id']}: the box or "
+                    "runtime does not expose it, so the bound cannot be shown to hold",
                 )
-            values[str(row.run_id)] = float(value)
+            values[str(row["run_id"])] = float(value)
     breaches = {
         run: value
         for run, value in values.items()

@@ -112,6 +112,15 @@ class Api(Strict):
     )
 
 
+_SWITCH_STATES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
+def switch_state(text: str) -> bool | None:
+    """A switch knob's value as on/off (``1``/``true``/``on``, ``0``/``false``/``off``); None
+    when it is neither."""
+    return _SWITCH_STATES.get(text.strip().lower())
+
+
 class KnobSpec(Strict):
     """One knob a cell may set by name: how it reaches the runtime and what values are valid."""
 
@@ -122,6 +131,17 @@ class KnobSpec(Strict):
     pattern: str | None = Field(None, description="regex a value must match in full")
     help: str = Field("", description="what the knob does, for error messages")
     default: str | None = Field(None, description="value used when a cell does not set it")
+    required: bool = Field(
+        False, description="every cell must set it (a container image, a model path)"
+    )
+    switch: bool = Field(
+        False,
+        description="`arg` is a flag without a value (--enforce-eager): given when the knob is "
+        "true, left out when it is false (or `off_arg` given instead)",
+    )
+    off_arg: str | None = Field(
+        None, description="flag given when a switch knob is false (--no-enable-prefix-caching)"
+    )
 
     @model_validator(mode="after")
     def _one_route(self) -> KnobSpec:
@@ -129,10 +149,22 @@ class KnobSpec(Strict):
             raise ValueError("a knob needs `env`, `arg` or `live`")
         if self.pattern is not None:
             _check_regex(self.pattern, "pattern")
+        if self.switch and (not self.arg or self.env or self.live):
+            raise ValueError("a `switch` knob is a flag: it needs `arg` and takes no `env`/`live`")
+        if self.switch and (self.choices is not None or self.pattern is not None):
+            raise ValueError("a `switch` knob is true or false: drop `choices` and `pattern`")
+        if self.off_arg is not None and not self.switch:
+            raise ValueError("`off_arg` belongs to a `switch` knob: add `switch: true`")
+        if self.switch and self.default is not None and switch_state(self.default) is None:
+            raise ValueError(f"`default` of a switch must be true or false, not {self.default!r}")
         return self
 
     def check(self, value: str) -> str | None:
         """None when ``value`` is valid, else the message naming what is allowed."""
+        if self.switch:
+            if switch_state(value) is None:
+                return f"is a switch ({self.arg}): must be true or false"
+            return None
         if self.choices is not None and value in self.choices:
             return None
         if self.pattern is not None and re.fullmatch(self.pattern, value):
@@ -209,6 +241,21 @@ class LogCounter(Strict):
         return list(compile_pattern(self.pattern).groupindex)
 
 
+class CountDumpSpec(Strict):
+    """A route-count dump file the runtime rewrites (the CUDA lane's ``MEGA_COUNT``, the vLLM
+    plugin's ``HARNESS_VLLM_ROUTES``): read before and after each run as counters."""
+
+    path: str = Field(description="path template of the dump, e.g. {run_dir}/route-counts.json")
+    every_s: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="how often the runtime rewrites it; each read waits 1.5x this first, so "
+        "the dump holds every step that ran",
+    )
+
+
 class Telemetry(Strict):
     """What the executor collects from a run besides the client-side timings."""
 
@@ -222,6 +269,9 @@ class Telemetry(Strict):
     dump_http: str | None = Field(None, description="POST path returning a route-count dump")
     live_knobs_http: str | None = Field(None, description="POST path taking live knobs as JSON")
     route_trace: str | None = Field(None, description="routing trace path template")
+    count_dump: CountDumpSpec | None = Field(
+        None, description="route-count dump file read as counters (route_selections) per run"
+    )
 
 
 class Boot(Strict):

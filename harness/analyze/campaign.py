@@ -27,6 +27,7 @@ from harness.analyze.looks import (
 )
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
 from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
+from harness.analyze.runtime_tables import RuntimeTables, build_runtime_tables
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
 from harness.analyze.tiers import tier_table
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
@@ -65,6 +66,7 @@ class CampaignAnalysis:
     warnings: list[str] = field(default_factory=list)
     simulated: bool = False
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # cell × state × tier medians
+    runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""
@@ -83,7 +85,7 @@ class CampaignAnalysis:
         comparisons = [
             {k: _clean(v) for k, v in row.items()} for row in comparison_rows(self.comparisons)
         ]
-        return {
+        out: dict[str, Any] = {
             "campaign": self.card.campaign,
             "simulated": self.simulated,
             "cells": cells,
@@ -94,6 +96,9 @@ class CampaignAnalysis:
             "sequential": self.look.to_json() if self.look else None,
             "tiers": [{k: _clean(v) for k, v in r.items()} for r in self.tiers.to_dict("records")],
         }
+        if self.runtime:  # only where a runtime recorded them: other summaries are unchanged
+            out["runtime"] = self.runtime.to_json()
+        return out
 
     def undecided(self) -> list[str]:
         """The gated comparisons this look has not decided (empty: the campaign may stop)."""
@@ -471,6 +476,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         warnings=warnings,
         simulated=simulated,
         tiers=tables.tiers,
+        runtime=build_runtime_tables(campaign, card, runs, cells),
     )
 
 
@@ -488,6 +494,9 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
         write_parquet(analysis.tiers, folder / "tiers.parquet")
     for stem, frame in analysis.seed_tables.frames().items():
         write_parquet(frame, folder / f"{stem}.parquet")
+    if analysis.runtime:
+        for stem, frame in analysis.runtime.frames().items():
+            write_parquet(frame, folder / f"{stem}.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())
     return folder
 

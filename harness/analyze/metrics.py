@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.recovery import ShiftRecovery, phase_recovery, ring_summary
-from harness.catalog import COUNTERS
+from harness.catalog import COUNTERS, PROMETHEUS_COUNTERS
 
 _SCORED_COLUMNS = [
     "request",
@@ -87,7 +87,7 @@ def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
     hit_rate = None
     if hits is not None and misses is not None and hits + misses:
         hit_rate = hits / (hits + misses)
-    return {
+    out: dict[str, float | None] = {
         "hit_rate": hit_rate,
         "cold_share": cold / lookups if cold is not None and lookups else None,
         "expert_loads": get("expert_loads"),
@@ -95,7 +95,22 @@ def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
         "swaps": get("swaps"),
         "cold_lookups": cold,
         "new_swapout_pages": get("new_swapout_pages"),
+        "route_selections": get("route_selections"),
     }
+    for name in PROMETHEUS_COUNTERS:
+        out[name] = prometheus_sum(delta, name)
+    return out
+
+
+def prometheus_sum(samples: dict[str, Any], name: str) -> float | None:
+    """A Prometheus counter summed over its label sets (``name`` and ``name{…}`` keys); None
+    when the runtime served no sample of it."""
+    values = [
+        float(v)
+        for k, v in samples.items()
+        if (k == name or k.startswith(name + "{")) and isinstance(v, int | float)
+    ]
+    return sum(values) if values else None
 
 
 # Result-row metrics summed over a run's rows (counts of work done); shares are averaged; the rest

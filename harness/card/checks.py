@@ -184,6 +184,12 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
             + _did_you_mean(knob, sorted(runtime.knobs))
         ),
     )
+    for knob, spec in runtime.knobs.items():
+        if spec.required and spec.default is None and knob not in cell.knobs:
+            out.add(
+                ("cells", name, "knobs"),
+                f"runtime {runtime.name!r} needs knob {knob!r} set ({spec.help or 'no default'})",
+            )
     # An env variable no knob declares is passed through raw, so only declared ones are checked.
     env_specs = {var: found[1] for var in cell.env if (found := runtime.knob_for_env(var))}
     _check_values(out, ("cells", name, "env"), cell.env, env_specs, None)

@@ -20,6 +20,7 @@ from harness.card import LoadedCard
 from harness.errors import BadInput, RuntimeBootError
 from harness.execute.boxes import open_box
 from harness.execute.drive import PhasePlan, WorkItem, drive
+from harness.execute.routes import read_route_snapshot, write_route_delta
 from harness.execute.runtimes import boot, boot_spec, http_json, render
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
 
@@ -68,10 +69,11 @@ def collect_counts(
         raise BadInput(f"{loaded.path}: no prompt has split {split!r}{wanted}")
     runtime_profile = loaded.runtime
     dump_path = runtime_profile.telemetry.dump_http
-    if dump_path is None:
+    dump_file = runtime_profile.telemetry.count_dump
+    if dump_path is None and dump_file is None:
         raise BadInput(
-            f"runtime {runtime_profile.name!r} declares no telemetry.dump_http: "
-            "it cannot dump route counts"
+            f"runtime {runtime_profile.name!r} declares neither telemetry.dump_http nor "
+            "telemetry.count_dump: it cannot dump route counts"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     box = open_box(loaded.box_name, loaded.box)
@@ -102,6 +104,9 @@ def collect_counts(
         runtime = boot(box, runtime_profile, spec)
         try:
             runtime.post_live(spec.live)
+            # A dump file holds everything since boot: this collection's counts are the
+            # difference of two snapshots (the lane's own way to count per phase).
+            snapshot = read_route_snapshot(box, dump_file, remote) if dump_file else None
             if as_run:
                 phases = build_phases(loaded, warmup=True) + build_phases(loaded, warmup=False)
             else:
@@ -137,13 +142,23 @@ def collect_counts(
                     f"{len(failed)} of {len(results)} requests failed while collecting counts; "
                     f"first: {failed[0].error}"
                 )
-            status, body = http_json(runtime.base_url + dump_path, {})
-            if status != 200 or not isinstance(body, dict):
-                raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
+            body: object = None
+            if dump_path is not None:
+                status, body = http_json(runtime.base_url + dump_path, {})
+                if status != 200 or not isinstance(body, dict):
+                    raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
+            elif dump_file is not None:
+                after = read_route_snapshot(box, dump_file, remote)
+                if not write_route_delta(out_dir / "counts.json", snapshot, after):
+                    raise RuntimeBootError(
+                        f"the runtime left no usable route-count dump at {dump_file.path} "
+                        "(missing, or its counts went backwards: it restarted)"
+                    )
         finally:
             runtime.stop()
         counts = out_dir / "counts.json"
-        counts.write_text(json.dumps(body) + "\n", encoding="utf-8")
+        if body is not None:
+            counts.write_text(json.dumps(body) + "\n", encoding="utf-8")
         trace: Path | None = None
         if runtime_profile.telemetry.route_trace:
             remote_trace = render(runtime_profile.telemetry.route_trace, {"run_dir": remote})

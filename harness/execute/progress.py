@@ -36,20 +36,26 @@ def make_progress(plan: Plan, *, quiet: bool, out: TextIO) -> Iterator[ProgressC
     )
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("runs", total=len(plan.runs), rate="")
-        state = {"tokens": 0, "start": time.perf_counter()}
+        # The rate counts from the first scored request's start: boot and warmup are no decode.
+        state: dict[str, float | None] = {"tokens": 0, "start": None}
 
         def update(event: str, run: Run | None, info: dict[str, Any]) -> None:
             if run is None:
                 return
             if event == "start":
-                state["tokens"], state["start"] = 0, time.perf_counter()
+                state["tokens"], state["start"] = 0, None
                 bar.update(task, description=f"{run.run_id}", rate="booting")
             elif event == "request":
                 result: RequestResult = info["result"]
                 if result.ok and not result.warmup:
-                    state["tokens"] += result.completion_tokens or 0
-                    elapsed = time.perf_counter() - state["start"]
-                    bar.update(task, rate=f"{state['tokens'] / max(elapsed, 1e-9):.0f} tok/s")
+                    now = time.perf_counter()
+                    start = state["start"]
+                    if start is None:
+                        start = state["start"] = now - (result.e2el_s or 0.0)
+                    tokens = (state["tokens"] or 0) + (result.completion_tokens or 0)
+                    state["tokens"] = tokens
+                    elapsed = now - start
+                    bar.update(task, rate=f"{tokens / max(elapsed, 1e-9):.0f} tok/s")
             elif event in ("end", "skip"):
                 bar.advance(task)
                 if event == "end" and info.get("status") != "ok":

@@ -59,6 +59,7 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
+from harness.execute.routes import read_route_snapshot, route_counters, write_route_delta
 from harness.execute.run_guards import GuardSteps
 from harness.execute.runtimes import (
     BootSpec,
@@ -70,6 +71,7 @@ from harness.execute.runtimes import (
 )
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
+from harness.maps import CountDump
 from harness.plan import Plan, Run, plan_json_text
 from harness.records import (
     RUN_FAILED,
@@ -353,9 +355,16 @@ class CampaignRunner(GuardSteps):
                     warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
                 if state.monitor is not None:
                     state.monitor.scored = True
+                routes_before = self._route_snapshot(remote_dir)
                 before = _with_log(_counters(runtime), runtime, start=True)
+                if before is not None:
+                    before.update(route_counters(routes_before))
                 self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+                routes_after = self._route_snapshot(remote_dir)
                 after = _with_log(_counters(runtime), runtime)
+                if after is not None:
+                    after.update(route_counters(routes_after))
+                write_route_delta(local_dir / "route-counts.json", routes_before, routes_after)
                 swap_after = self.box.swapout_pages()
                 self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
                 failures = [r for r in state.results if not r.ok and not r.warmup]
@@ -440,6 +449,10 @@ class CampaignRunner(GuardSteps):
         collect_result(command, local_dir)
         state.segments_planned = state.segments_done = 1
         return command.runtime
+
+    def _route_snapshot(self, remote_dir: str) -> CountDump | None:
+        spec = self.loaded.runtime.telemetry.count_dump
+        return read_route_snapshot(self.box, spec, remote_dir) if spec is not None else None
 
     def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
@@ -798,6 +811,7 @@ class CampaignRunner(GuardSteps):
                         self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
         self._collect_logits(local_dir, context)
         if telemetry.ring is None:
+            self._collect_trace(local_dir, context)
             return
         ring_remote = render(telemetry.ring.path, context)
         if not self.box.exists(ring_remote):

@@ -21,7 +21,7 @@ from harness.card import Cell, KnobValue
 from harness.errors import KnobError, RuntimeBootError
 from harness.execute.boxes import Box, quote_path, shell_command
 from harness.execute.interrupts import deferred
-from harness.profiles import RuntimeProfile
+from harness.profiles import RuntimeProfile, switch_state
 
 
 class _Context(dict[str, Any]):
@@ -99,7 +99,11 @@ def boot_spec(
         spec = profile.knobs[name]
         text = knob_text(value)
         effective[name] = text
-        if spec.env:
+        if spec.switch and spec.arg:
+            flag = spec.arg if switch_state(text) else spec.off_arg
+            if flag:
+                argv.append(flag)
+        elif spec.env:
             env[spec.env] = text
         elif spec.arg:
             argv.extend([spec.arg, text])

@@ -1,0 +1,151 @@
+"""``harness bench vllm-client``: our driver against vLLM's own client on one running server.
+
+One vLLM server (the ``vllm`` profile, eager, the tiny Qwen3-MoE ``make vllm`` writes) takes the
+same prompts at concurrency 1 and 4 from the harness's driver and from ``vllm bench serve``
+(``--dataset-name custom`` over the very prompts, ``--skip-chat-template``, ``--ignore-eos``,
+greedy), interleaved ours, theirs, theirs, ours so slow drift cancels. Each reports median TTFT
+and median TPOT over its requests; the figures are the ratios ours ÷ theirs.
+
+Definitions are the same on both sides, which is why they can agree: TTFT = first streamed
+chunk with a choice − send time; E2EL = last such chunk − send time; n = ``usage``'s
+completion tokens; TPOT = (E2EL − TTFT)/(n − 1). What still differs: vLLM's client counts a
+chunk whose text is empty (a special token) as the first token, ours waits for content; its
+send time is taken before its rate limiter's bookkeeping, ours inside our concurrency limiter;
+and at C4 each tool's own event loop decides which of four simultaneous chunks it reads first.
+One ``--save-result`` JSON is kept (``tests/data/vllm/``) for the importer of such results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from harness.benchmarks import Figure
+from harness.card import Cell
+from harness.card.resolve import find_runtime_profile, load_runtime_profile
+from harness.errors import InfrastructureError
+from harness.execute.boxes import LocalBox
+from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, drive
+from harness.execute.runtimes import RunningRuntime, boot, boot_spec
+from harness.profiles import BoxSpec
+from harness.vllm import build
+
+__all__ = ["run_bench"]
+
+TARGETS = {1: 0.02, 4: 0.05}  # |ratio - 1| allowed at C1 and C4
+WORDS = "the lighthouse keeper counted boats while the grey water rose over the harbour wall"
+
+
+def _prompts(count: int, chars: int) -> list[str]:
+    """Distinct prompts of exactly ``chars`` tokens (the tiny model's tokens are characters)."""
+    words = WORDS.split()
+    out = []
+    for i in range(count):
+        text = " ".join(words[(i + j) % len(words)] for j in range(chars))
+        out.append(f"{i:03d} {text}"[:chars])
+    return out
+
+
+def _ours(
+    runtime: RunningRuntime, prompts: list[str], tokens: int, c: int
+) -> list[tuple[float, float]]:
+    spec = DriveSpec(
+        base_url=runtime.base_url,
+        flavour="completions",
+        model=runtime.profile.api.model,
+        concurrency=c,
+        extra_body={"ignore_eos": True},
+    )
+    items = tuple(
+        WorkItem(prompt_id=str(i), domain="bench", phase="bench", phase_index=0,
+                 max_tokens=tokens, prompt=p)
+        for i, p in enumerate(prompts)
+    )  # fmt: skip
+    results = asyncio.run(drive(spec, [PhasePlan("bench", 0, items)]))
+    out = []
+    for r in results:
+        if not r.ok or r.ttft_s is None or r.e2el_s is None or not r.completion_tokens:
+            raise InfrastructureError(f"bench vllm-client: our request failed: {r.error}")
+        out.append((r.ttft_s * 1e3, (r.e2el_s - r.ttft_s) / (r.completion_tokens - 1) * 1e3))
+    return out
+
+
+def _theirs(
+    runtime: RunningRuntime, dataset: Path, tokens: int, c: int, count: int, result: Path
+) -> dict[str, float]:
+    vllm = build.venv_dir() / "bin" / "vllm"
+    argv = [
+        str(vllm), "bench", "serve", "--backend", "vllm", "--base-url", runtime.base_url,
+        "--model", runtime.profile.api.model, "--tokenizer", str(build.model_dir()),
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+        "--custom-output-len", str(tokens), "--num-prompts", str(count), "--ignore-eos",
+        "--temperature", "0", "--max-concurrency", str(c), "--save-result",
+        "--result-dir", str(result.parent), "--result-filename", result.name,
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0 or not result.is_file():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise InfrastructureError(f"vllm bench serve failed (exit {done.returncode}):\n{tail}")
+    data: dict[str, float] = json.loads(result.read_text())
+    return data
+
+
+def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]:
+    """Median TTFT and TPOT ratios, ours ÷ vLLM's, at C1 and C4, on one server."""
+    if not build.built():
+        raise InfrastructureError("bench vllm-client needs vLLM's venv: run `make vllm` first")
+    build.ensure_model()
+    count, chars, tokens = (8, 96, 24) if quick else (16, 256, 64)
+    box = LocalBox("local", BoxSpec())
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        work = keep_dir or Path(tmp)
+        found = find_runtime_profile("vllm", Path.cwd())
+        if found is None:
+            raise InfrastructureError("bench vllm-client: the vllm runtime profile is missing")
+        profile = load_runtime_profile(found)
+        cell = Cell(knobs={"enforce_eager": True, "max_num_seqs": 4})
+        spec = boot_spec(
+            profile, cell, port=box.free_port(), run_dir=str(work / "server"), python="python3",
+            bind_host="127.0.0.1", cache_dir=str(work), uploaded={},
+        )  # fmt: skip
+        runtime = boot(box, profile, spec)
+        try:
+            prompts = _prompts(count, chars)
+            dataset = work / "prompts.jsonl"
+            dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+            _ours(runtime, prompts[:2], 4, 1)  # warm the server's paths once
+            for c in (1, 4):
+                mine: list[tuple[float, float]] = []
+                vllms: list[dict[str, float]] = []
+                for turn, arm in enumerate(("ours", "theirs", "theirs", "ours")):
+                    if arm == "ours":
+                        mine += _ours(runtime, prompts, tokens, c)
+                    else:
+                        path = work / f"vllm-bench-c{c}-{turn}.json"
+                        vllms.append(_theirs(runtime, dataset, tokens, c, count, path))
+                ttft = statistics.median(t for t, _ in mine)
+                tpot = statistics.median(p for _, p in mine)
+                their_ttft = statistics.median(v["median_ttft_ms"] for v in vllms)
+                their_tpot = statistics.median(v["median_tpot_ms"] for v in vllms)
+                for name, a, b in (("TTFT", ttft, their_ttft), ("TPOT", tpot, their_tpot)):
+                    ratio = a / b
+                    figures.append(
+                        Figure(
+                            name=f"C{c} median {name}: ours {a:.2f} ms, vllm bench serve "
+                            f"{b:.2f} ms",
+                            value=round(ratio, 4),
+                            unit="x (ours / vLLM's)",
+                            baseline="vllm bench serve, same server and prompts",
+                            target=f"within {TARGETS[c]:.0%}",
+                            passed=abs(ratio - 1) <= TARGETS[c],
+                        )
+                    )
+        finally:
+            runtime.stop()
+    return figures
