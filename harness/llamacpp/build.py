@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
+from harness.build_script import run_build_script
 from harness.errors import InfrastructureError
 
 BINARIES = ("llama-server", "llama-bench", "llama-eval-callback")
@@ -50,19 +50,5 @@ def default_vocab() -> Path:
 
 def ensure_built(timeout_s: float = 3600) -> Path:
     """Build the binaries with the build script when missing; returns :func:`bin_dir`."""
-    if built():
-        return bin_dir()
-    if not BUILD_SCRIPT.is_file():
-        raise InfrastructureError(f"{BUILD_SCRIPT}: the build script is missing from this checkout")
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
-        cwd=BUILD_SCRIPT.parents[1],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    if result.returncode != 0 or not built():
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
-        raise InfrastructureError(f"building llama.cpp failed (exit {result.returncode}):\n{tail}")
+    run_build_script(BUILD_SCRIPT, "llama.cpp", built, timeout_s)
     return bin_dir()

@@ -10,10 +10,9 @@ that link's ``bin/vllm``. The tiny model the profile serves by default is writte
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
-from harness.errors import InfrastructureError
+from harness.build_script import run_build_script
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-vllm.sh"
 PLUGIN = Path(__file__).resolve().parent / "plugin.py"
@@ -63,23 +62,7 @@ def built() -> bool:
 
 def ensure_built(timeout_s: float = 3600) -> Path:
     """Run the build script when the venv is missing or its plugin is stale; returns the venv."""
-    if built():
-        return venv_dir()
-    if not BUILD_SCRIPT.is_file():
-        raise InfrastructureError(f"{BUILD_SCRIPT}: the build script is missing from this checkout")
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
-        cwd=BUILD_SCRIPT.parents[1],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    if result.returncode != 0 or not built():
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
-        raise InfrastructureError(
-            f"building the vLLM venv failed (exit {result.returncode}):\n{tail}"
-        )
+    run_build_script(BUILD_SCRIPT, "the vLLM venv", built, timeout_s)
     return venv_dir()
 
 
