@@ -27,6 +27,12 @@ from tests.conftest import DATA, REPO, run_cli
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
 pytestmark = pytest.mark.slow
 WIDE = 'wide:\n    env: {REFBOX_LAYERS: "2"'
+# Runs long enough that a signal sent once the runtime listens lands mid-run.
+LONG_RUNS = {
+    "max_tokens: 8": "max_tokens: 32",
+    "requests: 2}": "requests: 8}",
+    "requests: 2, shift: true}": "requests: 8, shift: true}",
+}
 
 
 def _card_with(tmp_path: Path, replace: dict[str, str]) -> Path:
@@ -176,8 +182,11 @@ def test_a_hung_runtime_fails_its_run_within_one_request_timeout(
 
 
 @contextmanager
-def _harness_run(card: Path, reports: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``harness run CARD`` as a real process in a session of its own, as CI would start it.
+def _harness_run(
+    card: Path, reports: Path, log: Path, *, stdout_pipe: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``harness run CARD`` as a real process in a session of its own, as CI would start it;
+    its output goes to ``log`` (only stderr, with ``stdout_pipe``: stdout is then a pipe).
 
     Whatever the test found, nothing it started outlives it: the harness's session and every
     runtime group the journal names are killed at the end (a no-op when all is well).
@@ -186,8 +195,8 @@ def _harness_run(card: Path, reports: Path, log: Path) -> Iterator[subprocess.Po
         process = subprocess.Popen(
             [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)],
             cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE if stdout_pipe else out,
+            stderr=out if stdout_pipe else subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -246,14 +255,7 @@ def _interrupted_run(root: Path) -> dict[str, Any]:
 
 def test_sigterm_stops_the_runtime_journals_the_run_and_resumes(tmp_path: Path) -> None:
     # Long enough runs that the signal, sent once the runtime listens, lands mid-run.
-    card = _card_with(
-        tmp_path,
-        {
-            "max_tokens: 8": "max_tokens: 32",
-            "requests: 2}": "requests: 8}",
-            "requests: 2, shift: true}": "requests: 8, shift: true}",
-        },
-    )
+    card = _card_with(tmp_path, LONG_RUNS)
     reports = tmp_path / "reports"
     log = tmp_path / "harness.log"
     with _harness_run(card, reports, log) as process:
@@ -334,34 +336,14 @@ def test_a_gate_failed_on_complete_data_wins_over_runs_that_failed(tmp_path: Pat
 def test_sighup_with_the_terminal_gone_still_exits_129_and_keeps_the_run(tmp_path: Path) -> None:
     # A hung-up terminal: the harness's stdout is a pipe whose reader has gone, so every line
     # it prints from here on (the progress bar, "interrupted …; resume with …") fails to write.
-    card = _card_with(
-        tmp_path,
-        {
-            "max_tokens: 8": "max_tokens: 32",
-            "requests: 2}": "requests: 8}",
-            "requests: 2, shift: true}": "requests: 8, shift: true}",
-        },
-    )
+    card = _card_with(tmp_path, LONG_RUNS)
     reports = tmp_path / "reports"
     errors = tmp_path / "stderr.log"
-    with errors.open("wb") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
+    with _harness_run(card, reports, errors, stdout_pipe=True) as process:
         root = _wait_for_boot(reports, process, ready=True)
         assert process.stdout is not None
         process.stdout.close()
         code = _stop(process, signal.SIGHUP)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     output = errors.read_text()
     assert code == 129, output
     assert "Traceback" not in output and "Exception ignored" not in output, output
