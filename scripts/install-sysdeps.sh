@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# System packages the end-to-end tests need: sshd (the SSH box path) and chromium (the report).
+# System packages the end-to-end tests need: sshd (the SSH box path), chromium (the report), and
+# Slurm with munge (the Slurm box path: tests/slurm.py starts a one-node cluster).
 # Installed with apt-get only when running as root and missing; otherwise say what is missing.
 set -euo pipefail
 
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+
 missing=()
-command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+have sshd || missing+=(openssh-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# slurm-wlm brings slurmctld, slurmd and the clients (sbatch, squeue, sinfo, scancel, srun).
+{ have slurmctld && have slurmd && have sbatch; } || missing+=(slurm-wlm)
+have munged || missing+=(munge)
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
