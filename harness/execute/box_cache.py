@@ -14,13 +14,20 @@ from harness.card import LoadedCard
 from harness.execute.boxes import Box, open_box, quote_path
 
 
-def campaign_root_on_box(loaded: LoadedCard, box: Box, campaign_root: Path) -> str:
-    """The folder of this campaign on its box (beside the records for the local box)."""
-    spec = loaded.box
+def campaign_root_on_box(
+    loaded: LoadedCard, box: Box, campaign_root: Path, *, fleet: bool = False
+) -> str:
+    """The folder of this campaign on its box (beside the records for the local box).
+
+    Boxes of a fleet after the first get a folder named after them: two boxes may share a
+    disk (the local box twice, two SSH boxes on one host) and must not share files.
+    """
+    spec = box.spec
     if spec.kind == "local":
-        return str(campaign_root.resolve() / "box")
+        return str(campaign_root.resolve() / (f"box-{box.name}" if fleet else "box"))
     base = box.home_path(spec.workdir)
-    return f"{base}/{loaded.card.campaign}/{campaign_root.name}"
+    folder = f"{base}/{loaded.card.campaign}/{campaign_root.name}"
+    return f"{folder}/{box.name}" if fleet else folder
 
 
 def cache_dir_on_box(root_on_box: str) -> str:
