@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.card import LoadedCard
+from harness.errors import BoxError
 from harness.execute.boxes import Box, open_box, quote_path
 
 
@@ -36,10 +37,15 @@ def cache_dir_on_box(root_on_box: str) -> str:
 
 
 def release_cache(loaded: LoadedCard, campaign_root: Path) -> None:
-    """Delete the campaign's cache folder on its box; a resume's first boot rebuilds it."""
-    box = open_box(loaded.box_name, loaded.box)
-    try:
-        cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root))
-        box.sh(f"rm -rf {quote_path(cache)}", timeout_s=120, check=False)
-    finally:
-        box.close()
+    """Delete the campaign's cache folder on each of its boxes; a resume's first boot rebuilds
+    it. A box that cannot be reached keeps its folder (the campaign's result stands)."""
+    for name, spec in loaded.boxes:
+        box = open_box(name, spec)
+        try:
+            fleet = name != loaded.box_name
+            cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root, fleet=fleet))
+            box.sh(f"rm -rf {quote_path(cache)}", timeout_s=120, check=False)
+        except BoxError:
+            continue
+        finally:
+            box.close()

@@ -191,6 +191,7 @@ class CampaignRunner(GuardSteps):
         box_name: str | None = None,
         box_spec: BoxSpec | None = None,
         run_ids: Collection[str] | None = None,
+        cohorts: CohortBook | None = None,
     ) -> None:
         self.loaded = loaded
         self.plan = plan
@@ -204,8 +205,10 @@ class CampaignRunner(GuardSteps):
         self.remote_root = ""
         self.monitor_settings = monitor or MonitorSettings()
         self.checkpoint_s = checkpoint_s
-        enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
-        self.cohorts = CohortBook.open(campaign.root, enabled, why)
+        if cohorts is None:  # a fleet's runners share one book (one cohorts.json)
+            enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
+            cohorts = CohortBook.open(campaign.root, enabled, why)
+        self.cohorts = cohorts
 
     @property
     def cache_dir(self) -> str:
@@ -220,14 +223,29 @@ class CampaignRunner(GuardSteps):
     def execute(self) -> CampaignOutcome:
         """Run every run that is not done yet."""
         outcome = CampaignOutcome(self.campaign.root)
-        done = {r.run_id for r in self.plan.runs if self.campaign.is_done(r.run_id)}
+        try:
+            self.run_share(outcome)
+        except KeyboardInterrupt as exc:
+            outcome.interrupted = True
+            outcome.interrupted_by = describe(exc)
+            outcome.exit_code = exit_code(exc)
+            self.campaign.journal.append("campaign_interrupted", signal=outcome.interrupted_by)
+        if not outcome.interrupted:
+            self.campaign.journal.append(
+                "campaign_end", done=len(outcome.done), failed=len(outcome.failed)
+            )
+        return outcome
+
+    def run_share(self, outcome: CampaignOutcome) -> None:
+        """Run this runner's runs (all the plan's, or its ``run_ids``) that are not done yet,
+        adding each to ``outcome``; an interrupt is raised once the run it cut is recorded."""
+        mine = [r for r in self.plan.runs if self.run_ids is None or r.run_id in self.run_ids]
+        done = {r.run_id for r in mine if self.campaign.is_done(r.run_id)}
         outcome.done.extend(sorted(done))
         try:
             self._prepare_box()
             self._stop_orphans()
-            for run in self.plan.runs:
-                if self.run_ids is not None and run.run_id not in self.run_ids:
-                    continue  # another box's share of a fleet
+            for run in mine:
                 if run.run_id in done:
                     self.progress("skip", run, {})
                     continue
@@ -238,18 +256,8 @@ class CampaignRunner(GuardSteps):
                     continue
                 status = self._run_with_retries(run)
                 (outcome.done if status == RUN_OK else outcome.failed).append(run.run_id)
-        except KeyboardInterrupt as exc:
-            outcome.interrupted = True
-            outcome.interrupted_by = describe(exc)
-            outcome.exit_code = exit_code(exc)
-            self.campaign.journal.append("campaign_interrupted", signal=outcome.interrupted_by)
         finally:
             self.box.close()
-        if not outcome.interrupted:
-            self.campaign.journal.append(
-                "campaign_end", done=len(outcome.done), failed=len(outcome.failed)
-            )
-        return outcome
 
     def _prepare_box(self) -> None:
         self.remote_root = campaign_root_on_box(
