@@ -128,9 +128,10 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from harness.execute.box_cache import release_cache
+    from harness.execute.fleet import FleetRunner
     from harness.execute.progress import make_progress
     from harness.execute.reopen import reopen_campaign
-    from harness.execute.run import CampaignRunner, new_campaign_dir
+    from harness.execute.run import new_campaign_dir
     from harness.execute.sequential import run_sequential
 
     if args.resume:
@@ -170,7 +171,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         )
     else:
         with make_progress(plan, quiet=args.quiet, out=out) as progress:
-            outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
+            outcome = FleetRunner(loaded, plan, campaign, progress).execute()
     if not outcome.interrupted:
         release_cache(loaded, campaign.root)
     if outcome.interrupted:

@@ -16,6 +16,7 @@ already planned (docs/design.md#plan).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +148,14 @@ def _mirrored(items: list[str], cycle: int) -> list[str]:
     return list(items) if cycle % 2 == 0 else list(reversed(items))
 
 
+def fleet_box(boxes: Sequence[str], cycle: int, lane: int) -> str:
+    """The box a cohort is planned on: cycles go in pairs, an ABBA and its BAAB, so each box
+    carries both orders of a comparison and drift cancels within the box; lanes (comparison ×
+    cache state) start one box apart, so a fleet runs in parallel from the first cycle and, over
+    enough cycles, every lane meets every box."""
+    return boxes[(cycle // 2 + lane) % len(boxes)]
+
+
 def build_plan(loaded: LoadedCard, *, scale: float = 1.0, cycles: int | None = None) -> Plan:
     """Expand cells × cycles × cache states × repeats into the ordered runs of the card.
 
@@ -177,8 +186,14 @@ def build_plan(loaded: LoadedCard, *, scale: float = 1.0, cycles: int | None = N
                         cell = control if arm == "A" else treatment
                         block = f"c{cycle}-{state}-{treatment}-s{slot}"
                         specs.append((cell, cycle, slot, state, pattern, treatment, block))
+    boxes = [name for name, _ in loaded.boxes]
+    states: list[str] = list(design.cache_states)
+    lanes = list(card.treatments) if design.order != "sequential" else [""]
     runs: list[Run] = []
     for cell, cycle, slot, state, pattern, comparison, block in specs:
+        lane = states.index(state) * len(lanes) + (
+            lanes.index(comparison) if design.order != "sequential" else 0
+        )
         for repeat in range(design.repeats):
             index = len(runs)
             run_id = f"{index:04d}-{cell}-c{cycle}-{state}-s{slot}-r{repeat}"
@@ -191,7 +206,7 @@ def build_plan(loaded: LoadedCard, *, scale: float = 1.0, cycles: int | None = N
                     slot=slot,
                     repeat=repeat,
                     cache_state=state,
-                    box=loaded.box_name,
+                    box=fleet_box(boxes, cycle, lane),
                     pattern=pattern,
                     comparison=comparison,
                     block=block,
@@ -231,4 +246,12 @@ def plan_json_text(plan: Plan) -> str:
     return json.dumps(plan.to_json(), indent=2)
 
 
-__all__ = ["Plan", "Run", "build_plan", "cycle_pattern", "extend_plan", "plan_json_text"]
+__all__ = [
+    "Plan",
+    "Run",
+    "build_plan",
+    "cycle_pattern",
+    "extend_plan",
+    "fleet_box",
+    "plan_json_text",
+]

@@ -36,6 +36,12 @@ class BoxSpec(Strict):
     """Where commands run: this machine, or a host over SSH (fabric)."""
 
     kind: Literal["local", "ssh"] = Field("local", description="local subprocesses, or ssh")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="what an inline box of a card's `boxes` list is called (a boxes file's "
+        "entries are named by their key)",
+    )
     host: str | None = Field(None, description="ssh host name or alias from ~/.ssh/config")
     port: int | None = Field(None, ge=1, le=65535, description="ssh port (default: ssh config/22)")
     user: str | None = Field(None, description="ssh user (default: ssh config/current user)")

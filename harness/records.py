@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +268,9 @@ def read_parquet(path: Path) -> pd.DataFrame:
     return frame
 
 
+_APPEND_LOCK = threading.Lock()
+
+
 class Journal:
     """The append-only, fsynced event log of a campaign."""
 
@@ -277,7 +281,8 @@ class Journal:
         """Append one event and fsync it before returning."""
         record = {"schema_version": SCHEMA_VERSION, "t": time.time(), "event": event, **fields}
         line = json.dumps(record, default=str) + "\n"
-        with self.path.open("a", encoding="utf-8") as handle:
+        # A fleet's workers append from several threads: one line at a time, whole.
+        with _APPEND_LOCK, self.path.open("a", encoding="utf-8") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())

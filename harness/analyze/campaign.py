@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
+from harness.analyze.fleet import FleetTables, fleet_tables
 from harness.analyze.logit_parity import LOGITS_DIR, embedded_mismatch, read_logit_dumps
 from harness.analyze.looks import (
     LookState,
@@ -67,6 +68,7 @@ class CampaignAnalysis:
     simulated: bool = False
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # cell × state × tier medians
     runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
+    fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""
@@ -98,6 +100,8 @@ class CampaignAnalysis:
         }
         if self.runtime:  # only where a runtime recorded them: other summaries are unchanged
             out["runtime"] = self.runtime.to_json()
+        if self.fleet is not None:  # only for a campaign that ran on several boxes
+            out["fleet"] = self.fleet.to_json()
         return out
 
     def undecided(self) -> list[str]:
@@ -161,7 +165,9 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         row: dict[str, Any] = {key: raw[key] for key in RUN_KEYS}
         record = campaign.run_record(run_id)
         if record is None:
-            row.update(status="missing", reason="never ran (resume the campaign)")
+            row.update(
+                status="missing", box=raw.get("box"), reason="never ran (resume the campaign)"
+            )
             rows.append(row)
             continue
         cohort = cohort_key(raw["comparison"], raw["cache_state"], int(raw["cycle"]))
@@ -176,6 +182,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         has_ring = (campaign.run_dir(run_id) / "ring.parquet").is_file()
         row.update(
             status=record["status"],
+            box=record.get("box", raw.get("box")),  # where it ran: a fleet may have moved it
             reason=record.get("reason", ""),
             ring_lost=record.get("ring_lost") if has_ring else None,
             started_at=record.get("started_at"),
@@ -449,6 +456,17 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
                     "detail": f"cycle {flag.cycle}: {flag.detail}",
                 }
             )
+    fleet = fleet_tables(
+        runs,
+        tables.prompt_logs,
+        comparisons,
+        margin_pct=card.analysis.margin_pct,
+        alpha=look.nominal_alpha if look else card.analysis.alpha,
+        seed=card.design.seed,
+        gated=gated_metrics(card),
+    )
+    if fleet is not None:
+        flags.extend(fleet.flags)
     simulated = (root / "SIMULATED").is_file()
     cells = _cell_table(runs, card)
     predicted = _predictions(root, card, cells) if predictions and not simulated else None
@@ -477,6 +495,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         simulated=simulated,
         tiers=tables.tiers,
         runtime=build_runtime_tables(campaign, card, runs, cells),
+        fleet=fleet,
     )
 
 
@@ -494,6 +513,9 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
         write_parquet(analysis.tiers, folder / "tiers.parquet")
     for stem, frame in analysis.seed_tables.frames().items():
         write_parquet(frame, folder / f"{stem}.parquet")
+    if analysis.fleet is not None:
+        for stem, frame in analysis.fleet.frames().items():
+            write_parquet(frame, folder / f"{stem}.parquet")
     if analysis.runtime:
         for stem, frame in analysis.runtime.frames().items():
             write_parquet(frame, folder / f"{stem}.parquet")

@@ -42,13 +42,14 @@ class CellComparison:
     dropped_cycles: tuple[str, ...]
 
 
-def _cycles(
+def cell_cycles(
     runs: pd.DataFrame,
     prompt_logs: dict[str, np.ndarray],
     cell: str,
     state: str,
     metric: str,
 ) -> tuple[list[Cycle], list[str]]:
+    """The complete cycles of one comparison on one metric, and why the others were dropped."""
     cycles: list[Cycle] = []
     dropped: list[str] = []
     subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
@@ -114,7 +115,7 @@ def compare_cells(
             for metric in metrics:
                 if metric not in runs.columns or runs[metric].isna().all():
                     continue
-                cycles, dropped = _cycles(runs, prompt_logs, cell, state, metric)
+                cycles, dropped = cell_cycles(runs, prompt_logs, cell, state, metric)
                 if not cycles:
                     continue
                 info = METRICS[metric]

@@ -100,13 +100,15 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options) or 'none'}"
 
 
-def resolve_box(
-    card: Card, where: Locator, out: Problems
+def _resolve_one(
+    entry: str | BoxSpec, field: tuple[str | int, ...], index: int, where: Locator, out: Problems
 ) -> tuple[str, BoxSpec | None, Path | None]:
-    """The box's name, settings and the boxes file defining it (None for an inline box or the
-    built-in ``local``); settings None (and a problem) when the name resolves to nothing."""
-    if isinstance(card.box, BoxSpec):
-        return card.box.host or "inline", card.box, None
+    if isinstance(entry, BoxSpec):
+        return (
+            entry.name or entry.host or ("inline" if index == 0 else f"inline-{index + 1}"),
+            entry,
+            None,
+        )
     try:
         if where.boxes_file is not None:
             boxes = {n: (b, where.boxes_file) for n, b in load_boxes_file(where.boxes_file).items()}
@@ -114,14 +116,56 @@ def resolve_box(
             boxes = load_boxes_with_sources(where.card_dir)
     except CardError as exc:
         out.lines.extend(exc.lines())
-        return card.box, None, None
-    if card.box not in boxes:
-        if card.box == "local":
+        return entry, None, None
+    if entry not in boxes:
+        if entry == "local":
             return "local", BoxSpec(), None
-        out.add(("box",), f"unknown box {card.box!r}{_did_you_mean(card.box, sorted(boxes))}")
-        return card.box, None, None
-    box, source = boxes[card.box]
-    return card.box, box, source
+        out.add(field, f"unknown box {entry!r}{_did_you_mean(entry, sorted(boxes))}")
+        return entry, None, None
+    box, source = boxes[entry]
+    return entry, box, source
+
+
+def resolve_fleet(
+    card: Card, where: Locator, out: Problems
+) -> list[tuple[str, BoxSpec, Path | None]]:
+    """Every box of the card, named, in order: its ``boxes`` list, or its one ``box``.
+
+    Empty (with the problems in ``out``) when any of them is unknown, two share a name, the
+    card sets both ``box`` and ``boxes``, or named boxes come from two boxes files (a campaign
+    directory keeps one copy of the file its boxes came from).
+    """
+    if card.boxes is None:
+        name, box, source = _resolve_one(card.box, ("box",), 0, where, out)
+        return [(name, box, source)] if box is not None else []
+    if "box" in card.model_fields_set:
+        out.add(("box",), "a card names its boxes once: `box` or `boxes`, not both; delete `box`")
+        return []
+    fleet: list[tuple[str, BoxSpec, Path | None]] = []
+    failed = False
+    for index, entry in enumerate(card.boxes):
+        name, box, source = _resolve_one(entry, ("boxes", index), index, where, out)
+        if box is None:
+            failed = True
+            continue
+        if any(name == seen for seen, _, _ in fleet):
+            out.add(
+                ("boxes", index),
+                f"box {name!r} is listed twice; a fleet runs each box once (to use one machine "
+                "twice, define two boxes with their own names)",
+            )
+            failed = True
+            continue
+        fleet.append((name, box, source))
+    files = sorted({str(source) for _, _, source in fleet if source is not None})
+    if len(files) > 1:
+        out.add(
+            ("boxes",),
+            f"the named boxes come from {len(files)} boxes files ({', '.join(files)}); define "
+            "them in one boxes.yaml, or inline on the card",
+        )
+        failed = True
+    return [] if failed else fleet
 
 
 def resolve_runtime(

@@ -18,7 +18,7 @@ from harness.card.checks import (
     check_gates,
     check_prompts,
     check_runtime_needs,
-    resolve_box,
+    resolve_fleet,
     resolve_runtime,
 )
 from harness.card.inputs import PATH_ROLES, InputFile, Locator
@@ -37,7 +37,7 @@ class LoadedCard:
 
     path: Path
     card: Card
-    box_name: str
+    box_name: str  # the card's box; a fleet's first box
     box: BoxSpec
     runtime: RuntimeProfile
     prompts: tuple[Prompt, ...]
@@ -46,6 +46,13 @@ class LoadedCard:
     # Every file loading read (the card, pools, quality suite, cell files, the runtime profile
     # and boxes file its names resolved to): what a campaign directory freezes (card/frozen.py).
     inputs: tuple[InputFile, ...] = ()
+    # A fleet's boxes by name, in the card's order; empty for a card with one box.
+    fleet: tuple[tuple[str, BoxSpec], ...] = ()
+
+    @property
+    def boxes(self) -> tuple[tuple[str, BoxSpec], ...]:
+        """Every box of the campaign by name: the fleet, or the one box."""
+        return self.fleet or ((self.box_name, self.box),)
 
     @property
     def directory(self) -> Path:
@@ -121,7 +128,8 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
         problems.lines.extend(pydantic_problems(exc, doc, Card))
         raise CardError(f"{doc.path}: invalid card", problems.lines) from None
     where = where or Locator(doc.path.resolve().parent)
-    box_name, box, box_file = resolve_box(card, where, problems)
+    fleet = resolve_fleet(card, where, problems)
+    box_name, box, box_file = fleet[0] if fleet else ("local", None, None)
     runtime, runtime_file = resolve_runtime(card, where, problems)
     check_cells(card, runtime, where, problems)
     check_gates(card, problems)
@@ -138,12 +146,18 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
         prompts=tuple(prompts),
         quality=tuple(quality),
         text=doc.text,
-        inputs=_inputs(doc.path, card, where, runtime_file, box_file),
+        inputs=_inputs(doc.path, card, where, runtime_file, box_file, fleet),
+        fleet=tuple((name, spec) for name, spec, _ in fleet) if card.boxes is not None else (),
     )
 
 
 def _inputs(
-    card_path: Path, card: Card, where: Locator, runtime_file: Path | None, box_file: Path | None
+    card_path: Path,
+    card: Card,
+    where: Locator,
+    runtime_file: Path | None,
+    box_file: Path | None,
+    fleet: list[tuple[str, BoxSpec, Path | None]],
 ) -> tuple[InputFile, ...]:
     """The files a valid card was loaded from, one entry per file, with the fields naming it."""
     named: dict[str, tuple[InputFile, list[str]]] = {}
@@ -164,8 +178,14 @@ def _inputs(
     found += [dataclasses.replace(item, fields=tuple(fields)) for item, fields in named.values()]
     if runtime_file is not None and isinstance(card.runtime, str):
         found.append(InputFile("runtime", card.runtime, runtime_file.resolve(), ("runtime",)))
-    if box_file is not None and isinstance(card.box, str):
+    if box_file is not None and isinstance(card.box, str) and card.boxes is None:
         found.append(InputFile("boxes", card.box, box_file.resolve(), ("box",)))
+    from_file = [(i, name, src) for i, (name, _, src) in enumerate(fleet) if src is not None]
+    if card.boxes is not None and from_file:
+        # One boxes file for the whole fleet (resolve_fleet refuses two): one frozen copy.
+        fields = tuple(f"boxes[{i}]" for i, _, _ in from_file)
+        names = ", ".join(name for _, name, _ in from_file)
+        found.append(InputFile("boxes", names, from_file[0][2].resolve(), fields))
     return tuple(found)
 
 

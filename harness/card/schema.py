@@ -340,6 +340,12 @@ class Card(Strict):
     campaign: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$", description="name, [a-z0-9-]+")
     description: str = Field("", description="one line for the report")
     box: str | BoxSpec = Field("local", description="box name or inline box")
+    boxes: list[str | BoxSpec] | None = Field(
+        None,
+        min_length=1,
+        description="a fleet: boxes that run the campaign's cohorts in parallel, each a box name "
+        "or an inline box with a `name` (instead of `box`)",
+    )
     runtime: str | RuntimeProfile = Field("refbox", description="profile name or inline profile")
     prompts: PromptsSpec
     workload: Workload = Field(default_factory=lambda: Workload())

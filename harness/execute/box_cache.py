@@ -11,16 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.card import LoadedCard
+from harness.errors import BoxError
 from harness.execute.boxes import Box, open_box, quote_path
 
 
-def campaign_root_on_box(loaded: LoadedCard, box: Box, campaign_root: Path) -> str:
-    """The folder of this campaign on its box (beside the records for the local box)."""
-    spec = loaded.box
+def campaign_root_on_box(
+    loaded: LoadedCard, box: Box, campaign_root: Path, *, fleet: bool = False
+) -> str:
+    """The folder of this campaign on its box (beside the records for the local box).
+
+    Boxes of a fleet after the first get a folder named after them: two boxes may share a
+    disk (the local box twice, two SSH boxes on one host) and must not share files.
+    """
+    spec = box.spec
     if spec.kind == "local":
-        return str(campaign_root.resolve() / "box")
+        return str(campaign_root.resolve() / (f"box-{box.name}" if fleet else "box"))
     base = box.home_path(spec.workdir)
-    return f"{base}/{loaded.card.campaign}/{campaign_root.name}"
+    folder = f"{base}/{loaded.card.campaign}/{campaign_root.name}"
+    return f"{folder}/{box.name}" if fleet else folder
 
 
 def cache_dir_on_box(root_on_box: str) -> str:
@@ -29,10 +37,15 @@ def cache_dir_on_box(root_on_box: str) -> str:
 
 
 def release_cache(loaded: LoadedCard, campaign_root: Path) -> None:
-    """Delete the campaign's cache folder on its box; a resume's first boot rebuilds it."""
-    box = open_box(loaded.box_name, loaded.box)
-    try:
-        cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root))
-        box.sh(f"rm -rf {quote_path(cache)}", timeout_s=120, check=False)
-    finally:
-        box.close()
+    """Delete the campaign's cache folder on each of its boxes; a resume's first boot rebuilds
+    it. A box that cannot be reached keeps its folder (the campaign's result stands)."""
+    for name, spec in loaded.boxes:
+        box = open_box(name, spec)
+        try:
+            fleet = name != loaded.box_name
+            cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root, fleet=fleet))
+            box.sh(f"rm -rf {quote_path(cache)}", timeout_s=120, check=False)
+        except BoxError:
+            continue
+        finally:
+            box.close()

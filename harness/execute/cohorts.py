@@ -7,6 +7,7 @@ failed runs are not retried, and ``--resume`` reads the file back, so no rerun r
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ class CohortBook:
     enabled: bool
     why: str
     cohorts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A fleet's workers record their cohorts from several threads into the one file.
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @classmethod
     def open(cls, root: Path, enabled: bool, why: str) -> CohortBook:
@@ -41,20 +44,22 @@ class CohortBook:
 
     def record_checks(self, key: str, checks: list[GuardCheck]) -> None:
         """Keep a cohort's before-checks; a failed one invalidates it."""
-        entry = self._entry(key)
-        entry["checks"] = [c.to_json() for c in checks]
-        for check in checks:
-            if not check.passed:
-                entry["valid"] = False
-                entry["reasons"].append(f"{check.guard}: {check.reason}")
-        self._write()
+        with self.lock:
+            entry = self._entry(key)
+            entry["checks"] = [c.to_json() for c in checks]
+            for check in checks:
+                if not check.passed:
+                    entry["valid"] = False
+                    entry["reasons"].append(f"{check.guard}: {check.reason}")
+            self._write()
 
     def invalidate(self, key: str, reason: str) -> None:
         """Mark a cohort invalid, saying why."""
-        entry = self._entry(key)
-        entry["valid"] = False
-        entry["reasons"].append(reason)
-        self._write()
+        with self.lock:
+            entry = self._entry(key)
+            entry["valid"] = False
+            entry["reasons"].append(reason)
+            self._write()
 
     def invalid_reason(self, key: str) -> str | None:
         """Why a cohort is invalid, or None while it is valid."""
@@ -65,21 +70,21 @@ class CohortBook:
 
     def binary(self, key: str, sha256: str | None) -> str | None:
         """Note the binary a run of the cohort used; a reason when it differs from the first."""
-        entry = self._entry(key)
-        first = entry.get("binary_sha256")
-        if first is None:
-            entry["binary_sha256"] = sha256
-            self._write()
+        with self.lock:
+            entry = self._entry(key)
+            first = entry.get("binary_sha256")
+            if first is None:
+                entry["binary_sha256"] = sha256
+                self._write()
+                return None
+            if sha256 != first:
+                return f"runtime binary changed within the cohort ({first} -> {sha256})"
             return None
-        if sha256 != first:
-            return f"runtime binary changed within the cohort ({first} -> {sha256})"
-        return None
 
     def _entry(self, key: str) -> dict[str, Any]:
         return self.cohorts.setdefault(key, {"valid": True, "reasons": [], "checks": []})
 
     def _write(self) -> None:
-        write_json_atomic(
-            self.path,
-            {"enabled": self.enabled, "why": self.why, "cohorts": self.cohorts},
-        )
+        with self.lock:
+            payload = {"enabled": self.enabled, "why": self.why, "cohorts": self.cohorts}
+            write_json_atomic(self.path, payload)

@@ -23,8 +23,8 @@ def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
 
     return {
         "box": box.name,
-        "kind": loaded.box.kind,
-        "platform": loaded.box.platform,
+        "kind": box.spec.kind,
+        "platform": box.spec.platform,
         "host": text("uname -a"),
         "os": text("cat /etc/os-release || sw_vers"),
         "cpu": text("lscpu || sysctl -n machdep.cpu.brand_string"),
@@ -34,9 +34,9 @@ def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
             "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv "
             "|| system_profiler SPDisplaysDataType"
         ),
-        "python": text(f"{quote_path(loaded.box.python_path())} --version"),
+        "python": text(f"{quote_path(box.spec.python_path())} --version"),
         "harness_version": __version__,
-        "runtime": runtime_version(box, loaded.runtime, loaded.box.python_path()),
+        "runtime": runtime_version(box, loaded.runtime, box.spec.python_path()),
         "swapout_pages_at_start": box.swapout_pages(),
         "captured_at": time.time(),
     }

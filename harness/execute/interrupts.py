@@ -18,6 +18,7 @@ ignored when the command starts (``nohup``, a background job's SIGINT) stays ign
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import threading
@@ -122,16 +123,83 @@ def stop_signals() -> Iterator[None]:
         _GUARD.reset()
 
 
+class _WorkerGuard:
+    """A fleet worker thread's critical sections and the interrupt waiting for their end."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+
+
+_WORKERS: dict[int, _WorkerGuard] = {}
+_WORKERS_LOCK = threading.Lock()
+_ASYNC_CLASSES: dict[int, type[Interrupted]] = {}
+
+
+def _async_class(signum: int) -> type[Interrupted]:
+    # CPython raises an asynchronous exception by calling its class with no arguments.
+    if signum not in _ASYNC_CLASSES:
+
+        class _Raised(Interrupted):
+            def __init__(self, *_: object) -> None:
+                super().__init__(signum)
+
+        _Raised.__name__ = _Raised.__qualname__ = "Interrupted"
+        _ASYNC_CLASSES[signum] = _Raised
+    return _ASYNC_CLASSES[signum]
+
+
+def interrupt_worker(thread: threading.Thread, signum: int) -> None:
+    """Raise :class:`Interrupted` in a fleet's worker thread, as the signal does in the main one.
+
+    Signals reach only the main thread; this carries one to a worker so the worker stops its
+    runtime and records its run the way the main thread would. It is raised at once, or when
+    the worker's critical section (:func:`deferred`) ends. A worker blocked inside a C call
+    (a socket read) sees it when that call returns.
+    """
+    ident = thread.ident
+    if ident is None or not thread.is_alive():
+        return
+    with _WORKERS_LOCK:
+        guard = _WORKERS.setdefault(ident, _WorkerGuard())
+        if guard.depth:
+            guard.pending = guard.pending or signum
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(_async_class(signum))
+        )
+
+
+@contextmanager
+def _worker_deferred() -> Iterator[None]:
+    ident = threading.get_ident()
+    try:
+        with _WORKERS_LOCK:
+            guard = _WORKERS.setdefault(ident, _WorkerGuard())
+            guard.depth += 1
+        yield
+    finally:
+        with _WORKERS_LOCK:
+            guard = _WORKERS[ident]
+            guard.depth -= 1
+            pending = guard.pending if guard.depth == 0 else None
+            if pending is not None:
+                guard.pending = None
+        if pending is not None:
+            raise Interrupted(pending)
+
+
 @contextmanager
 def deferred() -> Iterator[None]:
     """A critical section: a stop signal arriving inside it is raised when it ends.
 
     Only the first signal is ever raised; one that arrives while the block runs replaces any
-    exception the block itself raises, since the user asked to stop. Signals are handled in the
-    main thread, so elsewhere the block runs unchanged.
+    exception the block itself raises, since the user asked to stop. In a fleet's worker thread
+    the interrupt the main thread forwards (:func:`interrupt_worker`) waits the same way.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        with _worker_deferred():
+            yield
         return
     guard = _GUARD
     guard.depth += 1

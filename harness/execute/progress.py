@@ -8,7 +8,14 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from harness.execute.drive import RequestResult
 from harness.execute.run import ProgressCallback
@@ -17,13 +24,20 @@ from harness.plan import Plan, Run
 
 @contextmanager
 def make_progress(plan: Plan, *, quiet: bool, out: TextIO) -> Iterator[ProgressCallback]:
-    """A progress callback for the runner; the bar shows runs done, ETA and current tokens/s."""
+    """A progress callback for the runner; the bar shows runs done, ETA and current tokens/s,
+    and a fleet a line per box besides."""
     console = Console(file=out, highlight=False)
     if quiet:
 
         def plain(event: str, run: Run | None, info: dict[str, Any]) -> None:
+            if event == "fleet":
+                for name, why in info.get("dropped", {}).items():
+                    console.print(f"box {name} dropped: {why}")
             if event == "end" and run is not None and info.get("status") != "ok":
-                console.print(f"run {run.run_id}: {info.get('status')}: {info.get('reason')}")
+                where = f" on {info['box']}" if "box" in info else ""
+                console.print(
+                    f"run {run.run_id}{where}: {info.get('status')}: {info.get('reason')}"
+                )
 
         yield plain
         return
@@ -36,15 +50,28 @@ def make_progress(plan: Plan, *, quiet: bool, out: TextIO) -> Iterator[ProgressC
     )
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("runs", total=len(plan.runs), rate="")
+        # A fleet adds a line per box (its current run, done/total, ETA); the first line stays
+        # the whole campaign's.
+        lines: dict[str, TaskID] = {}
         # The rate counts from the first scored request's start: boot and warmup are no decode.
-        state: dict[str, float | None] = {"tokens": 0, "start": None}
+        rates: dict[str, dict[str, float | None]] = {}
 
         def update(event: str, run: Run | None, info: dict[str, Any]) -> None:
-            if run is None:
+            box = str(info.get("box", ""))
+            if event == "fleet":
+                for name, runs in info["shares"].items():
+                    lines[name] = bar.add_task(f"  {name}", total=runs, rate="")
+                for name, why in info.get("dropped", {}).items():
+                    bar.console.print(f"box {name} dropped: {why}")
                 return
+            if event == "box_dropped" or run is None:
+                return
+            line = lines.get(box, task)
+            state = rates.setdefault(box, {"tokens": 0, "start": None})
             if event == "start":
                 state["tokens"], state["start"] = 0, None
-                bar.update(task, description=f"{run.run_id}", rate="booting")
+                label = f"  {box}: {run.run_id}" if box in lines else run.run_id
+                bar.update(line, description=label, rate="booting")
             elif event == "request":
                 result: RequestResult = info["result"]
                 if result.ok and not result.warmup:
@@ -55,10 +82,15 @@ def make_progress(plan: Plan, *, quiet: bool, out: TextIO) -> Iterator[ProgressC
                     tokens = (state["tokens"] or 0) + (result.completion_tokens or 0)
                     state["tokens"] = tokens
                     elapsed = now - start
-                    bar.update(task, rate=f"{tokens / max(elapsed, 1e-9):.0f} tok/s")
+                    bar.update(line, rate=f"{tokens / max(elapsed, 1e-9):.0f} tok/s")
             elif event in ("end", "skip"):
                 bar.advance(task)
+                if line != task:
+                    bar.advance(line)
                 if event == "end" and info.get("status") != "ok":
-                    bar.console.print(f"run {run.run_id}: {info['status']}: {info['reason']}")
+                    where = f" on {box}" if box in lines else ""
+                    bar.console.print(
+                        f"run {run.run_id}{where}: {info['status']}: {info['reason']}"
+                    )
 
         yield update

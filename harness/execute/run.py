@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +73,7 @@ from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMon
 from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.maps import CountDump
 from harness.plan import Plan, Run, plan_json_text
+from harness.profiles import BoxSpec
 from harness.records import (
     RUN_FAILED,
     RUN_INTERRUPTED,
@@ -187,17 +188,27 @@ class CampaignRunner(GuardSteps):
         *,
         monitor: MonitorSettings | None = None,
         checkpoint_s: float = CHECKPOINT_S,
+        box_name: str | None = None,
+        box_spec: BoxSpec | None = None,
+        run_ids: Collection[str] | None = None,
+        cohorts: CohortBook | None = None,
     ) -> None:
         self.loaded = loaded
         self.plan = plan
         self.campaign = campaign
         self.progress = progress or (lambda event, run, info: None)
-        self.box: Box = open_box(loaded.box_name, loaded.box)
+        # A fleet runs one runner per box, each over its share of the plan (``run_ids``).
+        self.box_name = box_name or loaded.box_name
+        self.box_spec = box_spec or loaded.box
+        self.run_ids = set(run_ids) if run_ids is not None else None
+        self.box: Box = open_box(self.box_name, self.box_spec)
         self.remote_root = ""
         self.monitor_settings = monitor or MonitorSettings()
         self.checkpoint_s = checkpoint_s
-        enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
-        self.cohorts = CohortBook.open(campaign.root, enabled, why)
+        if cohorts is None:  # a fleet's runners share one book (one cohorts.json)
+            enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
+            cohorts = CohortBook.open(campaign.root, enabled, why)
+        self.cohorts = cohorts
 
     @property
     def cache_dir(self) -> str:
@@ -212,12 +223,29 @@ class CampaignRunner(GuardSteps):
     def execute(self) -> CampaignOutcome:
         """Run every run that is not done yet."""
         outcome = CampaignOutcome(self.campaign.root)
-        done = {r.run_id for r in self.plan.runs if self.campaign.is_done(r.run_id)}
+        try:
+            self.run_share(outcome)
+        except KeyboardInterrupt as exc:
+            outcome.interrupted = True
+            outcome.interrupted_by = describe(exc)
+            outcome.exit_code = exit_code(exc)
+            self.campaign.journal.append("campaign_interrupted", signal=outcome.interrupted_by)
+        if not outcome.interrupted:
+            self.campaign.journal.append(
+                "campaign_end", done=len(outcome.done), failed=len(outcome.failed)
+            )
+        return outcome
+
+    def run_share(self, outcome: CampaignOutcome) -> None:
+        """Run this runner's runs (all the plan's, or its ``run_ids``) that are not done yet,
+        adding each to ``outcome``; an interrupt is raised once the run it cut is recorded."""
+        mine = [r for r in self.plan.runs if self.run_ids is None or r.run_id in self.run_ids]
+        done = {r.run_id for r in mine if self.campaign.is_done(r.run_id)}
         outcome.done.extend(sorted(done))
         try:
             self._prepare_box()
             self._stop_orphans()
-            for run in self.plan.runs:
+            for run in mine:
                 if run.run_id in done:
                     self.progress("skip", run, {})
                     continue
@@ -228,24 +256,16 @@ class CampaignRunner(GuardSteps):
                     continue
                 status = self._run_with_retries(run)
                 (outcome.done if status == RUN_OK else outcome.failed).append(run.run_id)
-        except KeyboardInterrupt as exc:
-            outcome.interrupted = True
-            outcome.interrupted_by = describe(exc)
-            outcome.exit_code = exit_code(exc)
-            self.campaign.journal.append("campaign_interrupted", signal=outcome.interrupted_by)
         finally:
             self.box.close()
-        if not outcome.interrupted:
-            self.campaign.journal.append(
-                "campaign_end", done=len(outcome.done), failed=len(outcome.failed)
-            )
-        return outcome
 
     def _prepare_box(self) -> None:
-        self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
+        self.remote_root = campaign_root_on_box(
+            self.loaded, self.box, self.campaign.root, fleet=self.box_name != self.loaded.box_name
+        )
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
-        env_path = self.campaign.root / "boxes" / f"{self.loaded.box_name}.json"
+        env_path = self.campaign.root / "boxes" / f"{self.box_name}.json"
         if not env_path.is_file():
             write_json_atomic(env_path, capture_environment(self.box, self.loaded))
 
@@ -295,7 +315,7 @@ class CampaignRunner(GuardSteps):
         record = RunRecord(
             **run.identity(),
             status=RUN_FAILED,
-            box=self.loaded.box_name,
+            box=self.box_name,
             boot_id=f"{run.run_id}-a{attempt}{suffix}",
             started_at=time.time(),
             attempt=attempt,
@@ -324,7 +344,7 @@ class CampaignRunner(GuardSteps):
                 cell,
                 port=port,
                 run_dir=remote_dir,
-                python=self.loaded.box.python_path(),
+                python=self.box_spec.python_path(),
                 bind_host=self.box.bind_host,
                 cache_dir=self.cache_dir,
                 uploaded=uploaded,
@@ -460,7 +480,9 @@ class CampaignRunner(GuardSteps):
         identity = ""
         with contextlib.suppress(HarnessError, OSError):
             identity = orphan_identity(self.box, pgid)
-        self.campaign.journal.append("boot", run_id=run.run_id, pgid=pgid, identity=identity)
+        self.campaign.journal.append(
+            "boot", run_id=run.run_id, pgid=pgid, identity=identity, box=self.box_name
+        )
 
     def _stop_orphans(self) -> None:
         """Stop runtimes a killed harness left running (on a GPU box one would hold the memory
@@ -469,7 +491,9 @@ class CampaignRunner(GuardSteps):
         stopped = set()
         booted = []
         for event in self.campaign.journal.events():
-            if event.get("event") == "boot":
+            # A boot journalled before fleets named no box: it was the card's only box.
+            on_this_box = event.get("box", self.loaded.box_name) == self.box_name
+            if event.get("event") == "boot" and on_this_box:
                 booted.append(event)
             elif event.get("event") == "boot_stopped":
                 stopped.add((event.get("run_id"), event.get("pgid")))
@@ -490,7 +514,7 @@ class CampaignRunner(GuardSteps):
             context = {
                 "run_dir": state.remote_dir,
                 "port": 0,
-                "python": self.loaded.box.python_path(),
+                "python": self.box_spec.python_path(),
             }
             ring_path = render(telemetry.ring.path, context)
         if state.journal is not None:
@@ -498,11 +522,11 @@ class CampaignRunner(GuardSteps):
                 "boot", boot=state.index, pgid=runtime.pgid, remote_dir=state.remote_dir
             )
         state.monitor = RunMonitor(
-            open_box=lambda: open_box(self.loaded.box_name, self.loaded.box),
+            open_box=lambda: open_box(self.box_name, self.box_spec),
             pgid=runtime.pgid,
             store=state.store,
             ring_path=ring_path,
-            python=self.loaded.box.python_path(),
+            python=self.box_spec.python_path(),
             settings=self.monitor_settings,
         )
         state.monitor.start()
@@ -724,7 +748,7 @@ class CampaignRunner(GuardSteps):
         profile = self.loaded.runtime
         context = {
             "run_dir": run_dir,
-            "python": self.loaded.box.python_path(),
+            "python": self.box_spec.python_path(),
             "cache_dir": self.cache_dir,
             "port": 0,
             "bind_host": self.box.bind_host,
@@ -799,7 +823,7 @@ class CampaignRunner(GuardSteps):
     def _collect(self, local_dir: Path, state: _Boot, record: RunRecord) -> None:
         telemetry = self.loaded.runtime.telemetry
         remote_dir = state.remote_dir
-        context = {"run_dir": remote_dir, "port": 0, "python": self.loaded.box.python_path()}
+        context = {"run_dir": remote_dir, "port": 0, "python": self.box_spec.python_path()}
         log_remote = f"{remote_dir}/server.log"
         if self.box.exists(log_remote):
             self.box.get_file(log_remote, local_dir / "server.log")

@@ -20,6 +20,7 @@ from harness.execute.cohorts import CohortBook
 from harness.execute.guards import RunWatch, cohort_checks, cohort_key, wait_idle
 from harness.execute.runtimes import RunningRuntime, runtime_version
 from harness.plan import Run
+from harness.profiles import BoxSpec
 from harness.records import RUN_FAILED, CampaignDir, RunRecord, read_counters, write_json_atomic
 
 
@@ -29,6 +30,8 @@ class GuardSteps:
     loaded: LoadedCard
     campaign: CampaignDir
     box: Box
+    box_name: str
+    box_spec: BoxSpec
     cohorts: CohortBook
     progress: Callable[[str, Run | None, dict[str, Any]], None]
 
@@ -56,7 +59,7 @@ class GuardSteps:
         record = RunRecord(
             **run.identity(),
             status=RUN_FAILED,
-            box=self.loaded.box_name,
+            box=self.box_name,
             boot_id="",
             started_at=time.time(),
             attempt=0,
@@ -72,7 +75,7 @@ class GuardSteps:
         if not self.cohorts.enabled:
             return None
         key = cohort_key(run)
-        version = runtime_version(self.box, self.loaded.runtime, self.loaded.box.python_path())
+        version = runtime_version(self.box, self.loaded.runtime, self.box_spec.python_path())
         record.runtime["binary_sha256"] = version.get("binary_sha256")
         changed = self.cohorts.binary(key, version.get("binary_sha256"))
         if changed is not None:
@@ -84,7 +87,7 @@ class GuardSteps:
             box.signal_group(pgid, signal)
 
         watch = RunWatch(
-            open_box=lambda: open_box(self.loaded.box_name, self.loaded.box),
+            open_box=lambda: open_box(self.box_name, self.box_spec),
             guards=self.loaded.card.guards,
             on_abort=abort,
         )

@@ -18,8 +18,9 @@ from typing import Any, TextIO
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, gated_metrics
 from harness.analyze.looks import LOOK_EVENT
 from harness.card import LoadedCard
+from harness.execute.fleet import FleetRunner
 from harness.execute.reopen import extend_campaign
-from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallback
+from harness.execute.run import CampaignOutcome, ProgressCallback
 from harness.plan import Plan
 from harness.records import CampaignDir
 
@@ -89,7 +90,7 @@ def run_sequential(
     total = CampaignOutcome(campaign.root)
     while True:
         with progress_for(plan) as progress:
-            outcome = CampaignRunner(
+            outcome = FleetRunner(
                 loaded, plan, campaign, progress, **(runner_options or {})
             ).execute()
         total.done = sorted(set(total.done) | set(outcome.done))

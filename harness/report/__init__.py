@@ -90,6 +90,7 @@ def build_context(
     from harness.report import context as ctx
     from harness.report import figures as fig
     from harness.report import tables
+    from harness.report.fleet import fleet_context
     from harness.report.runtime import runtime_context
 
     card = analysis.card
@@ -136,6 +137,7 @@ def build_context(
         "policy": tables.policy_table(analysis),
         "tiers": tables.tiers_table(analysis),
         "runtime_tables": runtime_context(analysis),
+        "fleet": fleet_context(analysis),
         "looks": tables.looks_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],

@@ -1,0 +1,185 @@
+"""A fleet's comparisons box by box, beside the pooled one, and the box × cell interaction.
+
+A cohort runs on one box, so every cycle's paired difference Dⱼ is between runs of one machine;
+the pooled comparison (:mod:`.compare`) takes them all. Here each box's cycles are compared on
+their own with the same statistics, and the interaction asks whether the effect differs between
+boxes: a one-way analysis of variance of the cycles' Dⱼ grouped by box (Welch's t-test for two
+boxes, so unequal spreads are allowed), H₀ the same effect on every box. A change that helps
+on one machine and not another is the finding, and the pooled interval does not show it.
+
+It can only be tested where at least two boxes have two cycles or more; otherwise the row says
+why and no flag is raised. A cycle whose runs ran on two boxes (a resume moved a dropped box's
+unfinished cohort) belongs to neither box's row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from harness.analyze.compare import CellComparison, cell_cycles
+from harness.analyze.stats import compare_cycles
+from harness.catalog import METRICS
+
+# Fewest cycles a box needs for its Dⱼ to enter the interaction test (a variance needs two).
+MIN_CYCLES_PER_BOX = 2
+
+
+@dataclass
+class FleetTables:
+    """Per-box comparisons (``boxes``) and one interaction row per comparison."""
+
+    boxes: pd.DataFrame
+    interactions: pd.DataFrame
+    flags: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fleet`` key of ``analyze --json``."""
+        return {
+            "boxes": [_clean_row(r) for r in self.boxes.to_dict("records")],
+            "interactions": [_clean_row(r) for r in self.interactions.to_dict("records")],
+        }
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """The parquet tables, by file stem."""
+        return {"fleet_boxes": self.boxes, "fleet_interactions": self.interactions}
+
+
+def _clean_row(row: dict[Any, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, float | np.floating):
+            value = float(value) if math.isfinite(value) else None
+        elif isinstance(value, np.integer):
+            value = int(value)
+        elif isinstance(value, np.bool_):
+            value = bool(value)
+        out[str(key)] = value
+    return out
+
+
+def interaction_p(effects_by_box: Mapping[str, Sequence[float]]) -> float | None:
+    """p of H₀ "the same effect on every box" from each box's cycle effects, or None when
+    fewer than two boxes have :data:`MIN_CYCLES_PER_BOX` cycles."""
+    groups = [np.asarray(v, dtype=float) for v in effects_by_box.values()]
+    groups = [g for g in groups if len(g) >= MIN_CYCLES_PER_BOX]
+    if len(groups) < 2:
+        return None
+    if all(float(np.var(g)) == 0.0 for g in groups):
+        # Deterministic metrics: no spread within a box; any difference between boxes is real.
+        means = {round(float(g.mean()), 12) for g in groups}
+        return 1.0 if len(means) == 1 else 0.0
+    if len(groups) == 2:
+        result = stats.ttest_ind(groups[0], groups[1], equal_var=False)
+    else:
+        result = stats.f_oneway(*groups)
+    p = float(result.pvalue)
+    return p if math.isfinite(p) else None
+
+
+def fleet_tables(
+    runs: pd.DataFrame,
+    prompt_logs: dict[str, np.ndarray],
+    comparisons: Sequence[CellComparison],
+    *,
+    margin_pct: float,
+    alpha: float,
+    seed: int,
+    gated: Sequence[str],
+) -> FleetTables | None:
+    """Per-box rows for every pooled comparison, or None for a campaign on one box."""
+    if "box" not in runs.columns:
+        return None
+    boxes = sorted(str(b) for b in runs["box"].dropna().unique())
+    if len(boxes) < 2:
+        return None
+    box_rows: list[dict[str, Any]] = []
+    interaction_rows: list[dict[str, Any]] = []
+    flags: list[dict[str, str]] = []
+    for item in comparisons:
+        c = item.comparison
+        info = METRICS[c.metric]
+        effects: dict[str, list[float]] = {}
+        for box in boxes:
+            mine = _cycles_on(runs, box, item.cell, item.cache_state)
+            cycles, _ = cell_cycles(mine, prompt_logs, item.cell, item.cache_state, c.metric)
+            row: dict[str, Any] = {
+                "cell": item.cell,
+                "vs": item.vs,
+                "cache_state": item.cache_state,
+                "metric": c.metric,
+                "box": box,
+                "n_cycles": len(cycles),
+            }
+            if cycles:
+                own = compare_cycles(
+                    cycles,
+                    metric=c.metric,
+                    margin_pct=margin_pct,
+                    alpha=alpha,
+                    higher_is_better=info.higher_is_better,
+                    seed=seed,
+                    drift_sensitive=not info.deterministic,
+                )
+                row.update(ratio=own.ratio, ci_low=own.ci_low, ci_high=own.ci_high, label=own.label)
+                effects[box] = [cycle.effect for cycle in cycles]
+            else:
+                row.update(ratio=None, ci_low=None, ci_high=None, label="no cycles")
+            box_rows.append(row)
+        p = interaction_p(effects)
+        flagged = p is not None and p < alpha and c.metric in gated
+        testable = sum(len(v) >= MIN_CYCLES_PER_BOX for v in effects.values())
+        interaction_rows.append(
+            {
+                "cell": item.cell,
+                "vs": item.vs,
+                "cache_state": item.cache_state,
+                "metric": c.metric,
+                "pooled_ratio": c.ratio,
+                "p_interaction": p,
+                "flagged": flagged,
+                "note": ""
+                if p is not None
+                else (
+                    f"not testable: {testable} of {len(boxes)} boxes have "
+                    f"{MIN_CYCLES_PER_BOX}+ cycles"
+                ),
+            }
+        )
+        if flagged:
+            per_box = ", ".join(
+                f"{r['box']} {r['ratio']:.3f}"
+                for r in box_rows[-len(boxes) :]
+                if r["ratio"] is not None
+            )
+            flags.append(
+                {
+                    "kind": "box_interaction",
+                    "cell": item.cell,
+                    "cache_state": item.cache_state,
+                    "metric": c.metric,
+                    "detail": (
+                        f"box × cell interaction (p = {p:.3g}): the effect differs between "
+                        f"boxes ({per_box}); the pooled ratio {c.ratio:.3f} hides it"
+                    ),
+                }
+            )
+    return FleetTables(pd.DataFrame(box_rows), pd.DataFrame(interaction_rows), flags)
+
+
+def _cycles_on(runs: pd.DataFrame, box: str, cell: str, state: str) -> pd.DataFrame:
+    """The runs of the comparison's cycles that ran wholly on ``box``."""
+    subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
+    whole = [
+        cycle for cycle, group in subset.groupby("cycle") if set(group["box"].dropna()) == {box}
+    ]
+    return subset[subset["cycle"].isin(whole)]
+
+
+__all__ = ["MIN_CYCLES_PER_BOX", "FleetTables", "fleet_tables", "interaction_p"]
