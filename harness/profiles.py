@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.catalog import COUNTERS, METRICS
+from harness.slurm_fields import slurm_fields_problem, slurm_minutes
 from harness.textfile import compile_pattern
 
 Platform = Literal["linux-cpu", "linux-cuda", "macos-metal", "any"]
@@ -33,9 +34,12 @@ class Strict(BaseModel):
 
 
 class BoxSpec(Strict):
-    """Where commands run: this machine, or a host over SSH (fabric)."""
+    """Where commands run: this machine, a host over SSH (fabric), or nodes of a Slurm cluster
+    (each cohort one job, submitted from this machine with submitit: harness/slurm/)."""
 
-    kind: Literal["local", "ssh"] = Field("local", description="local subprocesses, or ssh")
+    kind: Literal["local", "ssh", "slurm"] = Field(
+        "local", description="local subprocesses, ssh, or jobs on a slurm cluster"
+    )
     name: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
@@ -65,19 +69,56 @@ class BoxSpec(Strict):
         "and the ssh config's UserKnownHostsFile",
     )
     env: dict[str, str] = Field(default_factory=dict, description="env for every command")
+    partition: str | None = Field(
+        None, description="slurm: the partition its jobs run in (default: the cluster's)"
+    )
+    gres: str | None = Field(
+        None, description="slurm: generic resources per job (--gres), e.g. gpu:1 or gpu:h200:8"
+    )
+    gpus: int | None = Field(
+        None, ge=1, le=1024, description="slurm: GPUs per node (--gpus-per-node), or use `gres`"
+    )
+    account: str | None = Field(None, description="slurm: the account jobs are charged to")
+    time: str | int | None = Field(
+        None,
+        description="slurm: time limit of one cohort's job: minutes, HH:MM:SS or D-HH:MM:SS "
+        "(default: the partition's)",
+    )
+    constraint: str | None = Field(None, description="slurm: node features (--constraint)")
+    setup: list[str] = Field(
+        default_factory=list,
+        description="slurm: shell lines the job runs before the harness starts on the node "
+        "(module load …, source a venv)",
+    )
+    shared_dir: str | None = Field(
+        None,
+        description="slurm: a folder this machine and every node see (NFS, Lustre), absolute or "
+        "~/: the cohorts' job folders, their logs and the runtimes' files",
+    )
+    max_parallel: int | None = Field(
+        None, ge=1, le=100000, description="slurm: cohort jobs running at once (default: all)"
+    )
 
     def python_path(self) -> str:
         """The interpreter to run on the box."""
         if self.python:
             return self.python
-        return sys.executable if self.kind == "local" else "python3"
+        # A slurm node shares this machine's file system, venv included, as a rule.
+        return "python3" if self.kind == "ssh" else sys.executable
+
+    def time_limit_min(self) -> int | None:
+        """A slurm box's time limit per job in whole minutes (None: the partition's)."""
+        return None if self.time is None else slurm_minutes(self.time)
 
     @model_validator(mode="after")
-    def _ssh_needs_host(self) -> BoxSpec:
+    def _kind_fields(self) -> BoxSpec:
         if self.kind == "ssh" and not self.host:
             raise ValueError("an ssh box needs `host`")
         if self.kind == "local" and self.host:
             raise ValueError("a local box takes no `host`; set kind: ssh")
+        problem = slurm_fields_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

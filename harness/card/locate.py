@@ -12,6 +12,7 @@ import typing
 from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from harness.card.schema import GATE_KINDS, REMOVED_FIELDS
 from harness.yamlfile import Loc, YamlDoc, dotted
@@ -66,7 +67,38 @@ def _data_loc(loc: tuple[Any, ...], data: Any) -> Loc:
 
 
 def _looks_like_tag(part: str) -> bool:
-    return part in GATE_KINDS or part[:1].isupper() or part in ("str", "int", "float", "bool")
+    # `function-after[_kind_fields(), BoxSpec]`: a model validator's tag.
+    return (
+        part in GATE_KINDS
+        or part[:1].isupper()
+        or part in ("str", "int", "float", "bool")
+        or part.startswith("function-")
+    )
+
+
+def _data_at(data: Any, loc: Loc) -> Any:
+    """The value at ``loc``, or None where it is missing (a required field)."""
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _union_noise(errors: list[tuple[Loc, ErrorDetails]], data: Any) -> set[int]:
+    """Errors of a ``str | Model`` field given a mapping: "should be a valid string" says
+    nothing when the mapping's own errors, at the same place or below, say what is wrong."""
+    noise = set()
+    for index, (loc, error) in enumerate(errors):
+        if error["type"] != "string_type" or not isinstance(_data_at(data, loc), dict):
+            continue
+        others = [
+            other for j, (other, _) in enumerate(errors) if j != index and other[: len(loc)] == loc
+        ]
+        if others:
+            noise.add(index)
+    return noise
 
 
 def _unknown_key(model: type[BaseModel], loc: Loc) -> str:
@@ -95,8 +127,11 @@ def pydantic_problems(
     data_root: Any = doc.data
     for part in prefix:
         data_root = data_root[part]
-    for error in exc.errors(include_url=False):
-        loc = _data_loc(error["loc"], data_root)
+    errors = [(_data_loc(e["loc"], data_root), e) for e in exc.errors(include_url=False)]
+    noise = _union_noise(errors, data_root)
+    for index, (loc, error) in enumerate(errors):
+        if index in noise:
+            continue
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = _unknown_key(model, loc)

@@ -621,4 +621,10 @@ def open_box(name: str, spec: BoxSpec) -> Box:
     """The box for a spec."""
     if spec.kind == "local":
         return LocalBox(name, spec)
+    if spec.kind == "slurm":
+        # Its cohorts run as jobs on the cluster's nodes (harness.slurm); there is no shell to open.
+        raise BoxError(
+            f"box {name} is a slurm box: its cohorts run as Slurm jobs, not commands over a shell; "
+            "run it through a campaign, or check it with `harness box check`"
+        )
     return SshBox(name, spec, known_hosts=[spec.known_hosts] if spec.known_hosts else [])
