@@ -75,5 +75,9 @@ class BoxError(InfrastructureError):
     """A box could not be reached or a command on it failed."""
 
 
+class SlurmError(BoxError):
+    """A Slurm cluster refused a job, could not be asked about one, or lost one."""
+
+
 class RuntimeBootError(InfrastructureError):
     """A runtime did not boot or never became ready."""

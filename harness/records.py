@@ -395,6 +395,8 @@ class RunRecord:
     log_tail: str = ""
     ring_lost: int = 0
     attempt: int = 1
+    slurm_job_id: str | None = None  # the Slurm job (``123_4``) that ran it, on a slurm box
+    node: str | None = None  # the cluster node it ran on, on a slurm box
 
     def to_json(self) -> dict[str, Any]:
         """The record as written to ``run.json``."""

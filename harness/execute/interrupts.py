@@ -22,7 +22,7 @@ import ctypes
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
@@ -97,8 +97,11 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def stop_signals() -> Iterator[None]:
+def stop_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
     """Within the block, SIGTERM, SIGHUP and SIGINT raise :class:`Interrupted`, the first only.
+
+    ``signals`` adds to them where a scheduler stops with another one (a Slurm job is warned of
+    its time limit with SIGUSR2).
 
     Outside the main thread (where signals cannot be handled) the block runs unchanged. The
     previous handlers come back when it ends, unless a signal stopped the command: then the
@@ -110,7 +113,7 @@ def stop_signals() -> Iterator[None]:
         return
     previous = {}
     _GUARD.reset()
-    for signum in STOP_SIGNALS:
+    for signum in signals:
         if signal.getsignal(signum) == signal.SIG_IGN:
             continue
         previous[signum] = signal.signal(signum, _handler)
