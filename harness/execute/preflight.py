@@ -39,7 +39,7 @@ class Check:
     fix: str = ""
 
 
-def _uses_python(profile: RuntimeProfile) -> bool:
+def uses_python(profile: RuntimeProfile) -> bool:
     templates = [
         *profile.boot.command,
         *profile.boot.env.values(),
@@ -99,7 +99,7 @@ def _python(box: Box, spec: BoxSpec, profile: RuntimeProfile | None) -> tuple[Ch
         return Check("python", False, detail, fix), False
     version = result.stdout.strip()
     parts = tuple(int(p) for p in version.split("."))
-    if profile is not None and _uses_python(profile) and parts < MIN_PYTHON:
+    if profile is not None and uses_python(profile) and parts < MIN_PYTHON:
         wanted = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
         detail = f"{python} is {version}; runtime {profile.name} needs {wanted}+"
         return Check("python", False, detail, fix), True
@@ -275,6 +275,11 @@ def check_box(
     ``box`` may be given already open (tests do); otherwise it is opened from ``spec`` and closed
     afterwards.
     """
+    if spec.kind == "slurm":
+        # Not commands over a shell: sinfo, the partition, the shared folder and a trivial job.
+        from harness.slurm.preflight import check_slurm_box
+
+        return check_slurm_box(name, spec, profile)
     owned = box is None
     target = open_box(name, spec) if box is None else box
     try:

@@ -127,12 +127,13 @@ def run_cohort_job(
     return summary
 
 
-def probe_node() -> dict[str, Any]:
-    """The trivial job of ``harness box check``: where it ran, with which Python and harness."""
+def probe_node(out: str, binary: str = "") -> dict[str, Any]:
+    """The trivial job of ``harness box check``: where it ran, with which Python and harness,
+    and where ``binary`` (the runtime's) is on the node; written to ``out`` as JSON too."""
     started_at = time.time()
     job_id, node = job_identity()
     _say(f"slurm job {job_id} on node {node}: probe")
-    return {
+    seen = {
         "job_id": job_id,
         "node": node,
         "started_at": started_at,
@@ -140,7 +141,10 @@ def probe_node() -> dict[str, Any]:
         "python_version": ".".join(str(part) for part in sys.version_info[:3]),
         "harness": __version__,
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "binary": shutil.which(binary) if binary else None,
     }
+    write_json_atomic(Path(out), seen)
+    return seen
 
 
 __all__ = ["JOB_STOP_SIGNALS", "job_identity", "node_box_spec", "probe_node", "run_cohort_job"]
