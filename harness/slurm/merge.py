@@ -60,17 +60,18 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _job_reason(end: JobEnd, summary: dict[str, Any] | None, node: str) -> str:
-    """Why the job did not finish its cohort; '' when it did."""
-    if end.reason:
-        return end.reason
+    """Why the job did not finish its cohort ('' when it did), with the job's own error."""
     job_id = end.job.job_id
+    error = str(summary.get("error", "")) if summary is not None else ""
+    if end.reason:
+        return end.reason + (f": {error}" if error else "")
     if summary is None:
         return (
             f"slurm job {job_id} COMPLETED on node {node or '?'} without writing its summary; "
             f"see its log {end.job.log_path}"
         )
-    if summary.get("error"):
-        return f"slurm job {job_id} on node {node} failed: {summary['error']}"
+    if error:
+        return f"slurm job {job_id} on node {node} failed: {error}"
     if summary.get("interrupted"):
         how = summary.get("stopped_by") or "a signal"
         near = " (its time limit was near)" if how == "SIGUSR2" else ""
