@@ -195,6 +195,11 @@ def test_a_box_failing_its_preflight_is_dropped_and_its_cohorts_move(tmp_path: P
     assert len(records) == 8 and {r["box"] for r in records} == {"a"}
     dropped = [e for e in Journal(root / "journal.jsonl").events() if e["event"] == "box_dropped"]
     assert [e["box"] for e in dropped] == ["broken"] and "python" in dropped[0]["reason"]
+    # `harness box check --card` checks every box of the fleet and says what a run would do.
+    check = _harness("box", "check", "--card", str(tmp_path / "fleet.yaml"))
+    assert check.returncode == 3, check.stdout + check.stderr
+    assert "box a: 9 of 9 checks passed" in check.stdout
+    assert "1 of 2 boxes failed: a fleet drops them" in check.stdout
 
 
 def _start(card: Path, reports: Path) -> subprocess.Popen[bytes]:
