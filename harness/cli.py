@@ -339,28 +339,36 @@ def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
     profile: RuntimeProfile | None = None
     card_dir = Path.cwd()
     boxes: dict[str, BoxSpec] = {}
-    name = args.name
+    names = [args.name] if args.name else []
     if args.card:
         loaded = load_card(Path(args.card))
         profile, card_dir = loaded.runtime, loaded.directory
-        name = name or loaded.box_name
-        boxes[loaded.box_name] = loaded.box
-    if name is None:
-        raise BadInput("give a box NAME, or --card CARD to check the card's box")
+        boxes.update(dict(loaded.boxes))
+        names = names or [name for name, _ in loaded.boxes]  # a fleet: every box
+    if not names:
+        raise BadInput("give a box NAME, or --card CARD to check the card's boxes")
     boxes = {**load_boxes(card_dir), **boxes}
-    if name not in boxes:
-        raise BadInput(
-            f"unknown box {name!r}; known: {', '.join(sorted(boxes))} "
-            "(boxes.yaml beside the card, ./campaigns/boxes.yaml, or the package's)"
+    failed_boxes = 0
+    for name in names:
+        if name not in boxes:
+            raise BadInput(
+                f"unknown box {name!r}; known: {', '.join(sorted(boxes))} "
+                "(boxes.yaml beside the card, ./campaigns/boxes.yaml, or the package's)"
+            )
+        checks = check_box(name, boxes[name], profile)
+        for check in checks:
+            out.write(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}\n")
+            if not check.ok and check.fix:
+                out.write(f"     fix: {check.fix}\n")
+        failed = sum(not check.ok for check in checks)
+        out.write(f"box {name}: {len(checks) - failed} of {len(checks)} checks passed\n")
+        failed_boxes += failed > 0
+    if len(names) > 1 and failed_boxes:
+        out.write(
+            f"{failed_boxes} of {len(names)} boxes failed: a fleet drops them at the start of "
+            "`harness run` and deals their cohorts to the others\n"
         )
-    checks = check_box(name, boxes[name], profile)
-    for check in checks:
-        out.write(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}\n")
-        if not check.ok and check.fix:
-            out.write(f"     fix: {check.fix}\n")
-    failed = sum(not check.ok for check in checks)
-    out.write(f"box {name}: {len(checks) - failed} of {len(checks)} checks passed\n")
-    return EXIT_OK if failed == 0 else EXIT_INFRASTRUCTURE
+    return EXIT_OK if failed_boxes == 0 else EXIT_INFRASTRUCTURE
 
 
 def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:

@@ -108,8 +108,11 @@ class Plan:
         return [p.id for p in self.card.split("heldout") if p.domain in domains]
 
     def estimated_total_s(self) -> float:
-        """Rough seconds for the whole plan."""
-        return self.estimated_run_s() * len(self.runs)
+        """Rough seconds for the whole plan: a fleet's boxes run at once, so its busiest box."""
+        per_box: dict[str, int] = {}
+        for run in self.runs:
+            per_box[run.box] = per_box.get(run.box, 0) + 1
+        return self.estimated_run_s() * max(per_box.values(), default=0)
 
     def to_json(self) -> dict[str, object]:
         """The plan as ``{"schema_version", "campaign", "runs": [...]}`` in execution order."""
@@ -149,11 +152,24 @@ def _mirrored(items: list[str], cycle: int) -> list[str]:
 
 
 def fleet_box(boxes: Sequence[str], cycle: int, lane: int) -> str:
-    """The box a cohort is planned on: cycles go in pairs, an ABBA and its BAAB, so each box
-    carries both orders of a comparison and drift cancels within the box; lanes (comparison ×
-    cache state) start one box apart, so a fleet runs in parallel from the first cycle and, over
-    enough cycles, every lane meets every box."""
-    return boxes[(cycle // 2 + lane) % len(boxes)]
+    """The box a cohort is planned on: consecutive cycles on different boxes, so the whole
+    fleet works from the first cycles, and every box gets ABBA and BAAB cycles alike (so drift
+    cancels within each box): with an odd number of boxes round robin alternates the order by
+    itself; with an even one each round of n cycles starts one box further on. Lanes (a
+    comparison in a cache state) start one box apart."""
+    n = len(boxes)
+    shift = cycle // n if n % 2 == 0 else 0
+    return boxes[(cycle + shift + lane) % n]
+
+
+def cohort_lane(loaded: LoadedCard, comparison: str, cache_state: str) -> int:
+    """The lane of a cohort: its cache state × comparison, numbered in card order (a
+    sequential design's cells share one lane: a cycle's cells run together)."""
+    card = loaded.card
+    states: list[str] = list(card.design.cache_states)
+    lanes = list(card.treatments) if card.design.order != "sequential" else [""]
+    within = lanes.index(comparison) if card.design.order != "sequential" else 0
+    return states.index(cache_state) * len(lanes) + within
 
 
 def build_plan(loaded: LoadedCard, *, scale: float = 1.0, cycles: int | None = None) -> Plan:
@@ -187,13 +203,9 @@ def build_plan(loaded: LoadedCard, *, scale: float = 1.0, cycles: int | None = N
                         block = f"c{cycle}-{state}-{treatment}-s{slot}"
                         specs.append((cell, cycle, slot, state, pattern, treatment, block))
     boxes = [name for name, _ in loaded.boxes]
-    states: list[str] = list(design.cache_states)
-    lanes = list(card.treatments) if design.order != "sequential" else [""]
     runs: list[Run] = []
     for cell, cycle, slot, state, pattern, comparison, block in specs:
-        lane = states.index(state) * len(lanes) + (
-            lanes.index(comparison) if design.order != "sequential" else 0
-        )
+        lane = cohort_lane(loaded, comparison, state)
         for repeat in range(design.repeats):
             index = len(runs)
             run_id = f"{index:04d}-{cell}-c{cycle}-{state}-s{slot}-r{repeat}"
@@ -250,6 +262,7 @@ __all__ = [
     "Plan",
     "Run",
     "build_plan",
+    "cohort_lane",
     "cycle_pattern",
     "extend_plan",
     "fleet_box",

@@ -33,7 +33,7 @@ from harness.execute.preflight import check_box
 from harness.execute.resume import CHECKPOINT_S
 from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallback
 from harness.execute.soak import MonitorSettings
-from harness.plan import Plan, Run
+from harness.plan import Plan, Run, cohort_lane, fleet_box
 from harness.profiles import BoxSpec
 from harness.records import CampaignDir
 
@@ -50,6 +50,7 @@ class _Worker:
     run_ids: list[str]
     outcome: CampaignOutcome
     thread: threading.Thread | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     interrupted: KeyboardInterrupt | None = None
     started_at: float = field(default_factory=time.time)
@@ -81,22 +82,21 @@ def deal_shares(
     """Run ids per box, in plan order: each cohort on its planned box while that box is alive.
 
     A cohort whose runs already ran on some box (``ran_on``: run id → box, from an earlier
-    session) stays there if it can. The cohorts of a dropped box are dealt to the boxes alive
-    in turn, in pairs of cycles as the plan deals them, so each box keeps both orders.
+    session) stays there if it can. The cohorts of a dropped box are dealt over the boxes alive
+    by the plan's own rule (:func:`~harness.plan.fleet_box`).
     """
     ran_on = ran_on or {}
     cohorts: dict[str, list[Run]] = {}
     for run in plan.runs:
         cohorts.setdefault(cohort_key(run), []).append(run)
     shares: dict[str, list[str]] = {name: [] for name in alive}
-    dealt: dict[tuple[str, str, int], str] = {}  # a dropped box's cycle pairs, to the boxes alive
     for runs in cohorts.values():
         first = runs[0]
         earlier = [ran_on[r.run_id] for r in runs if ran_on.get(r.run_id) in shares]
         box = earlier[0] if earlier else first.box
         if box not in shares:
-            pair = (first.comparison, first.cache_state, first.cycle // 2)
-            box = dealt.setdefault(pair, alive[len(dealt) % len(alive)])
+            lane = cohort_lane(plan.card, first.comparison, first.cache_state)
+            box = fleet_box(alive, first.cycle, lane)
         shares[box].extend(r.run_id for r in runs)
     order = {r.run_id: r.index for r in plan.runs}
     return {name: sorted(ids, key=order.__getitem__) for name, ids in shares.items()}
@@ -201,7 +201,7 @@ class FleetRunner:
             outcome.exit_code = exit_code(exc)
             signum = getattr(exc, "signum", 2)
             for worker in workers:
-                if worker.thread is not None:
+                if worker.thread is not None and not worker.finished.is_set():
                     interrupt_worker(worker.thread, signum)
             self._wait(workers)  # each records its run; later signals are ignored meanwhile
             self.campaign.journal.append("campaign_interrupted", signal=outcome.interrupted_by)
@@ -232,13 +232,17 @@ class FleetRunner:
             runner.run_share(worker.outcome)
         except KeyboardInterrupt as exc:
             worker.interrupted = exc
-        except BaseException as exc:
+        except BaseException as exc:  # kept for the main thread to raise
             worker.error = exc
+        finally:
+            worker.finished.set()
 
     def _wait(self, workers: list[_Worker]) -> None:
-        for worker in workers:
-            while worker.thread is not None and worker.thread.is_alive():
-                worker.thread.join(_JOIN_POLL_S)
+        # Not Thread.join: a signal that interrupts join() marks the thread stopped while it
+        # still runs (CPython's bpo-45274 handling), and the forwarded interrupt would then
+        # skip it. A plain sleep is cut by the signal and changes nothing.
+        while not all(worker.finished.is_set() for worker in workers):
+            time.sleep(_JOIN_POLL_S)
 
     def _box_progress(self, name: str) -> ProgressCallback:
         def report(event: str, run: Run | None, info: dict[str, Any]) -> None:

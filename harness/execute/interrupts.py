@@ -161,8 +161,8 @@ def interrupt_worker(thread: threading.Thread, signum: int) -> None:
     (a socket read) sees it when that call returns.
     """
     ident = thread.ident
-    if ident is None or not thread.is_alive():
-        return
+    if ident is None:
+        return  # never started
     with _WORKERS_LOCK:
         guard = _WORKERS.setdefault(ident, _WorkerGuard())
         if guard.depth:

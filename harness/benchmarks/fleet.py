@@ -1,0 +1,107 @@
+"""``harness bench fleet``: one 16-run campaign on one box and on a fleet of two, side by side.
+
+The card is a light reference-runtime A/B (a 2-layer, 8-expert model, 4 prompts of 16 tokens
+a run, 4 mirrored cycles: 16 runs). It runs on the local box, then on two local "boxes" (the
+local box twice, each with its own folder and ports), through :class:`FleetRunner` as
+``harness run`` does; the full benchmark repeats the pair in the mirrored order (one, two, two,
+one) so drift in the machine's load cancels. The figure is the wall-time ratio one box ÷ two
+boxes (target ≥ 1.7× on two cores), with the load average before and after: a busy machine
+lowers it. Each campaign's records are checked complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from harness.benchmarks import Figure
+from harness.benchmarks.report import TINY_POOL
+
+TARGET = 1.7
+CARD = """\
+campaign: bench-fleet
+description: a light A/B for the fleet benchmark
+{boxes}
+runtime: refbox
+prompts:
+  pools: [pool.jsonl]
+  fit: {{split: fit}}
+  heldout: {{split: heldout}}
+workload:
+  max_tokens: 16
+  warmup_requests: 0
+  phases:
+    - {{name: prose, domains: [en-prose], requests: 2}}
+    - {{name: code, domains: [python], requests: 2, shift: true}}
+cells:
+  control:
+    env: {{REFBOX_LAYERS: "2", REFBOX_EXPERTS: "8", REFBOX_HOT_SLOTS: "4",
+          REFBOX_EXPERT_BYTES: "4096"}}
+  wide:
+    env: {{REFBOX_LAYERS: "2", REFBOX_EXPERTS: "8", REFBOX_HOT_SLOTS: "8",
+          REFBOX_EXPERT_BYTES: "4096"}}
+control: control
+design: {{order: abba, cycles: 4, repeats: 1, cache_states: [warm], seed: 3, retries: 0}}
+analysis: {{window_s: 0.5, converged_span_s: 1, hold_s: 0}}
+"""
+
+
+def _campaign_s(work: Path, boxes: str, tag: str) -> float:
+    """Seconds to run the card on ``boxes`` (a card line), checked complete."""
+    from harness.card import load_card
+    from harness.execute.fleet import FleetRunner
+    from harness.execute.progress import make_progress
+    from harness.execute.run import new_campaign_dir
+    from harness.plan import build_plan
+
+    folder = work / tag
+    folder.mkdir()
+    (folder / "pool.jsonl").write_text("\n".join(json.dumps(p) for p in TINY_POOL) + "\n")
+    (folder / "card.yaml").write_text(CARD.format(boxes=boxes))
+    loaded = load_card(folder / "card.yaml")
+    plan = build_plan(loaded)
+    campaign = new_campaign_dir(loaded, plan, folder / "reports")
+    start = time.perf_counter()
+    with make_progress(plan, quiet=True, out=io.StringIO()) as progress:
+        outcome = FleetRunner(loaded, plan, campaign, progress).execute()
+    elapsed = time.perf_counter() - start
+    if outcome.failed or len(outcome.done) != len(plan.runs):
+        raise AssertionError(f"bench fleet: {tag}: runs failed: {outcome.failed}")
+    shutil.rmtree(campaign.root / "box", ignore_errors=True)
+    return elapsed
+
+
+def run_bench(quick: bool = False) -> list[Figure]:
+    """Time the campaign on one box and on two; quick: one pair, else a mirrored pair of pairs."""
+    order = ["one", "two"] if quick else ["one", "two", "two", "one"]
+    lines = {"one": "box: local", "two": "boxes: [{name: left}, {name: right}]"}
+    totals = {"one": 0.0, "two": 0.0}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        for index, which in enumerate(order):
+            totals[which] += _campaign_s(Path(tmp), lines[which], f"{index}-{which}")
+    load_after = os.getloadavg()
+    ratio = totals["one"] / totals["two"]
+    repeats = order.count("one")
+    busy = (
+        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
+        f"on {os.cpu_count()} CPUs"
+    )
+    figures = [
+        Figure(
+            name="16-run campaign: wall time on one box / on two boxes",
+            value=ratio,
+            unit="x",
+            baseline=f"one box {totals['one'] / repeats:.1f} s, two boxes "
+            f"{totals['two'] / repeats:.1f} s (mean of {repeats}); {busy}",
+            target=f">= {TARGET}x on two cores",
+            passed=ratio >= TARGET,
+        ),
+        Figure(name="two-box campaign wall time", value=totals["two"] / repeats, unit="s"),
+    ]
+    return figures
