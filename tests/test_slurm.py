@@ -15,6 +15,7 @@ import pytest
 
 from harness.card import LoadedCard, load_card
 from harness.execute.boxes import LocalBox
+from harness.execute.cohorts import CohortBook
 from harness.execute.interrupts import Interrupted, interrupt_worker
 from harness.execute.run import new_campaign_dir
 from harness.plan import build_plan, cohort_key
@@ -23,11 +24,13 @@ from harness.records import RUN_FAILED, RUN_OK, CampaignDir, Journal, read_json
 from harness.slurm import (
     CohortJob,
     JobEnd,
+    JobProgress,
     JobState,
     MergeResult,
     SubmittedArray,
     SubmittedJob,
     cancel_jobs,
+    job_progress,
     merge_job,
     read_states,
     submit_cohorts,
@@ -223,6 +226,7 @@ def test_cohorts_run_as_a_job_array_and_a_cancelled_job_is_retried(
         assert record["slurm_job_id"] == kept.job_id and record["node"] == slurm_cluster.node
         assert (campaign.run_dir(run_id) / "requests.parquet").is_file()
     assert re.fullmatch(r"\d+_0", kept.job_id) and cancelled.job_id.endswith("_1")
+    assert job_progress(kept) == JobProgress(done=4, failed=0, current=None)
     assert (campaign.root / "boxes" / "cluster.json").is_file()
 
     # The cancelled one: every run of it failed with the Slurm end state, and its runtime is gone.
@@ -426,3 +430,15 @@ def test_a_job_that_fails_on_its_node_says_why(
     reason = next(iter(merged.lost.values()))
     assert re.match(rf"slurm job \d+ FAILED on node {slurm_cluster.node}: RecordError: ", reason)
     assert "small.jsonl" in reason, reason
+
+
+def test_a_cohort_invalidated_on_a_node_stays_invalid_in_the_campaign(tmp_path: Path) -> None:
+    node = CohortBook.open(tmp_path / "job", True, "")
+    (tmp_path / "job").mkdir()
+    node.invalidate("wide/warm/cycle0", "swapout: 12 pages swapped out")
+    campaign = CohortBook.open(tmp_path, True, "")
+    campaign.adopt("wide/warm/cycle0", node.cohorts["wide/warm/cycle0"])
+    again = CohortBook.open(tmp_path, True, "")
+    assert again.invalid_reason("wide/warm/cycle0") == "swapout: 12 pages swapped out"
+    again.adopt("wide/warm/cycle0", {"valid": True, "reasons": []})
+    assert again.invalid_reason("wide/warm/cycle0") is not None  # invalid is final

@@ -81,6 +81,21 @@ class CohortBook:
                 return f"runtime binary changed within the cohort ({first} -> {sha256})"
             return None
 
+    def adopt(self, key: str, entry: dict[str, Any]) -> None:
+        """Take in what another book (a Slurm job's, on its node) recorded of a cohort: its
+        checks and binary, and its invalidity, which stays final."""
+        with self.lock:
+            mine = self._entry(key)
+            mine["valid"] = bool(mine.get("valid", True) and entry.get("valid", True))
+            mine["reasons"].extend(
+                r for r in entry.get("reasons") or [] if r not in mine["reasons"]
+            )
+            if entry.get("checks"):
+                mine["checks"] = list(entry["checks"])
+            if entry.get("binary_sha256") is not None:
+                mine.setdefault("binary_sha256", entry["binary_sha256"])
+            self._write()
+
     def _entry(self, key: str) -> dict[str, Any]:
         return self.cohorts.setdefault(key, {"valid": True, "reasons": [], "checks": []})
 

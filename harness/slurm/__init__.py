@@ -18,17 +18,19 @@ from harness.slurm.submit import (
     cancel_jobs,
     submit_cohorts,
 )
-from harness.slurm.wait import JobEnd, wait_for_jobs
+from harness.slurm.wait import JobEnd, JobProgress, job_progress, wait_for_jobs
 
 __all__ = [
     "CohortJob",
     "JobEnd",
+    "JobProgress",
     "JobState",
     "MergeResult",
     "SubmittedArray",
     "SubmittedJob",
     "cancel_by_name",
     "cancel_jobs",
+    "job_progress",
     "merge_job",
     "read_states",
     "submit_cohorts",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import RecordError
+from harness.execute.cohorts import COHORTS_FILE, CohortBook
 from harness.execute.interrupts import deferred
 from harness.records import (
     RUN_FAILED,
@@ -79,11 +80,13 @@ def _job_reason(end: JobEnd, summary: dict[str, Any] | None, node: str) -> str:
     return ""
 
 
-def merge_job(campaign: CampaignDir, end: JobEnd) -> MergeResult:
+def merge_job(campaign: CampaignDir, end: JobEnd, book: CohortBook | None = None) -> MergeResult:
     """Move the ended job's runs into ``campaign``; which are done, failed and lost (with why).
 
     A run folder already in the campaign (an earlier attempt) is replaced. A lost run without a
-    folder gets one with just its ``run.json``, so the campaign shows why it is missing.
+    folder gets one with just its ``run.json``, so the campaign shows why it is missing. With
+    ``book`` (the campaign's cohort book), what the guards recorded of the cohort on the node
+    (its checks, an invalidation) is taken into it.
     """
     job = end.job
     summary = _read(job.summary_path)
@@ -118,7 +121,16 @@ def merge_job(campaign: CampaignDir, end: JobEnd) -> MergeResult:
             record["node"] = node or None
             _move(campaign, source, run_id, record)
         _keep_environment(campaign, job.job_dir, job.box_name)
+        if book is not None:
+            _adopt_cohort(book, job.job_dir, job.key)
     return result
+
+
+def _adopt_cohort(book: CohortBook, job_dir: Path, key: str) -> None:
+    recorded = _read(job_dir / COHORTS_FILE)
+    entry = (recorded or {}).get("cohorts", {}).get(key)
+    if isinstance(entry, dict):
+        book.adopt(key, entry)
 
 
 def _lost_record(

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.errors import SlurmError
+from harness.records import Journal
 from harness.slurm.states import UNKNOWN, JobState, read_states
 from harness.slurm.submit import SubmittedArray, SubmittedJob, cancel_by_name, cancel_jobs
 
@@ -48,6 +49,30 @@ class JobEnd:
         if self.cut_short:
             return self.cut_short
         return self.state.describe() if self.state.failed else ""
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Where a running job is in its cohort, from the journal in its folder."""
+
+    done: int
+    failed: int
+    current: str | None  # the run started and not ended yet
+
+
+def job_progress(job: SubmittedJob) -> JobProgress:
+    """How far ``job`` got (runs done, failed, the one running): for a progress display."""
+    done = failed = 0
+    current: str | None = None
+    for event in Journal(job.job_dir / "journal.jsonl").events():
+        kind = event["event"]
+        if kind == "run_start":
+            current = str(event.get("run_id"))
+        elif kind in ("run_done", "run_failed", "run_interrupted"):
+            done += kind == "run_done"
+            failed += kind == "run_failed"
+            current = None
+    return JobProgress(done, failed, current)
 
 
 def _poll(
@@ -166,4 +191,11 @@ def _cancel_and_wait(array: SubmittedArray, pending: list[str], cancel_wait_s: f
         time.sleep(0.5)
 
 
-__all__ = ["CANCEL_WAIT_S", "DEFAULT_WAIT_S", "JobEnd", "wait_for_jobs"]
+__all__ = [
+    "CANCEL_WAIT_S",
+    "DEFAULT_WAIT_S",
+    "JobEnd",
+    "JobProgress",
+    "job_progress",
+    "wait_for_jobs",
+]
