@@ -116,6 +116,10 @@ def _convert(node: yaml.Node, loc: Loc, doc: YamlDoc, open_nodes: set[int]) -> A
         open_nodes.discard(id(node))
         return items
     assert isinstance(node, yaml.ScalarNode)
+    if node.tag in (_YAML_TAG + "int", _YAML_TAG + "float") and ":" in node.value:
+        # YAML 1.1's base 60 (`1:30:00` is 5400), which YAML 1.2 dropped: a time limit or a
+        # clock time is meant as written, never as seconds.
+        return node.value
     # Resolve the scalar with the safe constructor so `2`, `true`, `null` keep their YAML types.
     try:
         return _SCALARS.construct_object(node)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.card import LoadedCard, load_card
+from harness.card import LoadedCard, load_boxes_file, load_card
 from harness.execute.boxes import LocalBox
 from harness.execute.cohorts import CohortBook
 from harness.execute.interrupts import Interrupted, interrupt_worker
@@ -442,3 +442,10 @@ def test_a_cohort_invalidated_on_a_node_stays_invalid_in_the_campaign(tmp_path: 
     assert again.invalid_reason("wide/warm/cycle0") == "swapout: 12 pages swapped out"
     again.adopt("wide/warm/cycle0", {"valid": True, "reasons": []})
     assert again.invalid_reason("wide/warm/cycle0") is not None  # invalid is final
+
+
+def test_a_time_limit_in_yaml_is_read_as_written(tmp_path: Path) -> None:
+    # YAML 1.1 reads an unquoted 1:30:00 as 5400 (base 60): 5400 minutes would be 90 hours.
+    path = tmp_path / "boxes.yaml"
+    path.write_text("gpu: {kind: slurm, shared_dir: /shared, time: 1:30:00}\n", encoding="utf-8")
+    assert load_boxes_file(path)["gpu"].time_limit_min() == 90

@@ -16,6 +16,7 @@ waits forever on a job cancelled before it wrote one when the cluster has no ``s
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import secrets
@@ -146,8 +147,7 @@ def _executor(spec: BoxSpec, folder: Path, parameters: dict[str, Any]) -> Any:
 
 def cancel_by_name(name: str) -> None:
     """``scancel --name NAME --user ME``: jobs of a submission whose ids were never read."""
-    user = os.environ.get("USER") or str(os.getuid())
-    _scancel(["--name", name, "--user", user])
+    _scancel(["--name", name, "--user", getpass.getuser()])
 
 
 def cancel_jobs(job_ids: Sequence[str]) -> None:
