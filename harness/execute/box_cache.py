@@ -40,6 +40,8 @@ def release_cache(loaded: LoadedCard, campaign_root: Path) -> None:
     """Delete the campaign's cache folder on each of its boxes; a resume's first boot rebuilds
     it. A box that cannot be reached keeps its folder (the campaign's result stands)."""
     for name, spec in loaded.boxes:
+        if spec.kind == "slurm":
+            continue  # each job removes its own cache folder when it ends (slurm/job.py)
         box = open_box(name, spec)
         try:
             fleet = name != loaded.box_name

@@ -1,5 +1,8 @@
 """A fleet: one campaign on several boxes at once, one worker thread a box.
 
+A box of ``kind: slurm`` (a cluster) is one worker too: it runs its share as Slurm jobs, one a
+cohort (:mod:`harness.slurm.worker`), so a card with one Slurm box goes through here as well.
+
 The unit that moves is a cohort (``plan_cohort_key``: one mirrored cycle of one comparison in
 one cache state, its ABBA or BAAB blocks). A cohort runs on one box, in order, so every paired
 difference the analysis takes is between runs of one machine; the plan deals cohorts to boxes
@@ -22,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from harness.card import LoadedCard
 from harness.errors import HarnessError, InfrastructureError
@@ -102,6 +105,12 @@ def deal_shares(
     return {name: sorted(ids, key=order.__getitem__) for name, ids in shares.items()}
 
 
+class _ShareRunner(Protocol):
+    """What runs one box's share: a :class:`CampaignRunner`, or a Slurm box's job arrays."""
+
+    def run_share(self, outcome: CampaignOutcome) -> None: ...
+
+
 class FleetRunner:
     """Runs a campaign on every box of its card: one box directly, several in parallel."""
 
@@ -124,7 +133,7 @@ class FleetRunner:
 
     def execute(self) -> CampaignOutcome:
         """Run every run not done yet; several boxes at once for a fleet."""
-        if not self.loaded.fleet:
+        if not self.loaded.fleet and self.loaded.box.kind != "slurm":
             return CampaignRunner(
                 self.loaded,
                 self.plan,
@@ -174,18 +183,33 @@ class FleetRunner:
         enabled, why = guards_enabled(self.loaded.card.guards, self.loaded.runtime.name)
         book = CohortBook.open(self.campaign.root, enabled, why)
         for worker in workers:
-            runner = CampaignRunner(
-                self.loaded,
-                self.plan,
-                self.campaign,
-                self._box_progress(worker.name),
-                monitor=self.monitor,
-                checkpoint_s=self.checkpoint_s,
-                box_name=worker.name,
-                box_spec=worker.spec,
-                run_ids=worker.run_ids,
-                cohorts=book,
-            )
+            runner: _ShareRunner
+            if worker.spec.kind == "slurm":
+                from harness.slurm.worker import SlurmWorker
+
+                runner = SlurmWorker(
+                    self.loaded,
+                    self.plan,
+                    self.campaign,
+                    self._box_progress(worker.name),
+                    box_name=worker.name,
+                    box_spec=worker.spec,
+                    run_ids=worker.run_ids,
+                    cohorts=book,
+                )
+            else:
+                runner = CampaignRunner(
+                    self.loaded,
+                    self.plan,
+                    self.campaign,
+                    self._box_progress(worker.name),
+                    monitor=self.monitor,
+                    checkpoint_s=self.checkpoint_s,
+                    box_name=worker.name,
+                    box_spec=worker.spec,
+                    run_ids=worker.run_ids,
+                    cohorts=book,
+                )
             worker.thread = threading.Thread(
                 target=self._work, args=(worker, runner), name=f"box-{worker.name}", daemon=True
             )
@@ -227,7 +251,7 @@ class FleetRunner:
             ) from first
         return outcome
 
-    def _work(self, worker: _Worker, runner: CampaignRunner) -> None:
+    def _work(self, worker: _Worker, runner: _ShareRunner) -> None:
         try:
             runner.run_share(worker.outcome)
         except KeyboardInterrupt as exc:

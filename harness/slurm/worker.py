@@ -1,0 +1,219 @@
+"""A Slurm box in a fleet: its share of the campaign's cohorts as job arrays, retried.
+
+The fleet (:mod:`harness.execute.fleet`) gives a box of ``kind: slurm`` this worker instead of a
+runner: it submits one job per cohort not done (:func:`~harness.slurm.submit.submit_cohorts`,
+capped at ``max_parallel`` running at once), journals the array (its name and job ids) before
+waiting, and as each job ends moves its runs home (:func:`~harness.slurm.merge.merge_job`) and
+journals them ``run_done`` or ``run_failed``. Runs the job took with it (TIMEOUT, PREEMPTED,
+NODE_FAIL, CANCELLED, OUT_OF_MEMORY) are resubmitted as a new attempt of their cohort while
+``design.retries`` allows; a run that failed on its node was already retried there.
+
+An interrupt cancels every job still queued or running (``wait_for_jobs`` does, and waits for
+them), brings home the runs those jobs had finished, records the others failed with the
+cancellation, and is raised on. A harness killed
+outright leaves its jobs to Slurm: the worker of ``--resume`` first cancels every array the
+journal names that it never saw end, then submits afresh (attempt numbers go on, so no job
+folder is reused).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.card import LoadedCard
+from harness.execute.cohorts import CohortBook
+from harness.execute.guards import cohort_key
+from harness.execute.interrupts import describe
+from harness.execute.run import CampaignOutcome
+from harness.plan import Plan, Run
+from harness.profiles import BoxSpec
+from harness.records import CampaignDir
+from harness.slurm.merge import merge_job
+from harness.slurm.states import JobState
+from harness.slurm.submit import CohortJob, cancel_by_name, submit_cohorts
+from harness.slurm.wait import JobEnd, job_progress, wait_for_jobs
+
+ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
+
+# Seconds to wait for an earlier session's cancelled jobs to leave the queue before resubmitting.
+_CANCELLED_GONE_S = 60.0
+
+
+class SlurmWorker:
+    """Runs one Slurm box's share of a fleet (``run_ids``) as one job per cohort."""
+
+    def __init__(
+        self,
+        loaded: LoadedCard,
+        plan: Plan,
+        campaign: CampaignDir,
+        progress: ProgressCallback,
+        *,
+        box_name: str,
+        box_spec: BoxSpec,
+        run_ids: list[str],
+        cohorts: CohortBook,
+    ) -> None:
+        self.loaded = loaded
+        self.plan = plan
+        self.campaign = campaign
+        self.progress = progress
+        self.box_name = box_name
+        self.box_spec = box_spec
+        self.run_ids = run_ids
+        self.book = cohorts
+        self.runs = {r.run_id: r for r in plan.runs}
+
+    def run_share(self, outcome: CampaignOutcome) -> None:
+        """Run the share's runs not done yet, adding each to ``outcome``."""
+        self._cancel_earlier()
+        todo: dict[str, list[str]] = {}
+        for run_id in self.run_ids:
+            if self.campaign.is_done(run_id):
+                outcome.done.append(run_id)
+                self.progress("skip", self.runs[run_id], {})
+            else:
+                todo.setdefault(cohort_key(self.runs[run_id]), []).append(run_id)
+        attempts = self.loaded.card.design.retries + 1
+        base = self._attempts_so_far()
+        for attempt in range(1, attempts + 1):
+            if not todo:
+                break
+            last = attempt == attempts
+            todo = self._one_round(todo, base + attempt, last, outcome)
+
+    def _one_round(
+        self, todo: dict[str, list[str]], attempt: int, last: bool, outcome: CampaignOutcome
+    ) -> dict[str, list[str]]:
+        """Submit the cohorts in ``todo`` once; the runs their jobs lost, by cohort."""
+        cohorts = [CohortJob(key, tuple(ids)) for key, ids in todo.items()]
+        array = submit_cohorts(
+            self.campaign,
+            self.loaded.card.campaign,
+            self.box_name,
+            self.box_spec,
+            cohorts,
+            attempt=attempt,
+        )
+        self.campaign.journal.append(
+            "slurm_submitted",
+            box=self.box_name,
+            name=array.name,
+            attempt=attempt,
+            jobs={job.key: job.job_id for job in array.jobs},
+        )
+        lost: dict[str, list[str]] = {}
+        seen: dict[str, str | None] = {}
+
+        def on_poll(states: dict[str, JobState]) -> None:
+            for job in array.jobs:
+                current = job_progress(job).current
+                if current is not None and seen.get(job.job_id) != current:
+                    info = {"attempt": attempt, "slurm_job_id": job.job_id}
+                    self.progress("start", self.runs[current], info)
+                seen[job.job_id] = current
+
+        def on_end(end: JobEnd) -> None:
+            result = merge_job(self.campaign, end, self.book)
+            journal = self.campaign.journal
+            journal.append(
+                "slurm_job_end",
+                box=self.box_name,
+                job_id=end.job.job_id,
+                cohort=end.job.key,
+                state=end.state.state,
+                node=result.node,
+                reason=end.reason,
+            )
+            for run_id in result.done:
+                journal.append("run_done", run_id=run_id)
+                outcome.done.append(run_id)
+                self.progress("end", self.runs[run_id], {"status": "ok", "reason": ""})
+            for run_id, why in result.failed.items():
+                journal.append("run_failed", run_id=run_id, reason=why)
+                outcome.failed.append(run_id)
+                self.progress("end", self.runs[run_id], {"status": "failed", "reason": why})
+            for run_id, why in result.lost.items():
+                journal.append("run_failed", run_id=run_id, reason=why)
+                if last:
+                    outcome.failed.append(run_id)
+                    self.progress("end", self.runs[run_id], {"status": "failed", "reason": why})
+                else:
+                    lost.setdefault(end.job.key, []).append(run_id)
+
+        ended: set[str] = set()
+
+        def on_end_once(end: JobEnd) -> None:
+            ended.add(end.job.job_id)
+            on_end(end)
+
+        try:
+            wait_for_jobs(array, on_end_once, on_poll=on_poll)
+        except KeyboardInterrupt as exc:
+            # wait_for_jobs cancelled what was left and waited for it: bring home what those
+            # jobs finished before the cancel, the rest recorded with why.
+            self.campaign.journal.append("slurm_cancelled", box=self.box_name, name=array.name)
+            why = f"slurm job cancelled: the harness was interrupted ({describe(exc)})"
+            last = True  # an interrupted campaign retries nothing now; --resume does
+            for job in array.jobs:
+                if job.job_id not in ended:
+                    on_end(JobEnd(job, JobState(job.job_id, "CANCELLED"), cut_short=why))
+            raise
+        self.campaign.journal.append("slurm_array_end", box=self.box_name, name=array.name)
+        return lost
+
+    def _attempts_so_far(self) -> int:
+        """Arrays this box submitted in earlier sessions: attempt numbers continue after them."""
+        return sum(
+            1
+            for e in self.campaign.journal.events()
+            if e["event"] == "slurm_submitted" and e.get("box") == self.box_name
+        )
+
+    def _cancel_earlier(self) -> None:
+        """Cancel the arrays a killed harness left queued or running on this box."""
+        events = self.campaign.journal.events()
+        ended = {
+            str(e.get("name"))
+            for e in events
+            if e["event"] in ("slurm_array_end", "slurm_cancelled")
+            and e.get("box") == self.box_name
+        }
+        left = [
+            str(e["name"])
+            for e in events
+            if e["event"] == "slurm_submitted"
+            and e.get("box") == self.box_name
+            and str(e.get("name")) not in ended
+        ]
+        for name in left:
+            cancel_by_name(name)
+            self.campaign.journal.append("slurm_cancelled", box=self.box_name, name=name)
+        if left:
+            _wait_gone(left)
+
+
+def _wait_gone(names: list[str]) -> None:
+    """Wait (bounded) until the cancelled arrays have left the queue."""
+    import subprocess
+
+    deadline = time.monotonic() + _CANCELLED_GONE_S
+    while time.monotonic() < deadline:
+        try:
+            listed = subprocess.run(
+                ["squeue", "--noheader", "--format=%j", "--name", ",".join(names)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            return
+        if not listed:
+            return
+        time.sleep(1.0)
+
+
+__all__ = ["SlurmWorker"]
