@@ -66,6 +66,8 @@ def _data_loc(loc: tuple[Any, ...], data: Any) -> Loc:
 
 
 def _looks_like_tag(part: str) -> bool:
+    if part.startswith(("function-after[", "function-before[", "function-wrap[")):
+        return True  # a model with a validator, as pydantic names it in a union
     return part in GATE_KINDS or part[:1].isupper() or part in ("str", "int", "float", "bool")
 
 

@@ -22,6 +22,7 @@ that answer exactly as a refused connection (:func:`refusal`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import statistics
 import threading
@@ -38,6 +39,18 @@ _PROHIBITED = 1
 _CONNECT_FAILED = 2
 
 OpenChannel = Callable[[tuple[str, int], tuple[str, int]], Any]
+
+
+class _QuietRefusals(logging.Filter):
+    """Drops paramiko's ERROR line for each refused channel: every readiness probe before a
+    runtime listens is one, and the tunnel answers it as a refusal (unconfigured logging would
+    print them all on stderr)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_QuietRefusals())
 
 
 class ForwardingRefused(Exception):
