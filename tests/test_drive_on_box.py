@@ -23,7 +23,8 @@ from harness.card import load_card, load_runtime_profile
 from harness.errors import BoxError
 from harness.execute.boxes import SshBox
 from harness.execute.drive import DriveSpec, PhasePlan, RequestResult, RuntimeHung, WorkItem
-from harness.execute.drive_remote import BoxDriver, prepare_box_driver
+from harness.execute.drive_remote import BoxDriver, prepare_drive
+from harness.execute.preflight import check_box
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.execute.runtimes import BootSpec, RunningRuntime, http_json
 from harness.plan import Run, build_plan
@@ -90,7 +91,7 @@ def test_on_box_drive_keeps_phases_live_knobs_and_the_time_origin(
     workdir = str(tmp_path / "box")
     with box_server(box, STREAMING, workdir) as server:
         runtime = _runtime(box, server.port)
-        driver = prepare_box_driver(box, PROFILE, workdir)
+        driver = prepare_drive(box, PROFILE, workdir)
         assert driver is not None and driver.hello["harness"].startswith(driver.archive)
         phases = [
             PhasePlan("timed", 0, _items("timed", 0, 3), duration_s=1.5),
@@ -128,7 +129,7 @@ def test_a_hung_runtime_is_judged_hung_on_the_box(box: SshBox, tmp_path: Path) -
     workdir = str(tmp_path / "box")
     with box_server(box, STALLING, workdir) as server:
         runtime = _runtime(box, server.port)
-        driver = prepare_box_driver(box, PROFILE, workdir)
+        driver = prepare_drive(box, PROFILE, workdir)
         assert driver is not None
         spec = DriveSpec(runtime.base_url, "completions", "m", concurrency=2, timeout_s=1)
         started = time.monotonic()
@@ -158,7 +159,7 @@ def test_an_interrupt_here_stops_the_driver_there(
     checker = SshBox("checker", _spec(sshd), known_hosts=[sshd.known_hosts])
     with box_server(box, STALLING, workdir) as server:
         runtime = _runtime(box, server.port)
-        driver = prepare_box_driver(box, PROFILE, workdir)
+        driver = prepare_drive(box, PROFILE, workdir)
         assert driver is not None
         running: list[list[str]] = []
 
@@ -197,12 +198,21 @@ def test_a_box_without_aiohttp_is_refused_with_the_remedy(
     box = SshBox("bare", _spec(sshd, python), known_hosts=[sshd.known_hosts])
     try:
         with pytest.raises(BoxError) as caught:
-            prepare_box_driver(box, PROFILE, str(tmp_path / "box"))
+            prepare_drive(box, PROFILE, str(tmp_path / "box"))
         text = str(caught.value)
         assert "cannot import aiohttp" in text
         assert f"`{python} -m pip install aiohttp`" in text and "drop `drive: on-box`" in text
+        # `harness box check` says so too, beside the checks that pass.
+        checks = {c.name: c for c in check_box("bare", box.spec, box=box)}
+        assert checks["port forwarding"].ok, checks["port forwarding"]
+        assert not checks["on-box driver"].ok and "aiohttp" in checks["on-box driver"].fix
     finally:
         box.close()
+
+
+def test_box_check_starts_the_on_box_driver(box: SshBox) -> None:
+    checks = {c.name: c for c in check_box("loopback", box.spec, box=box)}
+    assert checks["on-box driver"].ok and "aiohttp" in checks["on-box driver"].detail
 
 
 def _run_campaign(card: Path, root: Path) -> tuple[Any, Any, list[int], dict[str, Any]]:

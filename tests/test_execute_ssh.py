@@ -212,11 +212,13 @@ def test_preflight_passes_on_the_loopback_box(sshd: LoopbackSshd, tmp_path: Path
         "harness on box",
         "runtime binary",
         "file transfer",
+        "port forwarding",
         "free disk",
         "cache drop",
         "clock",
         "swap-out counter",
     ]
+    assert "round-trips in" in {c.name: c for c in checks}["port forwarding"].detail
     failed = [check for check in checks if not check.ok]
     # Free disk depends on the machine running the tests; every other check must pass here.
     assert [check.name for check in failed if check.name != "free disk"] == [], failed

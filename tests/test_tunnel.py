@@ -118,6 +118,11 @@ def test_a_restart_on_a_new_port_gets_a_new_tunnel_and_the_old_one_closes(
     assert box.tunnels.open_tunnels() == []
 
 
+def test_forwarding_is_allowed_on_the_loopback_box(box: SshBox) -> None:
+    box.check_forwarding()  # nothing listens on the box's port 1: refused there, allowed here
+    assert box.tunnels.open_tunnels() == []
+
+
 def test_a_refused_connection_reads_as_refused_through_the_tunnel(box: SshBox) -> None:
     port = box.free_port()  # nothing listens there
     base_url = box.http_base(port)
@@ -143,6 +148,11 @@ def test_a_box_that_refuses_forwarding_is_named_with_the_fix(tmp_path: Path) -> 
         with pytest.raises(BoxError, match="AllowTcpForwarding yes") as caught:
             box.http_base(box.free_port())
         assert "box noforward" in str(caught.value)
+        # A campaign checks this before its first run (prepare_drive), and stops there.
+        with pytest.raises(BoxError, match="AllowTcpForwarding yes"):
+            box.check_forwarding()
+        with pytest.raises(BoxError, match="AllowTcpForwarding yes"):
+            box.round_trips()
     finally:
         box.close()
         stop_process(process)

@@ -507,12 +507,26 @@ class SshBox(Box):
             raise BoxError(f"{self.where}: cannot start {command[:200]}: {exc}") from exc
         return channel
 
+    def check_forwarding(self) -> None:
+        """Raise BoxError, with the fix, when the box's sshd refuses to forward ports."""
+        self._connect()
+        try:
+            # Any port tells: refused there or answered, the forward was allowed. Port 1 has
+            # nothing listening on any real box, so the probe leaves no trace there.
+            self.tunnels.probe(1)
+        except ForwardingRefused as exc:
+            raise BoxError(str(exc)) from None
+        except Exception as exc:  # paramiko raises many types; name the box
+            raise BoxError(f"{self.where}: probing port forwarding: {exc}") from exc
+
     def round_trips(self) -> dict[str, Any]:
         """Round-trip times of a tunnel and of the SSH channel (:func:`.echo_round_trips`)."""
         self._connect()
+        opened: list[int] = []
 
         def open_tunnel(port: int) -> Tunnel:
-            return Tunnel(self._open_direct, ("127.0.0.1", port), self.where)
+            opened.append(port)
+            return self.tunnels.open(port)
 
         try:
             return echo_round_trips(
@@ -520,9 +534,14 @@ class SshBox(Box):
             )
         except BoxError:
             raise
+        except ForwardingRefused as exc:
+            raise BoxError(str(exc)) from None
         except Exception as exc:  # paramiko, sockets, a python missing on the box
             what = f"{type(exc).__name__}: {exc}"
             raise BoxError(f"{self.where}: measuring the tunnel: {what}") from exc
+        finally:
+            for port in opened:
+                self.tunnels.release(port)
 
     @property
     def where(self) -> str:

@@ -267,12 +267,25 @@ class BoxDriver:
         return results
 
 
-def prepare_box_driver(box: Box, profile: RuntimeProfile, remote_root: str) -> BoxDriver | None:
-    """The on-box driver for a campaign, shipped and checked; None unless the box drives on
-    the box and the runtime is driven over HTTP (a command driver runs on the box anyway)."""
-    if not box.spec.drives_on_box or profile.driver is not None:
+def prepare_drive(box: Box, profile: RuntimeProfile, remote_root: str) -> BoxDriver | None:
+    """Make sure a campaign's runtime can be driven, before its first run; the on-box driver,
+    shipped and checked, when the box drives on the box (``drive: on-box``).
+
+    An SSH box must forward ports (every HTTP call reaches the runtime through its tunnel); a
+    BoxError with the fix stops the campaign here rather than failing every run. A command
+    driver's runtime is not reached over HTTP and runs on the box anyway: nothing to do.
+    """
+    if profile.driver is not None or not isinstance(box, SshBox):
         return None
-    assert isinstance(box, SshBox)  # BoxSpec refuses `drive` on a local box
+    box.check_forwarding()
+    if not box.spec.drives_on_box:
+        return None
+    return ship_driver(box, remote_root)
+
+
+def ship_driver(box: SshBox, remote_root: str) -> BoxDriver:
+    """Upload the driver archive under ``remote_root`` (once per code version) and check that
+    it starts on the box; a BoxError with the remedy if it does not (no aiohttp there)."""
     data, digest = driver_archive()
     remote = box.home_path(f"{remote_root}/driver/harness-driver-{digest[:16]}.zip")
     if not box.exists(remote):

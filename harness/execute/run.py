@@ -38,7 +38,7 @@ from harness.execute.cohorts import CohortBook
 from harness.execute.command import collect_result, start_command, wait_command
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
-from harness.execute.drive_remote import BoxDriver, prepare_box_driver
+from harness.execute.drive_remote import BoxDriver, prepare_drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
 from harness.execute.guards import RunWatch, cohort_key, guards_enabled
@@ -247,10 +247,10 @@ class CampaignRunner(GuardSteps):
         self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
+        self.box_driver = prepare_drive(self.box, self.loaded.runtime, self.remote_root)
         env_path = self.campaign.root / "boxes" / f"{self.loaded.box_name}.json"
         if not env_path.is_file():
             write_json_atomic(env_path, capture_environment(self.box, self.loaded))
-        self.box_driver = prepare_box_driver(self.box, self.loaded.runtime, self.remote_root)
 
     def _run_with_retries(self, run: Run) -> str:
         attempts = self.loaded.card.design.retries + 1

@@ -260,31 +260,37 @@ class TunnelSet:
         self._tunnels: dict[int, Tunnel] = {}
         self._lock = threading.Lock()
 
-    def url(self, port: int) -> str:
-        """The local URL of the runtime at ``port`` on the box's 127.0.0.1.
+    def open(self, port: int) -> Tunnel:
+        """The tunnel to ``port`` on the box's 127.0.0.1, opened on first use.
 
-        The first call for a port opens one channel there to learn whether the box forwards at
-        all: "connection refused" (the runtime is not up yet) is fine, "prohibited" raises
+        Opening it first opens one channel there to learn whether the box forwards at all:
+        "connection refused" (the runtime is not up yet) is fine, "prohibited" raises
         :class:`ForwardingRefused` with the fix.
         """
         with self._lock:
             tunnel = self._tunnels.get(port)
             if tunnel is None:
-                self._probe(("127.0.0.1", port))
+                self.probe(port)
                 tunnel = Tunnel(self._open_channel, ("127.0.0.1", port), self.where)
                 self._tunnels[port] = tunnel
-            return tunnel.base_url
+            return tunnel
+
+    def url(self, port: int) -> str:
+        """The local URL of the runtime at ``port`` on the box's 127.0.0.1."""
+        return self.open(port).base_url
 
     def open_tunnels(self) -> list[Tunnel]:
         """The tunnels open now (one per running runtime)."""
         with self._lock:
             return list(self._tunnels.values())
 
-    def _probe(self, remote: tuple[str, int]) -> None:
+    def probe(self, port: int) -> None:
+        """Raise :class:`ForwardingRefused` when the box's sshd forbids forwarding (to
+        ``port`` on its 127.0.0.1; whether anything listens there does not matter)."""
         import paramiko
 
         try:
-            channel = self._open_channel(remote, ("127.0.0.1", 0))
+            channel = self._open_channel(("127.0.0.1", port), ("127.0.0.1", 0))
         except paramiko.ChannelException as exc:
             if exc.code == _PROHIBITED:
                 raise ForwardingRefused(forwarding_fix(self.where)) from None
@@ -365,7 +371,8 @@ def echo_round_trips(
     """Median round trip of one byte through a tunnel, and of one line over the SSH channel.
 
     ``start_echo(command)`` runs :data:`_ECHO_SNIPPET` on the box and returns its channel;
-    ``open_tunnel(port)`` opens a tunnel to a port on the box. The channel figure is the SSH
+    ``open_tunnel(port)`` opens a tunnel to a port on the box (closed here after). The channel
+    figure is the SSH
     connection's own latency; the tunnel's adds this machine's loopback hop, the box's, and the
     copying at both ends.
     """
