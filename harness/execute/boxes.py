@@ -37,13 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BoxError
-from harness.execute.tunnel import (
-    ForwardingRefused,
-    Tunnel,
-    TunnelSet,
-    describe_channel_error,
-    echo_round_trips,
-)
+from harness.execute.tunnel import TunnelSet
 from harness.profiles import BoxSpec
 
 # Evicts files from the page cache without root: POSIX_FADV_DONTNEED drops their clean pages.
@@ -475,12 +469,7 @@ class SshBox(Box):
     def http_base(self, port: int) -> str:
         """A tunnel's local URL: the server listens on the box's 127.0.0.1 only (:mod:`.tunnel`)."""
         self._connect()
-        try:
-            return self.tunnels.url(port)
-        except ForwardingRefused as exc:
-            raise BoxError(str(exc)) from None
-        except Exception as exc:  # paramiko raises many types; name the box
-            raise BoxError(describe_channel_error(exc, self.where, ("127.0.0.1", port))) from exc
+        return self.tunnels.url(port)
 
     def release_http(self, port: int) -> None:
         """Close the tunnel to a server that has stopped."""
@@ -510,38 +499,16 @@ class SshBox(Box):
     def check_forwarding(self) -> None:
         """Raise BoxError, with the fix, when the box's sshd refuses to forward ports."""
         self._connect()
-        try:
-            # Any port tells: refused there or answered, the forward was allowed. Port 1 has
-            # nothing listening on any real box, so the probe leaves no trace there.
-            self.tunnels.probe(1)
-        except ForwardingRefused as exc:
-            raise BoxError(str(exc)) from None
-        except Exception as exc:  # paramiko raises many types; name the box
-            raise BoxError(f"{self.where}: probing port forwarding: {exc}") from exc
+        self.tunnels.probe()
 
     def round_trips(self) -> dict[str, Any]:
         """Round-trip times of a tunnel and of the SSH channel (:func:`.echo_round_trips`)."""
         self._connect()
-        opened: list[int] = []
 
-        def open_tunnel(port: int) -> Tunnel:
-            opened.append(port)
-            return self.tunnels.open(port)
+        def start_echo(command: str) -> Any:
+            return self.exec_channel(command, 60)
 
-        try:
-            return echo_round_trips(
-                lambda command: self.exec_channel(command, 60), open_tunnel, self.spec.python_path()
-            )
-        except BoxError:
-            raise
-        except ForwardingRefused as exc:
-            raise BoxError(str(exc)) from None
-        except Exception as exc:  # paramiko, sockets, a python missing on the box
-            what = f"{type(exc).__name__}: {exc}"
-            raise BoxError(f"{self.where}: measuring the tunnel: {what}") from exc
-        finally:
-            for port in opened:
-                self.tunnels.release(port)
+        return self.tunnels.round_trips(start_echo, self.spec.python_path())
 
     @property
     def where(self) -> str:

@@ -170,20 +170,22 @@ class BoxDriver:
 
     def _start(self, deadline_s: float) -> _Session:
         session = _Session(self.box, self.box.exec_channel(self.command, deadline_s), deadline_s)
-        first = session.receive()
-        if "hello" not in first:
-            session.close()
-            raise BoxError(self._refusal(str(first.get("error", first)), first.get("missing")))
-        self.hello = first["hello"]
-        session.pgid = int(self.hello["pgid"])
-        if not str(self.hello.get("harness", "")).startswith(self.archive):
+        try:
+            first = session.receive()
+            if "hello" not in first:
+                raise BoxError(self._refusal(str(first.get("error", first)), first.get("missing")))
+            self.hello = first["hello"]
+            session.pgid = int(self.hello["pgid"])
+            if not str(self.hello.get("harness", "")).startswith(self.archive):
+                raise BoxError(
+                    f"{self.box.where}: the on-box driver imported harness from "
+                    f"{self.hello.get('harness')}, not from the archive the harness shipped; "
+                    "something on the box's python path shadows it"
+                )
+        except BaseException:  # a refusal, or a stop signal while it starts
             session.stop()
             session.close()
-            raise BoxError(
-                f"{self.box.where}: the on-box driver imported harness from "
-                f"{self.hello.get('harness')}, not from the archive the harness shipped; "
-                "something on the box's python path shadows it"
-            )
+            raise
         return session
 
     def _refusal(self, error: str, missing: object) -> str:

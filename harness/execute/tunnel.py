@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from harness.errors import BoxError
+
 REFUSED_HEADER = "X-Harness-Tunnel"
 _BUFFER_BYTES = 64 * 1024
 _ACCEPT_POLL_S = 0.25  # how often the listener looks whether it was closed
@@ -51,10 +53,6 @@ class _QuietRefusals(logging.Filter):
 
 
 logging.getLogger("paramiko.transport").addFilter(_QuietRefusals())
-
-
-class ForwardingRefused(Exception):
-    """The box's sshd forbids TCP forwarding (channel open code 1)."""
 
 
 def refusal(status: int, headers: Mapping[str, str]) -> str | None:
@@ -264,8 +262,8 @@ class TunnelSet:
         """The tunnel to ``port`` on the box's 127.0.0.1, opened on first use.
 
         Opening it first opens one channel there to learn whether the box forwards at all:
-        "connection refused" (the runtime is not up yet) is fine, "prohibited" raises
-        :class:`ForwardingRefused` with the fix.
+        "connection refused" (the runtime is not up yet) is fine, "prohibited" is a BoxError
+        with the fix (:meth:`probe`).
         """
         with self._lock:
             tunnel = self._tunnels.get(port)
@@ -284,19 +282,43 @@ class TunnelSet:
         with self._lock:
             return list(self._tunnels.values())
 
-    def probe(self, port: int) -> None:
-        """Raise :class:`ForwardingRefused` when the box's sshd forbids forwarding (to
-        ``port`` on its 127.0.0.1; whether anything listens there does not matter)."""
+    def probe(self, port: int = 1) -> None:
+        """A BoxError, with the fix, when the box's sshd forbids forwarding (to ``port`` on its
+        127.0.0.1). Whether anything listens there does not matter: refused there or answered,
+        the forward was allowed; port 1 has nothing listening on any real box."""
         import paramiko
 
+        remote = ("127.0.0.1", port)
         try:
-            channel = self._open_channel(("127.0.0.1", port), ("127.0.0.1", 0))
+            channel = self._open_channel(remote, ("127.0.0.1", 0))
         except paramiko.ChannelException as exc:
             if exc.code == _PROHIBITED:
-                raise ForwardingRefused(forwarding_fix(self.where)) from None
+                raise BoxError(forwarding_fix(self.where)) from None
             return  # refused there, or another channel error each connection will report
+        except Exception as exc:  # the connection is down, say: paramiko raises many types
+            raise BoxError(describe_channel_error(exc, self.where, remote)) from exc
         with contextlib.suppress(OSError, EOFError):
             channel.close()
+
+    def round_trips(self, start_echo: Callable[[str], Any], python: str) -> dict[str, Any]:
+        """:func:`echo_round_trips` through a tunnel of this set, closed after; a BoxError
+        naming the box when it cannot be measured."""
+        opened: list[int] = []
+
+        def open_tunnel(port: int) -> Tunnel:
+            opened.append(port)
+            return self.open(port)
+
+        try:
+            return echo_round_trips(start_echo, open_tunnel, python)
+        except BoxError:
+            raise
+        except Exception as exc:  # paramiko, sockets, a python missing on the box
+            what = f"{type(exc).__name__}: {exc}"
+            raise BoxError(f"{self.where}: measuring the tunnel: {what}") from exc
+        finally:
+            for port in opened:
+                self.release(port)
 
     def release(self, port: int) -> None:
         """Close the tunnel to ``port`` (its runtime has stopped)."""
