@@ -163,12 +163,23 @@ def test_an_interrupt_here_stops_the_driver_there(
         assert driver is not None
         running: list[list[str]] = []
 
+        stop = threading.Event()
+
         def interrupt() -> None:
-            running.append(_driver_processes(checker, driver))  # it runs, waiting on the stall
-            _thread.interrupt_main()  # as Ctrl-C does
+            # Once the driver runs on the box (waiting on the stall), Ctrl-C here.
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < deadline:
+                found = _driver_processes(checker, driver)
+                if found:
+                    running.append(found)
+                    time.sleep(1.0)  # past its handshake, into the requests
+                    if not stop.is_set():  # the drive did not fail first
+                        _thread.interrupt_main()
+                    return
+                time.sleep(0.2)
 
         spec = DriveSpec(runtime.base_url, "completions", "m", concurrency=2, timeout_s=120)
-        timer = threading.Timer(4.0, interrupt)
+        timer = threading.Thread(target=interrupt, daemon=True)
         timer.start()
         try:
             with pytest.raises(KeyboardInterrupt):
@@ -184,7 +195,8 @@ def test_an_interrupt_here_stops_the_driver_there(
             assert running and running[0], "the driver was not running on the box"
             _wait_driver_gone(checker, driver)
         finally:
-            timer.cancel()
+            stop.set()
+            timer.join()
             checker.close()
 
 
