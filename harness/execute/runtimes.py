@@ -241,9 +241,10 @@ class RunningRuntime:
 
     def stop(self) -> bool:
         """Signal the process group, wait the grace period, then SIGKILL; True if it is gone."""
-        gone = stop_group(self.box, self.profile, self.pgid)
-        self.box.release_http(self.spec.port)
-        return gone
+        try:
+            return stop_group(self.box, self.profile, self.pgid)
+        finally:
+            self.box.release_http(self.spec.port)  # its tunnel, on an SSH box
 
 
 def stop_group(box: Box, profile: RuntimeProfile, pgid: int) -> bool:
