@@ -10,7 +10,14 @@ import re
 import sys
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from harness.catalog import COUNTERS, METRICS
 from harness.slurm_fields import slurm_fields_problem, slurm_minutes
@@ -98,6 +105,17 @@ class BoxSpec(Strict):
     max_parallel: int | None = Field(
         None, ge=1, le=100000, description="slurm: cohort jobs running at once (default: all)"
     )
+    drive: Literal["tunnel", "on-box"] | None = Field(
+        None,
+        description="ssh only: where the workload driver runs: `tunnel` (default: here, its "
+        "requests carried to the box's 127.0.0.1 by an SSH tunnel) or `on-box` (on the box "
+        "itself, with the box's python and aiohttp; the results are fetched back)",
+    )
+
+    @property
+    def drives_on_box(self) -> bool:
+        """True when the workload driver runs on the box (``drive: on-box``)."""
+        return self.drive == "on-box"
 
     def python_path(self) -> str:
         """The interpreter to run on the box."""
@@ -120,6 +138,16 @@ class BoxSpec(Strict):
         if problem is not None:
             raise ValueError(problem)
         return self
+
+    @field_validator("drive")
+    @classmethod
+    def _drive_is_for_ssh(cls, drive: str | None, info: ValidationInfo) -> str | None:
+        if drive is not None and info.data.get("kind") in ("local", "slurm"):
+            raise ValueError(
+                f"a {info.data.get('kind')} box takes no `drive`: its driver already runs beside "
+                "its runtime, with no tunnel; remove `drive` (it is for ssh boxes)"
+            )
+        return drive
 
 
 class HttpProbe(Strict):

@@ -8,6 +8,7 @@ remote timeout guard, sftp downloads of the ring and log, and stopping by proces
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from harness.execute.boxes import SshBox
 from harness.execute.preflight import check_box
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.plan import Run, build_plan
-from harness.records import RUN_OK, read_json, read_parquet
+from harness.records import RUN_OK, CampaignDir, read_json, read_parquet
 from tests.conftest import DATA, REPO
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 
@@ -54,6 +55,47 @@ def write_card(server: LoopbackSshd, folder: Path) -> Path:
     return path
 
 
+# Prints the TCP sockets a process listens on, as /proc/net/tcp{,6} write them (hex address).
+_LISTENING_SNIPPET = """
+import os, sys
+pid = sys.argv[1]
+inodes = set()
+for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        continue
+    if target.startswith("socket:["):
+        inodes.add(target[8:-1])
+for table in ("tcp", "tcp6"):
+    for line in open(f"/proc/net/{table}").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:
+            print(table, fields[1])
+"""
+
+
+def listening_sockets(box: SshBox, pid: int) -> list[tuple[str, str, int]]:
+    """(table, address, port) of every TCP socket ``pid`` listens on, read on the box."""
+    out = box.sh(f"{sys.executable} -c {shlex.quote(_LISTENING_SNIPPET)} {pid}").stdout
+    found = []
+    for line in out.splitlines():
+        table, address = line.split()
+        host_hex, port_hex = address.split(":")
+        if table == "tcp":  # IPv4, little-endian
+            host = ".".join(str(b) for b in reversed(bytes.fromhex(host_hex)))
+        else:
+            host = host_hex
+        found.append((table, host, int(port_hex, 16)))
+    return found
+
+
+def last_boot_pgid(campaign: CampaignDir) -> int:
+    """The process group of the latest boot the journal recorded."""
+    boots = [e for e in campaign.journal.events() if e.get("event") == "boot"]
+    return int(boots[-1]["pgid"])
+
+
 def runtime_processes(box: SshBox, marker: str) -> list[str]:
     """Live (non-zombie) processes on the box whose command line contains ``marker``."""
     listing = box.sh("ps -ww -e -o pid= -o stat= -o args=").stdout
@@ -74,11 +116,23 @@ def test_ab_campaign_over_ssh(sshd: LoopbackSshd, tmp_path: Path) -> None:  # no
     campaign = new_campaign_dir(loaded, plan, tmp_path / "reports")
     checker = SshBox("checker", loaded.box, known_hosts=[sshd.known_hosts])
     lingering: dict[str, list[str]] = {}
+    seen: dict[str, dict[str, Any]] = {}
 
     def progress(event: str, run: Run | None, info: dict[str, Any]) -> None:
-        if event == "attempt" and run is not None:
+        if run is None:
+            return
+        if event == "request" and run.run_id not in seen:
+            # Mid-drive: the runtime listens on the box's loopback only, and the harness talks
+            # to it through one tunnel whose remote end is that very port.
+            tunnels = runner.box.tunnels.open_tunnels()
+            seen[run.run_id] = {
+                "listening": listening_sockets(checker, last_boot_pgid(campaign)),
+                "tunnels": [(t.remote, t.connections, t.base_url) for t in tunnels],
+            }
+        if event == "attempt":
             # Called after the runtime was stopped: nothing of this run may still run on the box.
             lingering[run.run_id] = runtime_processes(checker, f"{runner.remote_root}/{run.run_id}")
+            seen[run.run_id]["tunnels_after"] = len(runner.box.tunnels.open_tunnels())
 
     runner = CampaignRunner(loaded, plan, campaign, progress)
     try:
@@ -86,6 +140,14 @@ def test_ab_campaign_over_ssh(sshd: LoopbackSshd, tmp_path: Path) -> None:  # no
         assert outcome.failed == [] and not outcome.interrupted
         assert sorted(outcome.done) == sorted(run.run_id for run in plan.runs)
         assert lingering == {run.run_id: [] for run in plan.runs}
+        for run_id, what in seen.items():
+            [(table, host, port)] = what["listening"]
+            assert (table, host) == ("tcp", "127.0.0.1"), what  # not 0.0.0.0, not IPv6
+            [(remote, connections, base_url)] = what["tunnels"]
+            assert remote == ("127.0.0.1", port) and connections >= 1, what
+            assert base_url.startswith("http://127.0.0.1:") and not base_url.endswith(f":{port}")
+            assert what["tunnels_after"] == 0, f"{run_id}: its tunnel outlived its runtime"
+        assert sorted(seen) == sorted(run.run_id for run in plan.runs)
 
         for run in plan.runs:
             folder = campaign.run_dir(run.run_id)
@@ -105,6 +167,11 @@ def test_ab_campaign_over_ssh(sshd: LoopbackSshd, tmp_path: Path) -> None:  # no
             assert "listening on" in (folder / "server.log").read_text(encoding="utf-8")
         environment = read_json(campaign.root / "boxes" / f"{loaded.box_name}.json")
         assert environment["kind"] == "ssh" and environment["runtime"]["binary_sha256"]
+        assert environment["drive"] == "tunnel"
+        rtt = environment["tunnel_rtt"]
+        assert rtt["samples"] == 50, rtt
+        for path in ("tunnel", "ssh_channel"):
+            assert 0 < rtt[path]["min_ms"] <= rtt[path]["median_ms"] <= rtt[path]["p90_ms"] < 1000
 
         # Greedy decoding over SSH is as deterministic as locally: both blocks of a cell agree.
         texts = {
@@ -145,11 +212,13 @@ def test_preflight_passes_on_the_loopback_box(sshd: LoopbackSshd, tmp_path: Path
         "harness on box",
         "runtime binary",
         "file transfer",
+        "port forwarding",
         "free disk",
         "cache drop",
         "clock",
         "swap-out counter",
     ]
+    assert "round-trips in" in {c.name: c for c in checks}["port forwarding"].detail
     failed = [check for check in checks if not check.ok]
     # Free disk depends on the machine running the tests; every other check must pass here.
     assert [check.name for check in failed if check.name != "free disk"] == [], failed

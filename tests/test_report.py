@@ -23,6 +23,7 @@ from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, write_a
 from harness.analyze.cell_values import ratio_of
 from harness.gate import evaluate_gates
 from harness.report import build_context, copy_path, fmt, register, render_report
+from harness.report.context import boxes_context
 
 POOL = [
     {"id": "en-fit-1", "domain": "en-prose", "split": "fit", "prompt": "The river ran low."},
@@ -355,3 +356,20 @@ def test_predictions_are_found_where_simulate_writes_them(tiny_root: Path, tmp_p
 )
 def test_delta_format_follows_seed_000(control: float | None, cell: float, expected: str) -> None:
     assert fmt.delta(ratio_of(control, cell)) == expected
+
+
+def test_an_ssh_box_shows_where_it_drove_and_its_tunnel_round_trip(tmp_path: Path) -> None:
+    (tmp_path / "boxes").mkdir()
+    rtt = {"samples": 50, "tunnel": {"median_ms": 0.46}, "ssh_channel": {"median_ms": 0.23}}
+    capture = {"box": "gh200", "kind": "ssh", "drive": "tunnel", "tunnel_rtt": rtt}
+    (tmp_path / "boxes" / "gh200.json").write_text(json.dumps(capture))
+    (tmp_path / "boxes" / "mac.json").write_text(
+        json.dumps({"box": "mac", "kind": "ssh", "drive": "on-box", "tunnel_rtt": {"error": "x"}})
+    )
+    (tmp_path / "boxes" / "local.json").write_text(json.dumps({"box": "local", "kind": "local"}))
+    rows = {b["name"]: dict(b["summary"]) for b in boxes_context(tmp_path)}
+    assert rows["gh200"]["driver"] == (
+        "here, through an SSH tunnel; tunnel round trip 0.46 ms median (SSH channel 0.23 ms)"
+    )
+    assert rows["mac"]["driver"] == "on the box; tunnel round trip not measured: x"
+    assert "driver" not in rows["local"]

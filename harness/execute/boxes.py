@@ -5,6 +5,9 @@ tested on both paths: every argv item and env value is ``shlex.quote``-d, the en
 inline (sshd drops protocol env), and a background server is started with ``setsid nohup … &`` so
 its PID is also its process-group id and the whole group can be signalled.
 
+Servers on every box listen on 127.0.0.1; an SSH box reaches them through tunnels over its own
+connection (:mod:`.tunnel`), so the server under test is never open to the network.
+
 Over SSH every command runs under a guard on the box (``timeout``, ``gtimeout``, or perl where
 neither is installed, as on stock macOS), because a command that times out here keeps running
 there; a box with none of them is refused. Host keys are checked against known_hosts unless the
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BoxError
+from harness.execute.tunnel import TunnelSet
 from harness.profiles import BoxSpec
 
 # Evicts files from the page cache without root: POSIX_FADV_DONTNEED drops their clean pages.
@@ -53,6 +57,8 @@ _FREE_PORT_SNIPPET = (
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Seconds between the remote timeout's TERM and its KILL.
 _KILL_AFTER_S = 5
+# Seconds to wait for the box's sshd to open a channel.
+_CHANNEL_OPEN_TIMEOUT_S = 15
 # Extra seconds the local side waits beyond the remote guard before giving up on the channel.
 _LOCAL_SLACK_S = 15
 # coreutils' `timeout` where there is none (stock macOS has perl): the command runs in its own
@@ -171,10 +177,12 @@ class Box(ABC):
     def get_file(self, remote: str, local: Path) -> None:
         """Copy one file from the box."""
 
-    @property
     @abstractmethod
-    def http_host(self) -> str:
-        """Host name the harness uses to reach servers on the box."""
+    def http_base(self, port: int) -> str:
+        """The URL the harness reaches a server on the box's 127.0.0.1:``port`` at."""
+
+    def release_http(self, port: int) -> None:  # noqa: B027 - optional hook
+        """The server at ``port`` has stopped: release what :meth:`http_base` opened for it."""
 
     @property
     def where(self) -> str:
@@ -183,8 +191,9 @@ class Box(ABC):
 
     @property
     def bind_host(self) -> str:
-        """Address servers on the box should listen on."""
-        return "127.0.0.1" if self.spec.kind == "local" else "0.0.0.0"
+        """Address servers on the box listen on: loopback only, on every box (an SSH box's are
+        reached through a tunnel), so nobody else can talk to the server under test."""
+        return "127.0.0.1"
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
@@ -336,10 +345,9 @@ class Box(ABC):
 class LocalBox(Box):
     """This machine: commands run as subprocesses of the harness."""
 
-    @property
-    def http_host(self) -> str:
-        """Servers on this machine are reached on loopback."""
-        return "127.0.0.1"
+    def http_base(self, port: int) -> str:
+        """Servers on this machine are reached on loopback, directly."""
+        return f"http://127.0.0.1:{port}"
 
     def free_port(self) -> int:
         """A free loopback port, found in-process (no interpreter start per run)."""
@@ -456,12 +464,51 @@ class SshBox(Box):
         self._target = f"{spec.user + '@' if spec.user else ''}{spec.host}"
         if spec.port:
             self._target += f":{spec.port}"
+        self.tunnels = TunnelSet(self._open_direct, self.where)
 
-    @property
-    def http_host(self) -> str:
-        """Servers on the box are reached at its host name."""
-        assert self.spec.host is not None
-        return self.spec.host
+    def http_base(self, port: int) -> str:
+        """A tunnel's local URL: the server listens on the box's 127.0.0.1 only (:mod:`.tunnel`)."""
+        self._connect()
+        return self.tunnels.url(port)
+
+    def release_http(self, port: int) -> None:
+        """Close the tunnel to a server that has stopped."""
+        self.tunnels.release(port)
+
+    def _open_direct(self, remote: tuple[str, int], peer: tuple[str, int]) -> Any:
+        """A ``direct-tcpip`` channel to ``remote`` on the box (called from tunnel threads; the
+        transport is read afresh, so a reconnect by the main thread is picked up)."""
+        connection = self._connection
+        if connection is None or connection.transport is None:
+            raise EOFError("not connected")
+        return connection.transport.open_channel(
+            "direct-tcpip", remote, peer, timeout=_CHANNEL_OPEN_TIMEOUT_S
+        )
+
+    def exec_channel(self, command: str, timeout_s: float) -> Any:
+        """Start shell text under the box's guard on a channel of its own and return the channel
+        (paramiko's), for a caller that streams stdin and stdout; ``timeout_s`` bounds it there."""
+        guarded = remote_guard(export_prefix(self.spec.env) + command, timeout_s)
+        try:
+            channel = self._connect().transport.open_session(timeout=_CHANNEL_OPEN_TIMEOUT_S)
+            channel.exec_command(guarded)
+        except Exception as exc:  # paramiko raises many types; name the box
+            raise BoxError(f"{self.where}: cannot start {command[:200]}: {exc}") from exc
+        return channel
+
+    def check_forwarding(self) -> None:
+        """Raise BoxError, with the fix, when the box's sshd refuses to forward ports."""
+        self._connect()
+        self.tunnels.probe()
+
+    def round_trips(self) -> dict[str, Any]:
+        """Round-trip times of a tunnel and of the SSH channel (:func:`.echo_round_trips`)."""
+        self._connect()
+
+        def start_echo(command: str) -> Any:
+            return self.exec_channel(command, 60)
+
+        return self.tunnels.round_trips(start_echo, self.spec.python_path())
 
     @property
     def where(self) -> str:
@@ -524,6 +571,7 @@ class SshBox(Box):
         except Exception as exc:  # fabric parses ssh config and host strings; name the box
             raise BoxError(f"{self.where}: bad ssh settings: {exc}") from exc
         self._target = f"{connection.user}@{connection.host}:{connection.port}"
+        self.tunnels.where = self.where
         self._secure(connection)
         try:
             connection.open()
@@ -608,7 +656,8 @@ class SshBox(Box):
             raise self._transfer_error(f"download {remote} -> {local}", exc) from exc
 
     def close(self) -> None:
-        """Close the SSH connection (and its gateway)."""
+        """Close the tunnels and the SSH connection (and its gateway)."""
+        self.tunnels.close()
         if self._connection is not None:
             self._connection.close()
             gateway = getattr(self._connection, "gateway", None)

@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from harness.errors import InfrastructureError
+from harness.execute.tunnel import refusal
 
 
 @dataclass(frozen=True)
@@ -186,15 +187,16 @@ class _Watch:
         )
         self._cancel_others()
 
-    def refused(self, result: RequestResult, exc: aiohttp.ClientConnectorError) -> None:
-        """A request could not connect: the runtime exited or stopped listening, so every
-        later request would fail the same way (a timed phase would send them until its end)."""
+    def refused(self, result: RequestResult, detail: str) -> None:
+        """A request could not connect (``detail`` says how): the runtime exited or stopped
+        listening, so every later request would fail the same way (a timed phase would send
+        them until its end)."""
         if self.hung is not None:
             return
         self.state = "down"
         self.hung = (
             f"request {result.prompt_id} (phase {result.phase}) could not connect "
-            f"({type(exc).__name__}: {exc}): the runtime exited or stopped listening"
+            f"({detail}): the runtime exited or stopped listening"
         )
         self._cancel_others()
 
@@ -287,6 +289,12 @@ async def send_one(
         async with session.post(spec.base_url + path, json=body, timeout=timeout) as response:
             if response.status != 200:
                 detail = (await response.text())[:500]
+                if refusal(response.status, response.headers) is not None:
+                    # A tunnel's answer for a runtime that refused it: a refused connect.
+                    result.error = f"ConnectionRefusedError: {detail}"
+                    if watch is not None:
+                        watch.refused(result, result.error)
+                    return result
                 result.error = f"HTTP {response.status}: {detail}"
                 return result
             async for raw in response.content:
@@ -328,7 +336,7 @@ async def send_one(
     except aiohttp.ClientConnectorError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         if watch is not None:
-            watch.refused(result, exc)
+            watch.refused(result, result.error)
         return result
     except (aiohttp.ClientError, json.JSONDecodeError, ConnectionError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"

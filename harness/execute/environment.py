@@ -1,7 +1,9 @@
 """What a campaign's box is: host, OS, CPU, memory, GPU and runtime version, captured once.
 
 Written to ``boxes/<box>.json`` of the campaign before its first run, so the report can say
-what the numbers were measured on.
+what the numbers were measured on. An SSH box's capture also says where the driver ran
+(``drive``) and the round-trip time of its tunnel beside that of the SSH channel
+(``tunnel_rtt``): what a tunnelled drive adds to every TTFT.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any
 
 from harness import __version__
 from harness.card import LoadedCard
-from harness.execute.boxes import Box, quote_path
+from harness.errors import BoxError
+from harness.execute.boxes import Box, SshBox, quote_path
 from harness.execute.runtimes import runtime_version
 
 
@@ -21,7 +24,7 @@ def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
     def text(command: str) -> str:
         return box.sh(command + " 2>/dev/null", check=False, timeout_s=60).stdout.strip()
 
-    return {
+    out = {
         "box": box.name,
         "kind": box.spec.kind,
         "platform": box.spec.platform,
@@ -40,3 +43,10 @@ def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
         "swapout_pages_at_start": box.swapout_pages(),
         "captured_at": time.time(),
     }
+    if isinstance(box, SshBox):
+        out["drive"] = loaded.box.drive or "tunnel"
+        try:
+            out["tunnel_rtt"] = box.round_trips()
+        except BoxError as exc:  # a capture records what it could not measure, and goes on
+            out["tunnel_rtt"] = {"error": str(exc)}
+    return out

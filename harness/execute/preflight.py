@@ -17,7 +17,8 @@ from pathlib import Path
 
 from harness import __version__
 from harness.errors import BoxError, KnobError
-from harness.execute.boxes import Box, open_box, quote_path, shell_command
+from harness.execute.boxes import Box, SshBox, open_box, quote_path, shell_command
+from harness.execute.drive_remote import ship_driver
 from harness.execute.runtimes import render
 from harness.profiles import BoxSpec, RuntimeProfile
 
@@ -267,6 +268,40 @@ def _platform(box: Box, spec: BoxSpec, profile: RuntimeProfile | None) -> Check:
     return Check("platform", True, f"{system}, {spec.platform}")
 
 
+def _forwarding(box: SshBox) -> Check:
+    """The tunnel every HTTP call to the runtime takes: allowed, and how long a round trip is."""
+    try:
+        rtt = box.round_trips()
+    except BoxError as exc:
+        if "AllowTcpForwarding" in str(exc):
+            fix = "set `AllowTcpForwarding yes` for the ssh user in the box's sshd_config"
+        else:
+            fix = "check that `python` on the box runs (the probe is a small echo server)"
+        return Check("port forwarding", False, str(exc), fix)
+    tunnel, channel = rtt["tunnel"]["median_ms"], rtt["ssh_channel"]["median_ms"]
+    return Check(
+        "port forwarding",
+        True,
+        f"a tunnel to the box's 127.0.0.1 round-trips in {tunnel:.2f} ms (median of "
+        f"{rtt['samples']}; the SSH channel alone: {channel:.2f} ms)",
+    )
+
+
+def _on_box_driver(box: SshBox, spec: BoxSpec, workdir: str) -> Check:
+    """``drive: on-box``: the shipped driver starts with the box's python and aiohttp."""
+    try:
+        driver = ship_driver(box, f"{workdir}/.preflight")
+    except BoxError as exc:
+        fix = f"`{spec.python_path()} -m pip install aiohttp` on the box, or drop `drive: on-box`"
+        return Check("on-box driver", False, str(exc), fix)
+    hello = driver.hello
+    return Check(
+        "on-box driver",
+        True,
+        f"the driver starts on the box (Python {hello['python']}, aiohttp {hello['aiohttp']})",
+    )
+
+
 def check_box(
     name: str, spec: BoxSpec, profile: RuntimeProfile | None = None, *, box: Box | None = None
 ) -> list[Check]:
@@ -309,8 +344,13 @@ def check_box(
             checks.append(Check("workdir", False, str(exc), fix))
             steps = steps[2:]
         else:
-            if spec.kind == "ssh":
-                steps.insert(0, lambda: _transfer(target, workdir))
+            if isinstance(target, SshBox):
+                ssh = target
+                steps.insert(0, lambda: _transfer(ssh, workdir))
+                if profile is None or profile.driver is None:  # reached over HTTP
+                    steps.insert(1, lambda: _forwarding(ssh))
+                    if spec.drives_on_box:
+                        steps.insert(2, lambda: _on_box_driver(ssh, spec, workdir))
         checks.extend(step() for step in steps)
         return checks
     finally:

@@ -38,6 +38,7 @@ from harness.execute.cohorts import CohortBook
 from harness.execute.command import collect_result, start_command, wait_command
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
+from harness.execute.drive_remote import BoxDriver, prepare_drive
 from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
 from harness.execute.guards import RunWatch, cohort_key, guards_enabled
@@ -205,6 +206,7 @@ class CampaignRunner(GuardSteps):
         self.remote_root = ""
         self.monitor_settings = monitor or MonitorSettings()
         self.checkpoint_s = checkpoint_s
+        self.box_driver: BoxDriver | None = None  # set by _prepare_box for `drive: on-box`
         if cohorts is None:  # a fleet's runners share one book (one cohorts.json)
             enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
             cohorts = CohortBook.open(campaign.root, enabled, why)
@@ -265,6 +267,7 @@ class CampaignRunner(GuardSteps):
         )
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
+        self.box_driver = prepare_drive(self.box, self.loaded.runtime, self.remote_root)
         env_path = self.campaign.root / "boxes" / f"{self.box_name}.json"
         if not env_path.is_file():
             write_json_atomic(env_path, capture_environment(self.box, self.loaded))
@@ -783,15 +786,30 @@ class CampaignRunner(GuardSteps):
         spec = run_drive_spec(self.loaded, runtime)
         phase_knob = self.loaded.runtime.phase_live_knob
 
-        async def on_phase(phase: PhasePlan) -> None:
+        def phase_live(phase: PhasePlan) -> dict[str, Any] | None:
             if phase_knob and phase.index >= 0 and phase.index != QUALITY_PHASE:
+                return {phase_knob: phase.index}
+            return None
+
+        async def on_phase(phase: PhasePlan) -> None:
+            if (live := phase_live(phase)) is not None:
                 # A dead runtime refuses this; the phase's requests then fail and say why.
                 with contextlib.suppress(OSError):
-                    await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
+                    await asyncio.to_thread(runtime.post_live, live)
 
         def on_result(result: RequestResult) -> None:
             self.progress("request", run, {"result": result})
 
+        if self.box_driver is not None:  # `drive: on-box`: the same drive, run on the box
+            return self.box_driver.drive(
+                runtime,
+                spec,
+                phases,
+                phase_live=phase_live,
+                on_result=on_result,
+                origin=origin,
+                mark_first=mark_first,
+            )
         return asyncio.run(
             drive(
                 spec,

@@ -21,6 +21,7 @@ from harness.card import Cell, KnobValue
 from harness.errors import KnobError, RuntimeBootError
 from harness.execute.boxes import Box, quote_path, shell_command
 from harness.execute.interrupts import deferred
+from harness.execute.tunnel import refusal
 from harness.profiles import RuntimeProfile, switch_state
 
 
@@ -154,6 +155,7 @@ def http_json(
     except urllib.error.HTTPError as exc:
         body = exc.read()
         status = exc.code
+        _raise_refused(status, exc.headers, body)
     try:
         return status, json.loads(body) if body else None
     except json.JSONDecodeError:
@@ -166,7 +168,15 @@ def http_text(url: str, timeout_s: float = 10) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
+        text = exc.read()
+        _raise_refused(exc.code, exc.headers, text)
+        return exc.code, text.decode("utf-8", "replace")
+
+
+def _raise_refused(status: int, headers: Any, body: bytes) -> None:
+    """A tunnel's stand-in for a refused connection raises what a direct connection would."""
+    if refusal(status, headers or {}) is not None:
+        raise ConnectionRefusedError(body.decode("utf-8", "replace"))
 
 
 @dataclass
@@ -231,7 +241,10 @@ class RunningRuntime:
 
     def stop(self) -> bool:
         """Signal the process group, wait the grace period, then SIGKILL; True if it is gone."""
-        return stop_group(self.box, self.profile, self.pgid)
+        try:
+            return stop_group(self.box, self.profile, self.pgid)
+        finally:
+            self.box.release_http(self.spec.port)  # its tunnel, on an SSH box
 
 
 def stop_group(box: Box, profile: RuntimeProfile, pgid: int) -> bool:
@@ -270,9 +283,10 @@ def boot(
         profile=profile,
         spec=spec,
         pgid=pgid,
-        base_url=f"http://{box.http_host}:{spec.port}",
+        base_url="",
     )
     try:
+        runtime.base_url = box.http_base(spec.port)  # an SSH box's tunnel; inside the try
         runtime.wait_ready()
     except BaseException:
         runtime.stop()

@@ -157,6 +157,7 @@ def boxes_context(root: Path) -> list[dict[str, Any]]:
             ("python", data.get("python")),
             ("harness", data.get("harness_version")),
             ("swap-out pages at start", data.get("swapout_pages_at_start")),
+            ("driver", _driver_text(data)),
         ]
         out.append(
             {
@@ -172,6 +173,23 @@ def boxes_context(root: Path) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _driver_text(data: dict[str, Any]) -> str | None:
+    """Where an SSH box's driver ran and the tunnel's round trip (None for a local box)."""
+    drive = data.get("drive")
+    if drive is None:
+        return None
+    rtt = data.get("tunnel_rtt") or {}
+    if "tunnel" in rtt:
+        measured = (
+            f"tunnel round trip {rtt['tunnel']['median_ms']:.2f} ms median "
+            f"(SSH channel {rtt['ssh_channel']['median_ms']:.2f} ms)"
+        )
+    else:
+        measured = f"tunnel round trip not measured: {rtt.get('error', 'no capture')}"
+    where = "on the box" if drive == "on-box" else "here, through an SSH tunnel"
+    return f"{where}; {measured}"
 
 
 def _os_name(text: str) -> str:
