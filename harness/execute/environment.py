@@ -44,7 +44,7 @@ def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:
         "captured_at": time.time(),
     }
     if isinstance(box, SshBox):
-        out["drive"] = loaded.box.drive or "tunnel"
+        out["drive"] = box.spec.drive or "tunnel"
         try:
             out["tunnel_rtt"] = box.round_trips()
         except BoxError as exc:  # a capture records what it could not measure, and goes on
