@@ -7,6 +7,10 @@ local box twice, each with its own folder and ports), through :class:`FleetRunne
 one) so drift in the machine's load cancels. The figure is the wall-time ratio one box ÷ two
 boxes (target ≥ 1.7× on two cores), with the load average before and after: a busy machine
 lowers it. Each campaign's records are checked complete.
+
+Where ``sinfo`` answers (a Slurm cluster this user submits to, ``SLURM_CONF`` honoured), it also
+measures the scheduling overhead per cohort: four trivial jobs as one array, the way cohorts
+are submitted, from sbatch to each job's first log line and to the harness starting on the node.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -92,7 +97,7 @@ def run_bench(quick: bool = False) -> list[Figure]:
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
         f"on {os.cpu_count()} CPUs"
     )
-    figures = [
+    figures: list[Figure] = [
         Figure(
             name="16-run campaign: wall time on one box / on two boxes",
             value=ratio,
@@ -104,4 +109,53 @@ def run_bench(quick: bool = False) -> list[Figure]:
         ),
         Figure(name="two-box campaign wall time", value=totals["two"] / repeats, unit="s"),
     ]
+    figures.extend(_slurm_figures())
     return figures
+
+
+def _slurm_figures() -> list[Figure]:
+    """Submit to first log line per cohort, on the cluster ``sinfo`` answers for (if any)."""
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return [_not_measured("no sinfo/sbatch on this machine")]
+    import subprocess
+
+    from harness.errors import HarnessError
+    from harness.profiles import BoxSpec
+    from harness.slurm.latency import measure_overhead
+
+    try:
+        answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [_not_measured(f"sinfo: {exc}")]
+    if answer.returncode != 0:
+        return [_not_measured(f"sinfo: {answer.stderr.strip()[:200]}")]
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-slurm-") as shared:
+        spec = BoxSpec(kind="slurm", shared_dir=shared, python=sys.executable, setup=[
+            f"export PYTHONPATH={Path(__file__).resolve().parents[2]}"
+        ])  # fmt: skip
+        try:
+            overhead = measure_overhead("bench", spec, jobs=4)
+        except HarnessError as exc:
+            return [_not_measured(str(exc)[:200])]
+    spread = ", ".join(f"{s:.2f}" for s in overhead.first_line_s)
+    return [
+        Figure(
+            name="slurm: submit to the job's first log line per cohort (median of 4, one array)",
+            value=overhead.median_first_line_s,
+            unit="s",
+            baseline=f"each job {spread} s; the default partition",
+        ),
+        Figure(
+            name="slurm: submit to the harness starting on the node (median)",
+            value=overhead.median_harness_s,
+            unit="s",
+        ),
+    ]
+
+
+def _not_measured(why: str) -> Figure:
+    return Figure(
+        name=f"slurm: submit to first log line per cohort (not measured: {why})",
+        value=float("nan"),
+        unit="s",
+    )
