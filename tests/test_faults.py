@@ -182,6 +182,10 @@ def test_a_hung_runtime_fails_its_run_within_one_request_timeout(
 
 
 @contextmanager
+def _sighup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _harness_run(
     card: Path, reports: Path, log: Path, *, stdout_pipe: bool = False
 ) -> Iterator[subprocess.Popen[bytes]]:
@@ -199,6 +203,9 @@ def _harness_run(
             stderr=out if stdout_pipe else subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            # A suite started under nohup hands SIGHUP down ignored, and the harness rightly
+            # keeps an ignored signal ignored; the tests send it, so it starts at its default.
+            preexec_fn=_sighup_default,
         )
     try:
         yield process

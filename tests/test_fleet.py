@@ -1,8 +1,9 @@
 """Fleets: a campaign's cohorts over several boxes at once, with the reference runtime.
 
 The plan's dealing and the interaction test are checked directly; the rest runs the real
-harness: two local boxes in parallel, a box that fails its preflight, SIGTERM and SIGKILL in
-the middle of a fleet and the resume after them, and two SSH boxes over the loopback sshd.
+harness: two local boxes in parallel beside a third that fails its preflight, SIGTERM and
+SIGKILL in the middle of a fleet and the resume after them, and two SSH boxes over the
+loopback sshd.
 """
 
 from __future__ import annotations
@@ -151,12 +152,21 @@ def test_the_interaction_test_finds_a_box_that_disagrees() -> None:
 
 
 @pytest.mark.slow
-def test_two_local_boxes_run_in_parallel_and_report_per_box(tmp_path: Path) -> None:
+def test_two_local_boxes_run_in_parallel_a_third_is_dropped_and_each_reports(
+    tmp_path: Path,
+) -> None:
+    # Three boxes, the third failing its preflight: its cohort is dealt to the other two.
+    boxes = "boxes: [{name: a}, {name: b}, {name: broken, python: /nonexistent/bin/python3}]"
     reports = tmp_path / "reports"
-    result = _harness("run", str(_card(tmp_path, cycles=4)), "--reports", str(reports), "--quiet")
+    card = _card(tmp_path, boxes, cycles=4)
+    result = _harness("run", str(card), "--reports", str(reports), "--quiet")
     root = next(reports.glob("fleet/*"))
     try:
         assert result.returncode == 0, result.stdout + result.stderr
+        assert "box broken dropped:" in result.stdout
+        events = Journal(root / "journal.jsonl").events()
+        dropped = [e for e in events if e["event"] == "box_dropped"]
+        assert [e["box"] for e in dropped] == ["broken"] and "python" in dropped[0]["reason"]
         records = _records(root)
         assert len(records) == 16 and all(r["status"] == "ok" for r in records)
         assert Counter(r["box"] for r in records) == {"a": 8, "b": 8}
@@ -166,7 +176,6 @@ def test_two_local_boxes_run_in_parallel_and_report_per_box(tmp_path: Path) -> N
         }
         assert any(s < e2 and s2 < e for s, e in spans["a"] for s2, e2 in spans["b"])
         assert {p.name for p in (root / "boxes").glob("*.json")} == {"a.json", "b.json"}
-        events = Journal(root / "journal.jsonl").events()
         fleet = next(e for e in events if e["event"] == "fleet")
         assert fleet["runs"] == {"a": 8, "b": 8}
         done = [e["run_id"] for e in events if e["event"] == "run_done"]
@@ -174,32 +183,19 @@ def test_two_local_boxes_run_in_parallel_and_report_per_box(tmp_path: Path) -> N
         summary = json.loads(_harness("analyze", str(root), "--json").stdout)
         rows = summary["fleet"]["boxes"]
         decode = [r for r in rows if r["metric"] == "decode_tok_s"]
-        assert {r["box"] for r in decode} == {"a", "b"} and all(r["n_cycles"] == 2 for r in decode)
+        assert {r["box"] for r in decode} == {"a", "b"}
+        assert all(r["n_cycles"] == 2 for r in decode)
         interactions = [r for r in summary["fleet"]["interactions"] if r["metric"] == "hit_rate"]
         assert interactions and interactions[0]["p_interaction"] == 1.0  # deterministic, agrees
         html = (root / "report.html").read_text(encoding="utf-8")
         assert 'id="per-box"' in html and "interaction p" in html
+        # `harness box check --card` checks every box of the fleet and says what a run does.
+        check = _harness("box", "check", "--card", str(card))
+        assert check.returncode == 3, check.stdout + check.stderr
+        assert "box a: 9 of 9 checks passed" in check.stdout
+        assert "1 of 3 boxes failed: a fleet drops them" in check.stdout
     finally:
         _stop_groups(root)
-
-
-@pytest.mark.slow
-def test_a_box_failing_its_preflight_is_dropped_and_its_cohorts_move(tmp_path: Path) -> None:
-    boxes = "boxes: [{name: a}, {name: broken, python: /nonexistent/bin/python3}]"
-    reports = tmp_path / "reports"
-    result = _harness("run", str(_card(tmp_path, boxes, 2)), "--reports", str(reports), "--quiet")
-    root = next(reports.glob("fleet/*"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "box broken dropped:" in result.stdout
-    records = _records(root)
-    assert len(records) == 8 and {r["box"] for r in records} == {"a"}
-    dropped = [e for e in Journal(root / "journal.jsonl").events() if e["event"] == "box_dropped"]
-    assert [e["box"] for e in dropped] == ["broken"] and "python" in dropped[0]["reason"]
-    # `harness box check --card` checks every box of the fleet and says what a run would do.
-    check = _harness("box", "check", "--card", str(tmp_path / "fleet.yaml"))
-    assert check.returncode == 3, check.stdout + check.stderr
-    assert "box a: 9 of 9 checks passed" in check.stdout
-    assert "1 of 2 boxes failed: a fleet drops them" in check.stdout
 
 
 def _start(card: Path, reports: Path) -> subprocess.Popen[bytes]:

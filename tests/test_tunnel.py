@@ -138,7 +138,9 @@ def test_a_refused_connection_reads_as_refused_through_the_tunnel(box: SshBox) -
     with pytest.raises(RuntimeHung, match="runtime down") as caught:
         asyncio.run(drive(spec, [PhasePlan("main", 0, items, duration_s=30)]))
     assert time.monotonic() - started < 10
-    assert caught.value.results and "ConnectionRefusedError" in caught.value.results[0].error
+    # At concurrency 2 either request may be the one refused first; the other is cancelled.
+    errors = [r.error for r in caught.value.results]
+    assert any("ConnectionRefusedError" in e for e in errors), errors
 
 
 def test_a_box_that_refuses_forwarding_is_named_with_the_fix(tmp_path: Path) -> None:
