@@ -181,11 +181,11 @@ def test_a_hung_runtime_fails_its_run_within_one_request_timeout(
     _assert_gone(events, campaign.root)
 
 
-@contextmanager
 def _sighup_default() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+@contextmanager
 def _harness_run(
     card: Path, reports: Path, log: Path, *, stdout_pipe: bool = False
 ) -> Iterator[subprocess.Popen[bytes]]:
