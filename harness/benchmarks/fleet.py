@@ -128,7 +128,8 @@ def _slurm_figures() -> list[Figure]:
     except (OSError, subprocess.SubprocessError) as exc:
         return [_not_measured(f"sinfo: {exc}")]
     if answer.returncode != 0:
-        return [_not_measured(f"sinfo: {answer.stderr.strip()[:200]}")]
+        first = (answer.stderr.strip().splitlines() or ["no output"])[0][:120]
+        return [_not_measured(f"no cluster answers sinfo ({first}); set SLURM_CONF")]
     with tempfile.TemporaryDirectory(prefix="bench-fleet-slurm-") as shared:
         spec = BoxSpec(kind="slurm", shared_dir=shared, python=sys.executable, setup=[
             f"export PYTHONPATH={Path(__file__).resolve().parents[2]}"
