@@ -301,5 +301,9 @@ def test_two_ssh_boxes_over_the_loopback_sshd(sshd: LoopbackSshd, tmp_path: Path
         assert (workdir / "y").is_dir()
         summary = json.loads(_harness("analyze", str(root), "--json").stdout)
         assert {r["box"] for r in summary["fleet"]["boxes"]} == {"x", "y"}
+        assert 'id="per-box"' in (root / "report.html").read_text(encoding="utf-8")
+        for name in ("x", "y"):  # each box's capture, with its tunnel's round trip
+            capture = json.loads((root / "boxes" / f"{name}.json").read_text())
+            assert capture["drive"] == "tunnel" and capture["tunnel_rtt"]
     finally:
         _stop_groups(root)

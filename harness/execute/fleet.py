@@ -111,6 +111,11 @@ class _ShareRunner(Protocol):
     def run_share(self, outcome: CampaignOutcome) -> None: ...
 
 
+def _running(worker: _Worker) -> bool:
+    thread = worker.thread
+    return thread is not None and not worker.finished.is_set() and thread.is_alive()
+
+
 class FleetRunner:
     """Runs a campaign on every box of its card: one box directly, several in parallel."""
 
@@ -265,7 +270,9 @@ class FleetRunner:
         # Not Thread.join: a signal that interrupts join() marks the thread stopped while it
         # still runs (CPython's bpo-45274 handling), and the forwarded interrupt would then
         # skip it. A plain sleep is cut by the signal and changes nothing.
-        while not all(worker.finished.is_set() for worker in workers):
+        # is_alive stays true to life without join(), and covers a worker whose forwarded
+        # interrupt landed in its last lines, before it could say it finished.
+        while any(_running(worker) for worker in workers):
             time.sleep(_JOIN_POLL_S)
 
     def _box_progress(self, name: str) -> ProgressCallback:
