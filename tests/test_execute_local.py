@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from harness.card import load_card
-from harness.execute.boxes import LocalBox, shell_command
+from harness.execute.boxes import Box, LocalBox, shell_command
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.plan import build_plan
 from harness.profiles import BoxSpec
@@ -355,3 +355,39 @@ def test_a_declared_ring_that_was_not_collected_fails_the_run(tmp_path: Path) ->
     assert good["reason"].startswith("collecting telemetry failed: " + missing), good["reason"]
     assert crashed["status"] == "failed" and crashed["reason"].startswith("runtime down: ")
     assert "; telemetry not collected: " + missing in crashed["reason"], crashed["reason"]
+
+
+def test_a_runtime_started_but_never_journalled_is_found_by_its_mark(tmp_path: Path) -> None:
+    """A SIGKILL between a runtime's start and its journalled group: the resume finds it by the
+    mark the runner puts in every runtime's environment, journalled before the start."""
+    loaded = load_card(_card_with(tmp_path, "mark.yaml", {}))
+    plan = build_plan(loaded)
+    campaign = new_campaign_dir(loaded, plan, tmp_path / "reports")
+    run_id = plan.runs[0].run_id
+    mark = f"{campaign.root}/box/{run_id}"
+    campaign.journal.append("boot_starting", run_id=run_id, box="local", mark=mark)
+    # The runtime as start_background leaves it: its own session, the mark in its environment.
+    runtime = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, "HARNESS_BOOT_DIR": mark}, start_new_session=True
+    )
+    other = subprocess.Popen(  # another campaign's runtime: not this one's to stop
+        ["sleep", "300"],
+        env={**os.environ, "HARNESS_BOOT_DIR": mark + "-x"},
+        start_new_session=True,
+    )
+    try:
+        runner = CampaignRunner(loaded, plan, campaign)
+        assert runner.box.groups_marked("HARNESS_BOOT_DIR", mark) == [runtime.pid]
+        runner._stop_orphans()
+        assert runtime.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+        killed = [e for e in campaign.journal.events() if e["event"] == "orphan_killed"]
+        assert [(e["run_id"], e["pgid"]) for e in killed] == [(run_id, runtime.pid)]
+        # Over a shell (the SSH box's way), the same scan finds the same group.
+        shell = Box.groups_marked(runner.box, "HARNESS_BOOT_DIR", mark + "-x")
+        assert shell == [other.pid]
+    finally:
+        for process in (runtime, other):
+            if process.poll() is None:
+                process.kill()
+                process.wait()

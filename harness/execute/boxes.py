@@ -255,6 +255,18 @@ class Box(ABC):
         """True while any process of the group is alive (zombies do not count)."""
         return self.sh(_group_alive_command(pgid), check=False).code == 0
 
+    def groups_marked(self, name: str, value: str) -> list[int]:
+        """Process groups of processes whose environment has ``name=value`` (Linux /proc;
+        elsewhere none are found). The runner marks each runtime it boots this way."""
+        wanted = shlex.quote(f"{name}={value}")
+        script = (
+            "for f in /proc/[0-9]*/environ; do "
+            f"if tr '\\0' '\\n' < \"$f\" 2>/dev/null | grep -qxF -- {wanted}; then "
+            'p=${f#/proc/}; p=${p%/environ}; ps -o pgid= -p "$p" 2>/dev/null; fi; done'
+        )
+        found = self.sh(script, check=False, timeout_s=60).stdout.split()
+        return sorted({int(g) for g in found if g.isdigit() and int(g) > 1})
+
     def signal_group(self, pgid: int, signal: str) -> None:
         """Send ``signal`` (TERM, INT, KILL) to the whole process group."""
         self.sh(f"kill -s {shlex.quote(signal)} -- -{int(pgid)} 2>/dev/null", check=False)
@@ -355,6 +367,20 @@ class LocalBox(Box):
             probe.bind(("127.0.0.1", 0))
             port: int = probe.getsockname()[1]
             return port
+
+    def groups_marked(self, name: str, value: str) -> list[int]:
+        """Process groups whose environment has ``name=value``, read from /proc in-process."""
+        if not sys.platform.startswith("linux"):
+            return super().groups_marked(name, value)
+        wanted = f"{name}={value}".encode()
+        groups = set()
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if wanted in environ.read_bytes().split(b"\0"):
+                    groups.add(os.getpgid(int(environ.parent.name)))
+            except (OSError, ValueError):
+                continue  # gone, or not ours to read
+        return sorted(g for g in groups if g > 1)
 
     def group_alive(self, pgid: int) -> bool:
         """Read /proc directly on Linux (a `ps` per poll costs more than the poll interval)."""

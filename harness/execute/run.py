@@ -89,6 +89,8 @@ from harness.records import (
 from harness.telemetry_read import read_ring, read_ring_since
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
+# The environment variable that marks a booted runtime with its run folder on the box.
+BOOT_MARK = "HARNESS_BOOT_DIR"
 
 
 @dataclass
@@ -363,6 +365,12 @@ class CampaignRunner(GuardSteps):
                 runtime = self._run_command(run, spec, state, local_dir, swap_before, record)
                 record.status = RUN_OK
             else:
+                # Marked, and journalled before it starts: a harness killed between the start and
+                # the journalled group leaves a runtime the resume can still find by its mark.
+                spec.env[BOOT_MARK] = remote_dir
+                self.campaign.journal.append(
+                    "boot_starting", run_id=run.run_id, box=self.box_name, mark=remote_dir
+                )
                 runtime = boot(
                     self.box,
                     self.loaded.runtime,
@@ -493,13 +501,23 @@ class CampaignRunner(GuardSteps):
         still names the same process."""
         stopped = set()
         booted = []
+        marks: dict[str, str] = {}  # boots started but never journalled with their group
         for event in self.campaign.journal.events():
             # A boot journalled before fleets named no box: it was the card's only box.
             on_this_box = event.get("box", self.loaded.box_name) == self.box_name
+            if event.get("event") == "boot_starting" and on_this_box:
+                marks[str(event.get("run_id"))] = str(event.get("mark"))
             if event.get("event") == "boot" and on_this_box:
                 booted.append(event)
+                marks.pop(str(event.get("run_id")), None)
             elif event.get("event") == "boot_stopped":
                 stopped.add((event.get("run_id"), event.get("pgid")))
+        for run_id, mark in marks.items():
+            with contextlib.suppress(HarnessError, OSError):
+                for pgid in self.box.groups_marked(BOOT_MARK, mark):
+                    self.box.signal_group(pgid, "KILL")
+                    self.box.wait_group_gone(pgid, 5.0)
+                    self.campaign.journal.append("orphan_killed", run_id=run_id, pgid=pgid)
         for event in booted:
             if (event.get("run_id"), event.get("pgid")) in stopped:
                 continue
