@@ -8,7 +8,7 @@ interrupted, and a box without aiohttp is refused with the remedy.
 
 from __future__ import annotations
 
-import _thread
+import signal
 import sys
 import threading
 import time
@@ -174,7 +174,9 @@ def test_an_interrupt_here_stops_the_driver_there(
                     running.append(found)
                     time.sleep(1.0)  # past its handshake, into the requests
                     if not stop.is_set():  # the drive did not fail first
-                        _thread.interrupt_main()
+                        # A real SIGINT, as Ctrl-C sends: unlike _thread.interrupt_main() it
+                        # also wakes a main thread blocked reading the driver's channel.
+                        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
                     return
                 time.sleep(0.2)
 
