@@ -15,14 +15,13 @@ from harness.errors import BoxError
 from harness.execute.boxes import Box, open_box, quote_path
 
 
-def campaign_root_on_box(
-    loaded: LoadedCard, box: Box, campaign_root: Path, *, fleet: bool = False
-) -> str:
+def campaign_root_on_box(loaded: LoadedCard, box: Box, campaign_root: Path) -> str:
     """The folder of this campaign on its box (beside the records for the local box).
 
     Boxes of a fleet after the first get a folder named after them: two boxes may share a
     disk (the local box twice, two SSH boxes on one host) and must not share files.
     """
+    fleet = box.name != loaded.box_name
     spec = box.spec
     if spec.kind == "local":
         return str(campaign_root.resolve() / (f"box-{box.name}" if fleet else "box"))
@@ -44,8 +43,7 @@ def release_cache(loaded: LoadedCard, campaign_root: Path) -> None:
             continue  # each job removes its own cache folder when it ends (slurm/job.py)
         box = open_box(name, spec)
         try:
-            fleet = name != loaded.box_name
-            cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root, fleet=fleet))
+            cache = cache_dir_on_box(campaign_root_on_box(loaded, box, campaign_root))
             box.sh(f"rm -rf {quote_path(cache)}", timeout_s=120, check=False)
         except BoxError:
             continue

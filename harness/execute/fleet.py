@@ -55,8 +55,6 @@ class _Worker:
     thread: threading.Thread | None = None
     finished: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
-    interrupted: KeyboardInterrupt | None = None
-    started_at: float = field(default_factory=time.time)
 
 
 def preflight_fleet(loaded: LoadedCard) -> tuple[list[str], dict[str, str]]:
@@ -71,12 +69,10 @@ def preflight_fleet(loaded: LoadedCard) -> tuple[list[str], dict[str, str]]:
         return "; ".join(failed) if failed else None
 
     with ThreadPoolExecutor(max_workers=len(loaded.boxes)) as pool:
-        reasons = list(pool.map(lambda box: one(*box), loaded.boxes))
-    alive = [name for (name, _), why in zip(loaded.boxes, reasons, strict=True) if why is None]
-    dropped = {
-        name: why for (name, _), why in zip(loaded.boxes, reasons, strict=True) if why is not None
-    }
-    return alive, dropped
+        found = pool.map(lambda box: one(*box), loaded.boxes)
+        reasons = {name: why for (name, _), why in zip(loaded.boxes, found, strict=True)}
+    alive = [name for name, why in reasons.items() if why is None]
+    return alive, {name: why for name, why in reasons.items() if why is not None}
 
 
 def deal_shares(
@@ -155,7 +151,6 @@ class FleetRunner:
         alive, dropped = preflight_fleet(self.loaded)
         for name, why in dropped.items():
             journal.append("box_dropped", box=name, reason=why)
-            self.progress("box_dropped", None, {"box": name, "reason": why})
         if not alive:
             reasons = "; ".join(f"{name}: {why}" for name, why in dropped.items())
             raise InfrastructureError(
@@ -163,12 +158,9 @@ class FleetRunner:
                 "run `harness box check NAME` on each for the fix"
             )
         shares = deal_shares(self.plan, alive, self._ran_on())
-        journal.append("fleet", boxes=alive, runs={n: len(ids) for n, ids in shares.items()})
-        self.progress(
-            "fleet",
-            None,
-            {"shares": {n: len(ids) for n, ids in shares.items()}, "dropped": dropped},
-        )
+        counts = {name: len(ids) for name, ids in shares.items()}
+        journal.append("fleet", boxes=alive, runs=counts)
+        self.progress("fleet", None, {"shares": counts, "dropped": dropped})
         specs = dict(self.loaded.boxes)
         return [
             _Worker(name, specs[name], ids, CampaignOutcome(self.campaign.root))
@@ -259,8 +251,8 @@ class FleetRunner:
     def _work(self, worker: _Worker, runner: _ShareRunner) -> None:
         try:
             runner.run_share(worker.outcome)
-        except KeyboardInterrupt as exc:
-            worker.interrupted = exc
+        except KeyboardInterrupt:
+            pass  # the forwarded stop: the worker recorded its run; the main thread reports it
         except BaseException as exc:  # kept for the main thread to raise
             worker.error = exc
         finally:

@@ -64,7 +64,7 @@ def make_progress(plan: Plan, *, quiet: bool, out: TextIO) -> Iterator[ProgressC
                 for name, why in info.get("dropped", {}).items():
                     bar.console.print(f"box {name} dropped: {why}")
                 return
-            if event == "box_dropped" or run is None:
+            if run is None:
                 return
             line = lines.get(box, task)
             state = rates.setdefault(box, {"tokens": 0, "start": None})

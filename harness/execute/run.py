@@ -264,9 +264,7 @@ class CampaignRunner(GuardSteps):
             self.box.close()
 
     def _prepare_box(self) -> None:
-        self.remote_root = campaign_root_on_box(
-            self.loaded, self.box, self.campaign.root, fleet=self.box_name != self.loaded.box_name
-        )
+        self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
         self.box_driver = prepare_drive(self.box, self.loaded.runtime, self.remote_root)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from harness.analyze.campaign import CampaignAnalysis
 from harness.report import fmt
 from harness.report.tables import key_name
@@ -26,7 +28,7 @@ def fleet_context(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         ]
         per_box = {}
         for entry in mine.to_dict("records"):
-            if entry["ratio"] is None or entry["ratio"] != entry["ratio"]:
+            if pd.isna(entry["ratio"]):  # None in the analysis, NaN once in a frame
                 text = "no cycles"
             else:
                 interval = f"[{fmt.ratio3(entry['ci_low'])}, {fmt.ratio3(entry['ci_high'])}]"
@@ -40,7 +42,7 @@ def fleet_context(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                 "metric": row["metric"],
                 "pooled": fmt.ratio3(row["pooled_ratio"]),
                 "boxes": [per_box.get(box, "—") for box in boxes],
-                "p": fmt.num(p) if p is not None and p == p else "—",
+                "p": "—" if pd.isna(p) else fmt.num(p),
                 "flagged": bool(row["flagged"]),
                 "note": str(row["note"] or ""),
             }

@@ -167,6 +167,12 @@ def _from_sacct(job_ids: Iterable[str], timeout_s: float) -> dict[str, JobState]
     return parse_sacct(result.stdout) if result.returncode == 0 else {}
 
 
+def queued_names(names: Iterable[str], timeout_s: float = QUERY_TIMEOUT_S) -> list[str]:
+    """The names among ``names`` that jobs in the queue (pending or running) still carry."""
+    argv = ["squeue", "--noheader", "--format=%j", "--name", ",".join(names)]
+    return _run(argv, timeout_s).stdout.split()
+
+
 __all__ = [
     "ACTIVE_STATES",
     "COMPLETED",
@@ -175,5 +181,6 @@ __all__ = [
     "base_id",
     "parse_sacct",
     "parse_squeue",
+    "queued_names",
     "read_states",
 ]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.card import LoadedCard
+from harness.errors import SlurmError
 from harness.execute.cohorts import CohortBook
 from harness.execute.guards import cohort_key
 from harness.execute.interrupts import describe
@@ -31,7 +32,7 @@ from harness.plan import Plan, Run
 from harness.profiles import BoxSpec
 from harness.records import CampaignDir
 from harness.slurm.merge import merge_job
-from harness.slurm.states import JobState
+from harness.slurm.states import JobState, queued_names
 from harness.slurm.submit import CohortJob, cancel_by_name, submit_cohorts
 from harness.slurm.wait import JobEnd, job_progress, wait_for_jobs
 
@@ -115,54 +116,59 @@ class SlurmWorker:
                     self.progress("start", self.runs[current], info)
                 seen[job.job_id] = current
 
-        def on_end(end: JobEnd) -> None:
-            result = merge_job(self.campaign, end, self.book)
-            journal = self.campaign.journal
-            journal.append(
-                "slurm_job_end",
-                box=self.box_name,
-                job_id=end.job.job_id,
-                cohort=end.job.key,
-                state=end.state.state,
-                node=result.node,
-                reason=end.reason,
-            )
-            for run_id in result.done:
-                journal.append("run_done", run_id=run_id)
-                outcome.done.append(run_id)
-                self.progress("end", self.runs[run_id], {"status": "ok", "reason": ""})
-            for run_id, why in result.failed.items():
-                journal.append("run_failed", run_id=run_id, reason=why)
-                outcome.failed.append(run_id)
-                self.progress("end", self.runs[run_id], {"status": "failed", "reason": why})
-            for run_id, why in result.lost.items():
-                journal.append("run_failed", run_id=run_id, reason=why)
-                if last:
-                    outcome.failed.append(run_id)
-                    self.progress("end", self.runs[run_id], {"status": "failed", "reason": why})
-                else:
-                    lost.setdefault(end.job.key, []).append(run_id)
-
         ended: set[str] = set()
 
-        def on_end_once(end: JobEnd) -> None:
+        def on_end(end: JobEnd) -> None:
             ended.add(end.job.job_id)
-            on_end(end)
+            self._bring_home(end, outcome, None if last else lost)
 
         try:
-            wait_for_jobs(array, on_end_once, on_poll=on_poll)
+            wait_for_jobs(array, on_end, on_poll=on_poll)
         except KeyboardInterrupt as exc:
             # wait_for_jobs cancelled what was left and waited for it: bring home what those
-            # jobs finished before the cancel, the rest recorded with why.
+            # jobs finished before the cancel, the rest recorded with why; nothing is retried
+            # now (a --resume does that).
             self.campaign.journal.append("slurm_cancelled", box=self.box_name, name=array.name)
             why = f"slurm job cancelled: the harness was interrupted ({describe(exc)})"
-            last = True  # an interrupted campaign retries nothing now; --resume does
             for job in array.jobs:
                 if job.job_id not in ended:
-                    on_end(JobEnd(job, JobState(job.job_id, "CANCELLED"), cut_short=why))
+                    cancelled = JobEnd(job, JobState(job.job_id, "CANCELLED"), cut_short=why)
+                    self._bring_home(cancelled, outcome, None)
             raise
         self.campaign.journal.append("slurm_array_end", box=self.box_name, name=array.name)
         return lost
+
+    def _bring_home(
+        self, end: JobEnd, outcome: CampaignOutcome, retry: dict[str, list[str]] | None
+    ) -> None:
+        """Merge an ended job and journal its runs; the runs it lost go to ``retry`` (by
+        cohort) to be submitted again, or, with None, count as failed now."""
+        result = merge_job(self.campaign, end, self.book)
+        journal = self.campaign.journal
+        journal.append(
+            "slurm_job_end",
+            box=self.box_name,
+            job_id=end.job.job_id,
+            cohort=end.job.key,
+            state=end.state.state,
+            node=result.node,
+            reason=end.reason,
+        )
+        for run_id in result.done:
+            journal.append("run_done", run_id=run_id)
+            outcome.done.append(run_id)
+            self.progress("end", self.runs[run_id], {"status": "ok", "reason": ""})
+        failed = dict(result.failed)
+        for run_id, why in result.lost.items():
+            if retry is None:
+                failed[run_id] = why
+            else:
+                journal.append("run_failed", run_id=run_id, reason=why)
+                retry.setdefault(end.job.key, []).append(run_id)
+        for run_id, why in failed.items():
+            journal.append("run_failed", run_id=run_id, reason=why)
+            outcome.failed.append(run_id)
+            self.progress("end", self.runs[run_id], {"status": "failed", "reason": why})
 
     def _attempts_so_far(self) -> int:
         """Arrays this box submitted in earlier sessions: attempt numbers continue after them."""
@@ -197,22 +203,13 @@ class SlurmWorker:
 
 def _wait_gone(names: list[str]) -> None:
     """Wait (bounded) until the cancelled arrays have left the queue."""
-    import subprocess
-
     deadline = time.monotonic() + _CANCELLED_GONE_S
     while time.monotonic() < deadline:
         try:
-            listed = subprocess.run(
-                ["squeue", "--noheader", "--format=%j", "--name", ",".join(names)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            ).stdout.split()
-        except (OSError, subprocess.SubprocessError):
-            return
-        if not listed:
-            return
+            if not queued_names(names):
+                return
+        except SlurmError:
+            return  # the controller does not answer: submitting will say so
         time.sleep(1.0)
 
 
