@@ -59,6 +59,18 @@ def run_cli(*args: str, cwd: Path = REPO, timeout_s: float = 120) -> CliResult:
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
+def start_campaign(card: Path, reports: Path) -> subprocess.Popen[bytes]:
+    """``harness run CARD --quiet`` in a session of its own, left running (for a test that
+    stops it with a signal); its output is dropped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture
 def repo() -> Path:
     """The repository root."""

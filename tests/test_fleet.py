@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -29,7 +28,7 @@ from harness.execute.fleet import deal_shares
 from harness.plan import build_plan
 from harness.profiles import BoxSpec
 from harness.records import Journal
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, CliResult, run_cli, start_campaign
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
@@ -45,15 +44,8 @@ def _card(tmp_path: Path, boxes: str = TWO_LOCAL, cycles: int = 2, name: str = "
     return path
 
 
-def _harness(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def _harness(*args: str) -> CliResult:
+    return run_cli(*args, timeout_s=600)
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
@@ -127,7 +119,7 @@ def test_card_errors_name_the_boxes_field(tmp_path: Path) -> None:
     assert any("boxes.1:" in line and "listed twice" in line for line in exc.value.lines())
     unknown = _card(tmp_path, "boxes: [{name: a}, gh200-z]", name="unknown")
     result = _harness("validate", str(unknown))
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.code == 2, result.stdout + result.stderr
     assert "unknown box 'gh200-z'" in result.stdout + result.stderr
     assert "Traceback" not in result.stderr
 
@@ -162,7 +154,7 @@ def test_two_local_boxes_run_in_parallel_a_third_is_dropped_and_each_reports(
     result = _harness("run", str(card), "--reports", str(reports), "--quiet")
     root = next(reports.glob("fleet/*"))
     try:
-        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.code == 0, result.stdout + result.stderr
         assert "box broken dropped:" in result.stdout
         events = Journal(root / "journal.jsonl").events()
         dropped = [e for e in events if e["event"] == "box_dropped"]
@@ -191,21 +183,11 @@ def test_two_local_boxes_run_in_parallel_a_third_is_dropped_and_each_reports(
         assert 'id="per-box"' in html and "interaction p" in html
         # `harness box check --card` checks every box of the fleet and says what a run does.
         check = _harness("box", "check", "--card", str(card))
-        assert check.returncode == 3, check.stdout + check.stderr
+        assert check.code == 3, check.stdout + check.stderr
         assert "box a: 9 of 9 checks passed" in check.stdout
         assert "1 of 3 boxes failed: a fleet drops them" in check.stdout
     finally:
         _stop_groups(root)
-
-
-def _start(card: Path, reports: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports), "--quiet"],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
 
 
 def _wait_until(reports: Path, ready: Any, timeout_s: float = 180) -> Path:
@@ -230,7 +212,7 @@ def _both_booted_after_a_run(events: list[dict[str, Any]]) -> bool:
 @pytest.mark.slow
 def test_sigkill_mid_fleet_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    process = _start(_card(tmp_path, cycles=2), reports)
+    process = start_campaign(_card(tmp_path, cycles=2), reports)
     root = _wait_until(reports, _both_booted_after_a_run)
     try:
         os.kill(process.pid, signal.SIGKILL)  # the harness only: its runtimes live on
@@ -244,7 +226,7 @@ def test_sigkill_mid_fleet_resumes_without_loss_or_duplicates(tmp_path: Path) ->
         orphans = {e["box"]: int(e["pgid"]) for e in left if _alive(int(e["pgid"]))}
         assert set(orphans) == {"a", "b"}, left  # one runtime left running on each box
         resumed = _harness("run", "--resume", str(root), "--quiet")
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert resumed.code == 0, resumed.stdout + resumed.stderr
         events = Journal(root / "journal.jsonl").events()
         killed = {e["pgid"] for e in events if e["event"] == "orphan_killed"}
         assert set(orphans.values()) <= killed
@@ -260,7 +242,7 @@ def test_sigkill_mid_fleet_resumes_without_loss_or_duplicates(tmp_path: Path) ->
 @pytest.mark.slow
 def test_sigterm_mid_fleet_stops_every_box_and_resume_completes(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    process = _start(_card(tmp_path, cycles=2), reports)
+    process = start_campaign(_card(tmp_path, cycles=2), reports)
     root = _wait_until(reports, _both_booted_after_a_run)
     try:
         process.send_signal(signal.SIGTERM)
@@ -272,7 +254,7 @@ def test_sigterm_mid_fleet_stops_every_box_and_resume_completes(tmp_path: Path) 
         interrupted = {r["box"] for r in _records(root) if r["status"] == "interrupted"}
         assert interrupted == {"a", "b"}  # each box recorded the run it was in
         resumed = _harness("run", "--resume", str(root), "--quiet")
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert resumed.code == 0, resumed.stdout + resumed.stderr
         assert all(r["status"] == "ok" for r in _records(root)) and len(_records(root)) == 8
     finally:
         _stop_groups(root)
@@ -292,7 +274,7 @@ def test_two_ssh_boxes_over_the_loopback_sshd(sshd: LoopbackSshd, tmp_path: Path
     result = _harness("run", str(card), "--reports", str(reports), "--quiet")
     root = next(reports.glob("fleet/*"))
     try:
-        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.code == 0, result.stdout + result.stderr
         records = _records(root)
         assert Counter(r["box"] for r in records) == {"x": 4, "y": 4}
         assert all(r["status"] == "ok" for r in records)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from harness.records import Journal
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, REPO, CliResult, run_cli, start_campaign
 from tests.slurm import PARTITION, LocalCluster, slurm_cluster  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -51,25 +50,8 @@ def _card(tmp_path: Path, boxes: str, cycles: int, extra: dict[str, str] | None 
     return path
 
 
-def _harness(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
-def _start(card: Path, reports: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports), "--quiet"],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+def _harness(*args: str) -> CliResult:
+    return run_cli(*args, timeout_s=900)
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
@@ -113,7 +95,7 @@ def test_a_fleet_of_the_local_box_and_a_slurm_box(
     card = _card(tmp_path, f"boxes: [{{name: a}}, {_slurm_box(tmp_path)}]", cycles=4)
     reports = tmp_path / "reports"
     result = _harness("run", str(card), "--reports", str(reports), "--quiet")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.code == 0, result.stdout + result.stderr
     root = next(reports.glob("slurm-fleet/*"))
     records = _records(root)
     assert Counter(r["box"] for r in records) == {"a": 8, "cluster": 8}
@@ -141,7 +123,7 @@ def test_a_job_scancelled_mid_run_fails_its_runs_and_the_campaign_retries_them(
     extra = {**LONG_RUNS, "retries: 0": "retries: 1"}
     card = _card(tmp_path, f"box: {_slurm_box(tmp_path)}", cycles=2, extra=extra)
     reports = tmp_path / "reports"
-    process = _start(card, reports)
+    process = start_campaign(card, reports)
     try:
         root = _wait(reports, _job_booted)
         victim = _job_booted(root)
@@ -172,14 +154,14 @@ def test_sigkill_with_jobs_on_the_cluster_resumes_without_loss_or_duplicates(
 ) -> None:
     card = _card(tmp_path, f"box: {_slurm_box(tmp_path)}", cycles=2, extra=LONG_RUNS)
     reports = tmp_path / "reports"
-    process = _start(card, reports)
+    process = start_campaign(card, reports)
     root = _wait(reports, _job_booted)
     os.killpg(process.pid, signal.SIGKILL)  # the harness; its jobs stay with Slurm
     process.wait()
     names = [e["name"] for e in _events(root) if e["event"] == "slurm_submitted"]
     assert names and _queue(slurm_cluster)  # the killed harness's jobs are still there
     resumed = _harness("run", "--resume", str(root), "--quiet")
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.code == 0, resumed.stdout + resumed.stderr
     events = _events(root)
     cancelled = [e["name"] for e in events if e["event"] == "slurm_cancelled"]
     assert names[0] in cancelled
