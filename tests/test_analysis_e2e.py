@@ -55,14 +55,14 @@ def _card_with(tmp_path: Path, source: Path, replace: dict[str, str]) -> Path:
 def test_all_hot_map_is_better_than_a_stale_one(tmp_path: Path) -> None:
     analysis, verdict = _campaign(CARDS / "map.yaml", tmp_path / "reports")
     rows = _rows(analysis)
-    # No drift flag on the gated timing metrics. TTFT is not gated: a single prefill per request
-    # on a shared two-core machine is too short a measurement to hold it to the margin.
-    gated = {"decode_tok_s", "tpot_p50_ms"}
-    assert [f for f in analysis.flags if f["metric"] in gated] == [], analysis.flags
+    # A shared machine can step mid-cycle (CI once stepped 39 % between two inner blocks), and
+    # then a DRIFT/NONLINEAR flag is the right answer; the false-flag rate of a clean campaign
+    # is pinned by test_stats. What must hold here is that no flagged bias can explain a 3x
+    # effect: the gated labels stay "better", never "confounded".
     for metric in ("decode_tok_s", "tpot_p50_ms"):
         row = rows[metric]
         assert row["n_cycles"] == 3
-        assert row["label"] == "better", row
+        assert row["label"] == "better", (row, analysis.flags)
     # Deterministic evidence agrees: every lookup hits with all experts hot, half miss otherwise.
     assert rows["hit_rate"]["label"] == "better"
     cells = analysis.cells.set_index("cell")

@@ -19,6 +19,7 @@ from harness.analyze.cycles import (
     margin_log,
     raw_effect,
 )
+from harness.analyze.drift import FLAG_ALPHA
 from harness.analyze.power import cycles_needed
 from harness.analyze.stats import (
     Comparison,
@@ -246,6 +247,18 @@ def test_aa_campaigns_rarely_declare_better() -> None:
     # One-sided false "better" rate is at most α/2; allow binomial slack at α.
     assert raw_better <= sps.binom.ppf(0.999, n, 0.05)
     assert final_better <= raw_better
+
+
+def test_clean_campaigns_rarely_raise_a_drift_flag() -> None:
+    # Gaussian prompt and boot noise, no drift: a flag on any cycle is a false alarm, and the
+    # Bonferroni-corrected thresholds keep the campaign-wise rate near FLAG_ALPHA.
+    rng = np.random.default_rng(11)
+    n = 400
+    flagged = 0
+    for i in range(n):
+        cycles = _campaign(rng, 3 + i % 4, 0.0, boot_sd=0.01)
+        flagged += bool(compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0).flags)
+    assert flagged <= sps.binom.ppf(0.999, n, FLAG_ALPHA)
 
 
 def test_real_ten_percent_effect_is_found_with_three_cycles() -> None:
