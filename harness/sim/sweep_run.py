@@ -7,9 +7,10 @@ task order, whatever order they finished in: the replay is deterministic and its
 depend on its thread count (``tests/test_sim_replay.py``), so where a task ran cannot change it.
 
 * **in process** (``jobs=1``): one task after another, each replay on every CPU's thread.
-* **processes** (``jobs=N``): a spawned pool; the traces are written once to ``.npy`` files that
-  every worker maps copy-on-write (the page cache holds one copy, nothing is pickled per task), and
-  each replay runs on one thread, the points being the parallelism.
+* **processes** (``jobs=N``): this process on a thread and N − 1 spawned workers, taking tasks
+  from one queue; the traces are written once to ``.npy`` files that every worker maps
+  copy-on-write (the page cache holds one copy, nothing is pickled per task), and each replay
+  runs on one thread, the points being the parallelism.
 * **Dask** (``scheduler="tcp://HOST:8786"``): the traces are scattered once to every worker
   (``broadcast``, so a worker lost mid-sweep leaves a replica behind), each task submitted
   against them, results gathered as they finish. A lost worker's tasks rerun elsewhere (the
@@ -21,8 +22,10 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -106,22 +109,66 @@ def _in_process(
 def _processes(
     tasks: Sequence[PointTask], traces: Sequence[Trace], jobs: int, progress: Progress
 ) -> list[Row]:
+    """``jobs`` processes in all: this one, replaying on a thread, and ``jobs - 1`` spawned.
+
+    A spawned worker needs seconds to import and load its compiled kernels before its first
+    replay; this process has both already, so it replays from the first second and the workers
+    join as they come up. Tasks are handed out from one queue, a few at a time to the pool, so
+    whoever is free takes the next and no one is left holding a backlog at the end.
+    """
     single = [replace(t, threads=1) for t in tasks]
     rows: list[Row | None] = [None] * len(tasks)
+    queue = deque(range(len(single)))
+    lock = threading.Lock()
+    failure: list[BaseException] = []
+
+    def take() -> int | None:
+        with lock:
+            return queue.popleft() if queue and not failure else None
+
+    def replay_here() -> None:
+        try:
+            while (index := take()) is not None:
+                task = single[index]
+                rows[index] = evaluate(task, traces[task.trace_index])
+        except BaseException as exc:  # handed to the main thread, which raises it
+            failure.append(exc)
+
     with tempfile.TemporaryDirectory(prefix="harness-sweep-") as folder:
         _save_shared(traces, Path(folder))
-        # spawn, not fork: the parent may hold replay threads, and a forked copy of a
+        local = threading.Thread(target=replay_here, name="sweep-local", daemon=True)
+        local.start()
+        workers = jobs - 1
+        # spawn, not fork: this process holds replay threads, and a forked copy of a
         # multi-threaded process can deadlock.
         with ProcessPoolExecutor(
-            max_workers=jobs,
+            max_workers=workers,
             mp_context=get_context("spawn"),
             initializer=_load_shared,
             initargs=(folder, len(traces)),
         ) as pool:
-            futures = {pool.submit(_run_shared, task): i for i, task in enumerate(single)}
-            for done, future in enumerate(as_completed(futures), start=1):
-                rows[futures[future]] = future.result()
-                progress(done, len(tasks))
+            futures: dict[Future[Row], int] = {}
+
+            def refill() -> None:
+                while len(futures) < 2 * workers and (index := take()) is not None:
+                    futures[pool.submit(_run_shared, single[index])] = index
+
+            refill()
+            shown = 0
+            while futures or local.is_alive():
+                finished, _ = wait(list(futures), timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    rows[futures.pop(future)] = future.result()
+                if failure:
+                    raise failure[0]
+                refill()
+                done = sum(row is not None for row in rows)
+                if done != shown:
+                    shown = done
+                    progress(done, len(tasks))
+        local.join()
+    if failure:
+        raise failure[0]
     return _complete(rows)
 
 
