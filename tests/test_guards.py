@@ -33,6 +33,7 @@ from harness.execute.guards import (
 from harness.execute.runtimes import boot, boot_spec, http_json
 from harness.profiles import BoxSpec, Idle
 from tests.conftest import REPO, run_cli
+from tests.swap import swapping
 from tests.test_command_driver import CARD, PROFILE, card_dir, tiny_model  # noqa: F401 - fixture
 
 PATTERNS = ["(^|/)llama-(server|bench|cli)( |$)", "(^|/)ds4(-server|-bench)?( |$)"]
@@ -157,6 +158,28 @@ def test_a_time_limit_shorter_than_the_run_aborts_it_and_the_cohort_is_not_retri
     for record in records[1:]:
         assert "invalid, not run: run past the time limit" in str(record["reason"])
     _gate_fails_closed(root, "time limit")
+
+
+@pytest.mark.slow
+def test_new_swap_out_during_a_run_aborts_it_and_invalidates_the_cohort(
+    tiny_model: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # A real process pages itself out throughout (tests/swap.py): the run's watch sees pswpout
+    # grow past the baseline it took at the start, stops the runtime, and the cohort is void.
+    with swapping(tmp_path) as swapper:
+        assert swapper > 0
+        root, output = _run(tmp_path, tiny_model, "{competing: false}", n_gen=4000)
+    assert "runs: 0 done, 4 failed" in output, output
+    records = _records(root)
+    first = records[0]
+    assert str(first["reason"]).startswith("guard: new swap-out during the run:"), first["reason"]
+    assert first["attempt"] == 1  # not retried into validity
+    for record in records[1:]:
+        assert "invalid, not run: new swap-out during the run" in str(record["reason"])
+    entry = _invalid_cohort(root)
+    assert "swap-out" in str(entry["reasons"])
+    _gate_fails_closed(root, "swap-out")
 
 
 @pytest.mark.slow
