@@ -2,7 +2,8 @@
 
 A fleet of the local box and a Slurm box end to end with its per-box report; a job scancelled
 mid-run and retried by the campaign; and a harness SIGKILLed with jobs queued and running,
-whose ``--resume`` cancels them and finishes the campaign without a run lost or made twice.
+whose ``--resume`` cancels them, keeps what they finished, and finishes the campaign without a
+run lost or made twice.
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ def _job_booted(root: Path) -> tuple[str, str] | None:
     return None
 
 
+def _job_with_a_run_done(root: Path) -> tuple[str, str] | None:
+    """(job id, a run id) of a job that has finished a run in its folder, once one has."""
+    jobs = root.parent.parent.parent / "shared" / root.parent.name / root.name / "jobs"
+    for job_dir in sorted(jobs.glob("*")):
+        done = [e for e in Journal(job_dir / "journal.jsonl").events() if e["event"] == "run_done"]
+        if done and (job_dir / "job.json").is_file():
+            info = json.loads((job_dir / "job.json").read_text())
+            return str(info["job_id"]), str(done[0]["run_id"])
+    return None
+
+
 def _queue(cluster: LocalCluster) -> list[str]:
     listed = cluster.run("squeue", "--noheader", "--format=%i %j %T")
     return [line for line in listed.stdout.splitlines() if "harness-slurm-fleet" in line]
@@ -155,9 +167,11 @@ def test_sigkill_with_jobs_on_the_cluster_resumes_without_loss_or_duplicates(
     card = _card(tmp_path, f"box: {_slurm_box(tmp_path)}", cycles=2, extra=LONG_RUNS)
     reports = tmp_path / "reports"
     process = start_campaign(card, reports)
-    root = _wait(reports, _job_booted)
+    root = _wait(reports, _job_with_a_run_done)
     os.killpg(process.pid, signal.SIGKILL)  # the harness; its jobs stay with Slurm
     process.wait()
+    finished = _job_with_a_run_done(root)
+    assert finished is not None
     names = [e["name"] for e in _events(root) if e["event"] == "slurm_submitted"]
     assert names and _queue(slurm_cluster)  # the killed harness's jobs are still there
     resumed = _harness("run", "--resume", str(root), "--quiet")
@@ -169,4 +183,10 @@ def test_sigkill_with_jobs_on_the_cluster_resumes_without_loss_or_duplicates(
     assert len(done) == len(set(done)) == 8
     records = _records(root)
     assert len(records) == 8 and all(r["status"] == "ok" for r in records)
+    # What the killed session's job finished is merged, not run again.
+    job_id, run_id = finished
+    (kept,) = [r for r in records if r["run_id"] == run_id]
+    assert kept["slurm_job_id"] == job_id
+    recovered = [e for e in events if e["event"] == "slurm_job_end" and e.get("recovered")]
+    assert job_id in {e["job_id"] for e in recovered}
     assert not _queue(slurm_cluster)

@@ -12,7 +12,8 @@ An interrupt cancels every job still queued or running (``wait_for_jobs`` does, 
 them), brings home the runs those jobs had finished, records the others failed with the
 cancellation, and is raised on. A harness killed
 outright leaves its jobs to Slurm: the worker of ``--resume`` first cancels every array the
-journal names that it never saw end, then submits afresh (attempt numbers go on, so no job
+journal names that it never saw end, merges what those jobs had finished (their folders are
+journalled with the array), then submits the rest afresh (attempt numbers go on, so no job
 folder is reused).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness.card import LoadedCard
@@ -32,8 +34,8 @@ from harness.plan import Plan, Run
 from harness.profiles import BoxSpec
 from harness.records import CampaignDir
 from harness.slurm.merge import merge_job
-from harness.slurm.states import JobState, queued_names
-from harness.slurm.submit import CohortJob, cancel_by_name, submit_cohorts
+from harness.slurm.states import UNKNOWN, JobState, queued_names, read_states
+from harness.slurm.submit import CohortJob, SubmittedJob, cancel_by_name, submit_cohorts
 from harness.slurm.wait import JobEnd, job_progress, wait_for_jobs
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
@@ -104,6 +106,9 @@ class SlurmWorker:
             name=array.name,
             attempt=attempt,
             jobs={job.key: job.job_id for job in array.jobs},
+            runs={job.key: list(job.run_ids) for job in array.jobs},
+            folders={job.key: str(job.job_dir) for job in array.jobs},
+            logs={job.key: str(job.log_path) for job in array.jobs},
         )
         lost: dict[str, list[str]] = {}
         seen: dict[str, str | None] = {}
@@ -196,9 +201,52 @@ class SlurmWorker:
         ]
         for name in left:
             cancel_by_name(name)
-            self.campaign.journal.append("slurm_cancelled", box=self.box_name, name=name)
         if left:
             _wait_gone(left)
+        for event in events:
+            if event["event"] == "slurm_submitted" and str(event.get("name")) in left:
+                self._recover(event)
+                self.campaign.journal.append(
+                    "slurm_cancelled", box=self.box_name, name=str(event["name"])
+                )
+
+    def _recover(self, submitted: dict[str, Any]) -> None:
+        """Merge what a killed session's array finished, so its done runs are kept.
+
+        Its jobs are gone from the queue now (cancelled, or ended while no harness watched):
+        their folders are merged as any ended job's are, with the state Slurm still reports,
+        and what they did not finish is journalled failed, to be run again by this session.
+        Arrays journalled before folders were recorded are left alone: their runs run again.
+        """
+        folders = submitted.get("folders")
+        if not isinstance(folders, dict):
+            return
+        jobs: dict[str, str] = submitted.get("jobs", {})
+        runs: dict[str, list[str]] = submitted.get("runs", {})
+        logs: dict[str, str] = submitted.get("logs", {})
+        try:
+            states = read_states(list(jobs.values()))
+        except SlurmError:
+            states = {}
+        why = "slurm job cancelled: the harness that submitted it was killed; resumed"
+        journal = self.campaign.journal
+        for key, job_id in jobs.items():
+            job = SubmittedJob(
+                key, tuple(runs.get(key, ())), job_id, Path(folders[key]),
+                Path(logs.get(key, "")), self.box_name,
+            )  # fmt: skip
+            state = states.get(job_id, JobState(job_id, UNKNOWN))
+            completed = state.ended and not state.failed
+            end = JobEnd(job, state, cut_short="" if completed else why)
+            result = merge_job(self.campaign, end, self.book)
+            journal.append(
+                "slurm_job_end", box=self.box_name, job_id=job_id, cohort=key,
+                state=state.state, node=result.node, reason=end.reason, recovered=True,
+            )  # fmt: skip
+            for run_id in result.done:
+                journal.append("run_done", run_id=run_id)
+            for run_id, reason in {**result.failed, **result.lost}.items():
+                journal.append("run_failed", run_id=run_id, reason=reason)
 
 
 def _wait_gone(names: list[str]) -> None:
