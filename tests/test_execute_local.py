@@ -310,20 +310,51 @@ def test_cold_state_evicts_the_runtime_files_from_the_page_cache(tmp_path: Path)
     assert _resident_bytes(path) == 0
 
 
-def test_a_cold_run_with_nothing_to_evict_fails(tmp_path: Path) -> None:
-    # Cold first: no boot has written the refbox's slow tier yet, so there is nothing to evict
-    # and the run would be warm. It fails (before booting) instead of running warm silently.
+def test_a_cold_run_with_nothing_yet_to_evict_primes_a_boot_first(tmp_path: Path) -> None:
+    # Cold first: no boot has written the refbox's slow tier yet. The first run boots its cell
+    # once and stops it, then evicts what that boot wrote and runs cold; later runs find it.
     card = _card_with(tmp_path, "cold-first.yaml", {"cache_states: [warm]": "cache_states: [cold]"})
     campaign, done, failed = _run(card, tmp_path / "reports")
+    assert failed == [] and len(done) == 4
+    cache = f"{campaign.root.resolve()}/box/cache/"
+    for run_id in done:
+        record = json.loads((campaign.run_dir(run_id) / "run.json").read_text())
+        evicted = record["runtime"]["evicted"]
+        assert evicted and all(p.startswith(cache) for p in evicted), record["runtime"]
+    events = campaign.journal.events()
+    (priming,) = [e for e in events if e["event"] == "cache_priming"]
+    first = min(done, key=lambda r: next(i for i, e in enumerate(events) if e.get("run_id") == r))
+    assert priming["run_id"] == first and priming["run_dir"].endswith(f"{first}/prime")
+    boots = [e for e in events if e["event"] == "boot" and e["run_id"] == first]
+    stopped = {e["pgid"] for e in events if e["event"] == "boot_stopped"}
+    assert len(boots) == 2 and {b["pgid"] for b in boots} <= stopped  # the priming boot, stopped
+
+
+def test_a_cold_run_whose_cache_files_never_match_fails(tmp_path: Path) -> None:
+    # A profile naming files no boot writes: even after priming there is nothing to evict, and
+    # the run fails rather than run warm.
+    profile = (REPO / "campaigns" / "runtimes" / "refbox.yaml").read_text(encoding="utf-8")
+    wrong = profile.replace('cache_files: ["{cache_dir}/refbox-slow-*.bin"]',
+                            'cache_files: ["{cache_dir}/no-such-*.bin"]')  # fmt: skip
+    assert wrong != profile
+    wrong = wrong.replace("name: refbox\n", "name: refbox-wrong\n")
+    (tmp_path / "runtimes").mkdir()
+    (tmp_path / "runtimes" / "refbox-wrong.yaml").write_text(wrong, encoding="utf-8")
+    replace = {
+        "cache_states: [warm]": "cache_states: [cold]",
+        "runtime: refbox": "runtime: refbox-wrong",
+    }
+    card = _card_with(tmp_path, "cold-wrong.yaml", replace)
+    campaign, done, failed = _run(card, tmp_path / "reports")
     assert done == [] and len(failed) == 4
-    pattern = f"{campaign.root.resolve()}/box/cache/refbox-slow-*.bin"
+    pattern = f"{campaign.root.resolve()}/box/cache/no-such-*.bin"
     for run_id in failed:
         record = json.loads((campaign.run_dir(run_id) / "run.json").read_text())
         assert record["reason"].startswith(
-            f"cold run could not evict: no file matched {pattern} (the profile's cache_files)"
+            f"cold run could not evict: no file matched {pattern} (the profile's cache_files) "
+            "on box local even after a priming boot of the cell"
         ), record["reason"]
-        assert "put `warm` before `cold` in design.cache_states" in record["reason"]
-        assert "boot_s" not in record["runtime"]  # refused before any boot
+        assert "boot_s" not in record["runtime"]  # the run itself never booted
 
 
 def test_a_declared_ring_that_was_not_collected_fails_the_run(tmp_path: Path) -> None:

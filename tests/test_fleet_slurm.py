@@ -128,6 +128,23 @@ def test_a_fleet_of_the_local_box_and_a_slurm_box(
     assert not _queue(slurm_cluster)
 
 
+def test_cold_runs_on_a_slurm_box_prime_their_fresh_job_folder(
+    slurm_cluster: LocalCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # Each job starts from an empty cache folder; its first cold run boots once to write the
+    # refbox's slow tier, then every run evicts it and runs cold.
+    extra = {"cache_states: [warm]": "cache_states: [cold]"}
+    card = _card(tmp_path, f"box: {_slurm_box(tmp_path)}", cycles=1, extra=extra)
+    result = _harness("run", str(card), "--reports", str(tmp_path / "reports"), "--quiet")
+    assert result.code == 0, result.stdout + result.stderr
+    root = next((tmp_path / "reports").glob("slurm-fleet/*"))
+    records = _records(root)
+    assert len(records) == 4 and all(r["status"] == "ok" for r in records)
+    assert all(r["runtime"]["evicted"] and r["cache_state"] == "cold" for r in records)
+    assert not _queue(slurm_cluster)
+
+
 def test_a_job_scancelled_mid_run_fails_its_runs_and_the_campaign_retries_them(
     slurm_cluster: LocalCluster,  # noqa: F811
     tmp_path: Path,

@@ -29,12 +29,13 @@ from typing import Any
 import pandas as pd
 
 from harness.analyze.logit_parity import LOGITS_DIR
-from harness.card import LoadedCard
+from harness.card import Cell, LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
 from harness.execute.box_cache import cache_dir_on_box, campaign_root_on_box
 from harness.execute.boxes import Box, open_box
 from harness.execute.cohorts import CohortBook
+from harness.execute.cold import BOOT_MARK, evict_for_cold_run
 from harness.execute.command import collect_result, start_command, wait_command
 from harness.execute.counters import scrape_counters
 from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
@@ -89,8 +90,6 @@ from harness.records import (
 from harness.telemetry_read import read_ring, read_ring_since
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
-# The environment variable that marks a booted runtime with its run folder on the box.
-BOOT_MARK = "HARNESS_BOOT_DIR"
 
 
 @dataclass
@@ -341,21 +340,21 @@ class CampaignRunner(GuardSteps):
             self.campaign.journal.append("run_start", run_id=run.run_id, attempt=attempt)
             self.progress("start", run, {"attempt": attempt})
             uploaded = self._upload_files(cell.files, remote_dir)
-            port = self.box.free_port()
-            spec = boot_spec(
-                self.loaded.runtime,
-                cell,
-                port=port,
-                run_dir=remote_dir,
-                python=self.box_spec.python_path(),
-                bind_host=self.box.bind_host,
-                cache_dir=self.cache_dir,
-                uploaded=uploaded,
-            )
+            spec = self._boot_spec(cell, self.box.free_port(), remote_dir, uploaded)
             record.knobs = spec.knobs
             self.box.mkdirs(remote_dir)
             if run.cache_state == "cold":
-                record.runtime["evicted"] = self._evict(spec.run_dir, spec.knobs)
+                record.runtime["evicted"] = evict_for_cold_run(
+                    self.box,
+                    self.loaded.runtime,
+                    remote_dir,
+                    lambda port, folder: self._boot_spec(cell, port, folder, uploaded),
+                    cache_dir=self.cache_dir,
+                    python=self.box_spec.python_path(),
+                    journal=self.campaign.journal,
+                    run_id=run.run_id,
+                    box_name=self.box_name,
+                )
             else:
                 record.runtime["evicted"] = []
             swap_before = self.box.swapout_pages()
@@ -482,6 +481,18 @@ class CampaignRunner(GuardSteps):
     def _route_snapshot(self, remote_dir: str) -> CountDump | None:
         spec = self.loaded.runtime.telemetry.count_dump
         return read_route_snapshot(self.box, spec, remote_dir) if spec is not None else None
+
+    def _boot_spec(self, cell: Cell, port: int, run_dir: str, uploaded: dict[str, str]) -> BootSpec:
+        return boot_spec(
+            self.loaded.runtime,
+            cell,
+            port=port,
+            run_dir=run_dir,
+            python=self.box_spec.python_path(),
+            bind_host=self.box.bind_host,
+            cache_dir=self.cache_dir,
+            uploaded=uploaded,
+        )
 
     def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
@@ -758,35 +769,6 @@ class CampaignRunner(GuardSteps):
             self.box.put_file(local, remote)
             uploaded[name] = remote
         return uploaded
-
-    def _evict(self, run_dir: str, knobs: dict[str, str]) -> list[str]:
-        """Drop the profile's ``cache_files`` from the box's page cache; the files evicted.
-
-        Nothing matched means nothing would be cold: the run fails rather than run warm.
-        """
-        profile = self.loaded.runtime
-        context = {
-            "run_dir": run_dir,
-            "python": self.box_spec.python_path(),
-            "cache_dir": self.cache_dir,
-            "port": 0,
-            "bind_host": self.box.bind_host,
-        }
-        patterns = [render(p, context) for p in profile.cache_files]
-        files = self.box.glob(patterns)
-        if not files:
-            raise InfrastructureError(
-                f"cold run could not evict: no file matched {', '.join(patterns)} (the profile's "
-                f"cache_files) on box {self.box.name}; a runtime that writes them at its first "
-                "boot needs a warm run first: put `warm` before `cold` in design.cache_states, "
-                "or fix the profile's cache_files"
-            )
-        if not self.box.evict_from_page_cache(files):
-            raise InfrastructureError(
-                f"box {self.box.name}: cannot drop {len(files)} runtime files from the page cache "
-                "(cold state); on macOS allow `sudo -n purge`"
-            )
-        return files
 
     def _drive(
         self,
