@@ -3,7 +3,7 @@
 The plan's dealing and the interaction test are checked directly; the rest runs the real
 harness: two local boxes in parallel beside a third that fails its preflight, SIGTERM and
 SIGKILL in the middle of a fleet and the resume after them, and two SSH boxes over the
-loopback sshd.
+loopback sshd, SIGKILLed mid-fleet too.
 """
 
 from __future__ import annotations
@@ -200,43 +200,57 @@ def _wait_until(reports: Path, ready: Any, timeout_s: float = 180) -> Path:
     raise AssertionError("the fleet made no progress")
 
 
-def _both_booted_after_a_run(events: list[dict[str, Any]]) -> bool:
-    done = sum(e["event"] == "run_done" for e in events)
+def _booted_after_a_run(boxes: set[str]) -> Any:
+    def ready(events: list[dict[str, Any]]) -> bool:
+        done = sum(e["event"] == "run_done" for e in events)
+        stopped = {(e.get("run_id"), e.get("pgid")) for e in events if e["event"] == "boot_stopped"}
+        live = {
+            e["box"]
+            for e in events
+            if e["event"] == "boot" and (e["run_id"], e["pgid"]) not in stopped
+        }
+        return done >= 2 and live == boxes
+
+    return ready
+
+
+_both_booted_after_a_run = _booted_after_a_run({"a", "b"})
+
+
+def _sigkill_and_resume(card: Path, reports: Path, boxes: set[str]) -> Path:
+    """SIGKILL the harness while a runtime runs on every box, resume, and check that the
+    orphans were stopped and no run was lost or made twice; the campaign folder."""
+    process = start_campaign(card, reports)
+    root = _wait_until(reports, _booted_after_a_run(boxes))
+    os.kill(process.pid, signal.SIGKILL)  # the harness only: its runtimes live on
+    process.wait()
+    events = Journal(root / "journal.jsonl").events()
+    done_before = {e["run_id"] for e in events if e["event"] == "run_done"}
     stopped = {(e.get("run_id"), e.get("pgid")) for e in events if e["event"] == "boot_stopped"}
-    live = {
-        e["box"] for e in events if e["event"] == "boot" and (e["run_id"], e["pgid"]) not in stopped
-    }
-    return done >= 2 and live == {"a", "b"}
+    left = [e for e in events if e["event"] == "boot" and (e["run_id"], e["pgid"]) not in stopped]
+    orphans = {e["box"]: int(e["pgid"]) for e in left if _alive(int(e["pgid"]))}
+    assert set(orphans) == boxes, left  # one runtime left running on each box
+    resumed = _harness("run", "--resume", str(root), "--quiet")
+    assert resumed.code == 0, resumed.stdout + resumed.stderr
+    events = Journal(root / "journal.jsonl").events()
+    killed = {e["pgid"] for e in events if e["event"] == "orphan_killed"}
+    assert set(orphans.values()) <= killed
+    assert not any(_alive(pgid) for pgid in orphans.values())
+    done = [e["run_id"] for e in events if e["event"] == "run_done"]
+    assert len(done) == len(set(done)) == 8
+    for run_id in done_before:  # completed runs were kept, not redone
+        assert sum(e.get("run_id") == run_id and e["event"] == "run_start" for e in events) == 1
+    return root
 
 
 @pytest.mark.slow
 def test_sigkill_mid_fleet_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    process = start_campaign(_card(tmp_path, cycles=2), reports)
-    root = _wait_until(reports, _both_booted_after_a_run)
     try:
-        os.kill(process.pid, signal.SIGKILL)  # the harness only: its runtimes live on
-        process.wait()
-        events = Journal(root / "journal.jsonl").events()
-        done_before = {e["run_id"] for e in events if e["event"] == "run_done"}
-        stopped = {(e.get("run_id"), e.get("pgid")) for e in events if e["event"] == "boot_stopped"}
-        left = [
-            e for e in events if e["event"] == "boot" and (e["run_id"], e["pgid"]) not in stopped
-        ]
-        orphans = {e["box"]: int(e["pgid"]) for e in left if _alive(int(e["pgid"]))}
-        assert set(orphans) == {"a", "b"}, left  # one runtime left running on each box
-        resumed = _harness("run", "--resume", str(root), "--quiet")
-        assert resumed.code == 0, resumed.stdout + resumed.stderr
-        events = Journal(root / "journal.jsonl").events()
-        killed = {e["pgid"] for e in events if e["event"] == "orphan_killed"}
-        assert set(orphans.values()) <= killed
-        assert not any(_alive(pgid) for pgid in orphans.values())
-        done = [e["run_id"] for e in events if e["event"] == "run_done"]
-        assert len(done) == len(set(done)) == 8
-        for run_id in done_before:  # completed runs were kept, not redone
-            assert sum(e.get("run_id") == run_id and e["event"] == "run_start" for e in events) == 1
+        _sigkill_and_resume(_card(tmp_path, cycles=2), reports, {"a", "b"})
     finally:
-        _stop_groups(root)
+        for root in reports.glob("*/*"):
+            _stop_groups(root)
 
 
 @pytest.mark.slow
@@ -269,12 +283,12 @@ def test_two_ssh_boxes_over_the_loopback_sshd(sshd: LoopbackSshd, tmp_path: Path
             f"workdir: '{tmp_path / 'box-workdir'}', known_hosts: '{sshd.known_hosts}'}}"
         )
 
+    # Killed outright mid-fleet, as the local fleet is: the resume reaches each box over SSH
+    # to stop the runtime the killed harness left there.
     card = _card(tmp_path, f"boxes: [{box('x')}, {box('y')}]", cycles=2)
     reports = tmp_path / "reports"
-    result = _harness("run", str(card), "--reports", str(reports), "--quiet")
-    root = next(reports.glob("fleet/*"))
     try:
-        assert result.code == 0, result.stdout + result.stderr
+        root = _sigkill_and_resume(card, reports, {"x", "y"})
         records = _records(root)
         assert Counter(r["box"] for r in records) == {"x": 4, "y": 4}
         assert all(r["status"] == "ok" for r in records)
@@ -288,4 +302,5 @@ def test_two_ssh_boxes_over_the_loopback_sshd(sshd: LoopbackSshd, tmp_path: Path
             capture = json.loads((root / "boxes" / f"{name}.json").read_text())
             assert capture["drive"] == "tunnel" and capture["tunnel_rtt"]
     finally:
-        _stop_groups(root)
+        for root in reports.glob("*/*"):
+            _stop_groups(root)
