@@ -8,9 +8,7 @@ verdict with any planned run incomplete never passes (docs/design.md#gates).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,20 +22,26 @@ from harness.card import (
     BetterGate,
     CounterGate,
     ExactOutputsGate,
-    Gate,
-    LockstepGate,
     QualityGate,
     RegressionGate,
     SoakGate,
     SurvivesGate,
-    parse_fraction,
 )
 from harness.catalog import METRICS
-from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK, RecordError
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.gate_quality import quality_gate
 from harness.gate_regression import regression_gate
-from harness.gate_result import GateResult
-from harness.prompts import check_problems
-from harness.records import read_json, write_json_atomic
+from harness.gate_result import (
+    GateResult,
+    gate_cells,
+    gate_name,
+    incomplete_of,
+    incomplete_runs,
+    listed,
+    required_count,
+)
+from harness.gate_soak import lockstep_gate, soak_gate
+from harness.records import write_json_atomic
 
 
 @dataclass
@@ -72,75 +76,18 @@ class Verdict:
         }
 
 
-def _gate_name(gate: Gate) -> str:
-    if isinstance(gate, BetterGate):
-        return f"better {gate.metric}"
-    if isinstance(gate, CounterGate):
-        bounds = []
-        if gate.min is not None:
-            bounds.append(f">= {gate.min:g}")
-        if gate.max is not None:
-            bounds.append(f"<= {gate.max:g}")
-        return f"counter {gate.counter} {' and '.join(bounds)}"
-    if isinstance(gate, ExactOutputsGate):
-        return f"exact outputs {gate.min_match}"
-    if isinstance(gate, SurvivesGate):
-        return f"survives {', '.join(gate.cache_states)}"
-    if isinstance(gate, QualityGate):
-        return f"quality {gate.min_pass}"
-    if isinstance(gate, SoakGate):
-        return f"soak {gate.min_duration_s:g} s"
-    if isinstance(gate, RegressionGate):
-        return f"regression {gate.metric} vs last {gate.last} promoted"
-    return gate.kind
-
-
-def _cells(gate: Gate, analysis: CampaignAnalysis, *, treatments_only: bool) -> list[str]:
-    if gate.cells:
-        return list(gate.cells)
-    card = analysis.card
-    return list(card.treatments if treatments_only and card.control else card.cells)
-
-
-def _incomplete(runs: pd.DataFrame, cells: list[str]) -> list[str]:
-    """Runs of the cells and of their comparisons (the control's blocks) that did not complete."""
-    subset = runs[runs["cell"].isin(cells) | runs["comparison"].isin(cells)]
-    return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
-
-
-def _incomplete_of(runs: pd.DataFrame, cell: str) -> list[str]:
-    """Runs of one cell that did not complete: outputs of a run that never finished are unknown,
-    so the other runs' outputs cannot stand in for them."""
-    subset = runs[runs["cell"] == cell]
-    return [f"{r.run_id} ({r.status})" for r in subset.itertuples() if r.status != "ok"]
-
-
-def _listed(items: list[str], most: int = 5) -> str:
-    more = f" and {len(items) - most} more" if len(items) > most else ""
-    return ", ".join(items[:most]) + more
-
-
-def _required(fraction: str | int, n: int) -> int:
-    if fraction == "all":
-        return n
-    k, of = parse_fraction(fraction)
-    if of is None:
-        return k
-    return math.ceil(k / of * n - 1e-9)
-
-
 def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
-    name = _gate_name(gate)
+    name = gate_name(gate)
     reference = gate.vs or analysis.card.control
     if reference is None:
         return GateResult(gate.kind, name, False, "no reference cell: name one with `vs`")
-    missing_reference = _incomplete_of(analysis.runs, reference)
+    missing_reference = incomplete_of(analysis.runs, reference)
     if missing_reference:
         return GateResult(
             gate.kind,
             name,
             False,
-            f"reference {reference}: runs not complete ({_listed(missing_reference)})",
+            f"reference {reference}: runs not complete ({listed(missing_reference)})",
             {"reference": reference, "incomplete": missing_reference},
             incomplete=True,
         )
@@ -156,10 +103,10 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
     evidence: dict[str, Any] = {"reference": reference, "cells": {}}
     failures = []
     on_data = False  # a failure on complete data, not only on missing runs
-    for cell in _cells(gate, analysis, treatments_only=True):
+    for cell in gate_cells(gate, analysis, treatments_only=True):
         if cell == reference:
             continue
-        missing_runs = _incomplete_of(analysis.runs, cell)
+        missing_runs = incomplete_of(analysis.runs, cell)
         mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
         matched, mismatched, allowed, missing = [], [], [], []
         for prompt_id, expected in ref_hash.items():
@@ -173,7 +120,7 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             else:
                 mismatched.append(str(prompt_id))
         n = len(ref_hash)
-        need = _required(gate.min_match, n)
+        need = required_count(gate.min_match, n)
         ok = not missing and len(matched) + len(allowed) >= need
         evidence["cells"][cell] = {
             "matched": len(matched),
@@ -186,7 +133,7 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             "incomplete": missing_runs,
         }
         if missing_runs:
-            failures.append(f"{cell}: runs not complete ({_listed(missing_runs)})")
+            failures.append(f"{cell}: runs not complete ({listed(missing_runs)})")
         elif not ok:
             on_data = True
             detail = f"{cell}: {len(matched)}/{n} match {reference}, need {need}"
@@ -208,15 +155,15 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
 
 
 def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
-    name = _gate_name(gate)
+    name = gate_name(gate)
     runs = analysis.runs
-    cells = _cells(gate, analysis, treatments_only=False)
+    cells = gate_cells(gate, analysis, treatments_only=False)
     subset = runs[runs["cell"].isin(cells)]
     if gate.counter == "failed_runs":
         values = {"campaign": float((subset["status"] != "ok").sum())}
     else:
         column = "ring_lost" if gate.counter == "lost_ring_records" else gate.counter
-        incomplete = _incomplete(runs, cells)
+        incomplete = incomplete_runs(runs, cells)
         if incomplete:
             return GateResult(
                 gate.kind,
@@ -320,7 +267,7 @@ def _better_in(
     failure rests on complete data (not only on runs that are missing or failed)."""
     reasons, evidence, ok, on_data = [], {}, True, False
     for cell in cells:
-        incomplete = _incomplete(analysis.runs, [cell])
+        incomplete = incomplete_runs(analysis.runs, [cell])
         for state in states:
             key = f"{cell}/{state}"
             row = _comparison_row(analysis, cell, state, metric)
@@ -358,19 +305,19 @@ def _better_in(
 
 
 def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:
-    cells = _cells(gate, analysis, treatments_only=True)
+    cells = gate_cells(gate, analysis, treatments_only=True)
     ok, reasons, evidence, on_data = _better_in(
         analysis, cells, list(analysis.card.design.cache_states), gate.metric
     )
     incomplete = not ok and not on_data
-    return GateResult(gate.kind, _gate_name(gate), ok, "; ".join(reasons), evidence, incomplete)
+    return GateResult(gate.kind, gate_name(gate), ok, "; ".join(reasons), evidence, incomplete)
 
 
 def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
     metrics = gate.metrics or [g.metric for g in analysis.card.gates if isinstance(g, BetterGate)]
     if not metrics:
-        return GateResult(gate.kind, _gate_name(gate), False, "no metric to check: add `metrics`")
-    cells = _cells(gate, analysis, treatments_only=True)
+        return GateResult(gate.kind, gate_name(gate), False, "no metric to check: add `metrics`")
+    cells = gate_cells(gate, analysis, treatments_only=True)
     all_ok, any_on_data = True, False
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
@@ -386,242 +333,7 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
         else (f"better in every state ({', '.join(gate.cache_states)}) on {', '.join(metrics)}")
     )
     incomplete = not all_ok and not any_on_data
-    return GateResult(gate.kind, _gate_name(gate), all_ok, summary, evidence, incomplete)
-
-
-def _check(check: dict[str, Any], text: str) -> bool:
-    """Whether ``text`` passes a quality check; an invalid check (see ``check_problems``) passes
-    nothing."""
-    if check_problems(check):
-        return False
-    kind = check.get("kind")
-    if kind == "regex":
-        return re.search(str(check["pattern"]), text) is not None
-    try:
-        value = json.loads(text.strip())
-    except json.JSONDecodeError:
-        return False
-    if kind == "json_valid":
-        return True
-    return _matches_schema(value, check.get("schema", {}))
-
-
-_SCHEMA_TYPES: dict[str, type | tuple[type, ...]] = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "number": (int, float),
-    "integer": int,
-    "boolean": bool,
-    "null": type(None),
-}
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    """Equality of JSON values: Python's bool is an int (True == 1), JSON's boolean is not."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    return bool(a == b)
-
-
-def _matches_schema(value: Any, schema: dict[str, Any]) -> bool:
-    """The JSON-schema subset quality checks use: type, required, properties, enum."""
-    expected = schema.get("type")
-    if expected is not None:
-        if expected not in _SCHEMA_TYPES:
-            return False  # an unknown type accepts nothing (loading refuses it)
-        if not isinstance(value, _SCHEMA_TYPES[expected]):
-            return False
-        # A JSON boolean parses to a Python bool, which isinstance counts as an int.
-        if isinstance(value, bool) and expected in ("integer", "number"):
-            return False
-    if "enum" in schema and not any(_json_equal(value, item) for item in schema["enum"]):
-        return False
-    if isinstance(value, dict):
-        if any(key not in value for key in schema.get("required", [])):
-            return False
-        for key, sub in schema.get("properties", {}).items():
-            if key in value and not _matches_schema(value[key], sub):
-                return False
-    return True
-
-
-def _quality_suite(path: Path) -> dict[str, dict[str, Any]]:
-    """The suite a campaign recorded, by prompt id; a broken record names its field."""
-    prompts = read_json(path).get("prompts")
-    if not isinstance(prompts, list) or not all(
-        isinstance(p, dict) and isinstance(p.get("id"), str) for p in prompts
-    ):
-        raise RecordError(
-            f"{path}: `prompts` must be a list of objects with a string `id`; the record is "
-            "damaged: restore it or rerun the campaign"
-        )
-    return {p["id"]: p for p in prompts}
-
-
-def _quality(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
-    name = _gate_name(gate)
-    path = analysis.campaign.root / "quality.json"
-    if not path.is_file():
-        return GateResult(gate.kind, name, False, "no quality suite was run in this campaign")
-    suite = _quality_suite(path)
-    # Loading refuses invalid checks; a campaign recorded before that may still hold one.
-    invalid = [
-        f"quality check of prompt {prompt_id} is invalid: {'; '.join(problems)}"
-        for prompt_id, prompt in suite.items()
-        if (problems := check_problems(prompt.get("check")))
-    ]
-    if invalid:
-        return GateResult(gate.kind, name, False, "; ".join(invalid))
-    outputs = analysis.outputs
-    outputs = outputs[outputs["phase"] == "quality"] if not outputs.empty else outputs
-    failures: list[str] = []
-    evidence: dict[str, Any] = {}
-
-    def passing(cell: str) -> list[str]:
-        if outputs.empty:
-            return []
-        mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
-        passed = []
-        for prompt_id, prompt in suite.items():
-            texts = mine[mine["prompt_id"] == prompt_id]["output_text"]
-            if len(texts) and all(_check(prompt["check"], str(t)) for t in texts):
-                passed.append(prompt_id)
-        return passed
-
-    cells = _cells(gate, analysis, treatments_only=gate.vs is not None)
-    # A run that did not complete has unknown answers; the cell's other runs cannot stand in.
-    missing = {
-        c: _incomplete_of(analysis.runs, c) for c in [*cells, *([gate.vs] if gate.vs else [])]
-    }
-    on_data = False
-    floor = len(passing(gate.vs)) if gate.vs else 0
-    if gate.vs and missing[gate.vs]:
-        # No floor from a partial reference; the cells still have to meet min_pass.
-        floor = 0
-        failures.append(f"reference {gate.vs}: runs not complete ({_listed(missing[gate.vs])})")
-    for cell in cells:
-        if missing[cell]:
-            failures.append(f"{cell}: runs not complete ({_listed(missing[cell])})")
-            continue
-        passed = passing(cell)
-        need = max(_required(gate.min_pass, len(suite)), floor)
-        evidence[cell] = {"passed": len(passed), "n": len(suite), "required": need}
-        if gate.vs:
-            known = None if missing[gate.vs] else floor  # a partial reference proves nothing
-            evidence[cell]["reference"] = {"cell": gate.vs, "passed": known}
-        if len(passed) < need:
-            on_data = True
-            failed = sorted(set(suite) - set(passed))
-            against = f" ({gate.vs} passes {floor})" if gate.vs else ""
-            failures.append(
-                f"{cell}: {len(passed)}/{len(suite)} pass, need {need}{against} "
-                f"(failing: {', '.join(failed[:5])})"
-            )
-    if failures:
-        return GateResult(
-            gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
-        )
-    return GateResult(gate.kind, name, True, "every cell passes the quality suite", evidence)
-
-
-def _soak(gate: SoakGate, analysis: CampaignAnalysis) -> GateResult:
-    name = _gate_name(gate)
-    cells = _cells(gate, analysis, treatments_only=False)
-    runs = analysis.runs[analysis.runs["cell"].isin(cells)]
-    problems: list[str] = []
-    evidence: dict[str, dict[str, Any]] = {}
-    if runs.empty:
-        return GateResult(gate.kind, name, False, "no soak run in the campaign")
-    not_complete = 0
-    for row in runs.itertuples():
-        key = str(row.run_id)
-        if row.status != "ok":
-            problems.append(f"{key}: {row.status}: {getattr(row, 'reason', '')}")
-            not_complete += 1
-            continue
-        duration = _number(getattr(row, "ring_duration_s", None))
-        lost_value = _number(getattr(row, "ring_lost", None))
-        if duration is None or lost_value is None:
-            # end - start would count the boot as served, and nothing counted the losses: the
-            # soak's claims rest on the ring, so without one the gate cannot be shown to hold.
-            evidence[key] = {"duration_s": None, "lost_ring_records": None}
-            problems.append(
-                f"{key}: no ring records: duration, lost records and inter-token p99 cannot be "
-                "shown (the runtime's ring was not collected)"
-            )
-            continue
-        lost = int(lost_value)
-        p99 = getattr(row, "ring_itl_p99_ms", None)
-        raw_boots = getattr(row, "boots", None)
-        boots = (
-            int(raw_boots)
-            if isinstance(raw_boots, int | float) and not math.isnan(raw_boots)
-            else 1
-        )
-        evidence[key] = {
-            "duration_s": duration,
-            "boots": boots,
-            "lost_ring_records": lost,
-            "itl_p99_ms": p99,
-        }
-        resumed = f" (resumed across {boots} boots)" if boots > 1 else ""
-        if duration < gate.min_duration_s:
-            problems.append(f"{key}: ran {duration:.0f} s of {gate.min_duration_s:g} s{resumed}")
-        if lost > gate.max_lost_records:
-            problems.append(f"{key}: {lost} ring records lost")
-        if gate.itl_p99_ms_max is not None:
-            if p99 is None or (isinstance(p99, float) and math.isnan(p99)):
-                problems.append(f"{key}: no inter-token p99 (no decode steps in the ring)")
-            elif p99 > gate.itl_p99_ms_max:
-                problems.append(f"{key}: inter-token p99 {p99:.2f} ms > {gate.itl_p99_ms_max:g} ms")
-        if gate.rss_growth_pct_max is not None:
-            growth = getattr(row, "rss_growth_pct", None)
-            if growth is None or (isinstance(growth, float) and math.isnan(growth)):
-                problems.append(f"{key}: RSS was not sampled, so growth cannot be bounded")
-            elif growth > gate.rss_growth_pct_max:
-                problems.append(f"{key}: RSS grew {growth:.1f}% > {gate.rss_growth_pct_max:g}%")
-    if problems:
-        only_incomplete = not_complete == len(problems)
-        return GateResult(
-            gate.kind, name, False, "; ".join(problems), evidence, incomplete=only_incomplete
-        )
-    resumed_runs = sum(1 for e in evidence.values() if e.get("boots", 1) > 1)
-    note = f"; {resumed_runs} resumed across boots (not one process)" if resumed_runs else ""
-    return GateResult(gate.kind, name, True, f"{len(evidence)} soak runs held{note}", evidence)
-
-
-def _number(value: Any) -> float | None:
-    """A finite number from a run-table cell; None for a missing value (None or NaN)."""
-    if isinstance(value, int | float | np.integer | np.floating) and math.isfinite(float(value)):
-        return float(value)
-    return None
-
-
-def _lockstep(gate: LockstepGate, analysis: CampaignAnalysis) -> GateResult:
-    path = analysis.campaign.root / "lockstep.json"
-    if not path.is_file():
-        return GateResult(
-            gate.kind,
-            _gate_name(gate),
-            False,
-            "no lockstep result in the campaign: run `harness simulate --lockstep` on its route "
-            "traces first",
-        )
-    result = read_json(path)
-    divergent = result.get("divergent")
-    if isinstance(divergent, bool) or not isinstance(divergent, int):
-        raise RecordError(
-            f"{path}: `divergent` must be a count, not {divergent!r}; rerun "
-            "`harness simulate --lockstep`"
-        )
-    ok = 0 <= divergent <= gate.max_divergent
-    reason = f"{result.get('decisions', 0)} decisions, {divergent} divergent"
-    return GateResult(gate.kind, _gate_name(gate), ok, reason, result)
+    return GateResult(gate.kind, gate_name(gate), all_ok, summary, evidence, incomplete)
 
 
 def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
@@ -637,7 +349,7 @@ def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
         "cohorts",
         "every cohort valid",
         False,
-        f"{len(reasons)} cohort{'' if len(reasons) == 1 else 's'} invalid ({_listed(reasons)}); "
+        f"{len(reasons)} cohort{'' if len(reasons) == 1 else 's'} invalid ({listed(reasons)}); "
         "an invalid cohort is not repaired by a retry: rerun the campaign once the box is fit",
         incomplete=True,
     )
@@ -656,13 +368,13 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         elif isinstance(gate, SurvivesGate):
             results.append(_survives(gate, analysis))
         elif isinstance(gate, QualityGate):
-            results.append(_quality(gate, analysis))
+            results.append(quality_gate(gate, analysis))
         elif isinstance(gate, SoakGate):
-            results.append(_soak(gate, analysis))
+            results.append(soak_gate(gate, analysis))
         elif isinstance(gate, RegressionGate):
             results.append(regression_gate(gate, analysis))
         else:
-            results.append(_lockstep(gate, analysis))
+            results.append(lockstep_gate(gate, analysis))
     cohorts = _cohorts(analysis)
     if cohorts is not None:
         results.append(cohorts)
@@ -676,7 +388,7 @@ def incomplete_text(verdict: Verdict) -> str:
     runs = verdict.incomplete_runs
     return (
         f"{len(runs)} planned run{'' if len(runs) == 1 else 's'} missing or failed "
-        f"({_listed(runs)}): the campaign cannot pass until they complete; "
+        f"({listed(runs)}): the campaign cannot pass until they complete; "
         "retry them with `harness run --resume DIR`"
     )
 

@@ -27,7 +27,8 @@ from harness.errors import RecordError
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
-from harness.gate import GateResult, Verdict, _check, evaluate_gates, write_verdict
+from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
+from harness.gate_quality import check_passes
 from harness.plan import build_plan
 from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.telemetry import RingGeometry, RingWriter
@@ -721,7 +722,7 @@ def test_quality_fails_a_check(tmp_path: Path, prompt_id: str, bad: str) -> None
 def test_json_schema_checks_keep_booleans_apart(
     schema: dict[str, Any], answer: str, matches: bool
 ) -> None:
-    assert _check({"kind": "json_schema", "schema": schema}, answer) is matches
+    assert check_passes({"kind": "json_schema", "schema": schema}, answer) is matches
 
 
 def test_quality_fails_closed_on_an_invalid_check_in_the_campaign(tmp_path: Path) -> None:
