@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, cast
 
 from harness import __version__
+from harness.benchmarks.commands import register as register_bench
 from harness.card import load_boxes_file, load_card, scale_workload
 from harness.card.resolve import load_runtime_profile
 from harness.errors import (
@@ -30,6 +31,7 @@ from harness.errors import (
     BadInput,
     HarnessError,
 )
+from harness.execute.commands import register as register_execute
 from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.history.commands import register as register_history
 from harness.importers.commands import register as register_import
@@ -331,108 +333,6 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_boxes
-    from harness.execute.preflight import check_box
-    from harness.profiles import BoxSpec, RuntimeProfile
-
-    profile: RuntimeProfile | None = None
-    card_dir = Path.cwd()
-    boxes: dict[str, BoxSpec] = {}
-    names = [args.name] if args.name else []
-    if args.card:
-        loaded = load_card(Path(args.card))
-        profile, card_dir = loaded.runtime, loaded.directory
-        boxes.update(dict(loaded.boxes))
-        names = names or [name for name, _ in loaded.boxes]  # a fleet: every box
-    if not names:
-        raise BadInput("give a box NAME, or --card CARD to check the card's boxes")
-    boxes = {**load_boxes(card_dir), **boxes}
-    failed_boxes = 0
-    for name in names:
-        if name not in boxes:
-            raise BadInput(
-                f"unknown box {name!r}; known: {', '.join(sorted(boxes))} "
-                "(boxes.yaml beside the card, ./campaigns/boxes.yaml, or the package's)"
-            )
-        checks = check_box(name, boxes[name], profile)
-        for check in checks:
-            out.write(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}\n")
-            if not check.ok and check.fix:
-                out.write(f"     fix: {check.fix}\n")
-        failed = sum(not check.ok for check in checks)
-        out.write(f"box {name}: {len(checks) - failed} of {len(checks)} checks passed\n")
-        failed_boxes += failed > 0
-    if len(names) > 1 and failed_boxes:
-        out.write(
-            f"{failed_boxes} of {len(names)} boxes failed: a fleet drops them at the start of "
-            "`harness run` and deals their cohorts to the others\n"
-        )
-    return EXIT_OK if failed_boxes == 0 else EXIT_INFRASTRUCTURE
-
-
-def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.execute.collect import collect_counts
-
-    loaded = load_card(Path(args.card))
-    if args.scale is not None:
-        if not args.as_run:
-            raise BadInput("--scale applies to --as-run (the workload of a scaled run)")
-        loaded = scale_workload(loaded, args.scale)
-    cell = args.cell or loaded.card.control or next(iter(loaded.card.cells))
-    domains = [d for d in (args.domains or "").split(",") if d]
-    collected = collect_counts(
-        loaded,
-        cell,
-        args.split,
-        Path(args.out),
-        passes=args.passes,
-        domains=domains or None,
-        max_tokens=args.max_tokens,
-        as_run=args.as_run,
-    )
-    sent = "one run's workload" if args.as_run else f"split {args.split!r}"
-    out.write(
-        f"{collected.requests} requests, {collected.tokens} tokens ({sent}) "
-        f"with cell {cell!r}\ncounts: {collected.counts}\n"
-    )
-    if collected.trace is not None:
-        out.write(f"route trace: {collected.trace}\n")
-    if args.as_run and collected.trace is not None:
-        out.write(f"next: harness simulate {args.card} --traces {collected.trace}\n")
-    else:
-        out.write(f"next: harness fit-map {collected.counts} --top K -o rowmap.json\n")
-    return EXIT_OK
-
-
-def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.benchmarks import Figure
-
-    names = _bench_names()
-    if args.name not in names:
-        raise HarnessError(f"unknown benchmark {args.name!r}; known: {', '.join(names) or 'none'}")
-    module = importlib.import_module(f"harness.benchmarks.{args.name.replace('-', '_')}")
-    figures: list[Figure] = module.run_bench(quick=args.quick)
-    if args.json:
-        payload = [figure.__dict__ for figure in figures]
-        out.write(json.dumps({"benchmark": args.name, "figures": payload}, indent=2) + "\n")
-        return EXIT_OK
-    for figure in figures:
-        verdict = "" if figure.passed is None else (" ok" if figure.passed else " MISSED")
-        target = f"  (target {figure.target}{verdict})" if figure.target else ""
-        baseline = f"  vs {figure.baseline}" if figure.baseline else ""
-        out.write(f"{figure.name}: {figure.value:.4g} {figure.unit}{baseline}{target}\n")
-    return EXIT_OK
-
-
-def _bench_names() -> list[str]:
-    folder = Path(__file__).resolve().parent / "benchmarks"
-    # Module vllm_client is the benchmark vllm-client: names are typed with dashes.
-    return sorted(
-        p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.stem.startswith("_")
-    )
-
-
 def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
     from harness.telemetry_read import describe_ring
 
@@ -511,43 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="machine-readable rows")
     compare.set_defaults(handler=_cmd_compare)
 
-    bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
-    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")
-    bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
-    bench.add_argument("--json", action="store_true", help="machine-readable figures")
-    bench.set_defaults(handler=_cmd_bench)
-
-    box = verbs.add_parser("box", help="boxes: check that one is ready")
-    box_verbs = box.add_subparsers(dest="box_verb", metavar="VERB", required=True)
-    check = box_verbs.add_parser("check", help="preflight a box (reachable, python, disk, clock…)")
-    check.add_argument("name", nargs="?", metavar="NAME", help="box name (default: the card's)")
-    check.add_argument("--card", metavar="CARD", help="also check the card's runtime on the box")
-    check.set_defaults(handler=_cmd_box_check)
-
-    collect = verbs.add_parser(
-        "collect", help="boot a cell, send one prompt split, save route counts (for fit-map)"
-    )
-    collect.add_argument("card", metavar="CARD")
-    collect.add_argument("--cell", help="cell whose knobs to boot with (default: the control)")
-    collect.add_argument("--split", default="fit", help="prompt split to send (default: fit)")
-    collect.add_argument("--passes", type=int, default=1, help="passes over the split")
-    collect.add_argument("--domains", help="only these domains, comma-separated")
-    collect.add_argument("--max-tokens", type=int, help="tokens per request (default: the card's)")
-    collect.add_argument(
-        "--as-run",
-        action="store_true",
-        help="send exactly one run's workload (warmup, then the card's phases on held-out "
-        "prompts): the trace to give `harness simulate` for predictions the box can check",
-    )
-    collect.add_argument(
-        "--scale",
-        type=float,
-        metavar="F",
-        help="with --as-run: the workload of `harness run --scale F`",
-    )
-    collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
-    collect.set_defaults(handler=_cmd_collect)
-
+    register_execute(verbs)
+    register_bench(verbs)
     register_sim(verbs)
     register_llamacpp(verbs)
     register_vllm(verbs)
