@@ -181,6 +181,9 @@ def test_an_interrupt_here_stops_the_driver_there(
                 time.sleep(0.2)
 
         spec = DriveSpec(runtime.base_url, "completions", "m", concurrency=2, timeout_s=120)
+        # Ctrl-C's own handler, whatever this process inherited: a shell without job control
+        # starts a background job (`make test &`) with SIGINT ignored, and Python keeps that.
+        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
         timer = threading.Thread(target=interrupt, daemon=True)
         timer.start()
         try:
@@ -199,6 +202,7 @@ def test_an_interrupt_here_stops_the_driver_there(
         finally:
             stop.set()
             timer.join()
+            signal.signal(signal.SIGINT, inherited)
             checker.close()
 
 
