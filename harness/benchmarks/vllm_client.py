@@ -1,17 +1,23 @@
 """``harness bench vllm-client``: our driver against vLLM's own client on one running server.
 
-One vLLM server (the ``vllm`` profile, eager, the tiny Qwen3-MoE ``make vllm`` writes) takes the
-same prompts at concurrency 1 and 4 from the harness's driver and from ``vllm bench serve``
-(``--dataset-name custom`` over the very prompts, ``--skip-chat-template``, ``--ignore-eos``,
-greedy), interleaved ours, theirs, theirs, ours so slow drift cancels. Each reports median TTFT
-and median TPOT over its requests; the figures are the ratios ours ÷ theirs.
+One vLLM server (the ``vllm`` profile, eager, no prefix caching, the tiny Qwen3-MoE
+``make vllm`` writes) takes the same prompts at concurrency 1 and 4 from the harness's driver
+and from ``vllm bench serve`` (``--dataset-name custom`` over the very prompts,
+``--skip-chat-template``, ``--ignore-eos``, greedy, ``--save-detailed``), in rounds of ours,
+theirs, theirs, ours so slow drift cancels (one round with ``--quick``, three without). Each
+request's TTFT and TPOT are pooled per tool over its runs; the figures are the pooled medians'
+ratios ours ÷ theirs, each beside vLLM's client against itself (its second run of each pair ÷
+its first): the run-to-run noise of the server, which bounds how closely any two clients can
+agree on this machine.
 
 Definitions are the same on both sides, which is why they can agree: TTFT = first streamed
 chunk with a choice − send time; E2EL = last such chunk − send time; n = ``usage``'s
-completion tokens; TPOT = (E2EL − TTFT)/(n − 1). What still differs: vLLM's client counts a
-chunk whose text is empty (a special token) as the first token, ours waits for content; its
-send time is taken before its rate limiter's bookkeeping, ours inside our concurrency limiter;
-and at C4 each tool's own event loop decides which of four simultaneous chunks it reads first.
+completion tokens; TPOT = (E2EL − TTFT)/(n − 1), per request. What still differs: vLLM's client
+counts a chunk whose text is empty (a special token) as the first token, ours waits for content;
+its send time is taken before its rate limiter's bookkeeping, ours inside our concurrency
+limiter; and at C4 each tool's own event loop decides which of four simultaneous chunks it reads
+first. Measured here, the server's own noise dominates: a median over one run of 8 requests at
+C4 falls between two waves of 4 and moved 30–70 % from one run of vLLM's client to the next.
 One ``--save-result`` JSON is kept (``tests/data/vllm/``) for the importer of such results.
 """
 
@@ -27,6 +33,7 @@ from pathlib import Path
 from harness.benchmarks import Figure
 from harness.card import Cell
 from harness.card.resolve import find_runtime_profile, load_runtime_profile
+from harness.card.schema import KnobValue
 from harness.errors import InfrastructureError
 from harness.execute.boxes import LocalBox
 from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, drive
@@ -50,9 +57,10 @@ def _prompts(count: int, chars: int) -> list[str]:
     return out
 
 
-def _ours(
-    runtime: RunningRuntime, prompts: list[str], tokens: int, c: int
-) -> list[tuple[float, float]]:
+Row = tuple[float, float]  # one request's (TTFT ms, TPOT ms)
+
+
+def _ours(runtime: RunningRuntime, prompts: list[str], tokens: int, c: int) -> list[Row]:
     spec = DriveSpec(
         base_url=runtime.base_url,
         flavour="completions",
@@ -76,14 +84,15 @@ def _ours(
 
 def _theirs(
     runtime: RunningRuntime, dataset: Path, tokens: int, c: int, count: int, result: Path
-) -> dict[str, float]:
+) -> list[tuple[float, float]]:
+    """Per request (TTFT ms, TPOT ms) as vLLM's client timed them (``--save-detailed``)."""
     vllm = build.venv_dir() / "bin" / "vllm"
     argv = [
         str(vllm), "bench", "serve", "--backend", "vllm", "--base-url", runtime.base_url,
         "--model", runtime.profile.api.model, "--tokenizer", str(build.model_dir()),
         "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
         "--custom-output-len", str(tokens), "--num-prompts", str(count), "--ignore-eos",
-        "--temperature", "0", "--max-concurrency", str(c), "--save-result",
+        "--temperature", "0", "--max-concurrency", str(c), "--save-result", "--save-detailed",
         "--result-dir", str(result.parent), "--result-filename", result.name,
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
     ]  # fmt: skip
@@ -91,8 +100,57 @@ def _theirs(
     if done.returncode != 0 or not result.is_file():
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise InfrastructureError(f"vllm bench serve failed (exit {done.returncode}):\n{tail}")
-    data: dict[str, float] = json.loads(result.read_text())
-    return data
+    data = json.loads(result.read_text())
+    out = []
+    # latency = TTFT + the sum of its inter-chunk gaps; TPOT = (latency - TTFT) / (n - 1).
+    for ttft, gaps, n in zip(data["ttfts"], data["itls"], data["output_lens"], strict=True):
+        out.append((ttft * 1e3, sum(gaps) / (n - 1) * 1e3))
+    return out
+
+
+def _median(rows: list[tuple[float, float]], column: int) -> float:
+    return statistics.median(row[column] for row in rows)
+
+
+def _figures(c: int, ours: list[list[Row]], theirs: list[list[Row]]) -> list[Figure]:
+    """Ours ÷ theirs on every request pooled, and vLLM's client against itself."""
+    mine = [row for run in ours for row in run]
+    vllms = [row for run in theirs for row in run]
+    # Their runs come in adjacent pairs (ours, theirs, theirs, ours): first vs second of each.
+    first = [row for run in theirs[0::2] for row in run]
+    second = [row for run in theirs[1::2] for row in run]
+    figures = []
+    for column, name in ((0, "TTFT"), (1, "TPOT")):
+        a, b = _median(mine, column), _median(vllms, column)
+        spread = _median(second, column) / _median(first, column)
+        target = f"within {TARGETS[c]:.0%}"
+        passed: bool | None = abs(a / b - 1) <= TARGETS[c]
+        if abs(spread - 1) > TARGETS[c]:
+            # The server moves more between two runs of one client than the target allows:
+            # no ratio of two clients can show the target met or missed on this machine.
+            target += f"; undecidable here: vLLM's client moved {abs(spread - 1):.0%} vs itself"
+            passed = None
+        figures.append(
+            Figure(
+                name=f"C{c} median {name}: ours {a:.2f} ms, vllm bench serve {b:.2f} ms "
+                f"({len(mine)} and {len(vllms)} requests)",
+                value=round(a / b, 4),
+                unit="x (ours / vLLM's)",
+                baseline="vllm bench serve, same server and prompts, interleaved",
+                target=target,
+                passed=passed,
+            )
+        )
+        figures.append(
+            Figure(
+                name=f"C{c} median {name}: vllm bench serve against itself, the run after ÷ "
+                "the run before (the noise floor of the figure above)",
+                value=round(spread, 4),
+                unit="x",
+                baseline="the same client one run earlier",
+            )
+        )
+    return figures
 
 
 def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]:
@@ -101,6 +159,7 @@ def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]
         raise InfrastructureError("bench vllm-client needs vLLM's venv: run `make vllm` first")
     build.ensure_model()
     count, chars, tokens = (8, 96, 24) if quick else (16, 256, 64)
+    rounds = 1 if quick else 3
     box = LocalBox("local", BoxSpec())
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
@@ -109,10 +168,14 @@ def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]
         if found is None:
             raise InfrastructureError("bench vllm-client: the vllm runtime profile is missing")
         profile = load_runtime_profile(found)
-        cell = Cell(knobs={"enforce_eager": True, "max_num_seqs": 4})
+        # No prefix caching: every run sends the same prompts, and a prompt cached by the run
+        # before would make the later tool's prefills cheaper.
+        knobs: dict[str, KnobValue] = {
+            "enforce_eager": True, "max_num_seqs": 4, "prefix_caching": False,
+        }  # fmt: skip
         spec = boot_spec(
-            profile, cell, port=box.free_port(), run_dir=str(work / "server"), python="python3",
-            bind_host="127.0.0.1", cache_dir=str(work), uploaded={},
+            profile, Cell(knobs=knobs), port=box.free_port(), run_dir=str(work / "server"),
+            python="python3", bind_host="127.0.0.1", cache_dir=str(work), uploaded={},
         )  # fmt: skip
         runtime = boot(box, profile, spec)
         try:
@@ -121,31 +184,15 @@ def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]
             dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
             _ours(runtime, prompts[:2], 4, 1)  # warm the server's paths once
             for c in (1, 4):
-                mine: list[tuple[float, float]] = []
-                vllms: list[dict[str, float]] = []
-                for turn, arm in enumerate(("ours", "theirs", "theirs", "ours")):
-                    if arm == "ours":
-                        mine += _ours(runtime, prompts, tokens, c)
-                    else:
-                        path = work / f"vllm-bench-c{c}-{turn}.json"
-                        vllms.append(_theirs(runtime, dataset, tokens, c, count, path))
-                ttft = statistics.median(t for t, _ in mine)
-                tpot = statistics.median(p for _, p in mine)
-                their_ttft = statistics.median(v["median_ttft_ms"] for v in vllms)
-                their_tpot = statistics.median(v["median_tpot_ms"] for v in vllms)
-                for name, a, b in (("TTFT", ttft, their_ttft), ("TPOT", tpot, their_tpot)):
-                    ratio = a / b
-                    figures.append(
-                        Figure(
-                            name=f"C{c} median {name}: ours {a:.2f} ms, vllm bench serve "
-                            f"{b:.2f} ms",
-                            value=round(ratio, 4),
-                            unit="x (ours / vLLM's)",
-                            baseline="vllm bench serve, same server and prompts",
-                            target=f"within {TARGETS[c]:.0%}",
-                            passed=abs(ratio - 1) <= TARGETS[c],
-                        )
-                    )
+                ours: list[list[Row]] = []
+                theirs: list[list[Row]] = []
+                for turn in range(rounds):
+                    ours.append(_ours(runtime, prompts, tokens, c))
+                    for pair in range(2):
+                        path = work / f"vllm-bench-c{c}-{turn}-{pair}.json"
+                        theirs.append(_theirs(runtime, dataset, tokens, c, count, path))
+                    ours.append(_ours(runtime, prompts, tokens, c))
+                figures += _figures(c, ours, theirs)
         finally:
             runtime.stop()
     return figures
