@@ -123,10 +123,14 @@ def test_dask_sweep_equals_local_and_survives_a_lost_worker(
     pd.testing.assert_frame_equal(local.rows, survived.rows)
 
 
-@pytest.mark.slow  # the client retries the connection for its whole timeout first
-def test_an_unreachable_scheduler_is_an_infrastructure_error(tmp_path: Path) -> None:
+@pytest.mark.slow  # the client retries the connection for its whole (shortened) timeout first
+def test_an_unreachable_scheduler_is_an_infrastructure_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.sim import sweep_run
     from harness.sim.sweep_run import SweepError
 
+    monkeypatch.setattr(sweep_run, "CONNECT_TIMEOUT_S", 2.0)  # the client retries this long
     card, paths = _setup(tmp_path)
     with pytest.raises(SweepError, match="cannot reach the Dask scheduler"):
         run_sweep(

@@ -45,6 +45,7 @@ Progress = Callable[[int, int], None]  # (tasks done, tasks in all)
 _ARRAYS = ("experts", "steps", "prefill", "phase")
 _SHARED: list[Trace] = []  # a worker process's traces, mapped by _load_shared
 _RESUBMITS = 3  # times a task whose result was lost with its worker is submitted again
+CONNECT_TIMEOUT_S = 30.0  # how long the Dask client keeps trying to reach the scheduler
 
 
 class SweepError(InfrastructureError):
@@ -194,7 +195,7 @@ def _dask(
             "--scheduler needs the `distributed` package: pip install distributed"
         ) from None
     try:
-        client = Client(scheduler, timeout=30)  # type: ignore[no-untyped-call]
+        client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)  # type: ignore[no-untyped-call]
     except (OSError, TimeoutError) as exc:
         raise SweepError(
             f"--scheduler {scheduler}: cannot reach the Dask scheduler ({exc}); "
