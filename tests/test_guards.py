@@ -250,6 +250,8 @@ def test_a_busy_runtime_is_not_idle_and_an_idle_one_is(
         bind_host="127.0.0.1", cache_dir=str(tmp_path), uploaded={},
     )  # fmt: skip
     runtime = boot(box, profile, spec)
+    done = threading.Event()
+    workers: list[threading.Thread] = []
     try:
         idle = wait_idle(runtime.base_url, "/metrics", profile.idle)
         assert idle.passed and "llamacpp:requests_processing=0" in idle.reason
@@ -257,12 +259,16 @@ def test_a_busy_runtime_is_not_idle_and_an_idle_one_is(
         url = runtime.base_url + "/v1/completions"
 
         def generate() -> None:
+            # Request after request until the check is over (a quiet machine finishes one of
+            # 3000 tokens within the check's window); two of these keep one always running.
             # Cut off when the runtime stops at the end of the test: that is expected.
             with contextlib.suppress(OSError):
-                http_json(url, body, timeout_s=120)
+                while not done.is_set():
+                    http_json(url, body, timeout_s=120)
 
-        worker = threading.Thread(target=generate)
-        worker.start()
+        workers += [threading.Thread(target=generate) for _ in range(2)]
+        for worker in workers:
+            worker.start()
         time.sleep(1.0)
         busy = wait_idle(
             runtime.base_url, "/metrics", Idle(metrics=profile.idle.metrics, for_s=1, timeout_s=2)
@@ -273,5 +279,7 @@ def test_a_busy_runtime_is_not_idle_and_an_idle_one_is(
         )
         assert not absent.passed and "serves no vllm:num_requests_running" in absent.reason
     finally:
+        done.set()
         assert runtime.stop()
-        worker.join(timeout=30)
+        for worker in workers:
+            worker.join(timeout=30)
