@@ -3,12 +3,13 @@
 One vLLM server (the ``vllm`` profile, eager, no prefix caching, the tiny Qwen3-MoE
 ``make vllm`` writes) takes the same prompts at concurrency 1 and 4 from the harness's driver
 and from ``vllm bench serve`` (``--dataset-name custom`` over the very prompts,
-``--skip-chat-template``, ``--ignore-eos``, greedy, ``--save-detailed``), in rounds of ours,
+``--skip-chat-template``, ``--ignore-eos``, greedy, ``--save-detailed``), each run opened by
+``c`` warm-up requests on both sides (``--num-warmups c``), in rounds of ours,
 theirs, theirs, ours so slow drift cancels (one round with ``--quick``, three without). Each
 request's TTFT and TPOT are pooled per tool over its runs; the figures are the pooled medians'
 ratios ours ÷ theirs, each beside vLLM's client against itself (its second run of each pair ÷
-its first): the run-to-run noise of the server, which bounds how closely any two clients can
-agree on this machine.
+its first) and ours against itself (its last run of a round ÷ its first): the run-to-run noise
+of the server, which bounds how closely any two clients can agree on this machine.
 
 Definitions are the same on both sides, which is why they can agree: TTFT = first streamed
 chunk with a choice − send time; E2EL = last such chunk − send time; n = ``usage``'s
@@ -68,12 +69,20 @@ def _ours(runtime: RunningRuntime, prompts: list[str], tokens: int, c: int) -> l
         concurrency=c,
         extra_body={"ignore_eos": True},
     )
+    # As vLLM's client does with --num-warmups c: c requests of the first prompt, same session,
+    # before the timed ones (and left out of them).
+    warmups = tuple(
+        WorkItem(prompt_id=f"w{i}", domain="bench", phase="warmup", phase_index=0,
+                 max_tokens=tokens, prompt=prompts[0], warmup=True)
+        for i in range(c)
+    )  # fmt: skip
     items = tuple(
-        WorkItem(prompt_id=str(i), domain="bench", phase="bench", phase_index=0,
+        WorkItem(prompt_id=str(i), domain="bench", phase="bench", phase_index=1,
                  max_tokens=tokens, prompt=p)
         for i, p in enumerate(prompts)
     )  # fmt: skip
-    results = asyncio.run(drive(spec, [PhasePlan("bench", 0, items)]))
+    phases = [PhasePlan("warmup", 0, warmups), PhasePlan("bench", 1, items)]
+    results = [r for r in asyncio.run(drive(spec, phases)) if not r.warmup]
     out = []
     for r in results:
         if not r.ok or r.ttft_s is None or r.e2el_s is None or not r.completion_tokens:
@@ -92,7 +101,8 @@ def _theirs(
         "--model", runtime.profile.api.model, "--tokenizer", str(build.model_dir()),
         "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
         "--custom-output-len", str(tokens), "--num-prompts", str(count), "--ignore-eos",
-        "--temperature", "0", "--max-concurrency", str(c), "--save-result", "--save-detailed",
+        "--temperature", "0", "--max-concurrency", str(c), "--num-warmups", str(c),
+        "--save-result", "--save-detailed",
         "--result-dir", str(result.parent), "--result-filename", result.name,
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
     ]  # fmt: skip
@@ -116,13 +126,16 @@ def _figures(c: int, ours: list[list[Row]], theirs: list[list[Row]]) -> list[Fig
     """Ours ÷ theirs on every request pooled, and vLLM's client against itself."""
     mine = [row for run in ours for row in run]
     vllms = [row for run in theirs for row in run]
-    # Their runs come in adjacent pairs (ours, theirs, theirs, ours): first vs second of each.
+    # Each round is ours, theirs, theirs, ours: each tool's second run of a round vs its first.
     first = [row for run in theirs[0::2] for row in run]
     second = [row for run in theirs[1::2] for row in run]
+    ours_first = [row for run in ours[0::2] for row in run]
+    ours_last = [row for run in ours[1::2] for row in run]
     figures = []
     for column, name in ((0, "TTFT"), (1, "TPOT")):
         a, b = _median(mine, column), _median(vllms, column)
         spread = _median(second, column) / _median(first, column)
+        own = _median(ours_last, column) / _median(ours_first, column)
         target = f"within {TARGETS[c]:.0%}"
         passed: bool | None = abs(a / b - 1) <= TARGETS[c]
         if abs(spread - 1) > TARGETS[c]:
@@ -148,6 +161,15 @@ def _figures(c: int, ours: list[list[Row]], theirs: list[list[Row]]) -> list[Fig
                 value=round(spread, 4),
                 unit="x",
                 baseline="the same client one run earlier",
+            )
+        )
+        figures.append(
+            Figure(
+                name=f"C{c} median {name}: our driver against itself, its last run of a round "
+                "÷ its first",
+                value=round(own, 4),
+                unit="x",
+                baseline="the same client three runs earlier",
             )
         )
     return figures
