@@ -16,11 +16,12 @@ chunk with a choice − send time; E2EL = last such chunk − send time; n = ``u
 completion tokens; TPOT = (E2EL − TTFT)/(n − 1), per request. What still differs: vLLM's client
 counts a chunk whose text is empty (a special token) as the first token, ours waits for content;
 its send time is taken before its rate limiter's bookkeeping, ours inside our concurrency
-limiter; and at C4 each tool's own event loop decides which of four simultaneous chunks it reads
-first. Measured here: without the warm-ups the server's first requests of each run were slow
-enough to move one client's run-to-run medians 12–19 %; with them each tool stays within
-1–3 % of itself. A median over one run of 8 requests at C4 falls between two waves of 4, so
-``--quick`` figures at C4 are rough.
+limiter; its aiohttp session trusts the environment (proxy and netrc lookups per request,
+measured ~1 ms of TTFT at C1 on ours), ours does not; and at C4 each tool's own event loop
+decides which of four simultaneous chunks it reads first. Measured here: without the warm-ups
+the server's first requests of each run were slow enough to move one client's run-to-run
+medians 12–19 %; with them each tool stays within 1–3 % of itself. A median over one run of 8
+requests at C4 falls between two waves of 4, so ``--quick`` figures at C4 are rough.
 One ``--save-result`` JSON is kept (``tests/data/vllm/``) for the importer of such results.
 """
 
