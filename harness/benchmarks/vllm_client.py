@@ -157,24 +157,21 @@ def _figures(c: int, ours: list[list[Row]], theirs: list[list[Row]]) -> list[Fig
                 passed=passed,
             )
         )
-        figures.append(
-            Figure(
-                name=f"C{c} median {name}: vllm bench serve against itself, the run after ÷ "
-                "the run before (the noise floor of the figure above)",
-                value=round(spread, 4),
-                unit="x",
-                baseline="the same client one run earlier",
+        selves = (
+            ("vllm bench serve against itself, the run after ÷ the run before (the noise "
+             "floor of the figure above)", spread, "the same client one run earlier"),
+            ("our driver against itself, its last run of a round ÷ its first", own,
+             "the same client three runs earlier"),
+        )  # fmt: skip
+        for who, value, baseline in selves:
+            figures.append(
+                Figure(
+                    name=f"C{c} median {name}: {who}",
+                    value=round(value, 4),
+                    unit="x",
+                    baseline=baseline,
+                )
             )
-        )
-        figures.append(
-            Figure(
-                name=f"C{c} median {name}: our driver against itself, its last run of a round "
-                "÷ its first",
-                value=round(own, 4),
-                unit="x",
-                baseline="the same client three runs earlier",
-            )
-        )
     return figures
 
 

@@ -11,12 +11,11 @@ priming fails it, and so does a box that cannot drop its page cache.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
-from harness.errors import HarnessError, InfrastructureError
+from harness.errors import InfrastructureError
 from harness.execute.boxes import Box
-from harness.execute.resume import orphan_identity
+from harness.execute.resume import journal_boot
 from harness.execute.runtimes import BootSpec, boot, render
 from harness.profiles import RuntimeProfile
 from harness.records import Journal
@@ -36,10 +35,7 @@ def _prime(
     journal.append("boot_starting", run_id=run_id, box=where, mark=spec.run_dir)
 
     def started(pgid: int) -> None:
-        identity = ""
-        with contextlib.suppress(HarnessError, OSError):
-            identity = orphan_identity(box, pgid)
-        journal.append("boot", run_id=run_id, pgid=pgid, identity=identity, box=where)
+        journal_boot(journal, box, where, run_id, pgid)
 
     runtime = boot(box, profile, spec, started)  # stops the group itself if the boot fails
     if runtime.stop():

@@ -9,12 +9,14 @@ harness left running is stopped first, but only if its PID still names the same 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness.errors import HarnessError
 from harness.execute.boxes import Box
 from harness.execute.drive import PhasePlan
 from harness.records import Journal, read_parquet
@@ -148,6 +150,14 @@ def orphan_identity(box: Box, pid: int) -> str:
     return result.stdout.strip()
 
 
+def journal_boot(journal: Journal, box: Box, box_name: str, run_id: str, pgid: int) -> None:
+    """Journal a started runtime's group with its identity, so a resume can stop it."""
+    identity = ""
+    with contextlib.suppress(HarnessError, OSError):
+        identity = orphan_identity(box, pgid)
+    journal.append("boot", run_id=run_id, pgid=pgid, identity=identity, box=box_name)
+
+
 def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
     """SIGKILL a runtime group left by a killed harness, if ``pgid`` still is that runtime."""
     if not identity or orphan_identity(box, pgid) != identity:
@@ -161,6 +171,7 @@ __all__ = [
     "BootRecord",
     "CheckpointState",
     "earlier_frames",
+    "journal_boot",
     "kill_orphan",
     "orphan_identity",
     "read_checkpoints",

@@ -54,8 +54,8 @@ from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
     earlier_frames,
+    journal_boot,
     kill_orphan,
-    orphan_identity,
     read_checkpoints,
     samples_path,
     segment_paths,
@@ -497,12 +497,7 @@ class CampaignRunner(GuardSteps):
     def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
         state.pgid = pgid  # and so this run stops it, if interrupted before the boot returns
-        identity = ""
-        with contextlib.suppress(HarnessError, OSError):
-            identity = orphan_identity(self.box, pgid)
-        self.campaign.journal.append(
-            "boot", run_id=run.run_id, pgid=pgid, identity=identity, box=self.box_name
-        )
+        journal_boot(self.campaign.journal, self.box, self.box_name, run.run_id, pgid)
 
     def _stop_orphans(self) -> None:
         """Stop runtimes a killed harness left running (on a GPU box one would hold the memory

@@ -33,7 +33,7 @@ from harness.execute.run import CampaignOutcome
 from harness.plan import Plan, Run
 from harness.profiles import BoxSpec
 from harness.records import CampaignDir
-from harness.slurm.merge import merge_job
+from harness.slurm.merge import MergeResult, merge_job
 from harness.slurm.states import UNKNOWN, JobState, queued_names, read_states
 from harness.slurm.submit import CohortJob, SubmittedJob, cancel_by_name, submit_cohorts
 from harness.slurm.wait import JobEnd, job_progress, wait_for_jobs
@@ -148,17 +148,8 @@ class SlurmWorker:
     ) -> None:
         """Merge an ended job and journal its runs; the runs it lost go to ``retry`` (by
         cohort) to be submitted again, or, with None, count as failed now."""
-        result = merge_job(self.campaign, end, self.book)
+        result = self._merge(end)
         journal = self.campaign.journal
-        journal.append(
-            "slurm_job_end",
-            box=self.box_name,
-            job_id=end.job.job_id,
-            cohort=end.job.key,
-            state=end.state.state,
-            node=result.node,
-            reason=end.reason,
-        )
         for run_id in result.done:
             journal.append("run_done", run_id=run_id)
             outcome.done.append(run_id)
@@ -174,6 +165,22 @@ class SlurmWorker:
             journal.append("run_failed", run_id=run_id, reason=why)
             outcome.failed.append(run_id)
             self.progress("end", self.runs[run_id], {"status": "failed", "reason": why})
+
+    def _merge(self, end: JobEnd, *, recovered: bool = False) -> MergeResult:
+        """Move an ended job's runs home and journal its end (``recovered``: after a kill)."""
+        result = merge_job(self.campaign, end, self.book)
+        extra = {"recovered": True} if recovered else {}
+        self.campaign.journal.append(
+            "slurm_job_end",
+            box=self.box_name,
+            job_id=end.job.job_id,
+            cohort=end.job.key,
+            state=end.state.state,
+            node=result.node,
+            reason=end.reason,
+            **extra,
+        )
+        return result
 
     def _attempts_so_far(self) -> int:
         """Arrays this box submitted in earlier sessions: attempt numbers continue after them."""
@@ -238,11 +245,7 @@ class SlurmWorker:
             state = states.get(job_id, JobState(job_id, UNKNOWN))
             completed = state.ended and not state.failed
             end = JobEnd(job, state, cut_short="" if completed else why)
-            result = merge_job(self.campaign, end, self.book)
-            journal.append(
-                "slurm_job_end", box=self.box_name, job_id=job_id, cohort=key,
-                state=state.state, node=result.node, reason=end.reason, recovered=True,
-            )  # fmt: skip
+            result = self._merge(end, recovered=True)
             for run_id in result.done:
                 journal.append("run_done", run_id=run_id)
             for run_id, reason in {**result.failed, **result.lost}.items():
