@@ -57,7 +57,10 @@ def _cgroup(name: str) -> tuple[Path, Path]:
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=False)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+    except FileNotFoundError:  # no util-linux here: a refusal like any other
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]} not installed")
 
 
 @contextlib.contextmanager
