@@ -21,7 +21,8 @@ limiter; its aiohttp session trusts the environment (proxy and netrc lookups per
 measured ~1 ms of TTFT at C1 on ours), ours does not; and at C4 each tool's own event loop
 decides which of four simultaneous chunks it reads first. Measured here: without the warm-ups
 the server's first requests of each run were slow enough to move one client's run-to-run
-medians 12–19 %; with them each tool stays within 1–3 % of itself. A median over one run of 8
+medians 12–19 %; with them each tool stayed within 1–3 % of itself on a quiet day (on a
+noisy one our driver's runs three apart moved up to 16 %). A median over one run of 8
 requests at C4 falls between two waves of 4, so ``--quick`` figures at C4 are rough.
 
 Where a TTFT difference lives is measured too: vLLM's own TTFT histogram
@@ -47,6 +48,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from harness.analyze.metrics import prometheus_sum
 from harness.benchmarks import Figure
 from harness.card import Cell
 from harness.card.resolve import find_runtime_profile, load_runtime_profile
@@ -85,8 +87,10 @@ def _server_ttft(runtime: RunningRuntime) -> tuple[float, float]:
     samples = scrape_counters(runtime.base_url, None, "/metrics")
     if samples is None:
         raise InfrastructureError("bench vllm-client: the server's /metrics did not answer")
-    total = sum(v for k, v in samples.items() if k.split("{")[0] == _TTFT + "_sum")
-    count = sum(v for k, v in samples.items() if k.split("{")[0] == _TTFT + "_count")
+    total = prometheus_sum(samples, _TTFT + "_sum")
+    count = prometheus_sum(samples, _TTFT + "_count")
+    if total is None or count is None:
+        raise InfrastructureError(f"bench vllm-client: the server's /metrics has no {_TTFT}")
     return total, count
 
 
@@ -131,7 +135,7 @@ def _ours(runtime: RunningRuntime, prompts: list[str], tokens: int, c: int) -> l
 
 def _theirs(
     runtime: RunningRuntime, dataset: Path, tokens: int, c: int, count: int, result: Path
-) -> list[tuple[float, float]]:
+) -> list[Row]:
     """Per request (TTFT ms, TPOT ms) as vLLM's client timed them (``--save-detailed``)."""
     vllm = build.venv_dir() / "bin" / "vllm"
     argv = [
@@ -156,7 +160,7 @@ def _theirs(
     return out
 
 
-def _median(rows: list[tuple[float, float]], column: int) -> float:
+def _median(rows: list[Row], column: int) -> float:
     return statistics.median(row[column] for row in rows)
 
 
