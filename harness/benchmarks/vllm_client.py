@@ -33,7 +33,8 @@ reads ~10 % lower than vLLM's client, and both halves of it showed up there: vLL
 request body, added 2.0 ms), and the server itself answers ~1.6 ms slower while ``vllm bench
 serve`` runs. That second part is not its body or session (our driver with them left the server
 as fast); its heavier process on the two shared cores or its ``x-request-id`` header are what
-remain, not told apart.
+remain, not told apart; that half is within this machine's noise (a one-round run had the
+server faster during vLLM's runs), the client half held in every run.
 One ``--save-result`` JSON is kept (``tests/data/vllm/``) for the importer of such results.
 """
 
