@@ -398,3 +398,12 @@ def test_collect_then_fit_map_from_the_real_engine(vllm_env: Path, tmp_path: Pat
     )
     assert result.code == 0, result.stderr
     assert len(read_rowmap(tmp_path / "m.json", experts=8).hot) == LAYERS
+
+
+@pytest.mark.slow
+def test_bench_vllm_client_quick_prints_its_figures(vllm_env: Path) -> None:
+    from tests.test_benchmarks import assert_figures
+
+    result = run_cli("bench", "vllm-client", "--quick", "--json", timeout_s=900)
+    assert result.code == 0, result.stdout + result.stderr
+    assert_figures("vllm-client", result.stdout)

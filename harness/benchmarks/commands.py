@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from harness.errors import EXIT_OK, HarnessError
 
-__all__ = ["register"]
+__all__ = ["bench_names", "register"]
 
 NOT_BENCHMARKS = {"commands"}
 
@@ -23,7 +23,7 @@ NOT_BENCHMARKS = {"commands"}
 def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     from harness.benchmarks import Figure
 
-    names = _bench_names()
+    names = bench_names()
     if args.name not in names:
         raise HarnessError(f"unknown benchmark {args.name!r}; known: {', '.join(names) or 'none'}")
     module = importlib.import_module(f"harness.benchmarks.{args.name.replace('-', '_')}")
@@ -40,7 +40,8 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _bench_names() -> list[str]:
+def bench_names() -> list[str]:
+    """Every benchmark's name, as ``harness bench`` takes it."""
     folder = Path(__file__).resolve().parent
     # Module vllm_client is the benchmark vllm-client: names are typed with dashes.
     return sorted(
@@ -53,7 +54,7 @@ def _bench_names() -> list[str]:
 def register(verbs: Any) -> None:
     """Add ``bench`` to the ``harness`` parser."""
     bench = verbs.add_parser("bench", help="run a named benchmark (ratios vs a baseline)")
-    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(_bench_names())}")
+    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(bench_names())}")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
     bench.add_argument("--json", action="store_true", help="machine-readable figures")
     bench.set_defaults(handler=_cmd_bench)

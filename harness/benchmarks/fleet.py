@@ -1,12 +1,12 @@
 """``harness bench fleet``: one 16-run campaign on one box and on a fleet of two, side by side.
 
 The card is a light reference-runtime A/B (a 2-layer, 8-expert model, 4 prompts of 16 tokens
-a run, 4 mirrored cycles: 16 runs). It runs on the local box, then on two local "boxes" (the
-local box twice, each with its own folder and ports), through :class:`FleetRunner` as
-``harness run`` does; the full benchmark repeats the pair in the mirrored order (one, two, two,
-one) so drift in the machine's load cancels. The figure is the wall-time ratio one box ÷ two
-boxes (target ≥ 1.7× on two cores), with the load average before and after: a busy machine
-lowers it. Each campaign's records are checked complete.
+a run, 4 mirrored cycles: 16 runs; ``--quick``: 2 cycles, 8 runs). It runs on the local box,
+then on two local "boxes" (the local box twice, each with its own folder and ports), through
+:class:`FleetRunner` as ``harness run`` does; the full benchmark repeats the pair in the
+mirrored order (one, two, two, one) so drift in the machine's load cancels. The figure is the
+wall-time ratio one box ÷ two boxes (target ≥ 1.7× on two cores), with the load average before
+and after: a busy machine lowers it. Each campaign's records are checked complete.
 
 Where ``sinfo`` answers (a Slurm cluster this user submits to, ``SLURM_CONF`` honoured), it also
 measures the scheduling overhead per cohort: four trivial jobs as one array, the way cohorts
@@ -51,12 +51,12 @@ cells:
     env: {{REFBOX_LAYERS: "2", REFBOX_EXPERTS: "8", REFBOX_HOT_SLOTS: "8",
           REFBOX_EXPERT_BYTES: "4096"}}
 control: control
-design: {{order: abba, cycles: 4, repeats: 1, cache_states: [warm], seed: 3, retries: 0}}
+design: {{order: abba, cycles: {cycles}, repeats: 1, cache_states: [warm], seed: 3, retries: 0}}
 analysis: {{window_s: 0.5, converged_span_s: 1, hold_s: 0}}
 """
 
 
-def _campaign_s(work: Path, boxes: str, tag: str) -> float:
+def _campaign_s(work: Path, boxes: str, tag: str, cycles: int) -> float:
     """Seconds to run the card on ``boxes`` (a card line), checked complete."""
     from harness.card import load_card
     from harness.execute.fleet import FleetRunner
@@ -67,7 +67,7 @@ def _campaign_s(work: Path, boxes: str, tag: str) -> float:
     folder = work / tag
     folder.mkdir()
     (folder / "pool.jsonl").write_text("\n".join(json.dumps(p) for p in TINY_POOL) + "\n")
-    (folder / "card.yaml").write_text(CARD.format(boxes=boxes))
+    (folder / "card.yaml").write_text(CARD.format(boxes=boxes, cycles=cycles))
     loaded = load_card(folder / "card.yaml")
     plan = build_plan(loaded)
     campaign = new_campaign_dir(loaded, plan, folder / "reports")
@@ -82,14 +82,16 @@ def _campaign_s(work: Path, boxes: str, tag: str) -> float:
 
 
 def run_bench(quick: bool = False) -> list[Figure]:
-    """Time the campaign on one box and on two; quick: one pair, else a mirrored pair of pairs."""
+    """Time the campaign on one box and on two; quick: one pair of 8-run campaigns, else a
+    mirrored pair of pairs of 16-run campaigns."""
     order = ["one", "two"] if quick else ["one", "two", "two", "one"]
+    cycles = 2 if quick else 4
     lines = {"one": "box: local", "two": "boxes: [{name: left}, {name: right}]"}
     totals = {"one": 0.0, "two": 0.0}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         for index, which in enumerate(order):
-            totals[which] += _campaign_s(Path(tmp), lines[which], f"{index}-{which}")
+            totals[which] += _campaign_s(Path(tmp), lines[which], f"{index}-{which}", cycles)
     load_after = os.getloadavg()
     ratio = totals["one"] / totals["two"]
     repeats = order.count("one")
@@ -99,7 +101,7 @@ def run_bench(quick: bool = False) -> list[Figure]:
     )
     figures: list[Figure] = [
         Figure(
-            name="16-run campaign: wall time on one box / on two boxes",
+            name=f"{cycles * 4}-run campaign: wall time on one box / on two boxes",
             value=ratio,
             unit="x",
             baseline=f"one box {totals['one'] / repeats:.1f} s, two boxes "

@@ -133,9 +133,16 @@ def synthesise(source: Path, dest: Path, n_runs: int, seed: int = 0) -> Path:
 
 
 def _with_cycles(card_text: str, cycles: int) -> str:
-    import re
+    """The card with a fixed design of ``cycles`` cycles: a sequential source (the demo is one)
+    would otherwise claim a ``max_cycles`` below the synthetic campaign's cycles."""
+    import yaml
 
-    return re.sub(r"cycles:\s*\d+", f"cycles: {cycles}", card_text, count=1)
+    card = yaml.safe_load(card_text)
+    design = card.setdefault("design", {})
+    for key in ("sequential", "max_cycles", "look_every"):
+        design.pop(key, None)
+    design["cycles"] = cycles
+    return str(yaml.safe_dump(card, sort_keys=False))
 
 
 def _copy_run(src: Path, dst: Path, run: dict[str, Any], rng: np.random.Generator) -> None:

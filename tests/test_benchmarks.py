@@ -1,0 +1,58 @@
+"""Every ``harness bench NAME`` runs: exit 0 and its figures printed, at ``--quick`` sizes.
+
+No timing is asserted (figures are what a benchmark reports, not what a test checks); a benchmark
+that stops running, or prints nothing, fails here instead of rotting until someone needs it.
+A benchmark with checks of its own runs in its own test file instead (``ELSEWHERE``): ``sim`` and
+``sweep`` beside their unit tests, ``drive`` beside its schedule server, ``vllm-client`` with the
+vLLM venv in tests/test_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from harness.benchmarks.commands import bench_names
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+ELSEWHERE = {
+    "drive": "tests/test_bench_drive.py",
+    "sim": "tests/test_bench_sim.py",
+    "sweep": "tests/test_sweep.py",
+    "vllm-client": "tests/test_vllm.py",
+}
+LOCAL = sorted(set(bench_names()) - set(ELSEWHERE))
+
+
+def test_benchmarks_run_elsewhere_are_run_there() -> None:
+    for name, where in ELSEWHERE.items():
+        assert name in bench_names()
+        text = (REPO / where).read_text(encoding="utf-8")
+        module = name.replace("-", "_")
+        runs = (f'"bench", "{name}"', f"bench_{module}.run_bench(quick=True)")
+        assert any(run in text for run in runs), where
+
+
+def assert_figures(name: str, stdout: str) -> None:
+    """The ``--json`` output of ``harness bench NAME`` names the benchmark and holds figures,
+    each with a name, a unit and a number (NaN only for a figure that says it was not measured)."""
+    payload = json.loads(stdout)
+    assert payload["benchmark"] == name
+    figures = payload["figures"]
+    assert figures, stdout
+    for figure in figures:
+        assert figure["name"] and isinstance(figure["unit"], str), figure
+        value = figure["value"]
+        assert isinstance(value, int | float), figure
+        assert math.isfinite(value) or "not measured" in figure["name"], figure
+
+
+@pytest.mark.parametrize("name", LOCAL)
+def test_benchmark_runs_and_prints_its_figures(name: str) -> None:
+    result = run_cli("bench", name, "--quick", "--json", timeout_s=600)
+    assert result.code == 0, result.stdout + result.stderr
+    assert_figures(name, result.stdout)
