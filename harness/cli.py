@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, TextIO, cast
 
 from harness import __version__
 from harness.benchmarks.commands import register as register_bench
-from harness.card import load_boxes_file, load_card, scale_workload
-from harness.card.resolve import load_runtime_profile
 from harness.errors import (
     EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
@@ -36,7 +34,6 @@ from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.history.commands import register as register_history
 from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
-from harness.plan import build_plan, plan_json_text
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
 from harness.vllm.commands import register as register_vllm
@@ -48,6 +45,10 @@ Handler = Callable[[argparse.Namespace, TextIO], int]
 
 
 def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_boxes_file, load_card
+    from harness.card.resolve import load_runtime_profile
+    from harness.plan import build_plan
+
     failed: list[HarnessError] = []
     for path in args.cards:
         if Path(path).name == "boxes.yaml":
@@ -93,6 +94,9 @@ def _format_duration(seconds: float) -> str:
 
 
 def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_card
+    from harness.plan import build_plan, plan_json_text
+
     plan = build_plan(load_card(Path(args.card)))
     if args.json:
         out.write(plan_json_text(plan) + "\n")
@@ -129,12 +133,14 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_card, scale_workload
     from harness.execute.box_cache import release_cache
     from harness.execute.fleet import FleetRunner
     from harness.execute.progress import make_progress
     from harness.execute.reopen import reopen_campaign
     from harness.execute.run import new_campaign_dir
     from harness.execute.sequential import run_sequential
+    from harness.plan import build_plan
 
     if args.resume:
         reopened = reopen_campaign(Path(args.resume), cycles=args.cycles)
@@ -212,7 +218,7 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     write_analysis(analysis)
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
-    from harness.history import append_history
+    from harness.history.store import append_history
 
     append_history(analysis, verdict)
     if not quiet:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
-from tests.conftest import DATA, run_cli
+from tests.conftest import DATA, REPO, run_cli
 
 VALID = str(DATA / "cards" / "valid.yaml")
 
@@ -73,3 +75,24 @@ def test_cycles_without_resume_is_bad_input() -> None:
         "--cycles extends a campaign: give it with --resume DIR "
         "(for a new campaign, set design.cycles on the card)"
     )
+
+
+def test_the_cli_starts_without_the_heavy_stages() -> None:
+    # Every verb registers without importing its stage, so `harness --help`, `--version` (which
+    # a campaign runs on each box) and `validate` load no numerics, tables or plots.
+    heavy = ("numpy", "numba", "pandas", "pyarrow", "scipy", "matplotlib", "jinja2")
+    probe = (
+        "import io, sys, harness.cli\n"
+        f"heavy = {heavy!r}\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+        "code = harness.cli.main(sys.argv[1:], out=io.StringIO())\n"
+        "print(code, ','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "validate", VALID],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    assert done.stdout.splitlines() == ["", "0 "], done.stdout + done.stderr

@@ -22,7 +22,7 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.cli import main
 from harness.gate import evaluate_gates
-from harness.importers import read_source
+from harness.importers.write import read_source
 from harness.llamacpp import build
 from harness.records import CampaignDir, read_json
 

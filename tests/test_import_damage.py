@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import BadInput
-from harness.importers import read_source
+from harness.importers.write import read_source
 
 FIXTURES = Path(__file__).parent / "data" / "importers"
 

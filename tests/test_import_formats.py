@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.errors import ResultFileError
-from harness.importers import read_source
+from harness.importers.write import read_source
 from tests.test_import import _cli, _labels, _mapping
 
 FIXTURES = Path(__file__).parent / "data" / "importers"

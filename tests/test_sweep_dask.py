@@ -127,7 +127,7 @@ def test_dask_sweep_equals_local_and_survives_a_lost_worker(
 def test_an_unreachable_scheduler_is_an_infrastructure_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.sim import sweep_run
+    import harness.sim.sweep_run as sweep_run
     from harness.sim.sweep_run import SweepError
 
     monkeypatch.setattr(sweep_run, "CONNECT_TIMEOUT_S", 2.0)  # the client retries this long

@@ -11,14 +11,13 @@ import argparse
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.card import load_card, scale_workload
 from harness.errors import EXIT_INFRASTRUCTURE, EXIT_OK, BadInput
 
 __all__ = ["register"]
 
 
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_boxes
+    from harness.card import load_boxes, load_card
     from harness.execute.preflight import check_box
     from harness.profiles import BoxSpec, RuntimeProfile
 
@@ -58,6 +57,7 @@ def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_card, scale_workload
     from harness.execute.collect import collect_counts
 
     loaded = load_card(Path(args.card))

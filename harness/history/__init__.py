@@ -3,10 +3,7 @@
 ``store`` writes one parquet file per finished campaign and reads them back as one table;
 ``changes`` finds change points in a metric's series with Apache Otava's E-Divisive means;
 ``commands`` is the ``harness history`` verb.
+
+Nothing is imported here: the CLI registers ``history`` without loading pandas, so import what
+you use from its module (``harness.history.store``, ...).
 """
-
-from __future__ import annotations
-
-from harness.history.store import HISTORY_DIR, append_history, history_rows, read_history
-
-__all__ = ["HISTORY_DIR", "append_history", "history_rows", "read_history"]

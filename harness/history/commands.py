@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.errors import EXIT_OK, BadInput
-from harness.history.store import HISTORY_DIR, read_history
-from harness.history.trends import trends
 
 __all__ = ["register"]
 
@@ -34,6 +32,10 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: registering the verb should not load pandas.
+    from harness.history.store import HISTORY_DIR, read_history
+    from harness.history.trends import trends
+
     folder = Path(args.reports) / HISTORY_DIR
     table = read_history(folder)
     if args.campaign:

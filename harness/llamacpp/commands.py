@@ -9,24 +9,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from harness.errors import EXIT_OK, BadInput
 from harness.llamacpp import build
-from harness.llamacpp.gguf_model import TinyMoeShape, write_tiny_moe
-from harness.llamacpp.traces import (
-    EvalRouting,
-    complete_layers,
-    parse_eval_callback,
-    run_eval_callback,
-    trace_records,
-    write_jsonl,
-)
+from harness.llamacpp.shape import TinyMoeShape
+
+if TYPE_CHECKING:
+    from harness.llamacpp.traces import EvalRouting
 
 __all__ = ["register"]
 
 
 def _cmd_make_gguf(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.llamacpp.gguf_model import write_tiny_moe  # numpy and gguf: loaded when used
+
     shape = TinyMoeShape(
         n_layer=args.layers, n_expert=args.experts, n_expert_used=args.experts_used
     )
@@ -49,6 +46,14 @@ def _phase_of(domain: str, phases: list[list[str]]) -> int:
 
 
 def _cmd_llama_trace(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.llamacpp.traces import (
+        complete_layers,
+        parse_eval_callback,
+        run_eval_callback,
+        trace_records,
+        write_jsonl,
+    )
+
     routings: list[tuple[EvalRouting, int]] = []
     if args.from_log:
         for path in args.from_log:

@@ -5,31 +5,7 @@ replays it (plain and fast, identical decisions; cache mode) into a ``results`` 
 ``decisions`` checks a replay against recorded decisions (lockstep); ``fitmap`` fits rowmaps
 and hotlists and scores their coverage; ``simulate`` writes a simulated campaign directory;
 ``commands`` holds the ``harness simulate`` and ``harness fit-map`` verbs.
+
+Nothing is imported here: the CLI registers ``simulate`` without loading numba or pandas, so
+import what you use from its module (``harness.sim.replay``, ``harness.sim.results``, ...).
 """
-
-from harness.sim.decisions import Lockstep, lockstep
-from harness.sim.fitmap import Coverage, coverage, fit_hotlist_entries, fit_top_k, load_counts
-from harness.sim.replay import replay_cache, replay_fast, replay_reference
-from harness.sim.results import CostModel, ReplayResult
-from harness.sim.trace_files import load_trace
-from harness.sim.traces import Trace, concat_traces, decode_counts, trace_from_arrays
-
-__all__ = [
-    "CostModel",
-    "Coverage",
-    "Lockstep",
-    "ReplayResult",
-    "Trace",
-    "concat_traces",
-    "coverage",
-    "decode_counts",
-    "fit_hotlist_entries",
-    "fit_top_k",
-    "load_counts",
-    "load_trace",
-    "lockstep",
-    "replay_cache",
-    "replay_fast",
-    "replay_reference",
-    "trace_from_arrays",
-]

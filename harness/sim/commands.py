@@ -11,19 +11,11 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.errors import EXIT_GATE_FAILED, EXIT_OK, BadInput
-from harness.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
-from harness.records import write_json_atomic
-from harness.sim.decisions import lockstep, lockstep_text, parse_overrides
-from harness.sim.fitmap import (
-    check_held_out,
-    coverage,
-    fit_hotlist_entries,
-    fit_top_k,
-    load_counts,
-)
-from harness.sim.results import CostModel
+from harness.sim.cost import CostModel
 from harness.sim.sweep_cmd import add_sweep_arguments
-from harness.sim.trace_files import file_sha256, load_trace
+
+# The handlers import the stages they run: registering the verbs loads neither numba (the
+# policy kernels) nor pandas, so `harness --help` and every other verb start fast.
 
 __all__ = ["register"]
 
@@ -61,6 +53,7 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
         raise BadInput("--pick, --sample and --scheduler go with --sweep KNOB=V1,V2,...")
     from harness.card import load_card
     from harness.sim.simulate import simulate_card
+    from harness.sim.trace_files import load_trace
 
     loaded = load_card(Path(args.card))
     traces = [load_trace(path, experts=args.experts) for path in args.traces]
@@ -92,6 +85,10 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.records import write_json_atomic
+    from harness.sim.decisions import lockstep, lockstep_text, parse_overrides
+    from harness.sim.trace_files import load_trace
+
     trace = load_trace(args.lockstep)
     result = lockstep(trace, parse_overrides(args.override), fast=not args.reference)
     out.write(lockstep_text(result))
@@ -103,6 +100,16 @@ def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
+    from harness.sim.fitmap import (
+        check_held_out,
+        coverage,
+        fit_hotlist_entries,
+        fit_top_k,
+        load_counts,
+    )
+    from harness.sim.trace_files import file_sha256, load_trace
+
     if (args.top is None) == (args.hotlist is None):
         raise BadInput("give exactly one of --top K (a rowmap) or --hotlist N (a ds4 hotlist)")
     fitted_on: list[tuple[str, str]] = []

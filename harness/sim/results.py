@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from harness.sim.cost import CostModel
 from harness.sim.traces import IntArray, Trace
 from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
 
@@ -31,25 +32,6 @@ __all__ = [
 ]
 
 DEFAULT_RECORD_BYTES = 512 * 1024  # the reference runtime's --expert-bytes default
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Synthetic step durations for the simulated ring (defaults: a seed-000-like decode step)."""
-
-    step_ns: int = 4_000_000
-    token_ns: int = 1_000_000
-    cold_lookup_ns: int = 50_000
-    swap_ns: int = 2_000_000
-
-    def durations(self, tokens: IntArray, cold: IntArray, swaps: IntArray) -> IntArray:
-        """Duration of each host step in ns."""
-        return (
-            self.step_ns
-            + self.token_ns * tokens
-            + self.cold_lookup_ns * cold
-            + self.swap_ns * swaps
-        ).astype(np.int64)
 
 
 @dataclass

@@ -13,12 +13,14 @@ from typing import TextIO
 
 from harness.errors import EXIT_OK
 from harness.vllm import build
-from harness.vllm.model import TinyQwen3MoeShape, write_tiny_qwen3_moe
+from harness.vllm.shape import TinyQwen3MoeShape
 
 __all__ = ["register"]
 
 
 def _cmd_make_model(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.vllm.model import write_tiny_qwen3_moe  # numpy: loaded when used
+
     shape = TinyQwen3MoeShape(layers=args.layers, experts=args.experts, top_k=args.experts_used)
     target = Path(args.output) if args.output else build.model_dir()
     summary = write_tiny_qwen3_moe(target, args.seed, shape)

@@ -1,0 +1,89 @@
+"""Make the fixed run records of tests/data/campaigns/: run a shipped card once, keep its records.
+
+    python -m tests.make_fixtures NAME      (NAME: one of FIXTURES, or all)
+
+Each fixture is one real campaign on the reference runtime, at the scale and with the card edits
+its end-to-end test used before the tables moved onto fixed records. Kept: card, plan, journal,
+inputs, environment capture and each run's records; left out: route traces (about 1 MB a run,
+which analysis does not read), the box folder and the report (rendered again by the tests).
+Rerun it only when the run record format changes, and commit the folder it writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "tests" / "data" / "campaigns"
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """A shipped card, the text edits made to it and the scale it runs at."""
+
+    card: str
+    scale: str
+    replace: dict[str, str] = field(default_factory=dict)
+
+
+FIXTURES = {
+    "seed-map-shaped": Fixture("seed-map-heldout.yaml", "0.2"),
+    "hotlist-shaped": Fixture("hotlist-priority.yaml", "0.2", {"cycles: 2": "cycles: 1"}),
+    "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"repeats: 3": "repeats: 1"}),
+}
+DROPPED = ("route-trace.jsonl", "report.html", "record.md", "analysis", "box", "figures")
+
+
+def make(name: str) -> Path:
+    """Run fixture ``name``'s card and copy its records to tests/data/campaigns/NAME."""
+    fixture = FIXTURES[name]
+    with tempfile.TemporaryDirectory(prefix=f"fixture-{name}-") as tmp:
+        work = Path(tmp)
+        cards = work / "cards"
+        cards.mkdir()
+        for folder in ("prompts", "maps"):
+            (cards / folder).symlink_to(REPO / "campaigns" / folder)
+        text = (REPO / "campaigns" / fixture.card).read_text(encoding="utf-8")
+        for old, new in fixture.replace.items():
+            if old not in text:
+                raise SystemExit(f"{fixture.card}: {old!r} is no longer in the card")
+            text = text.replace(old, new)
+        card = cards / fixture.card
+        card.write_text(text, encoding="utf-8")
+        command = [sys.executable, "-m", "harness", "run", str(card), "--quiet"]
+        command += ["--scale", fixture.scale, "--reports", str(work / "reports")]
+        done = subprocess.run(command, cwd=REPO, check=False)
+        if done.returncode not in (0, 1):
+            raise SystemExit(f"{name}: harness run exited {done.returncode}")
+        (root,) = (work / "reports").glob("*/*/plan.json")
+        target = OUT / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(root.parent, target, ignore=shutil.ignore_patterns(*DROPPED))
+    readme = target / "README.md"
+    edits = ", ".join(f"`{old}` → `{new}`" for old, new in fixture.replace.items()) or "none"
+    readme.write_text(
+        f"# {name}: fixed run records\n\n"
+        f"One real campaign on the reference runtime: `campaigns/{fixture.card}` at "
+        f"`--scale {fixture.scale}`, card edits: {edits}.\n"
+        f"Made by `python -m tests.make_fixtures {name}` (its docstring says what is kept).\n",
+        encoding="utf-8",
+    )
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", choices=[*FIXTURES, "all"])
+    args = parser.parse_args()
+    for name in FIXTURES if args.name == "all" else [args.name]:
+        print(make(name))
+
+
+if __name__ == "__main__":
+    main()
