@@ -37,7 +37,10 @@ FIXTURES = {
     "hotlist-shaped": Fixture("hotlist-priority.yaml", "0.2", {"cycles: 2": "cycles: 1"}),
     "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"repeats: 3": "repeats: 1"}),
 }
-DROPPED = ("route-trace.jsonl", "report.html", "record.md", "analysis", "box", "figures")
+DROPPED = (
+    "route-trace.jsonl", "report.html", "record.md", "analysis", "box", "figures",
+    "verdict.json", "verdict.junit.xml", "card.path",
+)  # fmt: skip
 
 
 def make(name: str) -> Path:
