@@ -1,12 +1,14 @@
 # The two commands: `make demo` runs the demo campaign, `make test` runs every check.
 # Both install what they need first, so they work on a fresh clone of a fresh machine.
+# `make check` is the development loop's fast tier: lint, types and every test not marked slow
+# (nothing booted but the reference runtime and sshd, no whole campaign); CI runs `make test`.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck pytest sysdeps clean
+.PHONY: demo test check lint typecheck pytest pytest-fast sysdeps clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +37,11 @@ pytest: $(STAMP) sysdeps
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+pytest-fast: $(STAMP) sysdeps
+	$(BIN)/pytest -m "not slow"
+
+check: lint typecheck pytest-fast
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
