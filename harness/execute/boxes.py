@@ -182,6 +182,11 @@ class Box(ABC):
     def http_base(self, port: int) -> str:
         """The URL the harness reaches a server on the box's 127.0.0.1:``port`` at."""
 
+    def local_path(self, path: str) -> Path | None:
+        """``path`` as this process can open it, when the box is this machine; else None (a
+        caller copies the file instead)."""
+        return None
+
     def release_http(self, port: int) -> None:  # noqa: B027 - optional hook
         """The server at ``port`` has stopped: release what :meth:`http_base` opened for it."""
 
@@ -434,6 +439,10 @@ class LocalBox(Box):
         if check and result.code != 0:
             raise self._failed(command, result)
         return result
+
+    def local_path(self, path: str) -> Path | None:
+        """Every path on this machine opens in-process."""
+        return Path(os.path.expanduser(path))
 
     def swapout_pages(self) -> int | None:
         """Linux's pswpout read in-process (twice a run); other systems through the shell."""
