@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
+from harness.analyze.compare import compare_cells
 from harness.analyze.cycles import (
     Cycle,
     block_value,
@@ -593,3 +596,51 @@ def test_cycles_to_reach_within_noise_give_80_percent_power() -> None:
     half = float(sps.t.ppf(0.95, m - 1)) * d.std(axis=1, ddof=1) / math.sqrt(m)
     within = ((centre - half > -delta) & (centre + half < delta)).mean()
     assert 0.78 <= within <= 0.9
+
+
+def _runs_frame(effects: dict[str, list[float]]) -> pd.DataFrame:
+    """A run table of one cell against the control: per metric, cycles with the given D."""
+    rows = []
+    cycles = len(next(iter(effects.values())))
+    for j in range(cycles):
+        order = _order(j)
+        for slot, arm in enumerate(order):
+            row: dict[str, object] = {
+                "run_id": f"r{j}-{slot}",
+                "comparison": "cell",
+                "cache_state": "warm",
+                "cycle": j,
+                "slot": slot,
+                "pattern": order,
+                "status": "ok",
+            }
+            for metric, d in effects.items():
+                row[metric] = math.exp(4.0 + (d[j] if arm == "B" else 0.0))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_gated_metrics_keep_their_own_labels_without_holm() -> None:
+    # Every gate must pass for the verdict (intersection–union): each at α keeps the verdict's
+    # false-pass rate at α, and Holm over the gate set only cost power. Two metrics each
+    # *better* at p ≈ 0.02–0.04 stay *better* when both are gated.
+    runs = _runs_frame(
+        {
+            "decode_tok_s": [0.01, 0.09, 0.06, 0.0, 0.1, 0.03],
+            "hit_rate": [0.0, 0.09, 0.06, 0.0, 0.1, 0.03],
+        }
+    )
+    kwargs: dict[str, Any] = {
+        "control": "base",
+        "cells": ["cell"],
+        "cache_states": ["warm"],
+        "metrics": ["decode_tok_s", "hit_rate"],
+        "margin_pct": 2.0,
+        "alpha": 0.05,
+    }
+    logs = {str(r.run_id): np.log([float(r.decode_tok_s)]) for r in runs.itertuples()}
+    alone = compare_cells(runs, logs, **kwargs)
+    gated = compare_cells(runs, logs, gated=["decode_tok_s", "hit_rate"], **kwargs)
+    assert [c.comparison.raw_label for c in alone] == ["better", "better"]
+    assert [c.comparison.raw_label for c in gated] == ["better", "better"]
+    assert all(c.comparison.p_value is not None and c.comparison.p_value < 0.05 for c in gated)

@@ -85,7 +85,10 @@ def t_nominal_levels(
             continue
         mean, se = balanced_t(effects[:, :m])
         t_abs = np.abs(mean / se)
-        if to_spend * campaigns < MIN_CROSSINGS:
+        if alive.all():
+            # Nothing stopped before this look: its t statistic's own law gives c exactly.
+            c = float(sps.t.isf(to_spend / 2.0, m - 1))
+        elif to_spend * campaigns < MIN_CROSSINGS:
             c = float(sps.t.isf(normal / 2.0, m - 1))
         else:
             # The boundary that the campaigns still running cross in a share to_spend of all.
