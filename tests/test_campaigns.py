@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import yaml
 
 from tests.conftest import REPO, run_cli
 
@@ -138,8 +139,13 @@ def test_seed_map_heldout_yields_the_frozen_map_table(tmp_path: Path) -> None:
 
 
 def test_hotlist_priority_yields_the_policy_table(tmp_path: Path) -> None:
-    # One cycle in each cache state (the card has two): 16 runs of 4 held-out conversations.
-    card = _variant("hotlist-priority.yaml", tmp_path, {"cycles: 2": "cycles: 1"})
+    # One fixed cycle in each cache state (the card is sequential, 3 to 10 cycles): 16 runs of 4
+    # held-out conversations.
+    card = _variant(
+        "hotlist-priority.yaml",
+        tmp_path,
+        {"cycles: 3\n  max_cycles: 10\n  sequential: true\n  look_every: 1\n": "cycles: 1\n"},
+    )
     code, root, output = _run(card, tmp_path, "0.2")
     cells = pd.read_parquet(root / "analysis" / "cells.parquet")
     assert set(cells["cache_state"]) == {"warm", "cold"}
@@ -201,3 +207,12 @@ def test_every_card_documents_how_to_reach_a_real_box() -> None:
     for card in ("demo", "queue-rate-ladder", "seed-map-heldout", "hotlist-priority", "soak"):
         text = (REPO / "campaigns" / f"{card}.yaml").read_text()
         assert text.startswith("#"), f"{card}.yaml should open with what it reproduces"
+
+
+@pytest.mark.parametrize("card", ["llama-bench-threads", "llama-cpp-threads", "hotlist-priority"])
+def test_timing_cards_can_show_the_label_they_gate_on(card: str) -> None:
+    # Two fixed cycles are one degree of freedom (t₀.₉₇₅ = 12.7) and leave carry-over out of the
+    # model; a card that gates on *better* looks sequentially from 3 cycles (issue 26).
+    design = yaml.safe_load((REPO / "campaigns" / f"{card}.yaml").read_text())["design"]
+    assert design["cycles"] >= 3
+    assert design.get("sequential") is True and design["max_cycles"] > design["cycles"]
