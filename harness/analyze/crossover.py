@@ -3,14 +3,16 @@
 docs/design.md#the-crossover-model. Every block of a comparison, in time order, is one
 observation y (ln block value). The model, fitted by least squares:
 
-    y = α_cycle + τ·B + β·t + c_A·[A after B] + c_B·[B after B] + ε
+    y = α_cycle + β_cycle·t + τ·B + c_A·[A after B] + c_B·[B after B] + ε
 
 - α_cycle, one level per cycle: whatever moves between cycles (slow drift of any shape, a
   reboot of the box, a box of its own in a fleet) is absorbed, as the mirrored D does;
+- β_cycle, a linear trend per slot within each cycle (t = −1.5, −0.5, 0.5, 1.5): the drift the
+  mirrored order cancels, cycle by cycle as D does, so the residual is the noise D sees (one
+  common slope would leave every cycle's own drift in the residual and inflate τ̂'s interval);
+  their mean is the trend reported;
 - τ, the arm: the candidate's effect over a block run after a control block (no carry-over
   from the candidate in either arm);
-- β, a common linear trend per slot within the cycles (t = −1.5, −0.5, 0.5, 1.5), the drift the
-  mirrored order cancels, estimated so it can be reported and kept out of the confounded bound;
 - c_A and c_B, first-order carry-over: how much a control block (c_A) and a candidate block
   (c_B) move when the block before them on the box was a candidate block. Two terms, not the
   textbook one λ·[after B]: a candidate that evicts the control's pages slows A-after-B and
@@ -23,8 +25,9 @@ the first cycle there is none and the carry-over columns are 0 there.
 
 In the ABBA/BAAB alternation the arm, trend and carry-over columns are not aliased (the tests
 check the rank for every m the planner can produce); carry-over costs 2 degrees of freedom and
-is fitted from :data:`MIN_CARRY_CYCLES` cycles on, the trend costs 1; n = 4m blocks less m cycle
-levels less the terms leave df = 3m − 2 − 2·[carry-over] for the residual.
+is fitted from :data:`MIN_CARRY_CYCLES` cycles on, the trends cost m; n = 4m blocks less m
+levels, m slopes and the arm leave df = 2m − 1 − 2·[carry-over] for the residual. Without
+carry-over τ̂ is exactly the plain mean of the cycles' D.
 
 Pure: cycles in, a frozen fit out.
 """
@@ -71,7 +74,7 @@ class CrossoverFit:
     """The model fitted to one comparison's blocks; None terms were left out (too few cycles)."""
 
     arm: Term
-    trend: Term  # β per slot (one block)
+    trend: Term  # mean of the cycles' β per slot (one block)
     carry_control: Term | None  # c_A: a control block after a candidate block
     carry_candidate: Term | None  # c_B: a candidate block after a candidate block
     residual_sd: float  # block-to-block SD after the model, log scale
@@ -85,7 +88,7 @@ class Design:
 
     matrix: FloatArray
     arm_col: int
-    trend_col: int
+    slope_cols: tuple[int, ...]
     carry_cols: tuple[int, int] | None
 
 
@@ -102,7 +105,7 @@ def design_matrix(cycles: Sequence[Cycle], *, carry_over: bool | None = None) ->
     ordered = blocks_in_time_order(cycles)
     m = len(ordered)
     with_carry = m >= MIN_CARRY_CYCLES if carry_over is None else carry_over
-    width = m + 2 + (2 if with_carry else 0)
+    width = 2 * m + 1 + (2 if with_carry else 0)
     x = np.zeros((4 * m, width), dtype=np.float64)
     previous: str | None = None
     last_index: int | None = None
@@ -113,12 +116,13 @@ def design_matrix(cycles: Sequence[Cycle], *, carry_over: bool | None = None) ->
             row = 4 * j + s
             x[row, j] = 1.0
             x[row, m] = 1.0 if arm == "B" else 0.0
-            x[row, m + 1] = SLOT_TIMES[s]
+            x[row, m + 1 + j] = SLOT_TIMES[s]
             if with_carry and previous == "B":
-                x[row, m + 2 if arm == "A" else m + 3] = 1.0
+                x[row, 2 * m + 1 if arm == "A" else 2 * m + 2] = 1.0
             previous = arm
         last_index = c.index
-    return Design(x, m, m + 1, (m + 2, m + 3) if with_carry else None)
+    slopes = tuple(range(m + 1, 2 * m + 1))
+    return Design(x, m, slopes, (2 * m + 1, 2 * m + 2) if with_carry else None)
 
 
 def fit_crossover(
@@ -150,10 +154,13 @@ def fit_crossover(
     def term(col: int) -> Term:
         return Term(float(beta[col]), sigma * math.sqrt(float(xtx_inv[col, col])), df)
 
+    slopes = np.zeros(p)
+    slopes[list(design.slope_cols)] = 1.0 / len(design.slope_cols)
+    trend = Term(float(slopes @ beta), sigma * math.sqrt(float(slopes @ xtx_inv @ slopes)), df)
     carry = design.carry_cols
     return CrossoverFit(
         arm=term(design.arm_col),
-        trend=term(design.trend_col),
+        trend=trend,
         carry_control=term(carry[0]) if carry else None,
         carry_candidate=term(carry[1]) if carry else None,
         residual_sd=sigma,

@@ -85,10 +85,10 @@ class Comparison:
     """Cell vs control on one metric over m cycles.
 
     ``ratio`` = exp(D̄), cell/control, D̄ the order-balanced mean (:func:`balanced_effect`).
-    ``label`` is "confounded" whenever ``confounded`` — the bias flagged drift could cause
-    (``drift_bias``) reaches the interval the label stands on —, "carry-over" whenever
-    ``carry_over_explains`` — the carry-over-adjusted effect does not support the *better*/*worse*
-    claim —, else ``raw_label``, the pure statistical label. CI bounds and p are None with one
+    ``label`` is "carry-over" whenever ``carry_over_explains`` — the carry-over-adjusted effect
+    does not support the *better*/*worse* claim —, else "confounded" whenever ``confounded`` —
+    the bias flagged drift could cause (``drift_bias``) reaches the interval the label stands
+    on —, else ``raw_label``, the pure statistical label. CI bounds and p are None with one
     cycle (no interval exists).
     """
 
@@ -527,7 +527,9 @@ def compare_cycles(
     model = model_view(fit, alpha, block_minutes) if fit is not None else None
     bias = drift_bias(cycles, flags, effect.weights) if drift_sensitive else 0.0
     confounded = is_confounded(raw_label, mean, ci95, ci90, delta, bias)
-    carried = not confounded and carry_over_explains(raw_label, mean, model)
+    # Carry-over wins over a drift flag: a carry-over pattern (a slow block after each switch)
+    # also moves the outer blocks and raises DRIFT, and the model names its cause.
+    carried = carry_over_explains(raw_label, mean, model)
     k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
     variance = variance_components(fit, s_w, k_min) if fit is not None else None
 
@@ -578,9 +580,13 @@ def compare_cycles(
         if confounded:
             warnings.append(
                 f"{metric}: {kinds} flagged in cycle(s) {where}: drift could bias the effect by "
-                f"up to {pct_change(bias)}, enough to explain the {raw_label} label, so it is "
-                "confounded; rely on deterministic evidence (hit counts, bytes read, exact "
-                "outputs) or rerun the cycles on a quiet box"
+                f"up to {pct_change(bias)}, enough to explain the {raw_label} label"
+                + (
+                    " (carry-over, which moves the outer blocks too, is the label)"
+                    if carried
+                    else ", so it is confounded; rely on deterministic evidence (hit counts, "
+                    "bytes read, exact outputs) or rerun the cycles on a quiet box"
+                )
             )
         elif raw_label != "inconclusive":
             warnings.append(
@@ -595,7 +601,7 @@ def compare_cycles(
         ci_low=math.exp(ci95[0]) if ci95 else None,
         ci_high=math.exp(ci95[1]) if ci95 else None,
         p_value=p,
-        label=CONFOUNDED if confounded else CARRY_OVER if carried else raw_label,
+        label=CARRY_OVER if carried else CONFOUNDED if confounded else raw_label,
         n_cycles=m,
         confounded=confounded,
         flags=flags,
