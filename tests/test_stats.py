@@ -24,6 +24,7 @@ from harness.analyze.cycles import (
 )
 from harness.analyze.drift import FLAG_ALPHA
 from harness.analyze.power import cycles_needed, cycles_to_decide
+from harness.analyze.sequential import SequentialPlan
 from harness.analyze.stats import (
     Comparison,
     balanced_effect,
@@ -644,3 +645,17 @@ def test_gated_metrics_keep_their_own_labels_without_holm() -> None:
     assert [c.comparison.raw_label for c in alone] == ["better", "better"]
     assert [c.comparison.raw_label for c in gated] == ["better", "better"]
     assert all(c.comparison.p_value is not None and c.comparison.p_value < 0.05 for c in gated)
+
+
+def test_a_sequential_design_advises_cycles_from_its_own_stopping_distribution() -> None:
+    # Inconclusive after the first look of a 3…12 design: the advice comes from simulating the
+    # design at the observed effect, and says how often it decides by max_cycles.
+    design = SequentialPlan(3, 12, 1, 0.05)
+    cycles = _back_to_back(np.random.default_rng(9), 3, effect=0.08, block_sd=0.05)
+    cmp = compare_cycles(
+        cycles, metric="x", alpha=design.nominal_alpha(3), sequential=design, bootstrap_resamples=0
+    )
+    assert cmp.raw_label == "inconclusive"
+    (advice,) = [w for w in cmp.warnings if "this design decides it" in w]
+    assert "simulated campaigns" in advice
+    assert cmp.cycles_needed is None or 3 < cmp.cycles_needed <= 12

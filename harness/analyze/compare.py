@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.cycles import Cycle
+from harness.analyze.sequential import SequentialPlan
 from harness.analyze.stats import Comparison, compare_cycles
 from harness.catalog import METRICS
 
@@ -101,6 +102,7 @@ def compare_cells(
     seed: int = 0,
     gated: Sequence[str] = (),
     remedy: str | None = None,
+    sequential: SequentialPlan | None = None,
 ) -> list[CellComparison]:
     """Every cell × cache state × metric comparison.
 
@@ -129,6 +131,7 @@ def compare_cells(
                     drift_sensitive=not info.deterministic,
                     remedy=remedy,
                     block_minutes=block_minutes(runs, cell, state),
+                    sequential=sequential,
                 )
                 out.append(CellComparison(cell, control, state, comparison, tuple(dropped)))
     return out

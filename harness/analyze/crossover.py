@@ -9,7 +9,7 @@ observation y (ln block value). The model, fitted by least squares:
   reboot of the box, a box of its own in a fleet) is absorbed, as the mirrored D does;
 - β_cycle, a linear trend per slot within each cycle (t = −1.5, −0.5, 0.5, 1.5): the drift the
   mirrored order cancels, cycle by cycle as D does, so the residual is the noise D sees (one
-  common slope would leave every cycle's own drift in the residual and inflate τ̂'s interval);
+  common slope would leave every cycle's own drift in the residual, where D has none);
   their mean is the trend reported;
 - τ, the arm: the candidate's effect over a block run after a control block (no carry-over
   from the candidate in either arm);

@@ -1,9 +1,10 @@
 """Simulated campaigns of one design, decided the way the analysis decides them, vectorised.
 
 For ``harness bench sequential`` (10⁵ campaigns a case) and for the cycles a sequential design
-is likely to need: block values are drawn for N campaigns at once (arm effect, block noise,
-linear drift, optional steps, and carry-over into the block after a candidate block, back to
-back as the planner runs one cell on one box), and every look applies the labels of
+is likely to need (:func:`stopping_distribution`): block values are drawn for N campaigns at
+once (arm effect, block noise, linear drift, optional steps, and carry-over into the block after
+a candidate block, back to back as the planner runs one cell on one box), and every look applies
+the labels of
 :func:`harness.analyze.stats.compare_cycles` to all of them: the order-balanced D̄ and its
 t-interval, the margin, TOST, and the carry-over check on the crossover model's τ̂. Drift
 flags (*confounded*) are left out: they need the per-cycle thresholds of
@@ -135,8 +136,43 @@ __all__ = [
     "WITHIN",
     "WORSE",
     "Scenario",
+    "Stopping",
     "cycle_effects",
     "decide_many",
     "run_looks",
     "simulate_blocks",
+    "stopping_distribution",
 ]
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """How a sequential design would end if the effect and spread are as observed."""
+
+    decided_share: float  # campaigns decided (better, worse or within noise) by max_cycles
+    cycles_80: int | None  # cycles by which 80% of all campaigns are decided; None if never
+    mean_cycles: float  # mean cycles used, undecided campaigns counted at max_cycles
+
+
+def stopping_distribution(
+    looks: list[int],
+    level: Callable[[int], float],
+    mean: float,
+    spread: float,
+    margin: float,
+    *,
+    campaigns: int = 2000,
+    seed: int = 0,
+) -> Stopping:
+    """Simulate the design at the observed effect: D's spread ``spread`` is one block's noise
+    (Var D = σ²_block for independent blocks), the labels as the analysis gives them."""
+    rng = np.random.default_rng(seed)
+    scenario = Scenario(effect=mean, block_sd=max(spread, 1e-12))
+    blocks = simulate_blocks(rng, campaigns, looks[-1], scenario)
+    codes, used = run_looks(blocks, looks, level, margin)
+    decided = np.isin(codes, DECIDED)
+    share = float(decided.mean())
+    cycles_80: int | None = None
+    if share >= 0.8:
+        cycles_80 = int(np.quantile(np.where(decided, used, looks[-1] + 1), 0.8, method="higher"))
+    return Stopping(share, cycles_80, float(used.mean()))

@@ -28,8 +28,10 @@ from scipy import stats as sps
 
 from harness.analyze.crossover import CrossoverFit, fit_crossover
 from harness.analyze.cycles import ORDERS, Cycle, FloatArray, margin_log, pct_change
+from harness.analyze.design_sim import stopping_distribution
 from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
 from harness.analyze.power import RESUME_HINT, cycles_to_decide, power_warnings
+from harness.analyze.sequential import SequentialPlan
 from harness.errors import BadInput
 
 LABELS = ("better", "worse", "within noise", "inconclusive")
@@ -486,6 +488,7 @@ def compare_cycles(
     drift_sensitive: bool = True,
     remedy: str | None = None,
     block_minutes: float | None = None,
+    sequential: SequentialPlan | None = None,
 ) -> Comparison:
     """Compare cell (B) with control (A) over mirrored cycles on one metric.
 
@@ -499,7 +502,9 @@ def compare_cycles(
     The crossover model (harness.analyze.crossover) runs beside D̄: its trend is reported (per
     block, and per minute given ``block_minutes``, the time from one block's start to the next)
     and taken out of the drift bound; a *better*/*worse* label its carry-over-adjusted effect
-    does not support becomes "carry-over".
+    does not support becomes "carry-over". For a ``sequential`` design the cycles an
+    inconclusive comparison needs come from the design's own simulated stopping distribution
+    at the observed effect and spread, not from a fixed-design power calculation.
     """
     if not cycles:
         raise BadInput(f"{metric}: no cycles to compare; the campaign has no complete cycle")
@@ -542,21 +547,25 @@ def compare_cycles(
     else:
         spread = None
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
-    warnings.extend(
-        power_warnings(
-            metric,
-            m,
-            raw_label,
-            mean,
-            sd,
-            needed,
-            delta,
-            alpha,
-            margin_pct,
-            spread is not None,
-            remedy,
+    if sequential is not None and raw_label == "inconclusive" and sd is not None:
+        needed, advice = sequential_advice(metric, sequential, mean, sd, delta, seed, remedy)
+        warnings.append(advice)
+    else:
+        warnings.extend(
+            power_warnings(
+                metric,
+                m,
+                raw_label,
+                mean,
+                sd,
+                needed,
+                delta,
+                alpha,
+                margin_pct,
+                spread is not None,
+                remedy,
+            )
         )
-    )
     if p is not None and wil_p is not None and (p < alpha) != (wil_p < alpha):
         warnings.append(
             f"{metric}: t-test p={p:.3g} and Wilcoxon p={wil_p:.3g} disagree at α={alpha}; one "
@@ -622,6 +631,32 @@ def compare_cycles(
         carry_over_explains=carried,
         model=model,
         variance=variance,
+    )
+
+
+def sequential_advice(
+    metric: str,
+    design: SequentialPlan,
+    mean: float,
+    sd: float,
+    delta: float,
+    seed: int,
+    remedy: str | None,
+) -> tuple[int | None, str]:
+    """Cycles a sequential design needs, from its simulated stopping distribution, and why."""
+    stop = stopping_distribution(
+        design.scheduled(), design.nominal_alpha, mean, sd, delta, seed=seed
+    )
+    basis = f"if the effect is as observed ({pct_change(mean)}, per-cycle SD {sd:.4f} log)"
+    where = remedy or "run the next look"
+    if stop.cycles_80 is not None:
+        return stop.cycles_80, (
+            f"{metric}: inconclusive: {basis}, this design decides it by {stop.cycles_80} "
+            f"cycles in 80% of simulated campaigns ({stop.mean_cycles:.1f} on average); {where}"
+        )
+    return None, (
+        f"{metric}: inconclusive: {basis}, this design decides it by max_cycles "
+        f"({design.max_cycles}) in only {stop.decided_share:.0%} of simulated campaigns; {where}"
     )
 
 
