@@ -151,7 +151,9 @@ def block_minutes(runs: pd.DataFrame, cell: str, state: str) -> float | None:
         starts = pd.to_numeric(group.groupby("slot")["started_at"].min(), errors="coerce")
         seconds = starts.sort_index().diff().dropna()
         gaps.extend(float(v) for v in seconds if math.isfinite(v) and v > 0)
-    return float(np.median(gaps)) / 60.0 if gaps else None
+    if not gaps or float(np.median(gaps)) < 1.0:
+        return None  # blocks under a second apart: stamped at import, not when they ran
+    return float(np.median(gaps)) / 60.0
 
 
 def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, object]]:
@@ -190,11 +192,13 @@ def model_columns(c: Comparison) -> dict[str, object]:
     """The crossover model's columns: ratios for effects, percent for the trend, log² variances."""
     model, var = c.model, c.variance
 
+    # A log value beyond ±700 (a trend per minute over blocks milliseconds apart, say) has no
+    # finite ratio; it is shown as missing rather than overflowing.
     def ratio(value: float | None) -> float | None:
-        return None if value is None else _finite(math.exp(value))
+        return None if value is None or abs(value) > 700 else _finite(math.exp(value))
 
     def pct(value: float | None) -> float | None:
-        return None if value is None else _finite(math.expm1(value) * 100.0)
+        return None if value is None or abs(value) > 700 else _finite(math.expm1(value) * 100.0)
 
     def interval(ci: tuple[float, float] | None) -> tuple[float | None, float | None]:
         return (None, None) if ci is None else (ratio(ci[0]), ratio(ci[1]))
