@@ -129,9 +129,10 @@ def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: 
     # part of a token's time, so the control runs some tens of percent slower, far beyond the
     # noise of a shared box). Three of every four control blocks follow a candidate block, so
     # D̄ says the candidate is faster; the crossover model sees a control-after-candidate
-    # slowdown and no arm effect, so the claim is labelled carry-over and the gates fail on it. The state file starts
-    # with the candidate's tag (the box ran it last), so every cycle carries over alike; α = 0.01
-    # keeps the chance that noise alone lets the model's effect exclude 0 at 0.5%.
+    # slowdown and no arm effect, so the claim is labelled carry-over and the gates fail on it.
+    # The state file starts with the candidate's tag (the box ran it last), so every cycle
+    # carries over alike; α = 0.01 keeps the chance that noise alone lets the model's effect
+    # exclude 0 at 0.5%.
     state = tmp_path / "last-boot"
     state.write_text("second", encoding="utf-8")
     common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
