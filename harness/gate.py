@@ -244,6 +244,15 @@ def _describe(row: dict[str, Any]) -> str:
     text += f" over {cycles} cycle{'' if cycles == 1 else 's'}: {row['label']}"
     if row["label"] == "confounded":
         text += f" (statistically {row['raw_label']}, but drift flagged)"
+    if row["label"] == "carry-over":
+        low, high = row.get("adjusted_low"), row.get("adjusted_high")
+        span = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        text += (
+            f" (statistically {row['raw_label']}, but carry-over could explain it: with "
+            f"carry-over in the model the ratio is {row.get('adjusted_ratio') or float('nan'):.3f}"
+            f"{span}; a control block after a candidate block moves by "
+            f"{row.get('carry_control_ratio') or float('nan'):.3f}x)"
+        )
     return text
 
 

@@ -34,7 +34,12 @@ class Fixture:
 
 FIXTURES = {
     "seed-map-shaped": Fixture("seed-map-heldout.yaml", "0.2"),
-    "hotlist-shaped": Fixture("hotlist-priority.yaml", "0.2", {"cycles: 2": "cycles: 1"}),
+    # Made while the card had `cycles: 2`; it is sequential now (3 to 10 cycles).
+    "hotlist-shaped": Fixture(
+        "hotlist-priority.yaml",
+        "0.2",
+        {"cycles: 3\n  max_cycles: 10\n  sequential: true\n  look_every: 1\n": "cycles: 1\n"},
+    ),
     "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"repeats: 3": "repeats: 1"}),
 }
 DROPPED = (

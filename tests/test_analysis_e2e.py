@@ -121,3 +121,43 @@ def test_drift_on_an_a_a_campaign_is_flagged_and_promotes_nothing(tmp_path: Path
         if metric in rows:
             assert rows[metric]["label"] != "better", rows[metric]
     assert not verdict.passed
+
+
+def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: Path) -> None:
+    # Identical cells, but a control boot right after a candidate boot on the box does 300% more
+    # work per step (REFBOX_CARRY_OVER_*: extra real work, as the drift knob does; the step is
+    # part of a token's time, so the control runs some tens of percent slower, far beyond the
+    # noise of a shared box). Three of every four control blocks follow a candidate block, so
+    # D̄ says the candidate is faster; the crossover model sees a control-after-candidate
+    # slowdown and no arm effect, so the claim is labelled carry-over and the gates fail on it.
+    # The state file starts with the candidate's tag (the box ran it last), so every cycle
+    # carries over alike; α = 0.01 keeps the chance that noise alone lets the model's effect
+    # exclude 0 at 0.5%.
+    state = tmp_path / "last-boot"
+    state.write_text("second", encoding="utf-8")
+    common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
+    replace = {
+        "first:\n    env: {REFBOX_LAYERS": 'first:\n    env: {REFBOX_CARRY_OVER_PCT: "300", '
+        f"REFBOX_CARRY_OVER_TAG: first, {common}",
+        "second:\n    env: {REFBOX_LAYERS": "second:\n    env: {REFBOX_CARRY_OVER_TAG: second, "
+        f"{common}",
+        'REFBOX_HOT_SLOTS: "4"': 'REFBOX_HOT_SLOTS: "8"',
+        "cycles: 3": "cycles: 5",
+        "campaign: analysis-aa": "campaign: carry-over",
+        "analysis: {window_s: 0.5": "analysis: {alpha: 0.01, window_s: 0.5",
+    }
+    card = _card_with(tmp_path, CARDS / "aa.yaml", replace)
+    analysis, verdict = _campaign(card, tmp_path / "reports")
+    rows = _rows(analysis)
+    decode = rows["decode_tok_s"]
+    assert decode["raw_label"] == "better" and float(str(decode["ratio"])) > 1.1, decode
+    assert decode["label"] == "carry-over", decode
+    # The model finds the slowdown where it was injected: a control block after a candidate one.
+    assert float(str(decode["carry_control_high"])) < 1.0, decode
+    for metric in TIMING:
+        if metric in rows:
+            assert rows[metric]["label"] != "better", rows[metric]
+    better = {g.name: g for g in verdict.gates if g.kind == "better"}
+    assert better and not any(g.passed for g in better.values())
+    assert "carry-over could explain it" in better["better decode_tok_s"].reason
+    assert not verdict.passed

@@ -121,9 +121,14 @@ def test_seed_map_heldout_runs_end_to_end(tmp_path: Path) -> None:
 
 
 def test_hotlist_priority_runs_end_to_end_warm_and_cold(tmp_path: Path) -> None:
-    # One cycle in each cache state at a tenth of the card: cold runs evict the expert files
-    # before they boot; the policy table's directions are pinned in tests/test_seed_tables.py.
-    card = _variant("hotlist-priority.yaml", tmp_path, {"cycles: 2": "cycles: 1"})
+    # One fixed cycle in each cache state at a tenth of the card (the card is sequential, 3 to
+    # 10 cycles): cold runs evict the expert files before they boot; the policy table's
+    # directions are pinned in tests/test_seed_tables.py.
+    card = _variant(
+        "hotlist-priority.yaml",
+        tmp_path,
+        {"cycles: 3\n  max_cycles: 10\n  sequential: true\n  look_every: 1\n": "cycles: 1\n"},
+    )
     code, root, output = _run(card, tmp_path, "0.1")
     cells = pd.read_parquet(root / "analysis" / "cells.parquet")
     assert set(cells["cache_state"]) == {"warm", "cold"}

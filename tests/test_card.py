@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.card import load_card, read_card_schema
 from harness.errors import BadInput, CardError
@@ -146,3 +147,12 @@ def test_removed_design_boot_is_named_at_its_line_and_exits_2() -> None:
     assert result.code == 2
     assert "Traceback" not in result.stderr
     assert f"removed-boot.yaml:9: {removed}" in result.stderr
+
+
+@pytest.mark.parametrize("card", ["llama-bench-threads", "llama-cpp-threads", "hotlist-priority"])
+def test_timing_cards_can_show_the_label_they_gate_on(card: str) -> None:
+    # Two fixed cycles are one degree of freedom (t₀.₉₇₅ = 12.7) and leave carry-over out of the
+    # model; a card that gates on *better* looks sequentially from 3 cycles (issue 26).
+    design = yaml.safe_load((REPO / "campaigns" / f"{card}.yaml").read_text())["design"]
+    assert design["cycles"] >= 3
+    assert design.get("sequential") is True and design["max_cycles"] > design["cycles"]

@@ -1,6 +1,7 @@
 """The command driver for real (slow): llama-bench as the run, its CSV rows as the run record.
 
-campaigns/llama-bench-threads.yaml is run end to end as shipped (two cells, A/B/B/A, 8 runs, each
+campaigns/llama-bench-threads.yaml is run end to end as shipped but for two fixed cycles (two cells,
+A/B/B/A, 8 runs, each
 one llama-bench process), then analysed, gated and reported; a command that fails and one past
 its time limit fail their runs with the reason and the log tail.
 """
@@ -22,6 +23,11 @@ from tests.conftest import REPO, run_cli
 
 CARD = REPO / "campaigns" / "llama-bench-threads.yaml"
 PROFILE = REPO / "campaigns" / "runtimes" / "llama-bench.yaml"
+SHIPPED_DESIGN = (
+    "  {order: abba, cycles: 3, max_cycles: 8, sequential: true, look_every: 1, repeats: 1,\n"
+    "   cache_states: [warm], seed: 11}"
+)
+TWO_CYCLES = "  {order: abba, cycles: 2, repeats: 1, cache_states: [warm], seed: 11}"
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +64,11 @@ def _campaign(reports: Path) -> Path:
 def test_llama_bench_threads_runs_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
     # As shipped, but for the competing-process guard (tests/test_guards.py holds it): on a shared
     # test machine, another test's runtime may be running, which would rightly refuse the cohort.
-    card = card_dir(
-        tmp_path, tiny_model, card=CARD.read_text(encoding="utf-8") + "guards: {competing: false}\n"
-    )
+    # The shipped design is sequential (3 to 8 cycles); two fixed cycles check the driver.
+    text = CARD.read_text(encoding="utf-8") + "guards: {competing: false}\n"
+    assert SHIPPED_DESIGN in text
+    text = text.replace(SHIPPED_DESIGN, TWO_CYCLES)
+    card = card_dir(tmp_path, tiny_model, card=text)
     reports = tmp_path / "reports"
     result = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=600)
     assert "runs: 8 done, 0 failed" in result.stdout, result.stdout + result.stderr

@@ -490,9 +490,9 @@ def _drifting(run: Run) -> float:
 
 
 def _drifting_small(run: Run) -> float:
-    # The box slows 4% per run on top of a 5% speed-up: linear drift still cancels, but from
-    # four blocks a cycle it cannot be told from a step worth ½|outer − inner| = 4%, and 5% less
-    # 4% no longer clears the 2% margin.
+    # The box slows 4% per run on top of a 5% speed-up: linear drift cancels in every cycle, and
+    # the trend the other cycles show is taken out of the drift bound (issue 26: the bound once
+    # charged ½|outer − inner| = 4% and called this confounded).
     index = int(run["run_id"][:4])
     return 100.0 * math.exp(-0.04 * index) * (1.05 if run["cell"] == "treat" else 1.0)
 
@@ -511,18 +511,17 @@ def test_better_survives_linear_drift_it_cannot_be_explained_by(tmp_path: Path) 
     assert result.evidence["treat/warm"]["ratio"] == pytest.approx(1.3, rel=0.01)
 
 
-def test_better_fails_confounded_when_drift_could_explain_it(tmp_path: Path) -> None:
+def test_linear_drift_is_not_charged_against_a_small_effect(tmp_path: Path) -> None:
     campaign = build_campaign(
         tmp_path,
         _card_text("  - {kind: better, metric: decode_tok_s}", cycles=3),
         Synth(speed=_drifting_small),
     )
     analysis = analyze_campaign(campaign.root)
-    assert analysis.flags
+    assert analysis.flags  # the drift is on record
     result = only(evaluate_gates(analysis))
-    assert not result.passed
-    assert result.evidence["treat/warm"]["label"] == "confounded"
-    assert "confounded (statistically better, but drift flagged)" in result.reason
+    assert result.passed, result.reason
+    assert result.evidence["treat/warm"]["label"] == "better"
 
 
 @pytest.mark.parametrize("status", ["failed", None])

@@ -82,7 +82,8 @@ def test_gating_a_campaign_under_reports_appends_its_rows(tmp_path: Path) -> Non
     assert _cli("gate", str(root), "--quiet")[0] in (0, 1)
     table = read_history(tmp_path / "reports" / "history")
     seed = table[(table["cell"] == "seed") & (table["metric"] == "decode_tok_s")]
-    assert len(seed) == 1 and seed["label"].iloc[0] == "better"
+    # The fixture's three cycles say better, but cannot rule out carry-over (issue 26).
+    assert len(seed) == 1 and seed["label"].iloc[0] == "carry-over"
     assert len(seed["block_values"].iloc[0]) == 6  # six completed seed runs
     # Gating it again replaces its own file: one row set per campaign directory.
     _cli("gate", str(root), "--quiet")

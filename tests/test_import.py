@@ -151,8 +151,9 @@ def test_an_abba_run_by_the_harness_imported_from_vllm_files_gives_the_same_labe
     assert record["runtime"]["source_sha256"] == read_source("vllm", files[0]).sha256
     assert record["boot_id"].startswith("vllm:")
     assert (out / "sources" / files[0].name).is_file()
-    # analyze, gate and report read it unchanged.
-    assert _cli("gate", str(out), "--quiet")[0] == 0
+    # analyze, gate and report read it unchanged (the gate as the harness's own run decides it:
+    # three cycles of the demo fixture cannot rule out carry-over, so it fails closed).
+    assert _cli("gate", str(out), "--quiet")[0] == (0 if ours_gate.passed else 1)
     assert (out / "report.html").is_file()
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from harness.maps import fit_rowmap, write_rowmap
 from harness.refbox.model import DOMAIN_SAMPLES
+from harness.refbox.options import parse_serve_args
 from harness.telemetry_read import read_ring
 
 pytestmark = pytest.mark.slow
@@ -234,6 +235,7 @@ def test_ring_and_trace_after_shutdown(tmp_path: Path) -> None:
         (["--cache-records", "8", "--hotlist-priority", "sometimes"], {}, "--hotlist-priority"),
         (["--top-k", "20"], {}, "--top-k"),
         (["--drain-every", "x"], {}, "--drain-every"),
+        (["--carry-over-pct", "3"], {}, "--carry-over-pct"),
     ],
 )
 def test_invalid_knobs_fail_startup(args: list[str], env: dict[str, str], flag: str) -> None:
@@ -302,3 +304,22 @@ def test_never_ready_keeps_health_503() -> None:
         assert not any("listening on" in line for line in b.lines)
     finally:
         assert b.stop() == 0
+
+
+def test_carry_over_knob_slows_a_boot_only_after_another_tag(tmp_path: Path) -> None:
+    """The carry-over knob: the boot before on the box (the state file) decides the slowdown."""
+    state = tmp_path / "last-boot"
+
+    def boot(tag: str, pct: str = "30") -> float:
+        config = parse_serve_args(
+            [*SMALL, "--carry-over-pct", pct, "--carry-over-tag", tag],
+            {"REFBOX_CARRY_OVER_STATE": str(state)},
+        )
+        assert not isinstance(config, int)
+        return config.options.carry_over_pct
+
+    assert boot("control") == 0.0  # the first boot on the box follows nothing
+    assert state.read_text() == "control"
+    assert boot("control") == 0.0  # after its own kind
+    assert boot("candidate", pct="0") == 0.0  # a candidate marks the box without slowing
+    assert boot("control") == 30.0  # a control right after a candidate carries it over

@@ -103,7 +103,8 @@ def test_seed_map_records_yield_the_frozen_map_table(gated: Callable[[str], Gate
 
 
 def test_hotlist_records_yield_the_policy_table(gated: Callable[[str], Gated]) -> None:
-    # One cycle in each cache state (the card has two): 16 runs of 4 held-out conversations.
+    # One fixed cycle in each cache state (the card is sequential): 16 runs of 4 held-out
+    # conversations.
     campaign = gated("hotlist-shaped")
     cells = campaign.table("cells")
     assert set(cells["cache_state"]) == {"warm", "cold"}

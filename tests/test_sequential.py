@@ -76,7 +76,38 @@ def test_plan_schedule_and_nominal_levels() -> None:
     table = plan.table()
     assert [row["cycles"] for row in table] == [3, 5, 7, 9]
     assert table[-1]["alpha_spent"] == pytest.approx(0.05)
-    assert table[-1]["nominal_alpha"] == pytest.approx(2 * sps.norm.sf(table[-1]["z_boundary"]))
+    assert table[-1]["normal_alpha"] == pytest.approx(2 * sps.norm.sf(table[-1]["z_boundary"]))
+    # The t statistic's heavier tails need a stricter level than the normal boundary's.
+    assert table[-1]["nominal_alpha"] < table[-1]["normal_alpha"]
+
+
+def _balanced_t(d: np.ndarray) -> np.ndarray:
+    """The order-balanced t statistic of harness.analyze.stats.balanced_effect, per row."""
+    m = d.shape[1]
+    abba = np.arange(m) % 2 == 0
+    w = np.where(abba, 0.5 / abba.sum(), 0.5 / max(1, (~abba).sum()))
+    mean = d @ w
+    ss = ((d - mean[:, None]) ** 2).sum(axis=1)
+    sd = np.sqrt(ss / (m - 2 + m * float(w @ w)))
+    return np.asarray(mean / (sd * math.sqrt(float(w @ w))))
+
+
+def test_t_statistic_looks_spend_alpha_not_more() -> None:
+    # Deciding each look's t statistic at the normal boundary's level spent 5.5–5.7% two-sided
+    # for 3…12 cycles (issue 26); the simulated t boundaries spend 5%. Fresh draws, not the
+    # calibration's own: 60,000 A/A campaigns of normal cycle effects.
+    plan = SequentialPlan(first_cycles=3, max_cycles=12, look_every=1, alpha=0.05)
+    d = np.random.default_rng(20260).standard_normal((60_000, 12))
+    crossed = np.zeros(d.shape[0], dtype=bool)
+    upper = np.zeros(d.shape[0], dtype=bool)
+    for m in plan.scheduled():
+        t = _balanced_t(d[:, :m])
+        p = 2 * sps.t.sf(np.abs(t), m - 1)
+        now = ~crossed & (p < plan.nominal_alpha(m))
+        upper |= now & (t > 0)
+        crossed |= now
+    assert crossed.mean() == pytest.approx(0.05, abs=0.003)
+    assert upper.mean() <= 0.025 + 0.002
 
 
 def test_bad_designs_are_refused() -> None:

@@ -20,6 +20,7 @@ from harness.analyze.fleet import FleetTables, fleet_tables
 from harness.analyze.logit_parity import LOGITS_DIR, embedded_mismatch, read_logit_dumps
 from harness.analyze.looks import (
     LookState,
+    design_plan,
     extension_warnings,
     look_state,
     looks_frame,
@@ -443,6 +444,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
             alpha=look.nominal_alpha if look else card.analysis.alpha,
             seed=card.design.seed,
             remedy=look.remedy() if look else None,
+            sequential=design_plan(card),
         )
     flags = []
     for item in comparisons:

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.cycles import Cycle
-from harness.analyze.stats import Comparison, apply_holm, compare_cycles
+from harness.analyze.sequential import SequentialPlan
+from harness.analyze.stats import Comparison, compare_cycles
 from harness.catalog import METRICS
 
 # Metrics compared by default for every cell (gates may add others from the catalog).
@@ -101,17 +102,18 @@ def compare_cells(
     seed: int = 0,
     gated: Sequence[str] = (),
     remedy: str | None = None,
+    sequential: SequentialPlan | None = None,
 ) -> list[CellComparison]:
     """Every cell × cache state × metric comparison.
 
-    Holm's correction runs over the gate set: the metrics the card's gates decide on, per
-    (cell, state). Other metrics are descriptive and keep their own labels; correcting the
-    gated claims for every metric the report also shows would punish reporting more.
+    No multiplicity correction over the gate set: the verdict needs every gated comparison to
+    pass (an intersection–union test), so each at α keeps the verdict's false-pass rate at α.
+    ``gated`` is kept for callers; it no longer changes a label.
     """
+    del gated
     out: list[CellComparison] = []
     for cell in cells:
         for state in cache_states:
-            family: list[tuple[Comparison, tuple[str, ...]]] = []
             for metric in metrics:
                 if metric not in runs.columns or runs[metric].isna().all():
                     continue
@@ -128,16 +130,30 @@ def compare_cells(
                     seed=seed,
                     drift_sensitive=not info.deterministic,
                     remedy=remedy,
+                    block_minutes=block_minutes(runs, cell, state),
+                    sequential=sequential,
                 )
-                family.append((comparison, tuple(dropped)))
-            in_gate_set = [c.metric in gated for c, _ in family]
-            corrected = iter(
-                apply_holm([c for (c, _), g in zip(family, in_gate_set, strict=True) if g])
-            )
-            for (comparison, skipped), g in zip(family, in_gate_set, strict=True):
-                final = next(corrected) if g else comparison
-                out.append(CellComparison(cell, control, state, final, skipped))
+                out.append(CellComparison(cell, control, state, comparison, tuple(dropped)))
     return out
+
+
+def block_minutes(runs: pd.DataFrame, cell: str, state: str) -> float | None:
+    """Median minutes from one block's start to the next within a cycle, or None untimed.
+
+    ``started_at`` is epoch seconds (run.json); the trend per minute is the trend per block
+    over this.
+    """
+    if "started_at" not in runs.columns:
+        return None
+    subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
+    gaps: list[float] = []
+    for _, group in subset.groupby("cycle"):
+        starts = pd.to_numeric(group.groupby("slot")["started_at"].min(), errors="coerce")
+        seconds = starts.sort_index().diff().dropna()
+        gaps.extend(float(v) for v in seconds if math.isfinite(v) and v > 0)
+    if not gaps or float(np.median(gaps)) < 1.0:
+        return None  # blocks under a second apart: stamped at import, not when they ran
+    return float(np.median(gaps)) / 60.0
 
 
 def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, object]]:
@@ -155,7 +171,6 @@ def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, obj
                 "ci_low": _finite(c.ci_low),
                 "ci_high": _finite(c.ci_high),
                 "p_value": _finite(c.p_value),
-                "p_adjusted": _finite(c.p_adjusted),
                 "label": c.label,
                 "raw_label": c.raw_label,
                 "confounded": c.confounded,
@@ -166,9 +181,50 @@ def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, obj
                 "cycles_needed": c.cycles_needed,
                 "warnings": " | ".join(c.warnings + tuple(item.dropped_cycles)),
                 "deterministic": METRICS[c.metric].deterministic,
+                "carry_over": c.carry_over_explains,
+                **model_columns(c),
             }
         )
     return rows
+
+
+def model_columns(c: Comparison) -> dict[str, object]:
+    """The crossover model's columns: ratios for effects, percent for the trend, log² variances."""
+    model, var = c.model, c.variance
+
+    # A log value beyond ±700 (a trend per minute over blocks milliseconds apart, say) has no
+    # finite ratio; it is shown as missing rather than overflowing.
+    def ratio(value: float | None) -> float | None:
+        return None if value is None or abs(value) > 700 else _finite(math.exp(value))
+
+    def pct(value: float | None) -> float | None:
+        return None if value is None or abs(value) > 700 else _finite(math.expm1(value) * 100.0)
+
+    def interval(ci: tuple[float, float] | None) -> tuple[float | None, float | None]:
+        return (None, None) if ci is None else (ratio(ci[0]), ratio(ci[1]))
+
+    adj = interval(model.adjusted_ci if model else None)
+    ctl = interval(model.control_ci if model else None)
+    cand = interval(model.candidate_ci if model else None)
+    return {
+        "model_df": model.df if model else None,
+        "adjusted_ratio": ratio(model.adjusted if model else None),
+        "adjusted_low": adj[0],
+        "adjusted_high": adj[1],
+        "carry_control_ratio": ratio(model.control if model else None),
+        "carry_control_low": ctl[0],
+        "carry_control_high": ctl[1],
+        "carry_candidate_ratio": ratio(model.candidate if model else None),
+        "carry_candidate_low": cand[0],
+        "carry_candidate_high": cand[1],
+        "trend_pct_per_block": pct(model.trend if model else None),
+        "trend_pct_per_min": pct(model.trend_per_min if model else None),
+        "trend_p": _finite(model.trend_p) if model else None,
+        "var_prompt": _finite(var.prompt) if var and var.prompt is not None else None,
+        "var_block": _finite(var.block) if var else None,
+        "var_cycle": _finite(var.cycle) if var and var.cycle is not None else None,
+        "more_buys_most": var.advice if var else None,
+    }
 
 
 def _finite(value: float | None) -> float | None:

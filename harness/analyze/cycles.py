@@ -199,4 +199,6 @@ def raw_effect(order: str, raw_values: Sequence[float]) -> float:
 
 def pct_change(log_value: float) -> str:
     """A log-scale effect as the signed percent change it stands for, e.g. "+2.0%"."""
+    if log_value > 700:  # exp overflows; no such rate is a measurement anyway
+        return "over +1e300%"
     return f"{math.expm1(log_value) * 100:+.1f}%"

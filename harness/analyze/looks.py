@@ -146,6 +146,7 @@ def undecided(comparisons: Sequence[dict[str, Any]], gated: Sequence[str]) -> li
 __all__ = [
     "LOOK_EVENT",
     "LookState",
+    "design_plan",
     "extension_warnings",
     "look_state",
     "looks_frame",

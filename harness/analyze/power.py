@@ -1,8 +1,10 @@
 """How many cycles a decision needs: power calculations and the "add cycles" warnings.
 
 docs/design.md#cycles-needed: beyond the margin, the cycles a two-sided one-sample t-test needs
-for 80% power to detect the observed effect; inside it, the cycles that narrow the 90% interval
-inside (−Δ, Δ). Every warning ends with the remedy (resume_hint). Everything here is pure.
+for 80% power to detect the observed effect; inside it, the cycles that give the TOST
+*within noise* test 80% power at the observed effect. Both tails come from
+``scipy.stats.nct.sf`` (``nct.cdf(−t, df, nc)`` returns NaN over much of its range, which
+stopped the old search early). Every warning ends with the remedy (resume_hint). Pure.
 """
 
 from __future__ import annotations
@@ -44,9 +46,7 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
         return 2
 
     def achieved(m: int) -> float:
-        tc = float(sps.t.ppf(1 - alpha / 2, m - 1))
-        nc = math.sqrt(m) * margin / s_d
-        return float(sps.nct.sf(tc, m - 1, nc) + sps.nct.cdf(-tc, m - 1, nc))
+        return two_sided_power(m, margin / s_d, alpha)
 
     # Start from the normal approximation, then walk to the exact answer.
     z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
@@ -56,6 +56,62 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
     while m > 2 and achieved(m - 1) >= power:
         m -= 1
     return m
+
+
+def two_sided_power(m: int, effect_over_sd: float, alpha: float) -> float:
+    """P(|T| > t_{1−α/2, m−1}), T ~ nct(m − 1, √m·effect/sd): both tails by ``nct.sf``.
+
+    The lower tail P(T < −t) is written as ``nct.sf(t, df, −nc)`` (the same number by
+    symmetry); scipy's ``nct.cdf(−t, df, nc)`` is NaN for large nc at small df.
+    """
+    tc = float(sps.t.ppf(1 - alpha / 2, m - 1))
+    nc = math.sqrt(m) * effect_over_sd
+    return float(sps.nct.sf(tc, m - 1, nc) + sps.nct.sf(tc, m - 1, -nc))
+
+
+def tost_power(
+    m: int, distance_low: float, distance_high: float, s_d: float, alpha: float
+) -> float:
+    """Power of the TOST *within noise* test with m cycles (a lower bound, exact in each tail).
+
+    The 90% interval lies inside (−Δ, Δ) when both one-sided tests at α reject: T₁ = (D̄ + Δ)/SE
+    and T₂ = (Δ − D̄)/SE each above t_{1−α, m−1}. With the true effect μ, T₁ ~ nct(m − 1,
+    √m(Δ + μ)/s) and T₂ ~ nct(m − 1, √m(Δ − μ)/s); P(both) ≥ P(T₁ > t) + P(T₂ > t) − 1.
+    ``distance_low`` = Δ + μ, ``distance_high`` = Δ − μ.
+    """
+    if s_d == 0:
+        return 1.0 if min(distance_low, distance_high) > 0 else 0.0
+    tc = float(sps.t.ppf(1 - alpha, m - 1))
+    root = math.sqrt(m) / s_d
+    low = float(sps.nct.sf(tc, m - 1, root * distance_low))
+    high = float(sps.nct.sf(tc, m - 1, root * distance_high))
+    return max(0.0, low + high - 1.0)
+
+
+def cycles_within_noise(
+    s_d: float, mean: float, delta: float, alpha: float, power: float = 0.8
+) -> int:
+    """Smallest m whose TOST has ``power`` to say *within noise* if the effect is ``mean``."""
+    low, high = delta + mean, delta - mean
+    if s_d == 0:
+        return 2
+    if min(low, high) <= 0:
+        return _MAX_CYCLES_SEARCH
+
+    def enough(m: int) -> bool:
+        return tost_power(m, low, high, s_d, alpha) >= power
+
+    m = 2
+    while m < _MAX_CYCLES_SEARCH and not enough(m):
+        m = m * 2 if m < 1024 else m + 1024
+    lo = max(2, m // 2)
+    while lo < m:
+        mid = (lo + m) // 2
+        if enough(mid):
+            m = mid
+        else:
+            lo = mid + 1
+    return min(m, _MAX_CYCLES_SEARCH)
 
 
 def _cycles_to_clear(s_d: float, distance: float, alpha: float) -> int:
@@ -83,11 +139,11 @@ def cycles_to_decide(spread: float, mean: float, delta: float, alpha: float) -> 
     """Cycles likely to turn this comparison into a verdict, if the effect is as observed.
 
     Beyond the margin, the question is power to detect the observed effect (never less than
-    the margin); inside it, how many cycles narrow the 90% interval inside (−Δ, Δ).
+    the margin); inside it, 80% power for the TOST to put the 90% interval inside (−Δ, Δ).
     """
     if abs(mean) >= delta:
         return cycles_needed(spread, abs(mean), alpha)
-    return _cycles_to_clear(spread, delta - abs(mean), alpha)
+    return cycles_within_noise(spread, mean, delta, alpha)
 
 
 def power_warnings(

@@ -8,7 +8,9 @@ harness.analyze.power):
   95% CI exp(D̄ ± t₀.₉₇₅,ₘ₋₁·s_D/√m) (the one-sample t-interval of the m cycle effects);
 - labels with margin Δ = ln(1 + δ): *better*/*worse* when the CI excludes 0 and |D̄| ≥ Δ;
   *within noise* when the 90 % CI lies inside (−Δ, Δ) (TOST); *inconclusive* otherwise;
-- Holm–Bonferroni over one gate set's metrics (apply_holm).
+- the crossover model (harness.analyze.crossover) beside it: the drift it removes, the
+  carry-over it estimates (a *better*/*worse* label the carry-over-adjusted effect does not
+  support is labelled *carry-over*) and the variance components.
 
 A is always the control and B the cell; the ratio is always cell/control, whichever direction
 is "better" for the metric. Everything here is pure: numbers in, frozen dataclasses out.
@@ -18,22 +20,66 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
+from harness.analyze.crossover import CrossoverFit, fit_crossover
 from harness.analyze.cycles import ORDERS, Cycle, FloatArray, margin_log, pct_change
+from harness.analyze.design_sim import stopping_distribution
 from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
 from harness.analyze.power import RESUME_HINT, cycles_to_decide, power_warnings
+from harness.analyze.sequential import SequentialPlan
 from harness.errors import BadInput
 
 LABELS = ("better", "worse", "within noise", "inconclusive")
 CONFOUNDED = "confounded"
+CARRY_OVER = "carry-over"
 DEFAULT_MARGIN_PCT = 2.0
 # Wilcoxon's smallest two-sided p with m cycles is 2/2^m: below 6 cycles it can never reach 0.05.
 WILCOXON_MIN_CYCLES = 6
+
+
+@dataclass(frozen=True)
+class CarryOver:
+    """The crossover model's view of one comparison (log scale; None where a term was left out).
+
+    ``adjusted`` is the arm effect with carry-over and trend in the model (τ̂, a block after a
+    control block), ``control``/``candidate`` the carry-over a candidate block leaves in the next
+    control (c_A) or candidate (c_B) block, each with its (1 − α) interval. ``trend`` is β̂ per
+    block; ``trend_per_min`` the same per minute of wall time when block times are known.
+    """
+
+    adjusted: float
+    adjusted_ci: tuple[float, float]
+    df: int
+    trend: float
+    trend_ci: tuple[float, float]
+    trend_p: float
+    control: float | None = None
+    control_ci: tuple[float, float] | None = None
+    candidate: float | None = None
+    candidate_ci: tuple[float, float] | None = None
+    trend_per_min: float | None = None
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """Variances of a block's ln value by level (log scale, squared), and what buys the most.
+
+    ``prompt`` is the prompt-to-prompt part of one block's mean (s_w²/k), ``block`` the
+    boot-to-boot rest of the model's residual, ``cycle`` the spread of the cycle levels beyond
+    what block noise explains. ``advice`` names the cheapest lever: "prompts per block",
+    "cycles" or "boots per block" (docs/design.md#variance-components).
+    """
+
+    prompt: float | None
+    block: float
+    cycle: float | None
+    prompts_per_block: int | None
+    advice: str
 
 
 @dataclass(frozen=True)
@@ -41,9 +87,11 @@ class Comparison:
     """Cell vs control on one metric over m cycles.
 
     ``ratio`` = exp(D̄), cell/control, D̄ the order-balanced mean (:func:`balanced_effect`).
-    ``label`` is "confounded" whenever ``confounded`` — the bias flagged drift could cause
-    (``drift_bias``) reaches the interval the label stands on — else ``raw_label``, the pure
-    statistical label. CI bounds and p are None with one cycle (no interval exists).
+    ``label`` is "carry-over" whenever ``carry_over_explains`` — the carry-over-adjusted effect
+    does not support the *better*/*worse* claim —, else "confounded" whenever ``confounded`` —
+    the bias flagged drift could cause (``drift_bias``) reaches the interval the label stands
+    on —, else ``raw_label``, the pure statistical label. CI bounds and p are None with one
+    cycle (no interval exists).
     """
 
     metric: str
@@ -68,8 +116,10 @@ class Comparison:
     n_pairs: int = 0
     tost_ci: tuple[float, float] | None = None
     wilcoxon_p: float | None = None
-    p_adjusted: float | None = None
-    drift_bias: float = 0.0  # bound on the bias flagged drift could put in D̄ (log scale)
+    drift_bias: float = 0.0  # bound on the bias unmodelled drift could put in D̄ (log scale)
+    carry_over_explains: bool = False
+    model: CarryOver | None = None  # None with too few blocks for the model
+    variance: VarianceComponents | None = None
 
 
 # --- t-statistics -------------------------------------------------------------------------
@@ -108,6 +158,10 @@ def wilcoxon_p(effects: npt.ArrayLike) -> float:
 
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm–Bonferroni step-down adjusted p-values, in the input order.
+
+    Not applied to the gate set: a verdict passes only when every gate passes (an
+    intersection–union test), which holds its level with each gate at α. Holm is for a family
+    where any one rejection is the claim (docs/design.md#no-holm-over-the-gate-set).
 
     Sorted ascending p₍₁₎ ≤ … ≤ p₍ₙ₎: p̃₍ᵢ₎ = max_{j ≤ i} min(1, (n − j + 1)·p₍ⱼ₎). Rejecting
     where p̃ < α is Holm's procedure at family-wise level α.
@@ -187,23 +241,38 @@ def balanced_effect(cycles: Sequence[Cycle]) -> Effect:
     return Effect(mean, sd * math.sqrt(sum_w2), sd, m - 1, tuple(float(x) for x in w))
 
 
+def cycle_slope(c: Cycle) -> float:
+    """Least-squares slope per slot of one cycle's drift, free of the arm effect.
+
+    The outer change is 3β and the inner change β under linear drift βt, whatever the arm
+    effect (each pairs one arm with itself): β̂ = (3·outer + inner)/10.
+    """
+    return (3.0 * c.outer_change + c.inner_change) / 10.0
+
+
 def drift_bias(cycles: Sequence[Cycle], flags: Sequence[Flag], weights: Sequence[float]) -> float:
-    """Bound on the bias the flagged cycles could put in D̄ (log scale).
+    """Bound on the bias the flagged cycles' unmodelled drift could put in D̄ (log scale).
 
     In one cycle with drift dₛ at slots s = 0..3 the bias of D is ±½(d₁ + d₂ − d₀ − d₃). For a
     drift that is monotone within the cycle its size is at most ½|outer − inner| (outer = y₃ − y₀,
-    inner = y₂ − y₁): linear drift gives 0 (mirroring cancels it), a step between slots gives
-    exactly its bias, a change in one arm mid-cycle likewise. The bound of D̄ is the weighted sum
-    over the flagged cycles.
+    inner = y₂ − y₁): a step between slots gives exactly its bias, a change in one arm mid-cycle
+    likewise. Linear drift βt has bias 0 but outer − inner = 2β, so the common trend is taken
+    out first: ½|outer − inner − 2β̂₋ⱼ|, β̂₋ⱼ the mean slope of the OTHER cycles (0 with none),
+    so a step in one cycle cannot pass itself off as trend. Charging the drift the order
+    already cancels would label a real effect under benign linear drift *confounded*. The bound
+    of D̄ is the weighted sum over the flagged cycles.
     """
     flagged = {f.cycle for f in flags}
-    return float(
-        sum(
-            w * 0.5 * abs(c.outer_change - c.inner_change)
-            for c, w in zip(cycles, weights, strict=True)
-            if c.index in flagged
-        )
-    )
+    slopes = [cycle_slope(c) for c in cycles]
+    total = sum(slopes)
+    bound = 0.0
+    for c, w, slope in zip(cycles, weights, slopes, strict=True):
+        if c.index not in flagged:
+            continue
+        others = len(cycles) - 1
+        trend = (total - slope) / others if others else 0.0
+        bound += w * 0.5 * abs(c.outer_change - c.inner_change - 2.0 * trend)
+    return float(bound)
 
 
 def is_confounded(
@@ -229,6 +298,68 @@ def is_confounded(
     if raw_label == "within noise" and tost_ci is not None:
         return tost_ci[0] - bias <= -margin or tost_ci[1] + bias >= margin
     return False
+
+
+# --- the crossover model ---------------------------------------------------------------------
+
+
+def model_view(fit: CrossoverFit, alpha: float, block_minutes: float | None) -> CarryOver:
+    """The fitted model's effect, trend and carry-over with their (1 − α) intervals."""
+    conf = 1.0 - alpha
+    control, candidate = fit.carry_control, fit.carry_candidate
+    return CarryOver(
+        adjusted=fit.arm.estimate,
+        adjusted_ci=fit.arm.interval(conf),
+        df=fit.df,
+        trend=fit.trend.estimate,
+        trend_ci=fit.trend.interval(conf),
+        trend_p=fit.trend.p_value(),
+        control=control.estimate if control else None,
+        control_ci=control.interval(conf) if control else None,
+        candidate=candidate.estimate if candidate else None,
+        candidate_ci=candidate.interval(conf) if candidate else None,
+        trend_per_min=(
+            fit.trend.estimate / block_minutes if block_minutes and block_minutes > 0 else None
+        ),
+    )
+
+
+def carry_over_explains(raw_label: str, mean: float, model: CarryOver | None) -> bool:
+    """Whether carry-over could have produced a *better*/*worse* label (log scale).
+
+    The label stands on D̄, which carry-over biases (by −¾·c_A + ¼·c_B in the planner's back-to-
+    back alternation, where three of four control blocks follow a candidate block). The model's
+    τ̂ is unbiased under any first-order carry-over; when its (1 − α) interval does not exclude 0
+    on the side of D̄, carry-over could explain the claim and the label is *carry-over*. Needs
+    the carry-over terms (MIN_CARRY_CYCLES cycles); without them nothing is claimed here.
+    """
+    if raw_label not in ("better", "worse") or model is None or model.control is None:
+        return False
+    low, high = model.adjusted_ci
+    return not (low > 0) if mean > 0 else not (high < 0)
+
+
+def variance_components(
+    fit: CrossoverFit, s_w: float | None, prompts_per_block: int | None
+) -> VarianceComponents:
+    """Prompt, block and cycle variances of a block's ln value, and the cheapest lever.
+
+    The model's residual variance σ̂² is one block's noise: the prompt part s_w²/k plus the
+    boot-to-boot rest. Cycle levels absorb what moves between cycles; their spread beyond σ̂²/4
+    (the noise in a level fitted from four blocks) is the cycle component. D and τ̂ contrast
+    blocks within cycles, so the cycle component never reaches them: their variance is
+    (σ²_block + σ²_prompt/k)/m·const. Following Kalibera & Jones, the lever is the level whose
+    variance dominates what reaches the effect: prompts per block when the prompt part is at
+    least the boot part (more prompts in each boot cut it without a boot), else cycles (each
+    cycle adds boots and averages drift, where more boots per block only add boots).
+    """
+    total = fit.residual_sd**2
+    prompt = s_w * s_w / prompts_per_block if s_w is not None and prompts_per_block else None
+    block = max(0.0, total - (prompt or 0.0))
+    levels = np.asarray(fit.cycle_levels, dtype=np.float64)
+    cycle = max(0.0, float(levels.var(ddof=1)) - total / 4.0) if levels.size >= 2 else None
+    advice = "prompts per block" if prompt is not None and prompt >= block else "cycles"
+    return VarianceComponents(prompt, block, cycle, prompts_per_block, advice)
 
 
 # --- labels -------------------------------------------------------------------------------
@@ -356,6 +487,8 @@ def compare_cycles(
     seed: int = 0,
     drift_sensitive: bool = True,
     remedy: str | None = None,
+    block_minutes: float | None = None,
+    sequential: SequentialPlan | None = None,
 ) -> Comparison:
     """Compare cell (B) with control (A) over mirrored cycles on one metric.
 
@@ -366,6 +499,12 @@ def compare_cycles(
     ``raw_label`` keeps the statistical one. Deterministic evidence (hit counts, bytes read) is
     drift-proof: pass ``drift_sensitive=False`` and flags are only reported. ``alpha`` is the
     level of this look: a sequential design passes its nominal level (harness.analyze.sequential).
+    The crossover model (harness.analyze.crossover) runs beside D̄: its trend is reported (per
+    block, and per minute given ``block_minutes``, the time from one block's start to the next)
+    and taken out of the drift bound; a *better*/*worse* label its carry-over-adjusted effect
+    does not support becomes "carry-over". For a ``sequential`` design the cycles an
+    inconclusive comparison needs come from the design's own simulated stopping distribution
+    at the observed effect and spread, not from a fixed-design power calculation.
     """
     if not cycles:
         raise BadInput(f"{metric}: no cycles to compare; the campaign has no complete cycle")
@@ -389,34 +528,44 @@ def compare_cycles(
     sd = effect.sd
     wil_p = wilcoxon_p(d) if m >= WILCOXON_MIN_CYCLES else None
     raw_label = decide_label(mean, ci95, ci90, delta, higher_is_better=higher_is_better)
+    fit = fit_crossover(cycles)
+    model = model_view(fit, alpha, block_minutes) if fit is not None else None
     bias = drift_bias(cycles, flags, effect.weights) if drift_sensitive else 0.0
     confounded = is_confounded(raw_label, mean, ci95, ci90, delta, bias)
+    # Carry-over wins over a drift flag: a carry-over pattern (a slow block after each switch)
+    # also moves the outer blocks and raises DRIFT, and the model names its cause.
+    carried = carry_over_explains(raw_label, mean, model)
+    k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
+    variance = variance_components(fit, s_w, k_min) if fit is not None else None
 
     # Spread per cycle for the power calculation: observed s_D, or with one cycle the
     # within-block estimate Var(D) = s_w²/k (a lower bound: it misses boot-to-boot noise).
     if sd is not None:
         spread: float | None = sd
-    elif s_w is not None:
-        k = min(len(b) for b in cycles[0].prompt_logs or ())
-        spread = s_w / math.sqrt(k)
+    elif s_w is not None and k_min:
+        spread = s_w / math.sqrt(k_min)
     else:
         spread = None
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
-    warnings.extend(
-        power_warnings(
-            metric,
-            m,
-            raw_label,
-            mean,
-            sd,
-            needed,
-            delta,
-            alpha,
-            margin_pct,
-            spread is not None,
-            remedy,
+    if sequential is not None and raw_label == "inconclusive" and sd is not None:
+        needed, advice = sequential_advice(metric, sequential, mean, sd, delta, seed, remedy)
+        warnings.append(advice)
+    else:
+        warnings.extend(
+            power_warnings(
+                metric,
+                m,
+                raw_label,
+                mean,
+                sd,
+                needed,
+                delta,
+                alpha,
+                margin_pct,
+                spread is not None,
+                remedy,
+            )
         )
-    )
     if p is not None and wil_p is not None and (p < alpha) != (wil_p < alpha):
         warnings.append(
             f"{metric}: t-test p={p:.3g} and Wilcoxon p={wil_p:.3g} disagree at α={alpha}; one "
@@ -440,15 +589,20 @@ def compare_cycles(
         if confounded:
             warnings.append(
                 f"{metric}: {kinds} flagged in cycle(s) {where}: drift could bias the effect by "
-                f"up to {pct_change(bias)}, enough to explain the {raw_label} label, so it is "
-                "confounded; rely on deterministic evidence (hit counts, bytes read, exact "
-                "outputs) or rerun the cycles on a quiet box"
+                f"up to {pct_change(bias)}, enough to explain the {raw_label} label"
+                + (
+                    " (carry-over, which moves the outer blocks too, is the label)"
+                    if carried
+                    else ", so it is confounded; rely on deterministic evidence (hit counts, "
+                    "bytes read, exact outputs) or rerun the cycles on a quiet box"
+                )
             )
         elif raw_label != "inconclusive":
             warnings.append(
                 f"{metric}: {kinds} flagged in cycle(s) {where}; the bias it could cause (up to "
                 f"{pct_change(bias)}) cannot explain the {raw_label} label"
             )
+    warnings.extend(model_warnings(metric, raw_label, model, m, carried, drift_sensitive))
     pairs = pair_effects(cycles)
     return Comparison(
         metric=metric,
@@ -456,7 +610,7 @@ def compare_cycles(
         ci_low=math.exp(ci95[0]) if ci95 else None,
         ci_high=math.exp(ci95[1]) if ci95 else None,
         p_value=p,
-        label=CONFOUNDED if confounded else raw_label,
+        label=CARRY_OVER if carried else CONFOUNDED if confounded else raw_label,
         n_cycles=m,
         confounded=confounded,
         flags=flags,
@@ -474,42 +628,74 @@ def compare_cycles(
         tost_ci=(math.exp(ci90[0]), math.exp(ci90[1])) if ci90 else None,
         wilcoxon_p=wil_p,
         drift_bias=bias,
+        carry_over_explains=carried,
+        model=model,
+        variance=variance,
     )
 
 
-def apply_holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
-    """Holm-adjust the p-values of one gate set's metrics and recompute their labels.
-
-    A comparison without a p-value (one cycle) counts in the family as p = 1, which keeps the
-    correction conservative. *better*/*worse* then need adjusted p < α (and |D̄| ≥ Δ as
-    before); the TOST *within noise* test and the intervals are left as they were.
-    """
-    ps = [c.p_value if c.p_value is not None else 1.0 for c in comparisons]
-    adjusted = holm(ps)
-    out: list[Comparison] = []
-    for c, p_adj in zip(comparisons, adjusted, strict=True):
-        if c.p_value is None or c.ci_low is None or c.ci_high is None or c.tost_ci is None:
-            out.append(c)
-            continue
-        ci95 = (math.log(c.ci_low), math.log(c.ci_high))
-        ci90 = (math.log(c.tost_ci[0]), math.log(c.tost_ci[1]))
-        raw = decide_label(
-            c.mean_log_effect,
-            ci95,
-            ci90,
-            c.margin_log,
-            higher_is_better=c.higher_is_better,
-            p_value=p_adj,
-            alpha=c.alpha,
+def sequential_advice(
+    metric: str,
+    design: SequentialPlan,
+    mean: float,
+    sd: float,
+    delta: float,
+    seed: int,
+    remedy: str | None,
+) -> tuple[int | None, str]:
+    """Cycles a sequential design needs, from its simulated stopping distribution, and why."""
+    stop = stopping_distribution(
+        design.scheduled(), design.nominal_alpha, mean, sd, delta, seed=seed
+    )
+    basis = f"if the effect is as observed ({pct_change(mean)}, per-cycle SD {sd:.4f} log)"
+    where = remedy or "run the next look"
+    if stop.cycles_80 is not None:
+        return stop.cycles_80, (
+            f"{metric}: inconclusive: {basis}, this design decides it by {stop.cycles_80} "
+            f"cycles in 80% of simulated campaigns ({stop.mean_cycles:.1f} on average); {where}"
         )
-        confounded = is_confounded(raw, c.mean_log_effect, ci95, ci90, c.margin_log, c.drift_bias)
+    return None, (
+        f"{metric}: inconclusive: {basis}, this design decides it by max_cycles "
+        f"({design.max_cycles}) in only {stop.decided_share:.0%} of simulated campaigns; {where}"
+    )
+
+
+def model_warnings(
+    metric: str,
+    raw_label: str,
+    model: CarryOver | None,
+    m: int,
+    carried: bool,
+    drift_sensitive: bool,
+) -> list[str]:
+    """What the crossover model saw: drift it removed, carry-over, and terms it left out."""
+    if model is None:
+        return []
+    out: list[str] = []
+    if drift_sensitive and model.trend_p < 0.05:
+        per_min = (
+            f", {pct_change(model.trend_per_min)} per minute"
+            if model.trend_per_min is not None
+            else ""
+        )
         out.append(
-            replace(
-                c,
-                p_adjusted=p_adj,
-                raw_label=raw,
-                confounded=confounded,
-                label=CONFOUNDED if confounded else raw,
-            )
+            f"{metric}: the box drifted {pct_change(model.trend)} per block{per_min} "
+            f"(trend p={model.trend_p:.3g}); the mirrored order cancels a linear trend and the "
+            "model removes it, so it does not bias the ratio, but the machine was not steady"
+        )
+    if carried:
+        lo, hi = model.adjusted_ci
+        out.append(
+            f"{metric}: carry-over could explain the {raw_label} label: the effect with "
+            f"carry-over in the model is {pct_change(model.adjusted)} "
+            f"[{pct_change(lo)}, {pct_change(hi)}] (a control block after a candidate block "
+            f"moves {pct_change(model.control or 0.0)}, a candidate block after one "
+            f"{pct_change(model.candidate or 0.0)}); separate the arms (a cool-down or a "
+            "cache drop between blocks) or add cycles"
+        )
+    elif model.control is None and raw_label in ("better", "worse") and m >= 1:
+        out.append(
+            f"{metric}: carry-over cannot be estimated from {m} cycle(s) (3 needed); the "
+            f"{raw_label} label assumes none"
         )
     return out

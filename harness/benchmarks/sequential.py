@@ -1,17 +1,19 @@
 """``harness bench sequential``: what sequential looks cost in errors and save in cycles.
 
-Simulates mirrored campaigns (2,000 per case; 400 with ``quick``; seeded) and runs each through
-the analysis's own comparison (:func:`harness.analyze.stats.compare_cycles`) at every look of a
-design that looks after 3 cycles and then after every cycle up to 12. Blocks carry boot-to-boot
-noise (6% per block, as a busy two-core box shows), a random linear drift, and in one cycle in
-ten a step of ±10%. Side by side, in the same run:
+Simulates mirrored campaigns (100,000 per case; 20,000 with ``quick``; seeded) and decides each
+at every look of a design that looks after 3 cycles and then after every cycle up to 12, with
+the analysis's labels applied to all campaigns at once (:mod:`harness.analyze.design_sim`, whose
+labels the tests check against :func:`harness.analyze.stats.compare_cycles`). Blocks carry
+boot-to-boot noise (6% per block, as a busy two-core box shows), a random linear drift, and in
+one cycle in ten a step of ±10%. Side by side, in the same run:
 
-- **A/A, sequential**: false *better* and false decisions (better or worse) with the
-  O'Brien–Fleming-type boundaries, against **naive peeking** at the same looks at a fixed α
-  (the baseline);
-- **+10%, sequential**: power, and the mean cycles used, against a **fixed design** of the
-  cycles that gives the same power (found by the exact power formula at the simulated noise,
-  then simulated itself).
+- **A/A**: one-sided false *better* at the t-calibrated levels with the carry-over check (the
+  analysis as it is; must be ≤ α/2), beside D̄ alone (no carry-over check) at the t-calibrated
+  levels, at the normal-theory levels they replaced, and naively peeking at a fixed α;
+- **A/A with 3% carry-over** (a control block right after a candidate block runs 3% slower):
+  false *better* as analysed (≤ α/2), beside the decision without the crossover model's check;
+- **+10%**: power and mean cycles, beside a fixed design of the cycles that gives the same
+  power (found by simulation on the same noise).
 
 A campaign stops at the first look where its one metric is decided (better, worse or within
 noise), as the sequential loop does with every gated metric.
@@ -20,110 +22,129 @@ noise), as the sequential loop does with every gated metric.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
+from scipy import stats as sps
 
-from harness.analyze.cycles import Cycle
-from harness.analyze.looks import DECIDED_LABELS
-from harness.analyze.power import cycles_needed
-from harness.analyze.sequential import SequentialPlan
-from harness.analyze.stats import compare_cycles
+from harness.analyze.cycles import margin_log
+from harness.analyze.design_sim import BETTER, CARRY, WORSE, Scenario, run_looks, simulate_blocks
+from harness.analyze.sequential import SequentialPlan, boundaries
 from harness.benchmarks import Figure
 
 FIRST, MAX = 3, 12
 ALPHA = 0.05
-BLOCK_SD = 0.06
-DRIFT_SD = 0.005  # linear drift per slot, drawn per campaign
-STEP = 0.10
-STEP_CHANCE = 0.1
+MARGIN = margin_log(2.0)
+NOISE = {"block_sd": 0.06, "drift_sd": 0.005, "step": 0.10, "step_chance": 0.1}
+CARRY_OVER = math.log(0.97)
 EFFECT = math.log(1.10)
 SEED = 2026
 
 
-def _campaign(rng: np.random.Generator, effect: float) -> list[Cycle]:
-    """MAX cycles of one simulated campaign, alternating ABBA and BAAB as the planner does."""
-    beta = rng.normal(0.0, DRIFT_SD)
-    cycles = []
-    for j in range(MAX):
-        order = "ABBA" if j % 2 == 0 else "BAAB"
-        t = 4 * j + np.arange(4)
-        y = 4.0 + beta * t + rng.normal(0.0, BLOCK_SD, 4)
-        y += np.array([effect if arm == "B" else 0.0 for arm in order])
-        if rng.random() < STEP_CHANCE:
-            y += rng.choice([-STEP, STEP]) * (np.arange(4) > rng.integers(0, 3))
-        cycles.append(Cycle(j, order, (y[0], y[1], y[2], y[3])))
-    return cycles
-
-
-def _label(cycles: list[Cycle], alpha: float) -> str:
-    return compare_cycles(cycles, metric="decode_tok_s", alpha=alpha, bootstrap_resamples=0).label
-
-
-def _run(cycles: list[Cycle], level: Callable[[int], float]) -> tuple[str, int]:
-    """The label the campaign stops on, and the cycles it used."""
-    label = "inconclusive"
-    for m in range(FIRST, MAX + 1):
-        label = _label(cycles[:m], level(m))
-        if label in DECIDED_LABELS:
-            return label, m
-    return label, MAX
-
-
 def run_bench(quick: bool = False) -> list[Figure]:
-    """Simulate the four cases and report error rates, power and cycles, side by side."""
-    n = 400 if quick else 2000
+    """Simulate the cases and report error rates, power and cycles, side by side."""
+    n = 20_000 if quick else 100_000
     design = SequentialPlan(FIRST, MAX, 1, ALPHA)
-    nominal = {m: design.nominal_alpha(m) for m in design.scheduled()}
+    looks = design.scheduled()
+    t_level = {m: design.nominal_alpha(m) for m in looks}
+    fractions = tuple(m / MAX for m in looks)
+    normal_level = {
+        m: float(2.0 * sps.norm.sf(c))
+        for m, c in zip(looks, boundaries(fractions, ALPHA), strict=True)
+    }
 
-    def sequential(m: int) -> float:
-        return nominal[m]
+    def blocks(seed: int, scenario: Scenario) -> np.ndarray:
+        return simulate_blocks(np.random.default_rng(seed), n, MAX, scenario)
 
-    def naive(m: int) -> float:
-        return ALPHA
+    null = blocks(SEED, Scenario(**NOISE))
+    carried = blocks(SEED + 1, Scenario(carry_control=CARRY_OVER, **NOISE))
+    real = blocks(SEED + 2, Scenario(effect=EFFECT, **NOISE))
 
-    rng = np.random.default_rng(SEED)
-    null = [_campaign(rng, 0.0) for _ in range(n)]
-    real = [_campaign(rng, EFFECT) for _ in range(n)]
-    seq_null = [_run(c, sequential) for c in null]
-    naive_null = [_run(c, naive) for c in null]
-    seq_real = [_run(c, sequential) for c in real]
+    def rate(codes: np.ndarray, code: int) -> float:
+        return float((codes == code).mean())
 
-    def false_rate(results: list[tuple[str, int]]) -> float:
-        return sum(label in ("better", "worse") for label, _ in results) / n
-
-    seq_false, naive_false = false_rate(seq_null), false_rate(naive_null)
-    seq_better = sum(label == "better" for label, _ in seq_null) / n
-    power = sum(label == "better" for label, _ in seq_real) / n
-    cycles_used = float(np.mean([m for _, m in seq_real]))
-    # Per-cycle SD of D: each block's noise enters D with weight ½, so σ_D = BLOCK_SD.
-    fixed_m = max(2, min(MAX, cycles_needed(BLOCK_SD, EFFECT, ALPHA, power=min(power, 0.99))))
-    fixed_power = sum(_label(c[:fixed_m], ALPHA) == "better" for c in real) / n
-    null_cycles = float(np.mean([m for _, m in seq_null]))
+    seq_null, null_used = run_looks(null, looks, t_level.__getitem__, MARGIN)
+    # D̄ alone (no carry-over check): what the look levels themselves spend.
+    t_alone, _ = run_looks(null, looks, t_level.__getitem__, MARGIN, carry_check=False)
+    normal_null, _ = run_looks(null, looks, normal_level.__getitem__, MARGIN, carry_check=False)
+    naive_null, _ = run_looks(null, looks, lambda m: ALPHA, MARGIN, carry_check=False)
+    seq_carry, _ = run_looks(carried, looks, t_level.__getitem__, MARGIN)
+    old_carry, _ = run_looks(carried, looks, normal_level.__getitem__, MARGIN, carry_check=False)
+    seq_real, real_used = run_looks(real, looks, t_level.__getitem__, MARGIN)
+    alone_real, alone_used = run_looks(real, looks, t_level.__getitem__, MARGIN, carry_check=False)
+    power = rate(seq_real, BETTER)
+    cycles_used = float(real_used.mean())
+    fixed_m, fixed_power = MAX, 0.0
+    for m in range(FIRST, 2 * MAX + 1):
+        longer = simulate_blocks(
+            np.random.default_rng(SEED + 3), n, m, Scenario(effect=EFFECT, **NOISE)
+        )
+        codes, _ = run_looks(longer, [m], lambda _: ALPHA, MARGIN)
+        fixed_m, fixed_power = m, rate(codes, BETTER)
+        if fixed_power >= power:
+            break
+    half = ALPHA / 2
+    se = math.sqrt(half * (1 - half) / n) * 100
+    seq_better = rate(seq_null, BETTER)
+    carry_better = rate(seq_carry, BETTER)
     return [
         Figure(
             "A/A false better, sequential",
             seq_better * 100,
             "%",
-            f"{n} campaigns, looks at {FIRST}..{MAX} cycles",
-            f"<= {ALPHA * 110:.1f}%",
-            seq_better <= ALPHA * 1.1,
+            f"{n} campaigns, looks at {FIRST}..{MAX} cycles (MC SE {se:.2f} points)",
+            f"<= {half * 100:.1f}%",
+            seq_better <= half,
         ),
-        Figure("A/A false decisions, sequential", seq_false * 100, "%", "better or worse"),
-        Figure("A/A false decisions, naive peeking", naive_false * 100, "%", "α each look"),
+        Figure("A/A false worse, sequential", rate(seq_null, WORSE) * 100, "%", "same campaigns"),
         Figure(
-            "naive ÷ sequential false decisions",
-            naive_false / seq_false if seq_false else math.inf,
-            "x",
-            "same campaigns, same looks",
+            "A/A false better, D̄ alone, t-calibrated levels",
+            rate(t_alone, BETTER) * 100,
+            "%",
+            "without the carry-over check",
         ),
-        Figure("A/A mean cycles, sequential", null_cycles, "cycles", "stops on within noise"),
+        Figure(
+            "A/A false better, D̄ alone, normal-theory levels",
+            rate(normal_null, BETTER) * 100,
+            "%",
+            "the boundaries before t calibration",
+        ),
+        Figure(
+            "A/A false better, D̄ alone, naive peeking",
+            rate(naive_null, BETTER) * 100,
+            "%",
+            "α each look",
+        ),
+        Figure("A/A mean cycles, sequential", float(null_used.mean()), "cycles"),
+        Figure(
+            "A/A + 3% carry-over, false better",
+            carry_better * 100,
+            "%",
+            "control block after a candidate block 3% slower",
+            f"<= {half * 100:.1f}%",
+            carry_better <= half,
+        ),
+        Figure(
+            "A/A + 3% carry-over, labelled carry-over",
+            rate(seq_carry, CARRY) * 100,
+            "%",
+            "at the campaign's last look",
+        ),
+        Figure(
+            "A/A + 3% carry-over, false better without the model",
+            rate(old_carry, BETTER) * 100,
+            "%",
+            "D̄ alone at normal-theory levels (the decision before)",
+        ),
         Figure("+10% power, sequential", power * 100, "%", f"max {MAX} cycles"),
         Figure("+10% mean cycles, sequential", cycles_used, "cycles"),
-        Figure("fixed design of equal power", float(fixed_m), "cycles", "exact power formula"),
         Figure(
-            "+10% power, that fixed design", fixed_power * 100, "%", "simulated, same campaigns"
+            "+10% power, D̄ alone",
+            rate(alone_real, BETTER) * 100,
+            "%",
+            f"no carry-over check, mean {float(alone_used.mean()):.2f} cycles",
         ),
+        Figure("fixed design of equal power", float(fixed_m), "cycles", "simulated, same noise"),
+        Figure("+10% power, that fixed design", fixed_power * 100, "%", "simulated"),
         Figure(
             "sequential ÷ fixed cycles",
             cycles_used / fixed_m,

@@ -56,9 +56,7 @@ def record_look(campaign: CampaignDir, analysis: CampaignAnalysis) -> tuple[bool
             "ratio": item.comparison.ratio,
             "ci_low": item.comparison.ci_low,
             "ci_high": item.comparison.ci_high,
-            "p_value": item.comparison.p_adjusted
-            if item.comparison.p_adjusted is not None
-            else item.comparison.p_value,
+            "p_value": item.comparison.p_value,
             "label": item.comparison.label,
         }
         for item in analysis.comparisons

@@ -74,6 +74,7 @@ class EngineOptions:
     route_trace_path: str | None = None
     drift_pct_per_min: float = 0.0
     drift_origin_s: float = 0.0
+    carry_over_pct: float = 0.0  # this boot's carried-over slowdown (options.carried_over_pct)
     phase: int = 0
 
 
@@ -332,12 +333,17 @@ class Engine:
             return logits
 
     def _drift(self, work_ns: int) -> None:
-        """Injected drift: extra real work proportional to the step, growing with time."""
+        """Injected drift and carry-over: extra real work proportional to the step.
+
+        Drift grows with the minutes since its origin; carry-over is a fixed share for the
+        whole boot, set when the boot before it on the box was another cell's.
+        """
         pct = self.opts.drift_pct_per_min
-        if pct <= 0.0:
+        carry = self.opts.carry_over_pct
+        if pct <= 0.0 and carry <= 0.0:
             return
         minutes = max(0.0, time.time() - self.opts.drift_origin_s) / 60.0
-        extra_s = work_ns * 1e-9 * pct / 100.0 * minutes
+        extra_s = work_ns * 1e-9 * (pct * minutes + carry) / 100.0
         deadline = time.perf_counter() + extra_s
         burn = self._burn
         while time.perf_counter() < deadline:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.errors import HarnessError, KnobError
@@ -168,6 +169,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="epoch seconds the drift counts from, shared across boots (default: boot time)",
     )
+    fault.add_argument(
+        "--carry-over-pct",
+        type=_float,
+        default=0.0,
+        help="make every step P%% slower, by real extra work, when the boot before this one on "
+        "the box (per --carry-over-state) had another --carry-over-tag: carry-over (0)",
+    )
+    fault.add_argument(
+        "--carry-over-tag",
+        default="",
+        help="this boot's tag in the carry-over state file (e.g. the cell's name)",
+    )
+    fault.add_argument(
+        "--carry-over-state",
+        default=None,
+        help="file holding the tag of the last boot on this box; read, then overwritten, at boot",
+    )
     return p
 
 
@@ -264,8 +282,14 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
     for flag, value in (
         ("--boot-delay-s", a.boot_delay_s),
         ("--drift-pct-per-min", a.drift_pct_per_min),
+        ("--carry-over-pct", a.carry_over_pct),
     ):
         need(value >= 0, flag, f"must be >= 0, got {value}")
+    need(
+        a.carry_over_pct == 0 or a.carry_over_state is not None,
+        "--carry-over-pct",
+        "needs --carry-over-state (the file that says which boot ran before this one)",
+    )
     if a.cold_dir is not None:
         need(os.path.isdir(a.cold_dir), "--cold-dir", f"{a.cold_dir!r} is not a directory")
     knobs = PolicyKnobs(
@@ -349,6 +373,7 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         route_trace_path=a.route_trace,
         drift_pct_per_min=a.drift_pct_per_min,
         drift_origin_s=time.time() if a.drift_origin is None else a.drift_origin,
+        carry_over_pct=carried_over_pct(a.carry_over_state, a.carry_over_tag, a.carry_over_pct),
         phase=a.phase,
     )
     return ServeConfig(
@@ -364,6 +389,32 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         boot_delay_s=a.boot_delay_s,
         never_ready=a.never_ready,
     )
+
+
+def carried_over_pct(state: str | None, tag: str, pct: float) -> float:
+    """The slowdown this boot carries over from the one before it, and record this boot's tag.
+
+    Carry-over injection: the state file holds the tag of the last boot on the box. This boot
+    is ``pct`` percent slower when that tag differs from its own (a candidate's pages evicted
+    the control's, say), not at all after a boot of its own tag or as the first boot. The tag
+    is written whatever ``pct`` is, so a cell without the slowdown still marks the box.
+    """
+    if state is None:
+        return 0.0
+    path = Path(state)
+    try:
+        previous: str | None = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        previous = None
+    except OSError as exc:
+        raise _UsageError(f"--carry-over-state: cannot read {state}: {exc.strerror}") from exc
+    try:
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        scratch.write_text(tag, encoding="utf-8")
+        os.replace(scratch, path)
+    except OSError as exc:
+        raise _UsageError(f"--carry-over-state: cannot write {state}: {exc.strerror}") from exc
+    return pct if previous is not None and previous != tag else 0.0
 
 
 def error_message(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ LABEL_CLASS = {
     "within noise": "neutral",
     "inconclusive": "warn",
     "confounded": "warn",
+    "carry-over": "warn",
 }
 
 
@@ -214,6 +215,21 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
         notes = []
         if row.get("confounded"):
             notes.append(f"statistically {row['raw_label']}, but a drift flag confounds it")
+        if row.get("carry_over"):
+            notes.append(
+                f"statistically {row['raw_label']}, but carry-over could explain it (ratio "
+                f"{fmt.ratio3(row.get('adjusted_ratio'))} with carry-over in the model)"
+            )
+        trend_p = fmt.finite(row.get("trend_p"))
+        if row.get("trend_pct_per_block") is not None and trend_p is not None and trend_p < 0.05:
+            per_min = row.get("trend_pct_per_min")
+            notes.append(
+                f"drift {row['trend_pct_per_block']:+.2f}% per block"
+                + (f" ({per_min:+.2f}%/min)" if per_min is not None else "")
+                + " removed by the model"
+            )
+        if row.get("more_buys_most"):
+            notes.append(f"more {row['more_buys_most']} would narrow it most")
         needed = fmt.finite(row.get("cycles_needed"))
         if label in ("inconclusive", "confounded") and needed:
             notes.append(f"about {int(needed)} cycles would be needed")
@@ -247,7 +263,7 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
                 "label": label,
                 "label_class": LABEL_CLASS.get(label, "warn"),
                 "n_cycles": int(row["n_cycles"]),
-                "p_adjusted": fmt.finite(row.get("p_adjusted")),
+                "carry_over": bool(row.get("carry_over")),
                 "notes": notes,
                 "warnings": warnings,
                 "flags": flags,

@@ -1,0 +1,213 @@
+"""The crossover model of one comparison: arm, trend and carry-over fitted to the ln block values.
+
+docs/design.md#the-crossover-model. Every block of a comparison, in time order, is one
+observation y (ln block value). The model, fitted by least squares:
+
+    y = α_cycle + β_cycle·t + τ·B + c_A·[A after B] + c_B·[B after B] + ε
+
+- α_cycle, one level per cycle: whatever moves between cycles (slow drift of any shape, a
+  reboot of the box, a box of its own in a fleet) is absorbed, as the mirrored D does;
+- β_cycle, a linear trend per slot within each cycle (t = −1.5, −0.5, 0.5, 1.5): the drift the
+  mirrored order cancels, cycle by cycle as D does, so the residual is the noise D sees (one
+  common slope would leave every cycle's own drift in the residual, where D has none);
+  their mean is the trend reported;
+- τ, the arm: the candidate's effect over a block run after a control block (no carry-over
+  from the candidate in either arm);
+- c_A and c_B, first-order carry-over: how much a control block (c_A) and a candidate block
+  (c_B) move when the block before them on the box was a candidate block. Two terms, not the
+  textbook one λ·[after B]: a candidate that evicts the control's pages slows A-after-B and
+  leaves B-after-B alone, which one common λ cannot describe, and that misfit alone biases τ by
+  half the carry-over. With both, τ is unbiased under any first-order carry-over.
+
+The block before slot 0 is the last block of the previous cycle of the same comparison when that
+cycle directly precedes it (the planner's order for one cell, one cache state, one box); for
+the first cycle there is none and the carry-over columns are 0 there.
+
+In the ABBA/BAAB alternation the arm, trend and carry-over columns are not aliased (the tests
+check the rank for every m the planner can produce); carry-over costs 2 degrees of freedom and
+is fitted from :data:`MIN_CARRY_CYCLES` cycles on, the trends cost m; n = 4m blocks less m
+levels, m slopes and the arm leave df = 2m − 1 − 2·[carry-over] for the residual. Without
+carry-over τ̂ is exactly the plain mean of the cycles' D.
+
+Pure: cycles in, a frozen fit out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+from harness.analyze.cycles import Cycle, FloatArray
+
+# Below three cycles the two carry-over terms would leave at most two residual degrees of
+# freedom (t₀.₉₇₅ = 4.3): the model keeps arm and trend only and says so.
+MIN_CARRY_CYCLES = 3
+SLOT_TIMES = (-1.5, -0.5, 0.5, 1.5)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One fitted coefficient (log scale), its standard error and the residual df."""
+
+    estimate: float
+    se: float
+    df: int
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """Two-sided t-interval estimate ± t_{(1+c)/2, df}·se."""
+        half = float(sps.t.ppf(0.5 + confidence / 2.0, self.df)) * self.se
+        return self.estimate - half, self.estimate + half
+
+    def p_value(self) -> float:
+        """Two-sided t-test of the coefficient against 0."""
+        if self.se == 0.0:
+            return 1.0 if self.estimate == 0.0 else 0.0
+        return float(2.0 * sps.t.sf(abs(self.estimate) / self.se, self.df))
+
+
+@dataclass(frozen=True)
+class CrossoverFit:
+    """The model fitted to one comparison's blocks; None terms were left out (too few cycles)."""
+
+    arm: Term
+    trend: Term  # mean of the cycles' β per slot (one block)
+    carry_control: Term | None  # c_A: a control block after a candidate block
+    carry_candidate: Term | None  # c_B: a candidate block after a candidate block
+    residual_sd: float  # block-to-block SD after the model, log scale
+    df: int
+    cycle_levels: tuple[float, ...]  # fitted α per cycle, in the order given
+
+
+@dataclass(frozen=True)
+class Design:
+    """The model matrix of a set of cycles and what each column is."""
+
+    matrix: FloatArray
+    arm_col: int
+    slope_cols: tuple[int, ...]
+    carry_cols: tuple[int, int] | None
+
+
+def blocks_in_time_order(cycles: Sequence[Cycle]) -> list[Cycle]:
+    """The cycles sorted by index (the order they ran in)."""
+    return sorted(cycles, key=lambda c: c.index)
+
+
+def design_matrix(cycles: Sequence[Cycle], *, carry_over: bool | None = None) -> Design:
+    """The model matrix for ``cycles`` (sorted by index), rows in time order.
+
+    ``carry_over`` None: fitted when there are at least :data:`MIN_CARRY_CYCLES` cycles.
+    """
+    ordered = blocks_in_time_order(cycles)
+    m = len(ordered)
+    with_carry = m >= MIN_CARRY_CYCLES if carry_over is None else carry_over
+    width = 2 * m + 1 + (2 if with_carry else 0)
+    x = np.zeros((4 * m, width), dtype=np.float64)
+    previous: str | None = None
+    last_index: int | None = None
+    for j, c in enumerate(ordered):
+        if last_index is None or c.index != last_index + 1:
+            previous = None  # a gap: the block before slot 0 belongs to no cycle we have
+        for s, arm in enumerate(c.order):
+            row = 4 * j + s
+            x[row, j] = 1.0
+            x[row, m] = 1.0 if arm == "B" else 0.0
+            x[row, m + 1 + j] = SLOT_TIMES[s]
+            if with_carry and previous == "B":
+                x[row, 2 * m + 1 if arm == "A" else 2 * m + 2] = 1.0
+            previous = arm
+        last_index = c.index
+    slopes = tuple(range(m + 1, 2 * m + 1))
+    return Design(x, m, slopes, (2 * m + 1, 2 * m + 2) if with_carry else None)
+
+
+def fit_crossover(
+    cycles: Sequence[Cycle], *, carry_over: bool | None = None
+) -> CrossoverFit | None:
+    """Least-squares fit of the crossover model; None when no residual df is left.
+
+    Carry-over terms are dropped (as with fewer than :data:`MIN_CARRY_CYCLES` cycles) if the
+    design cannot separate them from the arm (a rank-deficient matrix, e.g. a lone BAAB).
+    """
+    ordered = blocks_in_time_order(cycles)
+    y = np.asarray([v for c in ordered for v in c.y], dtype=np.float64)
+    design = design_matrix(ordered, carry_over=carry_over)
+    x = design.matrix
+    if design.carry_cols is not None and np.linalg.matrix_rank(x) < x.shape[1]:
+        design = design_matrix(ordered, carry_over=False)
+        x = design.matrix
+    if np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+    n, p = x.shape
+    df = n - p
+    if df < 1:
+        return None
+    xtx_inv = np.linalg.inv(x.T @ x)
+    beta = xtx_inv @ x.T @ y
+    resid = y - x @ beta
+    sigma = math.sqrt(float(resid @ resid) / df)
+
+    def term(col: int) -> Term:
+        return Term(float(beta[col]), sigma * math.sqrt(float(xtx_inv[col, col])), df)
+
+    slopes = np.zeros(p)
+    slopes[list(design.slope_cols)] = 1.0 / len(design.slope_cols)
+    trend = Term(float(slopes @ beta), sigma * math.sqrt(float(slopes @ xtx_inv @ slopes)), df)
+    carry = design.carry_cols
+    return CrossoverFit(
+        arm=term(design.arm_col),
+        trend=trend,
+        carry_control=term(carry[0]) if carry else None,
+        carry_candidate=term(carry[1]) if carry else None,
+        residual_sd=sigma,
+        df=df,
+        cycle_levels=tuple(float(v) for v in beta[: len(ordered)]),
+    )
+
+
+@dataclass(frozen=True)
+class ArmStatistic:
+    """The arm coefficient of many campaigns that share one design, fitted at once."""
+
+    estimate: FloatArray
+    se: FloatArray
+    df: int
+
+
+def fit_arm_many(cycles_design: Sequence[Cycle], y: FloatArray) -> ArmStatistic | None:
+    """τ̂ and its SE for every row of ``y`` (campaigns × 4m blocks in time order), one design.
+
+    For simulation: the design (orders, indices) comes from ``cycles_design``; only the block
+    values differ. Same model and same column choice as :func:`fit_crossover`.
+    """
+    design = design_matrix(cycles_design)
+    x = design.matrix
+    if design.carry_cols is not None and np.linalg.matrix_rank(x) < x.shape[1]:
+        design = design_matrix(cycles_design, carry_over=False)
+        x = design.matrix
+    n, p = x.shape
+    if np.linalg.matrix_rank(x) < p or n - p < 1:
+        return None
+    xtx_inv = np.linalg.inv(x.T @ x)
+    hat = xtx_inv @ x.T
+    coef = y @ hat.T
+    resid = y - coef @ x.T
+    sigma = np.sqrt((resid * resid).sum(axis=1) / (n - p))
+    col = design.arm_col
+    return ArmStatistic(coef[:, col], sigma * math.sqrt(float(xtx_inv[col, col])), n - p)
+
+
+__all__ = [
+    "MIN_CARRY_CYCLES",
+    "ArmStatistic",
+    "CrossoverFit",
+    "Design",
+    "Term",
+    "design_matrix",
+    "fit_arm_many",
+    "fit_crossover",
+]
