@@ -106,8 +106,10 @@ def test_a_runtime_that_dies_in_a_timed_phase_fails_its_run_at_once(tmp_path: Pa
     assert "could not connect (ClientConnectorError" in reason
     assert "the runtime exited or stopped listening" in reason
     requests = pd.read_parquet(folder / "requests.parquet")
-    # The one the runtime died in, then the one that found it gone: nothing after.
-    assert len(requests) == 2 and not requests["ok"].any()
+    # The one the runtime died in, then the one that found it gone: nothing after. Under load
+    # the request after the death can take the pool's kept-alive connection before aiohttp has
+    # seen it close, and fail as a disconnect: then the next one is refused, and the drive stops.
+    assert 2 <= len(requests) <= 3 and not requests["ok"].any(), requests["error"].tolist()
     _assert_gone(_events(campaign.root), campaign.root)
 
 
