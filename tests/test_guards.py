@@ -34,13 +34,22 @@ from harness.execute.runtimes import boot, boot_spec, http_json
 from harness.profiles import BoxSpec, Idle
 from tests.conftest import REPO, run_cli
 from tests.swap import swapping
-from tests.test_command_driver import CARD, PROFILE, card_dir, tiny_model  # noqa: F401 - fixture
+from tests.test_command_driver import (  # noqa: F401 - tiny_model is a fixture
+    CARD,
+    ONE_CYCLE,
+    PROFILE,
+    SHIPPED_DESIGN,
+    card_dir,
+    tiny_model,
+)
 
 PATTERNS = ["(^|/)llama-(server|bench|cli)( |$)", "(^|/)ds4(-server|-bench)?( |$)"]
 
 
 def _card(guards: str, *, n_gen: int = 8) -> str:
-    text = CARD.read_text(encoding="utf-8").replace("cycles: 2", "cycles: 1")
+    text = CARD.read_text(encoding="utf-8")
+    assert SHIPPED_DESIGN in text
+    text = text.replace(SHIPPED_DESIGN, ONE_CYCLE)
     for threads in (1, 2):
         text = text.replace(
             f"threads: {threads}, n_gen: 32, repetitions: 3",
