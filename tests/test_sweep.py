@@ -209,9 +209,11 @@ def test_sweep_bench_quick_runs_three_ways_alike() -> None:
 
     identical, speedup, threaded, wall, rate = bench_sweep.run_bench(quick=True)
     assert threaded.value > 0
-    assert identical.passed is True and "54 tasks" in identical.name
+    # Quick: 9 points (one hysteresis) on 2 traces.
+    assert identical.passed is True and "18 tasks" in identical.name
     assert speedup.value > 0 and "load average" in speedup.baseline
-    assert wall.value > 0 and rate.value == pytest.approx(27 / wall.value)
+    assert "9 points x 2 traces" in speedup.name
+    assert wall.value > 0 and rate.value == pytest.approx(9 / wall.value)
 
 
 def test_pareto_front_and_small_sweeps_in_process() -> None:
