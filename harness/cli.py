@@ -42,6 +42,7 @@ from harness.sim.commands import register as register_sim
 from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
     from harness.gate import Verdict
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
@@ -209,6 +210,7 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.gate import evaluate_gates, write_verdict
 
     analysis = analyze_campaign(root)
+    note_unsealed(analysis)
     write_analysis(analysis)
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
@@ -221,6 +223,15 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     if report is not None:
         out.write(f"report: {report}\n")
     return verdict
+
+
+def note_unsealed(analysis: CampaignAnalysis) -> None:
+    """Say on stderr (stdout may be JSON) that an older directory's records were unverified."""
+    if not analysis.sealed:
+        _stderr(
+            f"note: {analysis.campaign.root} is not sealed (written before campaign directories "
+            "were); its records were read unverified\n"
+        )
 
 
 def _render_report_if_available(root: Path, analysis: object, verdict: object) -> Path | None:
@@ -258,6 +269,7 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
     from harness.analyze.campaign import analyze_campaign, summary_text, write_analysis
 
     analysis = analyze_campaign(Path(args.dir))
+    note_unsealed(analysis)
     folder = write_analysis(analysis)
     if args.json:
         out.write(summary_text(analysis) + "\n")

@@ -23,14 +23,21 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
-from harness.errors import RecordError
+from harness.errors import RecordError, VerificationError
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
 from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
 from harness.gate_quality import check_passes
 from harness.plan import build_plan
-from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
+from harness.records import (
+    RUN_OK,
+    CampaignDir,
+    RunRecord,
+    write_json_atomic,
+    write_parquet,
+    write_sealed_json,
+)
 from harness.telemetry import RingGeometry, RingWriter
 from harness.telemetry_read import read_ring
 from tests.conftest import DATA, run_cli
@@ -656,7 +663,8 @@ def _quality_campaign(
     ids = tuple(str(p["id"]) for p in SUITE)
     campaign = build_campaign(root, _card_text(gates), Synth(quality=answers, quality_ids=ids))
     if suite:
-        write_json_atomic(campaign.root / "quality.json", {"prompts": SUITE})
+        # The suite as the harness writes it: its digest journalled (harness.seal).
+        write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
     else:
         (campaign.root / "quality.json").unlink()
     return evaluate_gates(analyze_campaign(campaign.root))
@@ -733,7 +741,7 @@ def test_quality_fails_closed_on_an_invalid_check_in_the_campaign(tmp_path: Path
         Synth(quality=_answers({}), quality_ids=ids),
     )  # fmt: skip
     suite = [{**SUITE[0], "check": {"kind": "regex"}}, *SUITE[1:]]
-    write_json_atomic(campaign.root / "quality.json", {"prompts": suite})
+    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": suite})
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed and not result.incomplete
     assert result.reason == (
@@ -762,12 +770,10 @@ def test_quality_vs_is_a_no_regression_floor(tmp_path: Path) -> None:
 
 
 def test_quality_fails_closed_without_a_suite_or_answers(tmp_path: Path) -> None:
-    no_suite = only(
+    # The suite the campaign started with, deleted: the directory no longer verifies.
+    with pytest.raises(VerificationError, match=r"quality\.json: missing, but the journal sealed"):
         _quality_campaign(tmp_path / "a", "  - {kind: quality, min_pass: 1}", _answers({}),
-                          suite=False)
-    )  # fmt: skip
-    assert not no_suite.passed
-    assert no_suite.reason == "no quality suite was run in this campaign"
+                          suite=False)  # fmt: skip
     # A suite on disk but no quality answers in the runs: nothing passes.
     campaign = build_campaign(tmp_path / "b", _card_text("  - {kind: quality, min_pass: 1}"),
                               Synth())  # fmt: skip
@@ -792,7 +798,7 @@ def test_quality_fails_closed_on_a_missing_run(
         status=lambda run: None if run["run_id"].startswith(missing) else RUN_OK,
     )
     campaign = build_campaign(tmp_path, _card_text(f"  - {gate}", cycles=2), synth)
-    write_json_atomic(campaign.root / "quality.json", {"prompts": SUITE})
+    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed
     assert who in result.reason and "(missing)" in result.reason
@@ -920,7 +926,8 @@ def test_a_damaged_lockstep_record_is_bad_input_not_a_gate_result(
 
 def test_a_damaged_quality_record_names_its_field(tmp_path: Path) -> None:
     campaign = build_campaign(tmp_path, _card_text("  - {kind: quality, min_pass: 1}"), Synth())
-    write_json_atomic(campaign.root / "quality.json", {"prompts": [{"check": {}}]})
+    path = campaign.root / "quality.json"
+    write_sealed_json(campaign.root, path, {"prompts": [{"check": {}}]})
     with pytest.raises(RecordError, match=r"quality\.json: `prompts` must be a list"):
         evaluate_gates(analyze_campaign(campaign.root))
 

@@ -22,6 +22,7 @@ from markupsafe import escape
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, write_analysis
 from harness.analyze.cell_values import ratio_of
 from harness.gate import evaluate_gates
+from harness.records import Journal
 from harness.report import build_context, copy_path, fmt, register, render_report
 from harness.report.context import boxes_context
 
@@ -287,6 +288,18 @@ def test_failed_and_missing_runs_are_shown(tiny_root: Path, tmp_path: Path) -> N
     )
     record_path.write_text(json.dumps(record))
     shutil.rmtree(runs[2])  # a run that never wrote its record
+    # The journal as a harness that saw these ends writes it: no run_done for either run.
+    journal = root / "journal.jsonl"
+    kept = [
+        line
+        for line in journal.read_text().splitlines()
+        if not (
+            json.loads(line)["event"] == "run_done"
+            and json.loads(line)["run_id"] in (runs[1].name, runs[2].name)
+        )
+    ]
+    journal.write_text("\n".join(kept) + "\n")
+    Journal(journal).append("run_failed", run_id=runs[1].name, reason=record["reason"])
     analysis = analyze_campaign(root)
     verdict = evaluate_gates(analysis)
     assert not verdict.passed

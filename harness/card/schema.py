@@ -168,13 +168,16 @@ class Design(Strict):
 class AnalysisSpec(Strict):
     """Analysis parameters (docs/design.md#metrics, #statistics)."""
 
-    window_s: float = Field(2.0, gt=0, le=1e7, allow_inf_nan=False, description="cold-share window")
+    # At least 10 ms: analysis holds one bin per window of a run (1e-300 s asked for GiBs).
+    window_s: float = Field(
+        2.0, ge=0.01, le=1e7, allow_inf_nan=False, description="cold-share window (>= 0.01 s)"
+    )
     margin_pct: float = Field(
         2.0, gt=0, le=1e4, allow_inf_nan=False, description="δ: smallest effect worth calling"
     )
     alpha: float = Field(0.05, gt=0, lt=1, description="significance level")
     converged_span_s: float = Field(
-        10.0, gt=0, le=1e7, allow_inf_nan=False, description="span whose median is converged"
+        10.0, ge=0.01, le=1e7, allow_inf_nan=False, description="span whose median is converged"
     )
     hold_s: float = Field(
         4.0, ge=0, le=1e7, allow_inf_nan=False, description="how long a recovery must hold"

@@ -204,8 +204,7 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
     mapping = load_mapping(mapping_path)
     if fmt not in FORMATS:
         raise ResultFileError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    if (out / "plan.json").exists():
-        raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
+    _check_out(out)
     names = [p.name for p in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -252,6 +251,17 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
     )
     _write(out, mapping, fmt, placed, patterns, cells, cycles, repeats, states)
     return ImportResult(out, len(placed), cycles, sum(p.block.summary_only for p in placed))
+
+
+def _check_out(out: Path) -> None:
+    """``-o`` must be a new or empty folder: an import never writes over what is there."""
+    if (out / "plan.json").exists():
+        raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
+    if out.is_dir() and not out.is_symlink() and any(out.iterdir()):
+        raise RecordError(
+            f"{out}: not empty; an import writes a whole campaign directory and never over "
+            "files already there: pick a new or empty -o folder"
+        )
 
 
 def _write(
@@ -347,4 +357,6 @@ def _write(
         write_json_atomic(run_dir / "run.json", record.to_json())
         campaign.journal.append("run_done", run_id=run["run_id"])
     write_text_atomic(out / "IMPORTED", "\n".join(lines) + "\n")
+    for path in [out / "IMPORTED", *sorted(sources.iterdir())]:
+        campaign.journal.seal_file(path)
     campaign.journal.append("campaign_end", done=len(runs), failed=0)

@@ -1,0 +1,271 @@
+"""Campaign directories a release gate can trust (issue 30), through the CLI.
+
+One small campaign is run once for the module by ``harness run`` on the reference runtime
+(:func:`tests.campaign_dirs.run_tiny`); each test changes a copy of it the way a bad copy, a
+broken disk or a hand edit would, and checks what ``gate``/``analyze``/``report`` make of it:
+a sealed directory that no longer holds what its journal vouches for is exit 3, "campaign
+directory does not verify", naming the file; never a pass.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.records import write_parquet
+from tests.campaign_dirs import copy_campaign, run_tiny
+from tests.conftest import DATA, run_cli
+
+DEMO = DATA / "campaigns" / "demo-shaped"
+NOT_VERIFIED = "campaign directory does not verify: "
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished, sealed campaign (read-only for tests: copy it before changing anything)."""
+    return run_tiny(tmp_path_factory.mktemp("trust"))
+
+
+def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The CLI in this process (argument parsing and exit codes as for a user)."""
+    capsys.readouterr()
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def _runs(root: Path) -> list[Path]:
+    return sorted((root / "runs").iterdir())
+
+
+def _edit_json(path: Path, change: Callable[[dict], None]) -> None:  # type: ignore[type-arg]
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _plan_drop_run(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p["runs"].pop(1))
+    return "plan.json"
+
+
+def _plan_unknown_cell(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p["runs"][0].update(cell="nosuchcell"))
+    return "plan.json"
+
+
+def _plan_cycles(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p.update(cycles=99))
+    return "plan.json"
+
+
+def _plan_slot(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p["runs"][0].update(slot=7))
+    return "plan.json"
+
+
+def _swap_identities(root: Path) -> str:
+    a, b = (run / "run.json" for run in _runs(root)[:2])
+    text_a, text_b = a.read_text(), b.read_text()
+    a.write_text(text_b)
+    b.write_text(text_a)
+    return "run.json"
+
+
+def _symlink_record(root: Path) -> str:
+    a, b = (run / "run.json" for run in _runs(root)[:2])
+    a.unlink()
+    a.symlink_to(b)
+    return f"{a.parent.name}/run.json: is a symlink"
+
+
+def _drop_prompt_rows(root: Path) -> str:
+    path = _runs(root)[0] / "requests.parquet"
+    frame = pd.read_parquet(path)
+    scored = frame[~frame["warmup"]]
+    write_parquet(frame[frame["prompt_id"] != scored["prompt_id"].iloc[0]], path)
+    return "requests.parquet"
+
+
+def _duplicate_prompt_rows(root: Path) -> str:
+    path = _runs(root)[0] / "requests.parquet"
+    frame = pd.read_parquet(path)
+    write_parquet(pd.concat([frame, frame], ignore_index=True), path)
+    return "requests.parquet"
+
+
+def _infinite_counter(root: Path) -> str:
+    path = _runs(root)[1] / "counters.json"
+    text = path.read_text()
+    data = json.loads(text)
+    data["delta"]["new_swapout_pages"] = math.inf
+    path.write_text(json.dumps(data))  # json writes Infinity, as the issue's file held
+    return "counters.json"
+
+
+def _extra_run(root: Path) -> str:
+    shutil.copytree(_runs(root)[0], root / "runs" / "0009-control-c9-warm-s0-r0")
+    return "0009-control-c9-warm-s0-r0: a run folder plan.json does not name"
+
+
+def _missing_run(root: Path) -> str:
+    shutil.rmtree(_runs(root)[2])
+    return "missing, but the journal holds the run as done"
+
+
+def _card_edited(root: Path) -> str:
+    path = root / "card.yaml"
+    path.write_text(path.read_text().replace("max: 0", "max: 1000"))
+    return "card.yaml: changed since it was written"
+
+
+def _journal_gone(root: Path) -> str:
+    (root / "journal.jsonl").unlink()
+    return "journal.jsonl: missing"
+
+
+EDITS: dict[str, Callable[[Path], str]] = {
+    "a run dropped from plan.json": _plan_drop_run,
+    "a run's cell renamed to one that does not exist": _plan_unknown_cell,
+    "cycles raised to 99": _plan_cycles,
+    "a run's slot set to 7": _plan_slot,
+    "two runs' run.json swapped": _swap_identities,
+    "a run.json replaced by a symlink to another's": _symlink_record,
+    "a scored prompt's rows deleted": _drop_prompt_rows,
+    "every request row duplicated": _duplicate_prompt_rows,
+    "counters.json with Infinity under a max: 0 gate": _infinite_counter,
+    "a run folder the plan does not name": _extra_run,
+    "a done run's folder deleted": _missing_run,
+    "the card's bound loosened": _card_edited,
+    "the journal deleted": _journal_gone,
+}
+
+
+def test_the_untouched_campaign_verifies_and_passes(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, out + err
+    assert "not sealed" not in err
+    events = [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e["event"] == "campaign_start")
+    assert start["seal"] == 1 and {"card.yaml", "plan.json"} <= set(start["files"])
+    done = [e for e in events if e["event"] == "run_done"]
+    assert len(done) == 4 and all("run.json" in e["files"] for e in done)
+
+
+@pytest.mark.parametrize("edit", list(EDITS), ids=list(EDITS))
+def test_gate_never_passes_a_directory_that_does_not_verify(
+    edit: str, finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    named = EDITS[edit](root)
+    for verb in ("gate", "analyze", "report"):
+        code, out, err = cli(verb, str(root), capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, (verb, out, err)
+        assert NOT_VERIFIED in err and named in err, (verb, err)
+        assert "Traceback" not in err
+
+
+def test_the_gate_exits_3_as_a_process(finished: Path, tmp_path: Path) -> None:
+    root = copy_campaign(finished, tmp_path)
+    _swap_identities(root)
+    done = run_cli("gate", str(root), "--quiet")
+    assert done.code == EXIT_INFRASTRUCTURE, done.stderr
+    assert done.stderr.startswith(NOT_VERIFIED) and "run.json" in done.stderr
+    assert not (root / "verdict.json").exists() or "PASS" not in done.stdout
+
+
+def test_an_unsealed_older_directory_is_read_and_said_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "demo-shaped"
+    shutil.copytree(DEMO, root)
+    code, out, err = cli("analyze", str(root), "--json", capsys=capsys)
+    assert code == EXIT_OK, err
+    assert "is not sealed" in err and json.loads(out)
+    # Identity still holds it: a run.json in another run's folder is a failed verification.
+    runs = _runs(root)
+    shutil.copyfile(runs[0] / "run.json", runs[1] / "run.json")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and NOT_VERIFIED in err and "disagrees with plan.json" in err
+
+
+def test_values_are_checked_where_read_in_an_unsealed_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "demo-shaped"
+    shutil.copytree(DEMO, root)
+    run = _runs(root)[0]
+    _edit_json(run / "counters.json", lambda c: c["delta"].update(new_swapout_pages=math.inf))
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "counters.json: delta.new_swapout_pages" in err, err
+    shutil.copyfile(DEMO / "runs" / run.name / "counters.json", run / "counters.json")
+    requests = pd.read_parquet(run / "requests.parquet")
+    write_parquet(pd.concat([requests, requests.iloc[:1]]), run / "requests.parquet")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "requests.parquet: rows: request 0 appears more" in err, err
+    write_parquet(requests.assign(ttft_s=-requests["ttft_s"]), run / "requests.parquet")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "requests.parquet: ttft_s: must be finite and not" in err
+    write_parquet(requests, run / "requests.parquet")
+    chunks = pd.read_parquet(run / "chunks.parquet")
+    reversed_times = chunks.assign(t_s=chunks["t_s"].to_numpy()[::-1])
+    write_parquet(reversed_times, run / "chunks.parquet")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "a negative inter-token latency" in err, err
+
+
+def test_a_card_bound_of_nan_or_infinity_is_a_card_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    for bound in (".nan", ".inf", "-.inf"):
+        gates = f"gates:\n  - {{kind: counter, counter: new_swapout_pages, max: {bound}}}\n"
+        card = tiny_card(tmp_path / bound.strip(".-"), gates=gates)
+        code, _, err = cli("validate", str(card), capsys=capsys)
+        assert code == EXIT_BAD_INPUT and "gates.0.counter: Input should be a finite number" in err
+
+
+def test_an_imported_vllm_file_with_a_negative_itl_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_import import _export_demo, _mapping
+
+    files = _export_demo(tmp_path / "files", detailed=True)
+    data = json.loads(files[0].read_text())
+    data["itls"][0][1] = -0.004
+    files[0].write_text(json.dumps(data))
+    code, _, err = cli(
+        "import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "map.yaml")),
+        "-o", str(tmp_path / "out"), capsys=capsys,
+    )  # fmt: skip
+    assert code == EXIT_BAD_INPUT and "itls[0][1]: must not be negative" in err, err
+
+
+def test_an_import_is_sealed_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_import import _export_demo, _mapping
+
+    files = _export_demo(tmp_path / "files", detailed=True)
+    out = tmp_path / "imported"
+    argv = ["import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "map.yaml"))]
+    code, _, err = cli(*argv, "-o", str(out), capsys=capsys)
+    assert code == EXIT_OK, err
+    code, _, err = cli("analyze", str(out), "--json", capsys=capsys)
+    assert code == EXIT_OK and "not sealed" not in err, err
+    (out / "sources" / files[0].name).write_text("{}")
+    code, _, err = cli("gate", str(out), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and f"sources/{files[0].name}: changed" in err, err
