@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, cast
 
@@ -36,13 +36,16 @@ from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.history.commands import register as register_history
 from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
-from harness.plan import build_plan, plan_json_text
+from harness.lock import campaign_lock
+from harness.plan import Plan, build_plan, plan_json_text
+from harness.records import CampaignDir, open_campaign
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
 from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
+    from harness.card import LoadedCard
     from harness.gate import Verdict
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
@@ -130,42 +133,50 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.execute.reopen import reopen_campaign
+    from harness.execute.run import new_campaign_dir
+
+    # Held from before the first write of a resume to the last write of the run's records.
+    with contextlib.ExitStack() as held:
+        if args.resume:
+            root = Path(args.resume)
+            open_campaign(root)  # not a campaign directory: said before a lock file is made in it
+            held.enter_context(campaign_lock(root))
+            reopened = reopen_campaign(root, cycles=args.cycles)
+            campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
+            for note in reopened.notes:
+                out.write(note + "\n")
+            if reopened.extended_from is not None:
+                out.write(
+                    f"extended: {reopened.extended_from} → {plan.cycles} cycles "
+                    f"({len(plan.runs)} runs planned)\n"
+                )
+            campaign.journal.append("campaign_resume")
+        else:
+            if args.card is None:
+                raise BadInput("give a CARD to run, or --resume DIR")
+            if args.cycles is not None:
+                raise BadInput(
+                    "--cycles extends a campaign: give it with --resume DIR "
+                    "(for a new campaign, set design.cycles on the card)"
+                )
+            loaded = scale_workload(load_card(Path(args.card)), args.scale)
+            plan = build_plan(loaded, scale=args.scale)
+            campaign = new_campaign_dir(loaded, plan, Path(args.reports))
+            held.enter_context(campaign_lock(campaign.root))
+        return _execute(args, campaign, loaded, plan, out)
+
+
+def _execute(
+    args: argparse.Namespace, campaign: CampaignDir, loaded: LoadedCard, plan: Plan, out: TextIO
+) -> int:
+    """Run a campaign's runs not yet done (under its lock), then analyse and gate it."""
     from harness.execute.box_cache import release_cache
     from harness.execute.fleet import FleetRunner
     from harness.execute.progress import make_progress
-    from harness.execute.reopen import reopen_campaign
-    from harness.execute.run import new_campaign_dir
     from harness.execute.sequential import run_sequential
 
-    if args.resume:
-        reopened = reopen_campaign(Path(args.resume), cycles=args.cycles)
-        campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
-        for note in reopened.notes:
-            out.write(note + "\n")
-        if reopened.extended_from is not None:
-            out.write(
-                f"extended: {reopened.extended_from} → {plan.cycles} cycles "
-                f"({len(plan.runs)} runs planned)\n"
-            )
-        campaign.journal.append("campaign_resume")
-    else:
-        if args.card is None:
-            raise BadInput("give a CARD to run, or --resume DIR")
-        if args.cycles is not None:
-            raise BadInput(
-                "--cycles extends a campaign: give it with --resume DIR "
-                "(for a new campaign, set design.cycles on the card)"
-            )
-        loaded = scale_workload(load_card(Path(args.card)), args.scale)
-        plan = build_plan(loaded, scale=args.scale)
-        campaign = new_campaign_dir(loaded, plan, Path(args.reports))
     design = loaded.card.design
-    if design.sequential and design.max_cycles is not None and plan.cycles > design.max_cycles:
-        raise BadInput(
-            f"--cycles {plan.cycles}: the card's sequential design ends at max_cycles "
-            f"{design.max_cycles}; its α is spent there (start a new campaign with a larger "
-            "max_cycles)"
-        )
     out.write(f"campaign directory: {campaign.root}\n")
     out.flush()
     if design.sequential:
@@ -268,9 +279,10 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
 def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
     from harness.analyze.campaign import analyze_campaign, summary_text, write_analysis
 
-    analysis = analyze_campaign(Path(args.dir))
-    note_unsealed(analysis)
-    folder = write_analysis(analysis)
+    with locked_campaign(Path(args.dir)):
+        analysis = analyze_campaign(Path(args.dir))
+        note_unsealed(analysis)
+        folder = write_analysis(analysis)
     if args.json:
         out.write(summary_text(analysis) + "\n")
         return EXIT_OK
@@ -306,7 +318,17 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
-    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
+    with locked_campaign(Path(args.dir)):
+        return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
+
+
+@contextlib.contextmanager
+def locked_campaign(root: Path) -> Iterator[None]:
+    """A campaign directory held for a command that writes into it (analysis, verdict, report):
+    refused while another harness runs or reads it, so no one reads half of what one writes."""
+    open_campaign(root)
+    with campaign_lock(root):
+        yield
 
 
 def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:

@@ -8,6 +8,7 @@ verdict with any planned run incomplete never passes (docs/design.md#gates).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
@@ -76,6 +77,10 @@ class Verdict:
         }
 
 
+# An empty output compares equal to any other empty output and shows nothing about either.
+EMPTY_OUTPUT_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
 def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
     name = gate_name(gate)
     reference = gate.vs or analysis.card.control
@@ -108,11 +113,13 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             continue
         missing_runs = incomplete_of(analysis.runs, cell)
         mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
-        matched, mismatched, allowed, missing = [], [], [], []
+        matched, mismatched, allowed, missing, empty = [], [], [], [], []
         for prompt_id, expected in ref_hash.items():
             got = mine[mine["prompt_id"] == prompt_id]["output_sha256"]
             if got.empty:
                 missing.append(str(prompt_id))
+            elif expected == EMPTY_OUTPUT_SHA256:
+                empty.append(str(prompt_id))  # nothing compared is not a match
             elif (got == expected).all():
                 matched.append(str(prompt_id))
             elif prompt_id in gate.allow:
@@ -129,6 +136,7 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             "mismatched": mismatched,
             "allowed_mismatches": allowed,
             "missing": missing,
+            "empty": empty,
             "flaky_in_reference": sorted(str(p) for p, k in ref_flaky.items() if k > 1),
             "incomplete": missing_runs,
         }
@@ -141,6 +149,11 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
                 detail += f"; differ: {', '.join(mismatched[:5])}"
             if missing:
                 detail += f"; missing outputs for {len(missing)} prompts"
+            if empty:
+                detail += (
+                    f"; {len(empty)} prompts with an empty output in {reference} (nothing "
+                    "compared is not a match)"
+                )
             failures.append(detail)
     if failures:
         return GateResult(
@@ -204,8 +217,17 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
             incomplete=gate.counter == "failed_runs",
         )
     top = max(values.values()) if values else 0.0
+    bounds = " and ".join(
+        f"{word} {bound:g}"
+        for word, bound in (("min", gate.min), ("max", gate.max))
+        if bound is not None
+    )
     return GateResult(
-        gate.kind, name, True, f"{len(values)} runs within bounds (max {top:g})", evidence
+        gate.kind,
+        name,
+        True,
+        f"{len(values)} runs within bounds ({bounds}; highest seen {top:g})",
+        evidence,
     )
 
 
@@ -297,7 +319,13 @@ def _better_in(
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
                 if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
-                    more = f"; about {int(row['cycles_needed'])} cycles would be needed"
+                    needed = int(row["cycles_needed"])
+                    look = analysis.look
+                    more = "; " + (
+                        look.more_cycles(needed)
+                        if look is not None
+                        else f"about {needed} cycles would be needed"
+                    )
                 reasons.append(f"{key}: {_describe(row)}{more}")
             else:
                 reasons.append(f"{key}: {_describe(row)}")

@@ -12,7 +12,11 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import shutil
+import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +27,7 @@ from harness.cli import main
 from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.records import write_parquet
 from tests.campaign_dirs import copy_campaign, run_tiny
-from tests.conftest import DATA, run_cli
+from tests.conftest import DATA, REPO, run_cli
 
 DEMO = DATA / "campaigns" / "demo-shaped"
 NOT_VERIFIED = "campaign directory does not verify: "
@@ -269,3 +273,136 @@ def test_an_import_is_sealed_and_verifies(
     (out / "sources" / files[0].name).write_text("{}")
     code, _, err = cli("gate", str(out), "--quiet", capsys=capsys)
     assert code == EXIT_INFRASTRUCTURE and f"sources/{files[0].name}: changed" in err, err
+
+
+# ---- one harness per campaign directory ---------------------------------------------------------
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from harness.lock import campaign_lock
+with campaign_lock(Path(sys.argv[1]), "harness run --resume (held by the test)"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_harness_is_refused_naming_the_holder_and_a_killed_one_frees_it(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(root)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            journal = (root / "journal.jsonl").read_bytes()
+            for argv in (
+                ["run", "--resume", str(root)],
+                ["gate", str(root)],
+                ["analyze", str(root)],
+            ):
+                code, _, err = cli(*argv, capsys=capsys)
+                assert code == EXIT_INFRASTRUCTURE, (argv, err)
+                assert "another harness is using this campaign directory" in err
+                assert f"pid {holder.pid} on {socket.gethostname()}" in err
+                assert "`harness run --resume (held by the test)`" in err and " UTC" in err
+            assert (root / "journal.jsonl").read_bytes() == journal  # the refusal wrote nothing
+        finally:
+            holder.kill()  # SIGKILL: no cleanup runs in the holder
+            holder.wait()
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, err
+
+
+def test_import_refuses_a_folder_that_is_not_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_import import _export_demo, _mapping
+
+    files = _export_demo(tmp_path / "files", detailed=True)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "card.yaml").write_text("my own card\n")
+    (out / "journal.jsonl").write_text("my own notes\n")
+    argv = ["import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "map.yaml"))]
+    code, _, err = cli(*argv, "-o", str(out), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and f"{out}: not empty" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["card.yaml", "journal.jsonl"]
+    assert (out / "card.yaml").read_text() == "my own card\n"
+
+
+# ---- a refused command changes nothing -----------------------------------------------------------
+
+
+def _sequential_campaign(base: Path) -> Path:
+    """A sequential campaign (max_cycles 5) as `harness run` starts it, before its first run."""
+    from harness.card import load_card
+    from harness.execute.run import new_campaign_dir
+    from harness.plan import build_plan
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(base / "cards")
+    text = card.read_text().replace(
+        "design: {order: abba, cycles: 1,",
+        "design: {order: abba, sequential: true, max_cycles: 5, cycles: 1,",
+    )
+    card.write_text(text)
+    loaded = load_card(card)
+    return new_campaign_dir(loaded, build_plan(loaded), base / "reports").root
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
+@pytest.mark.parametrize(
+    ("cycles", "said"),
+    [
+        ("18", "Start a new campaign with max_cycles >= 18 (nothing was changed here)"),
+        ("100000000", "--cycles 100000000: a campaign has 1 to 1000 mirrored cycles"),
+    ],
+)
+def test_a_refused_extension_changes_nothing(
+    cycles: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _sequential_campaign(tmp_path)
+    before = _snapshot(root)
+    code, out, err = cli("run", "--resume", str(root), "--cycles", cycles, capsys=capsys)
+    assert code == EXIT_BAD_INPUT and said in err, out + err
+    assert "extended" not in out
+    assert _snapshot(root) == before
+
+
+@pytest.mark.parametrize(
+    ("gate", "said"),
+    [
+        ("{kind: quality, min_pass: 0}", "without `vs` the gate could never fail"),
+        ("{kind: quality, min_pass: 0/2}", "without `vs` the gate could never fail"),
+        ("{kind: exact_outputs, min_match: 0}", "k is 0, so the gate could never fail"),
+    ],
+)
+def test_a_gate_that_cannot_fail_is_refused_at_validate(
+    gate: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path, gates=f"gates:\n  - {gate}\n")
+    code, _, err = cli("validate", str(card), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and said in err, err
+
+
+def test_every_passing_reason_states_its_counts(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, err
+    gates = json.loads((root / "verdict.json").read_text())["gates"]
+    reasons = {g["kind"]: g["reason"] for g in gates}
+    assert re.search(r"adaptive: \d+/\d+", reasons["exact_outputs"]), reasons
+    assert re.fullmatch(r"4 runs within bounds \(max 0; highest seen 0\)", reasons["counter"])

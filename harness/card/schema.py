@@ -38,6 +38,12 @@ def _check_fraction(value: str | int) -> str | int:
     return value
 
 
+def _refuse_vacuous(value: str | int, what: str) -> None:
+    """0 of n passes whatever the runs did: a gate that cannot fail is not a gate."""
+    if value != "all" and parse_fraction(value)[0] == 0:
+        raise ValueError(f"{value!r}: k is 0, so {what}; give k >= 1")
+
+
 class Split(Strict):
     """Which prompts of the pools form a set: those whose ``split`` field equals this."""
 
@@ -199,7 +205,11 @@ class ExactOutputsGate(_CellGate):
     @field_validator("min_match")
     @classmethod
     def _fraction(cls, value: str | int) -> str | int:
-        return value if value == "all" else _check_fraction(value)
+        if value == "all":
+            return value
+        _check_fraction(value)
+        _refuse_vacuous(value, "the gate could never fail")
+        return value
 
 
 class CounterGate(_CellGate):
@@ -246,6 +256,12 @@ class QualityGate(_CellGate):
     @classmethod
     def _fraction(cls, value: str | int) -> str | int:
         return _check_fraction(value)
+
+    @model_validator(mode="after")
+    def _not_vacuous(self) -> QualityGate:
+        if self.vs is None:  # with `vs` the gate still fails a cell that passes fewer
+            _refuse_vacuous(self.min_pass, "without `vs` the gate could never fail")
+        return self
 
 
 class SoakGate(_CellGate):

@@ -38,6 +38,7 @@ from harness.importers.mapping import (
 from harness.importers.sglang import read_sglang
 from harness.importers.tables import Selector
 from harness.importers.vllm import read_vllm
+from harness.lock import LOCK_FILE, campaign_lock
 from harness.records import (
     RUN_OK,
     SCHEMA_VERSION,
@@ -249,7 +250,10 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
             p.assigned.entry.repeat,
         )
     )
-    _write(out, mapping, fmt, placed, patterns, cells, cycles, repeats, states)
+    out.mkdir(parents=True, exist_ok=True)
+    with campaign_lock(out):
+        _check_out(out)  # again, now that no other import can be writing into it
+        _write(out, mapping, fmt, placed, patterns, cells, cycles, repeats, states)
     return ImportResult(out, len(placed), cycles, sum(p.block.summary_only for p in placed))
 
 
@@ -257,7 +261,7 @@ def _check_out(out: Path) -> None:
     """``-o`` must be a new or empty folder: an import never writes over what is there."""
     if (out / "plan.json").exists():
         raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
-    if out.is_dir() and not out.is_symlink() and any(out.iterdir()):
+    if out.is_dir() and not out.is_symlink() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise RecordError(
             f"{out}: not empty; an import writes a whole campaign directory and never over "
             "files already there: pick a new or empty -o folder"
