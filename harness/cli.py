@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import io
 import json
@@ -511,6 +512,20 @@ class _Courtesy(io.TextIOBase):
         return self._target.fileno()
 
 
+def os_error_text(exc: OSError) -> str:
+    """``PATH: what the errno means``, and what to do; every path the error names."""
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    meaning = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+    if exc.errno == errno.EEXIST:
+        meaning += " (and is not a folder)"  # what a mkdir over a file says
+    where = " → ".join(paths) if paths else "a file the harness writes"
+    return (
+        f"{where}: {meaning}; nothing already written was lost (records are replaced whole): "
+        "fix it (free space, a writable folder, a folder where a folder belongs) and run the "
+        "command again (a campaign: harness run --resume DIR)"
+    )
+
+
 def _stderr(text: str) -> None:
     with contextlib.suppress(OSError):
         sys.stderr.write(text)
@@ -535,6 +550,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             traceback.print_exc()
         _print_error(exc)
         return exc.exit_code
+    except OSError as exc:
+        # What our readers and writers did not turn into a HarnessError is the machine's: a
+        # full disk, a read-only file system, a file where a folder goes. Exit 3, not 1 (a
+        # release gate reads 1 as "the candidate failed"); atomic writes kept what was there.
+        if args.debug:
+            traceback.print_exc()
+        _stderr(os_error_text(exc) + "\n")
+        return EXIT_INFRASTRUCTURE
     except KeyboardInterrupt as exc:
         _stderr(f"interrupted ({describe(exc)})\n")
         return exit_code(exc)

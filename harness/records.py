@@ -17,12 +17,14 @@ field and the fix, never a KeyError or TypeError inside the statistics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,26 +46,37 @@ RUN_FAILED = "failed"
 RUN_INTERRUPTED = "interrupted"
 
 
+@contextlib.contextmanager
+def _unlinked_on_failure(tmp: Path, path: Path | None = None) -> Iterator[None]:
+    """A failed write (disk full, read-only) leaves no temp file and the old file as it was;
+    the error names the file being written (a failed write(2) names none)."""
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            if tmp != path:
+                tmp.unlink()
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path or tmp)) from exc
+        raise
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump({"schema_version": SCHEMA_VERSION, **payload}, handle, indent=2, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    text = json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str)
+    write_text_atomic(path, text)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write text through a temp file and rename (plan.json, rewritten when a campaign grows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    with _unlinked_on_failure(tmp, path):
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -285,8 +298,9 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     frame = frame.copy()
     frame.attrs = {"schema_version": str(SCHEMA_VERSION)}
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    with _unlinked_on_failure(tmp, path):
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
 
 
 def read_parquet(path: Path) -> pd.DataFrame:
@@ -350,8 +364,19 @@ class Journal:
         record = {"schema_version": SCHEMA_VERSION, "t": time.time(), "event": event, **fields}
         line = json.dumps(record, default=str) + "\n"
         # A fleet's workers append from several threads: one line at a time, whole.
-        with _APPEND_LOCK, self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line)
+        with (
+            _APPEND_LOCK,
+            _unlinked_on_failure(self.path, self.path),
+            self.path.open("a+b") as handle,
+        ):
+            # A write cut short (disk full, a kill) leaves a torn last line: end it first, or
+            # this event would be glued to it and lost with it.
+            end = handle.seek(0, os.SEEK_END)
+            if end:
+                handle.seek(end - 1)
+                if handle.read(1) != b"\n":
+                    line = "\n" + line
+            handle.write(line.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
 

@@ -37,7 +37,8 @@ def run_tiny(base: Path) -> Path:
 
 
 def copy_campaign(root: Path, dest: Path) -> Path:
-    """A copy of a campaign directory, at the same depth (reports/<campaign>/<stamp>)."""
+    """A copy of a campaign directory, at the same depth (reports/<campaign>/<stamp>), without
+    ``box/``: the runtime's side of a local box (sparse 75 MB rings), which no reader opens."""
     target = dest / "reports" / root.parent.name / root.name
-    shutil.copytree(root, target, symlinks=True)
+    shutil.copytree(root, target, symlinks=True, ignore=shutil.ignore_patterns("box"))
     return target

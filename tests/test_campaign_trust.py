@@ -9,15 +9,19 @@ directory does not verify", naming the file; never a pass.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +31,7 @@ from harness.cli import main
 from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.records import write_parquet
 from tests.campaign_dirs import copy_campaign, run_tiny
-from tests.conftest import DATA, REPO, run_cli
+from tests.conftest import DATA, REPO, run_cli, start_campaign
 
 DEMO = DATA / "campaigns" / "demo-shaped"
 NOT_VERIFIED = "campaign directory does not verify: "
@@ -406,3 +410,179 @@ def test_every_passing_reason_states_its_counts(
     reasons = {g["kind"]: g["reason"] for g in gates}
     assert re.search(r"adaptive: \d+/\d+", reasons["exact_outputs"]), reasons
     assert re.fullmatch(r"4 runs within bounds \(max 0; highest seen 0\)", reasons["counter"])
+
+
+# ---- output faults: exit 3 with the path and the errno's meaning, nothing lost ------------------
+
+
+@contextlib.contextmanager
+def _mounted(target: Path, *options: str) -> Iterator[Path]:
+    """``mount`` at ``target`` (a tmpfs, a read-only bind), unmounted after; skipped where this
+    machine does not let the test mount (not root, no mount namespace)."""
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", *options, str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount here ({done.stderr.strip() or done.returncode})")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def _fault(err: str, path: Path, meaning: str) -> None:
+    assert f"{path}" in err and meaning in err, err
+    assert "Traceback" not in err
+
+
+def test_a_full_disk_under_gate_is_exit_3_and_keeps_the_previous_records(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=32m", "tmpfs") as disk:
+        root = copy_campaign(finished, disk)
+        verdict = (root / "verdict.json").read_bytes()
+        summary = (root / "analysis" / "summary.json").read_bytes()
+        filler = disk / "filler"
+        with filler.open("wb", buffering=0) as handle:  # the rest of the disk, to the last byte
+            with contextlib.suppress(OSError):
+                while True:
+                    handle.write(b"\0" * 65536)
+            with contextlib.suppress(OSError):
+                while True:
+                    handle.write(b"\0")
+        code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, err
+        _fault(err, root, "No space left on device")
+        assert (root / "verdict.json").read_bytes() == verdict
+        assert (root / "analysis" / "summary.json").read_bytes() == summary
+        assert not list(root.rglob(".*.tmp"))  # no half-written temp files left behind
+        filler.unlink()
+        code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+        assert code == EXIT_OK, err
+
+
+def test_a_read_only_file_system_is_exit_3_naming_it(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path / "src")
+    with _mounted(tmp_path / "ro", "--bind", "-o", "ro", str(tmp_path / "src")) as ro:
+        mounted = ro / root.relative_to(tmp_path / "src")
+        for argv in (["gate", str(mounted)], ["run", "--resume", str(mounted)]):
+            code, _, err = cli(*argv, capsys=capsys)
+            assert code == EXIT_INFRASTRUCTURE, (argv, err)
+            _fault(err, mounted, "Read-only file system")
+
+
+def test_reports_or_output_that_is_a_file_or_under_one_is_exit_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.campaign_dirs import tiny_card
+    from tests.test_import import _export_demo, _mapping
+
+    card = tiny_card(tmp_path / "cards")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine\n")
+    for reports in (a_file, a_file / "under"):
+        code, _, err = cli("run", str(card), "--reports", str(reports), capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, err
+        _fault(err, a_file, "Not a directory")
+    files = _export_demo(tmp_path / "files", detailed=True)
+    mapping = str(_mapping(tmp_path / "map.yaml"))
+    for out in (a_file, a_file / "under"):
+        code, _, err = cli("import", "vllm", *map(str, files), "--map", mapping, "-o", str(out),
+                           capsys=capsys)  # fmt: skip
+        assert code == EXIT_INFRASTRUCTURE, err
+        _fault(err, a_file, "")
+    assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "meaning"),
+    [
+        ("report.html", "dir", "Is a directory"),
+        ("analysis", "file", "File exists (and is not a folder)"),
+        ("verdict.json", "dir", "Is a directory"),
+    ],
+)
+def test_a_folder_where_a_file_goes_or_the_reverse_is_exit_3(
+    name: str,
+    kind: str,
+    meaning: str,
+    finished: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    path = root / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.mkdir() if kind == "dir" else path.write_text("in the way\n")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE, err
+    _fault(err, root, meaning)
+
+
+def test_a_journal_that_is_a_folder_or_runs_that_is_a_file(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path / "a")
+    (root / "journal.jsonl").unlink()
+    (root / "journal.jsonl").mkdir()
+    code, _, err = cli("gate", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and "journal.jsonl: not a regular file" in err, err
+    code, _, err = cli("run", "--resume", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE, err
+    _fault(err, root / "journal.jsonl", "Is a directory")
+    root = copy_campaign(finished, tmp_path / "b")
+    shutil.rmtree(root / "runs")
+    (root / "runs").write_text("in the way\n")
+    code, _, err = cli("gate", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and f"{root / 'runs'}: not a folder" in err, err
+
+
+@pytest.mark.slow
+def test_a_campaign_that_fills_its_disk_stops_with_exit_3_and_resumes_once_there_is_space(
+    tmp_path: Path,
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path / "cards")
+    with _mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as disk:
+        done = run_cli("run", str(card), "--reports", str(disk), "--quiet")
+        assert done.code == EXIT_INFRASTRUCTURE, done.stdout + done.stderr
+        (root,) = disk.glob("trust/*")
+        _fault(done.stderr, root, "No space left on device")
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        done = run_cli("run", "--resume", str(root), "--quiet")
+        assert done.code == EXIT_OK, done.stdout + done.stderr
+        done = run_cli("gate", str(root), "--quiet")
+        assert done.code == EXIT_OK, done.stderr
+
+
+@pytest.mark.slow
+def test_a_second_resume_while_a_campaign_runs_is_refused_and_a_sigkill_frees_the_directory(
+    tmp_path: Path,
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path / "cards")
+    reports = tmp_path / "reports"
+    first = start_campaign(card, reports)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(reports.glob("trust/*/runs/*/server.log")):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        (root,) = reports.glob("trust/*")
+        second = run_cli("run", "--resume", str(root), "--quiet")
+        assert second.code == EXIT_INFRASTRUCTURE, second.stdout + second.stderr
+        assert f"pid {first.pid} on {socket.gethostname()}" in second.stderr
+        assert "harness run" in second.stderr
+        gate = run_cli("gate", str(root), "--quiet")
+        assert gate.code == EXIT_INFRASTRUCTURE and "another harness" in gate.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the harness and the runtime it booted
+        first.wait()
+    done = run_cli("run", "--resume", str(root), "--quiet")
+    assert done.code == EXIT_OK, done.stdout + done.stderr
+    events = [json.loads(x) for x in (root / "journal.jsonl").read_text().splitlines() if x]
+    done_runs = [e["run_id"] for e in events if e["event"] == "run_done"]
+    assert len(done_runs) == len(set(done_runs)) == 4
