@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from harness.errors import RecordError
+from harness.errors import RecordError, VerificationError
 from harness.seal import file_sha256, run_seal, start_seal
 from harness.telemetry import RING_FIELDS
 from harness.textfile import parse_json, read_bytes, read_text
@@ -464,6 +464,11 @@ class CampaignDir:
 
 def open_campaign(path: Path) -> CampaignDir:
     """A campaign directory, checked to have a plan and a card."""
+    if not (path / "plan.json").is_file() and (path / CAMPAIGN_JOURNAL).is_file():
+        raise VerificationError(
+            f"{path / 'plan.json'}: missing, but {CAMPAIGN_JOURNAL} holds a campaign that was "
+            "planned; restore the file, or rerun the campaign"
+        )
     if not (path / "plan.json").is_file():
         raise RecordError(
             f"{path}: not a campaign directory (no plan.json); "

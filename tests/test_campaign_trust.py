@@ -1,6 +1,6 @@
 """Campaign directories a release gate can trust (issue 30), through the CLI.
 
-One small campaign is run once for the module by ``harness run`` on the reference runtime
+One small campaign is run once per session by ``harness run`` on the reference runtime
 (:func:`tests.campaign_dirs.run_tiny`); each test changes a copy of it the way a bad copy, a
 broken disk or a hand edit would, and checks what ``gate``/``analyze``/``report`` make of it:
 a sealed directory that no longer holds what its journal vouches for is exit 3, "campaign
@@ -30,17 +30,17 @@ import pytest
 from harness.cli import main
 from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.records import write_parquet
-from tests.campaign_dirs import copy_campaign, run_tiny
+from tests.campaign_dirs import copy_campaign
 from tests.conftest import DATA, REPO, run_cli, start_campaign
 
 DEMO = DATA / "campaigns" / "demo-shaped"
 NOT_VERIFIED = "campaign directory does not verify: "
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def finished(finished_campaign: Path) -> Path:
     """A finished, sealed campaign (read-only for tests: copy it before changing anything)."""
-    return run_tiny(tmp_path_factory.mktemp("trust"))
+    return finished_campaign
 
 
 def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
