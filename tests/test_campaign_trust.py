@@ -586,3 +586,103 @@ def test_a_second_resume_while_a_campaign_runs_is_refused_and_a_sigkill_frees_th
     events = [json.loads(x) for x in (root / "journal.jsonl").read_text().splitlines() if x]
     done_runs = [e["run_id"] for e in events if e["event"] == "run_done"]
     assert len(done_runs) == len(set(done_runs)) == 4
+
+
+# ---- inputs that validated and then failed or hung ---------------------------------------------
+
+
+def _card_with(tmp_path: Path, old: str, new: str) -> Path:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path)
+    text = card.read_text()
+    assert old in text
+    card.write_text(text.replace(old, new, 1))
+    return card
+
+
+ENV = 'env: {"REFBOX_LAYERS": "2"'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (ENV, 'env: {"BAD=NAME": "1", "REFBOX_LAYERS": "2"', "without `=` or a NUL byte"),
+        (ENV, 'env: {"": "1", "REFBOX_LAYERS": "2"', "must be non-empty"),
+        (ENV, 'env: {"X": "a\\0b", "REFBOX_LAYERS": "2"', "a value with a NUL byte"),
+        ("knobs: {policy: frozen}", 'args: ["--x\\0y"]\n    knobs: {policy: frozen}', "NUL"),
+        ("window_s: 0.5", "window_s: 1e-300", "window_s: Input should be greater than or equal"),
+    ],
+)
+def test_what_would_fail_later_is_a_card_error_at_its_line(
+    old: str, new: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = _card_with(tmp_path, old, new)
+    code, _, err = cli("validate", str(card), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and said in err, err
+    assert re.search(r"trust\.yaml:\d+: ", err) and "Traceback" not in err, err
+
+
+def test_a_rowmap_whose_hot_and_cold_overlap_is_refused_when_the_card_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rowmap = tmp_path / "overlap.json"
+    layer = {"hot": [0, 1, 2, 3], "cold": [3, 4, 5, 6, 7]}
+    rowmap.write_text(json.dumps({"layers": {"0": layer, "1": layer}, "meta": {}}))
+    card = _card_with(
+        tmp_path,
+        "knobs: {policy: frozen}",
+        f"files: {{rowmap: {rowmap}}}\n    knobs: {{policy: frozen}}",
+    )
+    code, _, err = cli("validate", str(card), capsys=capsys)
+    assert code == EXIT_BAD_INPUT, err
+    assert "cells.control.files.rowmap" in err and "ids [3] are both hot and cold" in err, err
+
+
+def test_a_fifo_as_a_card_or_a_ring_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    card, ring = tmp_path / "card.yaml", tmp_path / "ring.bin"
+    os.mkfifo(card)
+    os.mkfifo(ring)
+    done = run_cli("validate", str(card), timeout_s=30)
+    assert done.code == EXIT_BAD_INPUT and "is a FIFO, not a regular file" in done.stderr
+    done = run_cli("ring", "show", str(ring), timeout_s=30)
+    assert done.code == EXIT_BAD_INPUT and "is a FIFO, not a regular file" in done.stderr
+
+
+def test_a_profile_regex_that_backtracks_without_bound_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtimes = tmp_path / "runtimes"
+    runtimes.mkdir()
+    profile = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text()
+    assert 'pattern: "[1-9][0-9]*"' in profile
+    (runtimes / "refbox.yaml").write_text(profile.replace('"[1-9][0-9]*"', '"(a+)+$"', 1))
+    code, _, err = cli("validate", str(runtimes / "refbox.yaml"), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "can take exponential time" in err, err
+
+
+def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = []
+    for cycle, order in enumerate(["ABBA", "BAAB"]):
+        for slot, arm in enumerate(order):
+            cell = "stale" if arm == "A" else "seed"
+            path = tmp_path / f"{cell}-c{cycle}-s{slot}.json"
+            speed = 1e308 if (cycle, slot) == (0, 0) else 300.0
+            rows = [[1, 48.2, 48.2], [8, speed, speed / 8]]
+            path.write_text(json.dumps({"tag": "t", "rows": rows, "ts": 0}))
+            files.append(path)
+    from tests.test_import import _mapping
+
+    mapping = _mapping(tmp_path / "m.yaml", select="{C: 8}")
+    code, _, err = cli("import", "knee", *map(str, files), "--map", str(mapping),
+                       "-o", str(tmp_path / "o"), capsys=capsys)  # fmt: skip
+    assert code == EXIT_BAD_INPUT and "e+307 is outside what a run measures" in err, err
+    csv = tmp_path / "stale-c0-s0.csv"
+    csv.write_text("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps\n2048,2048,40\r0,0\n")
+    from harness.errors import ResultFileError
+    from harness.importers.write import read_source
+
+    with pytest.raises(ResultFileError, match=r"stale-c0-s0.csv:2: not CSV as ds4-bench writes"):
+        read_source("ds4", csv)

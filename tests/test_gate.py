@@ -278,6 +278,17 @@ def test_exact_outputs_fail_closed_when_the_cell_has_no_outputs(tmp_path: Path) 
     assert result.evidence["cells"]["treat"]["missing"] == list(HELDOUT)
 
 
+def test_exact_outputs_with_every_output_empty_is_not_a_match(tmp_path: Path) -> None:
+    # Both arms answered nothing: equal hashes, but nothing was compared.
+    synth = Synth(output=lambda run, prompt_id: "")
+    result = only(verdict_of(tmp_path, "  - {kind: exact_outputs}", synth))
+    assert not result.passed and not result.incomplete
+    assert result.reason == (
+        "treat: 0/4 match control, need 4; 4 prompts with an empty output in control (nothing "
+        "compared is not a match)"
+    )
+
+
 def test_exact_outputs_fail_closed_without_reference_outputs(tmp_path: Path) -> None:
     synth = Synth(status=lambda run: None if run["cell"] == "control" else RUN_OK)
     result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: 1/4}", synth))

@@ -127,6 +127,27 @@ class Cell(Strict):
     files: dict[str, str] = Field(default_factory=dict, description="knob files to upload")
     live: dict[str, KnobValue] = Field(default_factory=dict, description="live knobs after boot")
 
+    @field_validator("env")
+    @classmethod
+    def _environment(cls, env: dict[str, KnobValue]) -> dict[str, KnobValue]:
+        # What execve(2) cannot pass: caught here, not as a failed boot (or a traceback) later.
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(
+                    f"environment name {name!r:.60}: must be non-empty, without `=` or a NUL byte"
+                )
+            if "\0" in str(value):
+                raise ValueError(f"{name}: a value with a NUL byte cannot be passed to a process")
+        return env
+
+    @field_validator("args")
+    @classmethod
+    def _arguments(cls, args: list[str]) -> list[str]:
+        for index, arg in enumerate(args):
+            if "\0" in arg:
+                raise ValueError(f"args[{index}]: an argument with a NUL byte cannot be passed")
+        return args
+
 
 class Design(Strict):
     """The run order: mirrored cycles so drift cancels, repeats and cache states inside them."""

@@ -217,6 +217,7 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
     placed: list[_Placed] = []
     for item in assigned:
         block = read_source(fmt, item.path, mapping.select)
+        _check_magnitudes(block)
         for metric in needed:
             if not block.provides(metric):
                 raise ResultFileError(
@@ -255,6 +256,35 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
         _check_out(out)  # again, now that no other import can be writing into it
         _write(out, mapping, fmt, placed, patterns, cells, cycles, repeats, states)
     return ImportResult(out, len(placed), cycles, sum(p.block.summary_only for p in placed))
+
+
+# What a run can measure: a figure outside it (1e308 tok/s, a denormal) is a damaged file, and
+# would overflow the statistics (a ratio of 1e308 to 300 has no logarithm's exponential).
+_FIGURE_RANGE = (1e-9, 1e9)
+_SECONDS_MAX = 1e7  # a request or a token time: under four months
+
+
+def _check_magnitudes(block: SourceBlock) -> None:
+    low, high = _FIGURE_RANGE
+    for metric, value in block.metrics.items():
+        if value != 0 and not low <= abs(value) <= high:
+            field = block.fields.get(metric, metric)
+            raise ResultFileError(
+                f"{block.path}: {field}: {value!r} is outside what a run measures ({low:g} to "
+                f"{high:g}); the file is damaged"
+            )
+    tables = (
+        (block.requests, ("ttft_s", "e2el_s")),
+        (block.chunks, ("t_s",)),
+    )
+    for frame, columns in tables:
+        if frame is None:
+            continue
+        for column in columns:
+            if column in frame.columns and (frame[column].abs() > _SECONDS_MAX).any():
+                raise ResultFileError(
+                    f"{block.path}: {column}: a time over {_SECONDS_MAX:g} s; the file is damaged"
+                )
 
 
 def _check_out(out: Path) -> None:
