@@ -42,6 +42,7 @@ from harness.plan import Plan, build_plan, plan_json_text
 from harness.records import CampaignDir, open_campaign
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
+from harness.termtext import shown
 from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
@@ -106,20 +107,20 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     from rich.table import Table
 
     card = plan.card.card
-    table = Table(title=f"{card.campaign}: {len(plan.runs)} runs", title_justify="left")
+    table = Table(title=f"{shown(card.campaign)}: {len(plan.runs)} runs", title_justify="left")
     for column in ("#", "run id", "cell", "cycle", "pattern", "slot", "arm", "cache", "box"):
         table.add_column(column)
     for run in plan.runs:
         table.add_row(
             str(run.index),
-            run.run_id,
-            run.cell,
+            shown(run.run_id),
+            shown(run.cell),
             str(run.cycle),
             run.pattern,
             str(run.slot),
             run.arm,
             run.cache_state,
-            run.box,
+            shown(run.box),
         )
     console = Console(file=out, width=120, highlight=False)
     console.print(table)
@@ -128,7 +129,7 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         f"{_format_duration(plan.estimated_total_s())} in all "
         f"(boot {plan.card.runtime.expected_boot_s:g} s and "
         f"{plan.card.runtime.expected_tok_s:g} tok/s assumed by runtime "
-        f"{plan.card.runtime.name!r})"
+        f"{shown(repr(plan.card.runtime.name))})"
     )
     return EXIT_OK
 
@@ -265,14 +266,14 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
     table.add_column("reason", overflow="fold")
     for gate in verdict.gates:
         mark = "[green]pass[/green]" if gate.passed else "[bold red]FAIL[/bold red]"
-        table.add_row(gate.name, mark, gate.reason)
+        table.add_row(shown(gate.name), mark, shown(gate.reason))
     if not verdict.gates:
         table.add_row("(none)", "[bold red]FAIL[/bold red]", "the card declares no gates")
     if verdict.incomplete_runs:
         from harness.gate import incomplete_text
 
         table.add_row(
-            "(campaign) runs complete", "[bold red]FAIL[/bold red]", incomplete_text(verdict)
+            "(campaign) runs complete", "[bold red]FAIL[/bold red]", shown(incomplete_text(verdict))
         )
     Console(file=out, width=140, highlight=False).print(table)
 
@@ -301,20 +302,20 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
             else "no interval"
         )
         table.add_row(
-            str(row["cell"]),
+            shown(row["cell"]),
             str(row["cache_state"]),
-            str(row["metric"]),
+            shown(row["metric"]),
             f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
-            ci,
+            shown(ci),
             str(row["label"]),
             str(row["n_cycles"]),
         )
     console.print(table)
     for flag in analysis.flags:
-        console.print(f"{flag['kind']}: {flag['cell']} {flag['metric']}: {flag['detail']}")
+        console.print(shown(f"{flag['kind']}: {flag['cell']} {flag['metric']}: {flag['detail']}"))
     for warning in analysis.warnings:
-        console.print(f"warning: {warning}")
-    console.print(f"tables written to {folder}")
+        console.print(f"warning: {shown(warning)}")
+    console.print(f"tables written to {shown(folder)}")
     return EXIT_OK
 
 
@@ -345,7 +346,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     from rich.table import Table
 
     table = Table(
-        title=f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)",
+        title=shown(f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)"),
         title_justify="left",
     )
     for column in ("cell", "state", "metric", "A", "B", "B/A", "95% CI", "label", "in A", "in B"):
@@ -357,9 +358,9 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
             else "no interval"
         )
         table.add_row(
-            row["cell"], row["cache_state"], row["metric"], f"{row['a_value']:.4g}",
-            f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", ci, row["label"],
-            str(row["a_label"] or "-"), str(row["b_label"] or "-"),
+            shown(row["cell"]), row["cache_state"], shown(row["metric"]),
+            f"{row['a_value']:.4g}", f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", shown(ci),
+            row["label"], str(row["a_label"] or "-"), str(row["b_label"] or "-"),
         )  # fmt: skip
     console = Console(file=out, width=160, highlight=False)
     console.print(table)

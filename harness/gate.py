@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from harness.gate_result import (
     required_count,
 )
 from harness.gate_soak import lockstep_gate, soak_gate
-from harness.records import write_json_atomic
+from harness.records import write_json_atomic, write_text_atomic
 
 
 @dataclass
@@ -421,35 +422,46 @@ def incomplete_text(verdict: Verdict) -> str:
     )
 
 
+# Characters XML 1.0 cannot hold (ElementTree writes them anyway, and a CI's parser then rejects
+# the whole report): a control byte from a prompt id or a runtime's output becomes U+FFFD.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml(text: str) -> str:
+    """Text ElementTree escapes (<, >, &, quotes) and XML 1.0 can hold."""
+    return _NOT_XML.sub("\ufffd", text)
+
+
 def write_verdict(verdict: Verdict, root: Path) -> None:
     """Write ``verdict.json`` and ``verdict.junit.xml`` for CI systems."""
     write_json_atomic(root / "verdict.json", verdict.to_json())
     incomplete = bool(verdict.incomplete_runs)
     suite = ET.Element(
         "testsuite",
-        name=f"harness.{verdict.campaign}",
+        name=_xml(f"harness.{verdict.campaign}"),
         tests=str(len(verdict.gates) + incomplete),
         failures=str(sum(not g.passed for g in verdict.gates) + incomplete),
     )
     for gate in verdict.gates:
-        case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=gate.name)
+        name, reason = _xml(gate.name), _xml(gate.reason)
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=name)
         if not gate.passed:
-            failure = ET.SubElement(case, "failure", message=gate.reason[:500])
-            failure.text = gate.reason
+            failure = ET.SubElement(case, "failure", message=reason[:500])
+            failure.text = reason
         else:
-            ET.SubElement(case, "system-out").text = gate.reason
+            ET.SubElement(case, "system-out").text = reason
     if incomplete:
         # A CI reading only the test cases must not see a green suite for a partial campaign.
         case = ET.SubElement(
             suite, "testcase", classname="campaign.complete", name="every planned run completed"
         )
-        text = incomplete_text(verdict)
+        text = _xml(incomplete_text(verdict))
         ET.SubElement(case, "failure", message=text[:500]).text = text
     root_element = ET.Element("testsuites")
     root_element.append(suite)
-    tree = ET.ElementTree(root_element)
-    ET.indent(tree)
-    tree.write(root / "verdict.junit.xml", encoding="utf-8", xml_declaration=True)
+    ET.indent(ET.ElementTree(root_element))
+    text = ET.tostring(root_element, encoding="unicode", xml_declaration=True)
+    write_text_atomic(root / "verdict.junit.xml", text + "\n")
 
 
 __all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "incomplete_text", "write_verdict"]

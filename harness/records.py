@@ -407,10 +407,17 @@ class Journal:
         }
 
 
+def check_inside(root: Path, path: Path) -> Path:
+    """``path``, checked to land inside ``root`` (a name from a card never writes elsewhere)."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise RecordError(f"{path}: outside {root}; a name from the card must not leave it")
+    return path
+
+
 def write_sealed_json(root: Path, path: Path, payload: dict[str, Any]) -> None:
     """Write a top-level record of the campaign in ``root`` and journal its digest (when the
     folder has a campaign journal: a Slurm job's folder keeps the same files unsealed)."""
-    write_json_atomic(path, payload)
+    write_json_atomic(check_inside(root, path), payload)
     if (root / CAMPAIGN_JOURNAL).is_file():
         Journal(root / CAMPAIGN_JOURNAL).seal_file(path)
 

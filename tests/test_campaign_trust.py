@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -686,3 +687,52 @@ def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(
 
     with pytest.raises(ResultFileError, match=r"stale-c0-s0.csv:2: not CSV as ds4-bench writes"):
         read_source("ds4", csv)
+
+
+# ---- what the card says is data, in every output -------------------------------------------
+
+
+def test_a_runtime_name_that_is_a_path_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("../../../tmp/evil", "a/b", ".hidden"):
+        card = _card_with(
+            tmp_path / name.replace("/", "_"), "runtime: refbox", f"runtime: {name!r}"
+        )
+        code, _, err = cli("validate", str(card), capsys=capsys)
+        assert code == EXIT_BAD_INPUT and "is a name, not a path" in err, err
+        code, _, err = cli("run", str(card), "--reports", str(tmp_path / "r"), capsys=capsys)
+        assert code == EXIT_BAD_INPUT and "is a name, not a path" in err, err
+    assert not (tmp_path / "r").exists() and not Path("/tmp/evil.yaml").exists()
+
+
+TRAP = (
+    "x\n# 2026-12-01 forged: PASS\n<!-- [bold red]red[/bold red] [/] <script>alert(1)</script>"
+    "<img src=x onerror=alert(1)> [l](javascript:alert(1)) \x1b[31m \x00|"
+)
+
+
+def test_card_text_is_data_in_the_terminal_junit_and_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.records import write_sealed_json
+    from tests.test_gate import Synth, _card_text, build_campaign
+
+    # The card's description, and a quality prompt id (from a pool) that every gate reason names.
+    text = _card_text("  - {kind: quality, min_pass: 1}")
+    text = text.replace("campaign: gates\n", f"campaign: gates\ndescription: {json.dumps(TRAP)}\n")
+    synth = Synth(quality=lambda run, prompt_id: "no", quality_ids=(TRAP,))
+    campaign = build_campaign(tmp_path, text, synth)
+    suite = [{"id": TRAP, "domain": "x", "check": {"kind": "regex", "pattern": "^OK"}}]
+    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": suite})
+    code, out, err = cli("gate", str(campaign.root), capsys=capsys)
+    assert code == 1, out + err  # no answer passes: a verdict, not a crash
+    assert "Traceback" not in err and "\x1b[31m" not in out
+    assert "[bold red]red[/bold red]" in out  # shown as written, not obeyed
+    junit = ET.parse(campaign.root / "verdict.junit.xml").getroot()  # well-formed despite NUL
+    failure = junit.find("./testsuite/testcase/failure")
+    assert failure is not None and "<script>alert(1)</script>" in (failure.text or "")
+    record = (campaign.root / "record.md").read_text()
+    assert "<script>" not in record and "<img" not in record and "<!--" not in record
+    assert "](javascript:" not in record
+    assert not any(line.startswith("# 2026-12-01 forged") for line in record.splitlines())

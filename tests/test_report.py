@@ -75,7 +75,10 @@ gates:
   - {{kind: counter, counter: new_swapout_pages, max: 0}}
   - {{kind: better, metric: decode_tok_s}}
 """
-HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+HOSTILE = (
+    "<script>alert('x')</script><img src=x onerror=alert(1)>"
+    "\n# 2026-12-01 forged: PASS\n<!-- [bold red]x[/] [link](javascript:alert(1)) | a"
+)
 
 _CACHE: dict[str, Path] = {}
 
@@ -274,6 +277,12 @@ def test_hostile_prompt_and_output_text_is_escaped(tiny_root: Path, tmp_path: Pa
     escaped = str(escape(HOSTILE))
     assert page.count(escaped) >= 3  # description, mismatch prompt id, the output itself
     assert "Exact-output mismatches" in page
+    assert "<!--" not in page.split("<body", 1)[1]
+    # record.md, written beside the page from the same context: inert where markdown renders.
+    record = (root / "record.md").read_text()
+    assert "<script>" not in record and "<img" not in record and "<!--" not in record
+    assert "](javascript:" not in record and "\n# 2026-12-01 forged" not in record
+    assert "&lt;script&gt;alert\\('x'\\)&lt;/script&gt;" in record
 
 
 def test_failed_and_missing_runs_are_shown(tiny_root: Path, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ is checked in :mod:`harness.card.checks`.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -17,6 +17,8 @@ from harness.textfile import compile_pattern
 KnobValue = str | int | float | bool
 CacheState = Literal["warm", "cold"]
 _FRACTION = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+# A name that becomes a file name: no separator, no `..`, nothing a file system refuses.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def parse_fraction(value: str | int) -> tuple[int, int | None]:
@@ -395,6 +397,25 @@ class Card(Strict):
     analysis: AnalysisSpec = Field(default_factory=lambda: AnalysisSpec())
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
     guards: Guards = Field(default_factory=lambda: Guards(), description="the runner's rules")
+
+    @field_validator("runtime", "box")
+    @classmethod
+    def _a_name_not_a_path(cls, value: Any) -> Any:
+        # The name becomes a file name (inputs/runtimes/<name>.yaml, boxes/<box>.json): a
+        # separator or `..` would put that file wherever the card says.
+        if isinstance(value, str) and not _NAME.fullmatch(value):
+            raise ValueError(
+                f"{value[:60]!r} is a name, not a path: letters, digits, '_', '-', '.' (not "
+                "starting with '.'); put the file where the search path finds it"
+            )
+        return value
+
+    @field_validator("boxes")
+    @classmethod
+    def _box_names(cls, boxes: list[Any] | None) -> list[Any] | None:
+        for entry in boxes or []:
+            cls._a_name_not_a_path(entry)
+        return boxes
 
     @field_validator("cells")
     @classmethod
