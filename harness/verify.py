@@ -33,15 +33,6 @@ class Verification:
     sealed: bool  # False: an older, unsealed directory, read with identity checks only
     runs_verified: int
 
-    def note(self, root: Path) -> str | None:
-        """What a reader should be told about an unsealed directory, else None."""
-        if self.sealed:
-            return None
-        return (
-            f"note: {root} is not sealed (written before campaign directories were); its "
-            "records are read unverified"
-        )
-
 
 def _fail(root: Path, path: Path | str, what: str) -> VerificationError:
     shown = path if isinstance(path, str) else path.relative_to(root).as_posix()

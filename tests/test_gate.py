@@ -360,7 +360,7 @@ def _counters_with(**values: float) -> Callable[[Run], dict[str, float]]:
         ("{kind: counter, counter: new_swapout_pages, max: 0}", {}, True, "4 runs within"),
         ("{kind: counter, counter: new_swapout_pages, max: 0}", {"new_swapout_pages": 3}, False,
          "out of bounds: 0001-treat-c0-warm-s1-r0=3"),
-        ("{kind: counter, counter: swaps, max: 2}", {"swaps": 2}, True, "(max 2)"),
+        ("{kind: counter, counter: swaps, max: 2}", {"swaps": 2}, True, "(max 2; highest seen 2)"),
         ("{kind: counter, counter: swaps, max: 2}", {"swaps": 2.5}, False, "=2.5"),
         ("{kind: counter, counter: expert_loads, min: 1}", {"expert_loads": 0}, False, "=0"),
         ("{kind: counter, counter: expert_loads, min: 1, max: 500}", {}, True, "within"),
