@@ -242,8 +242,8 @@ def note_unsealed(analysis: CampaignAnalysis) -> None:
     """Say on stderr (stdout may be JSON) that an older directory's records were unverified."""
     if not analysis.sealed:
         _stderr(
-            f"note: {analysis.campaign.root} is not sealed (written before campaign directories "
-            "were); its records were read unverified\n"
+            f"note: {analysis.campaign.root} is not sealed from its start (made before campaign "
+            "directories were): what it held before was read unverified\n"
         )
 
 

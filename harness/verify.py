@@ -5,8 +5,9 @@ directory (:mod:`harness.seal`) must hold exactly what its journal vouches for: 
 and ``card.yaml`` as last journalled, every top-level record as some journalled write left it,
 every run journalled done with exactly its sealed files, no run folder the plan does not name,
 and no ``run.json`` whose identity disagrees with its folder and its planned run. Anything else
-is a :class:`VerificationError` (exit 3) naming the file. A directory written before campaign
-directories were sealed is read as before (identity checks only), and said so.
+is a :class:`VerificationError` (exit 3) naming the file. A directory started before campaign
+directories were sealed is read as before (identity checks only), and said so; what a resume by
+this harness added to it since is verified like any sealed record.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ def _check_file(root: Path, name: str, allowed: list[str]) -> None:
         raise _fail(root, name, "changed since it was written (its SHA-256 is not the sealed one)")
 
 
-def _check_top_level(root: Path, events: list[dict[str, Any]]) -> None:
+def _check_top_level(root: Path, events: list[dict[str, Any]], *, sealed: bool) -> None:
     written = _sealed_files(events)
-    for name in _STRICT:
+    for name in _STRICT if sealed else ():
         if name not in written:
             raise _fail(root, CAMPAIGN_JOURNAL, f"seals no {name}; the journal was replaced")
     for name, digests in written.items():
@@ -158,9 +159,9 @@ def _check_runs(
     for run_id, run in planned.items():
         run_dir = campaign.run_dir(run_id)
         seal = done.get(run_id)
-        if sealed and run_id in done:
-            if seal is None:
-                raise _fail(root, CAMPAIGN_JOURNAL, f"run_done of {run_id} carries no seal")
+        if sealed and run_id in done and seal is None:
+            raise _fail(root, CAMPAIGN_JOURNAL, f"run_done of {run_id} carries no seal")
+        if seal is not None:  # in an older directory resumed since: the runs done since
             if not run_dir.is_dir():
                 raise _fail(root, run_dir, "missing, but the journal holds the run as done")
             _check_run_files(root, run_dir, seal)
@@ -182,13 +183,10 @@ def verify_campaign(root: Path) -> Verification:
     """Check ``root`` against its seal; a :class:`VerificationError` naming the file if not."""
     campaign = CampaignDir(root)
     events = _events(root)
-    sealed = any(
-        (e["event"] == "campaign_start" and "seal" in e)
-        or (e["event"] == "run_done" and "files" in e)
-        for e in events
-    )
-    if sealed:
-        _check_top_level(root, events)
+    # Sealed from its start; an older directory resumed by this harness is sealed from then on
+    # (its later records are verified, its earlier ones by identity only).
+    sealed = any(e["event"] == "campaign_start" and "seal" in e for e in events)
+    _check_top_level(root, events, sealed=sealed)
     return Verification(sealed, _check_runs(root, campaign, events, sealed))
 
 

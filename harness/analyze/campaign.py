@@ -69,7 +69,7 @@ class CampaignAnalysis:
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # cell × state × tier medians
     runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
     fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
-    sealed: bool = True  # False: an older directory, read without verifying its records
+    sealed: bool = True  # False: an older directory, its earlier records read unverified
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""
