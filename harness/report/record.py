@@ -19,18 +19,23 @@ RECORD_NAME = "record.md"
 
 # Text from a card, a profile, a prompt or a runtime is data: rendered where markdown allows raw
 # HTML (mkdocs, IDE previews, code review), `<script>`, `<!--` or a forged `# … PASS` heading
-# would run or hide the record. HTML's three characters become entities; markdown's own
-# punctuation is backslash-escaped; a newline is a space, so no value starts a line of its own.
+# would run or hide the record. HTML's three characters become entities; what markdown reads as
+# code, emphasis, a table border, a link or an image (`](`, `![`) is backslash-escaped; a newline
+# is a space, so no value starts a line of its own. Our own figures ("1.160", "[0.95, 1.05]")
+# read the same in the file as in the page.
 _HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#!|~])")
-# What starts a block only at the start of a line: a list, a quote, a setext rule, "1." or "1)".
-_LINE_START = re.compile(r"^(?:([-+=])|(\d+)([.)]))")
+_MARKDOWN = re.compile(r"([\\`*~|])|\](?=\()|!(?=\[)")
+# What starts a block at the start of a line: a heading, a list, a quote, a rule, "1." or "1)".
+_LINE_START = re.compile(r"^(?:([-+=#])|(\d+)([.)]))")
 
 
-def _md(text: Any) -> str:
-    """Card or runtime text made inert for markdown prose and table cells."""
-    flat = _MARKDOWN.sub(r"\\\1", " ".join(str(text).split()).translate(_HTML))
-    return _LINE_START.sub(lambda m: f"\\{m[1]}" if m[1] else f"{m[2]}\\{m[3]}", flat)
+def _md(text: Any, *, line_start: bool = False) -> str:
+    """Card or runtime text made inert for markdown; ``line_start`` when it begins a line."""
+    flat = " ".join(str(text).split()).translate(_HTML)
+    flat = _MARKDOWN.sub(lambda m: "\\" + m[0] if m[1] or m[0] == "!" else "]\\", flat)
+    if line_start:
+        flat = _LINE_START.sub(lambda m: f"\\{m[1]}" if m[1] else f"{m[2]}\\{m[3]}", flat)
+    return flat
 
 
 def _code(text: Any) -> str:
@@ -77,7 +82,7 @@ def render_record(context: dict[str, Any]) -> str:
     out = [
         f"# {date} {_md(context['campaign'])}: {verdict['word']}",
         "",
-        _md(context["description"] or ""),
+        _md(context["description"] or "", line_start=True),
         "",
         f"Campaign directory `{_code(context['stamp'])}`, runtime "
         f"`{_code(context['runtime_name'])}`, "
