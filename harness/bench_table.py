@@ -23,23 +23,28 @@ from harness.textfile import parse_json
 ResultFormat = Literal["csv", "json"]
 
 
+def _csv_rows(text: str, where: str) -> list[dict[str, Any]]:
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames:
+        raise RecordError(f"{where}: empty result, no CSV header line; check the command's output")
+    rows: list[dict[str, Any]] = []
+    for number, row in enumerate(reader, start=2):
+        if None in row or any(value is None for value in row.values()):
+            raise RecordError(
+                f"{where}:{number}: {len(reader.fieldnames)} headers but a row of another "
+                "length; the file is truncated or not this binary's CSV"
+            )
+        rows.append(dict(row))
+    return rows
+
+
 def parse_result_rows(text: str, fmt: ResultFormat, where: str) -> list[dict[str, Any]]:
     """Rows of a CSV (header line first) or JSON (a list of objects, or JSON Lines) table."""
     if fmt == "csv":
-        reader = csv.DictReader(io.StringIO(text))
-        if not reader.fieldnames:
-            raise RecordError(
-                f"{where}: empty result, no CSV header line; check the command's output"
-            )
-        rows: list[dict[str, Any]] = []
-        for number, row in enumerate(reader, start=2):
-            if None in row or any(value is None for value in row.values()):
-                raise RecordError(
-                    f"{where}:{number}: {len(reader.fieldnames)} headers but a row of another "
-                    "length; the file is truncated or not this binary's CSV"
-                )
-            rows.append(dict(row))
-        return rows
+        try:
+            return _csv_rows(text, where)
+        except csv.Error as exc:  # a stray carriage return or NUL inside a row
+            raise RecordError(f"{where}: not CSV ({exc}); the result file is damaged") from None
     stripped = text.strip()
     if not stripped:
         raise RecordError(f"{where}: empty result, no JSON rows; check the command's output")

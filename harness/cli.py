@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import io
 import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, cast
 
@@ -34,12 +35,18 @@ from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.history.commands import register as register_history
 from harness.importers.commands import register as register_import
 from harness.llamacpp.commands import register as register_llamacpp
+from harness.lock import campaign_lock
 from harness.report import register as register_report
 from harness.sim.commands import register as register_sim
+from harness.termtext import shown
 from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
+    from harness.card import LoadedCard
     from harness.gate import Verdict
+    from harness.plan import Plan
+    from harness.records import CampaignDir
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
 
@@ -105,20 +112,20 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     from rich.table import Table
 
     card = plan.card.card
-    table = Table(title=f"{card.campaign}: {len(plan.runs)} runs", title_justify="left")
+    table = Table(title=f"{shown(card.campaign)}: {len(plan.runs)} runs", title_justify="left")
     for column in ("#", "run id", "cell", "cycle", "pattern", "slot", "arm", "cache", "box"):
         table.add_column(column)
     for run in plan.runs:
         table.add_row(
             str(run.index),
-            run.run_id,
-            run.cell,
+            shown(run.run_id),
+            shown(run.cell),
             str(run.cycle),
             run.pattern,
             str(run.slot),
             run.arm,
             run.cache_state,
-            run.box,
+            shown(run.box),
         )
     console = Console(file=out, width=120, highlight=False)
     console.print(table)
@@ -127,50 +134,59 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         f"{_format_duration(plan.estimated_total_s())} in all "
         f"(boot {plan.card.runtime.expected_boot_s:g} s and "
         f"{plan.card.runtime.expected_tok_s:g} tok/s assumed by runtime "
-        f"{plan.card.runtime.name!r})"
+        f"{shown(repr(plan.card.runtime.name))})"
     )
     return EXIT_OK
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_card, scale_workload
+    from harness.execute.reopen import reopen_campaign
+    from harness.execute.run import new_campaign_dir
+    from harness.plan import build_plan
+    from harness.records import open_campaign
+
+    # Held from before the first write of a resume to the last write of the run's records.
+    with contextlib.ExitStack() as held:
+        if args.resume:
+            root = Path(args.resume)
+            open_campaign(root)  # not a campaign directory: said before a lock file is made in it
+            held.enter_context(campaign_lock(root))
+            reopened = reopen_campaign(root, cycles=args.cycles)
+            campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
+            for note in reopened.notes:
+                out.write(note + "\n")
+            if reopened.extended_from is not None:
+                out.write(
+                    f"extended: {reopened.extended_from} → {plan.cycles} cycles "
+                    f"({len(plan.runs)} runs planned)\n"
+                )
+            campaign.journal.append("campaign_resume")
+        else:
+            if args.card is None:
+                raise BadInput("give a CARD to run, or --resume DIR")
+            if args.cycles is not None:
+                raise BadInput(
+                    "--cycles extends a campaign: give it with --resume DIR "
+                    "(for a new campaign, set design.cycles on the card)"
+                )
+            loaded = scale_workload(load_card(Path(args.card)), args.scale)
+            plan = build_plan(loaded, scale=args.scale)
+            campaign = new_campaign_dir(loaded, plan, Path(args.reports))
+            held.enter_context(campaign_lock(campaign.root))
+        return _execute(args, campaign, loaded, plan, out)
+
+
+def _execute(
+    args: argparse.Namespace, campaign: CampaignDir, loaded: LoadedCard, plan: Plan, out: TextIO
+) -> int:
+    """Run a campaign's runs not yet done (under its lock), then analyse and gate it."""
     from harness.execute.box_cache import release_cache
     from harness.execute.fleet import FleetRunner
     from harness.execute.progress import make_progress
-    from harness.execute.reopen import reopen_campaign
-    from harness.execute.run import new_campaign_dir
     from harness.execute.sequential import run_sequential
-    from harness.plan import build_plan
 
-    if args.resume:
-        reopened = reopen_campaign(Path(args.resume), cycles=args.cycles)
-        campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
-        for note in reopened.notes:
-            out.write(note + "\n")
-        if reopened.extended_from is not None:
-            out.write(
-                f"extended: {reopened.extended_from} → {plan.cycles} cycles "
-                f"({len(plan.runs)} runs planned)\n"
-            )
-        campaign.journal.append("campaign_resume")
-    else:
-        if args.card is None:
-            raise BadInput("give a CARD to run, or --resume DIR")
-        if args.cycles is not None:
-            raise BadInput(
-                "--cycles extends a campaign: give it with --resume DIR "
-                "(for a new campaign, set design.cycles on the card)"
-            )
-        loaded = scale_workload(load_card(Path(args.card)), args.scale)
-        plan = build_plan(loaded, scale=args.scale)
-        campaign = new_campaign_dir(loaded, plan, Path(args.reports))
     design = loaded.card.design
-    if design.sequential and design.max_cycles is not None and plan.cycles > design.max_cycles:
-        raise BadInput(
-            f"--cycles {plan.cycles}: the card's sequential design ends at max_cycles "
-            f"{design.max_cycles}; its α is spent there (start a new campaign with a larger "
-            "max_cycles)"
-        )
     out.write(f"campaign directory: {campaign.root}\n")
     out.flush()
     if design.sequential:
@@ -215,6 +231,7 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.gate import evaluate_gates, write_verdict
 
     analysis = analyze_campaign(root)
+    note_unsealed(analysis)
     write_analysis(analysis)
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
@@ -227,6 +244,15 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     if report is not None:
         out.write(f"report: {report}\n")
     return verdict
+
+
+def note_unsealed(analysis: CampaignAnalysis) -> None:
+    """Say on stderr (stdout may be JSON) that an older directory's records were unverified."""
+    if not analysis.sealed:
+        _stderr(
+            f"note: {analysis.campaign.root} is not sealed from its start (made before campaign "
+            "directories were): what it held before was read unverified\n"
+        )
 
 
 def _render_report_if_available(root: Path, analysis: object, verdict: object) -> Path | None:
@@ -248,14 +274,14 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
     table.add_column("reason", overflow="fold")
     for gate in verdict.gates:
         mark = "[green]pass[/green]" if gate.passed else "[bold red]FAIL[/bold red]"
-        table.add_row(gate.name, mark, gate.reason)
+        table.add_row(shown(gate.name), mark, shown(gate.reason))
     if not verdict.gates:
         table.add_row("(none)", "[bold red]FAIL[/bold red]", "the card declares no gates")
     if verdict.incomplete_runs:
         from harness.gate import incomplete_text
 
         table.add_row(
-            "(campaign) runs complete", "[bold red]FAIL[/bold red]", incomplete_text(verdict)
+            "(campaign) runs complete", "[bold red]FAIL[/bold red]", shown(incomplete_text(verdict))
         )
     Console(file=out, width=140, highlight=False).print(table)
 
@@ -263,8 +289,10 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
 def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
     from harness.analyze.campaign import analyze_campaign, summary_text, write_analysis
 
-    analysis = analyze_campaign(Path(args.dir))
-    folder = write_analysis(analysis)
+    with locked_campaign(Path(args.dir)):
+        analysis = analyze_campaign(Path(args.dir))
+        note_unsealed(analysis)
+        folder = write_analysis(analysis)
     if args.json:
         out.write(summary_text(analysis) + "\n")
         return EXIT_OK
@@ -282,25 +310,37 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
             else "no interval"
         )
         table.add_row(
-            str(row["cell"]),
+            shown(row["cell"]),
             str(row["cache_state"]),
-            str(row["metric"]),
+            shown(row["metric"]),
             f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
-            ci,
+            shown(ci),
             str(row["label"]),
             str(row["n_cycles"]),
         )
     console.print(table)
     for flag in analysis.flags:
-        console.print(f"{flag['kind']}: {flag['cell']} {flag['metric']}: {flag['detail']}")
+        console.print(shown(f"{flag['kind']}: {flag['cell']} {flag['metric']}: {flag['detail']}"))
     for warning in analysis.warnings:
-        console.print(f"warning: {warning}")
-    console.print(f"tables written to {folder}")
+        console.print(f"warning: {shown(warning)}")
+    console.print(f"tables written to {shown(folder)}")
     return EXIT_OK
 
 
 def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
-    return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
+    with locked_campaign(Path(args.dir)):
+        return _analyze_and_gate(Path(args.dir), out, quiet=args.quiet).exit_code()
+
+
+@contextlib.contextmanager
+def locked_campaign(root: Path) -> Iterator[None]:
+    """A campaign directory held for a command that writes into it (analysis, verdict, report):
+    refused while another harness runs or reads it, so no one reads half of what one writes."""
+    from harness.records import open_campaign
+
+    open_campaign(root)
+    with campaign_lock(root):
+        yield
 
 
 def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
@@ -316,7 +356,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     from rich.table import Table
 
     table = Table(
-        title=f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)",
+        title=shown(f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)"),
         title_justify="left",
     )
     for column in ("cell", "state", "metric", "A", "B", "B/A", "95% CI", "label", "in A", "in B"):
@@ -328,9 +368,9 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
             else "no interval"
         )
         table.add_row(
-            row["cell"], row["cache_state"], row["metric"], f"{row['a_value']:.4g}",
-            f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", ci, row["label"],
-            str(row["a_label"] or "-"), str(row["b_label"] or "-"),
+            shown(row["cell"]), row["cache_state"], shown(row["metric"]),
+            f"{row['a_value']:.4g}", f"{row['b_value']:.4g}", f"{row['ratio']:.3f}", shown(ci),
+            row["label"], str(row["a_label"] or "-"), str(row["b_label"] or "-"),
         )  # fmt: skip
     console = Console(file=out, width=160, highlight=False)
     console.print(table)
@@ -483,6 +523,20 @@ class _Courtesy(io.TextIOBase):
         return self._target.fileno()
 
 
+def os_error_text(exc: OSError) -> str:
+    """``PATH: what the errno means``, and what to do; every path the error names."""
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    meaning = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+    if exc.errno == errno.EEXIST:
+        meaning += " (and is not a folder)"  # what a mkdir over a file says
+    where = " → ".join(paths) if paths else "a file the harness writes"
+    return (
+        f"{where}: {meaning}; nothing already written was lost (records are replaced whole): "
+        "fix it (free space, a writable folder, a folder where a folder belongs) and run the "
+        "command again (a campaign: harness run --resume DIR)"
+    )
+
+
 def _stderr(text: str) -> None:
     with contextlib.suppress(OSError):
         sys.stderr.write(text)
@@ -507,6 +561,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             traceback.print_exc()
         _print_error(exc)
         return exc.exit_code
+    except OSError as exc:
+        # What our readers and writers did not turn into a HarnessError is the machine's: a
+        # full disk, a read-only file system, a file where a folder goes. Exit 3, not 1 (a
+        # release gate reads 1 as "the candidate failed"); atomic writes kept what was there.
+        if args.debug:
+            traceback.print_exc()
+        _stderr(os_error_text(exc) + "\n")
+        return EXIT_INFRASTRUCTURE
     except KeyboardInterrupt as exc:
         _stderr(f"interrupted ({describe(exc)})\n")
         return exit_code(exc)

@@ -81,3 +81,14 @@ class SlurmError(BoxError):
 
 class RuntimeBootError(InfrastructureError):
     """A runtime did not boot or never became ready."""
+
+
+class VerificationError(InfrastructureError):
+    """A campaign directory does not hold what its journal sealed (:mod:`harness.verify`).
+
+    Exit 3, not 2: the records were changed after they were written (a bad copy, a disk, a hand
+    edit), and no verdict may be read from them; nothing the user passed was wrong.
+    """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"campaign directory does not verify: {problem}")

@@ -8,7 +8,9 @@ verdict with any planned run incomplete never passes (docs/design.md#gates).
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +43,7 @@ from harness.gate_result import (
     required_count,
 )
 from harness.gate_soak import lockstep_gate, soak_gate
-from harness.records import write_json_atomic
+from harness.records import write_json_atomic, write_text_atomic
 
 
 @dataclass
@@ -76,6 +78,10 @@ class Verdict:
         }
 
 
+# An empty output compares equal to any other empty output and shows nothing about either.
+EMPTY_OUTPUT_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
 def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
     name = gate_name(gate)
     reference = gate.vs or analysis.card.control
@@ -108,11 +114,13 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             continue
         missing_runs = incomplete_of(analysis.runs, cell)
         mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
-        matched, mismatched, allowed, missing = [], [], [], []
+        matched, mismatched, allowed, missing, empty = [], [], [], [], []
         for prompt_id, expected in ref_hash.items():
             got = mine[mine["prompt_id"] == prompt_id]["output_sha256"]
             if got.empty:
                 missing.append(str(prompt_id))
+            elif expected == EMPTY_OUTPUT_SHA256:
+                empty.append(str(prompt_id))  # nothing compared is not a match
             elif (got == expected).all():
                 matched.append(str(prompt_id))
             elif prompt_id in gate.allow:
@@ -129,6 +137,7 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
             "mismatched": mismatched,
             "allowed_mismatches": allowed,
             "missing": missing,
+            "empty": empty,
             "flaky_in_reference": sorted(str(p) for p, k in ref_flaky.items() if k > 1),
             "incomplete": missing_runs,
         }
@@ -141,6 +150,11 @@ def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateRe
                 detail += f"; differ: {', '.join(mismatched[:5])}"
             if missing:
                 detail += f"; missing outputs for {len(missing)} prompts"
+            if empty:
+                detail += (
+                    f"; {len(empty)} prompts with an empty output in {reference} (nothing "
+                    "compared is not a match)"
+                )
             failures.append(detail)
     if failures:
         return GateResult(
@@ -204,8 +218,17 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
             incomplete=gate.counter == "failed_runs",
         )
     top = max(values.values()) if values else 0.0
+    bounds = " and ".join(
+        f"{word} {bound:g}"
+        for word, bound in (("min", gate.min), ("max", gate.max))
+        if bound is not None
+    )
     return GateResult(
-        gate.kind, name, True, f"{len(values)} runs within bounds (max {top:g})", evidence
+        gate.kind,
+        name,
+        True,
+        f"{len(values)} runs within bounds ({bounds}; highest seen {top:g})",
+        evidence,
     )
 
 
@@ -306,7 +329,13 @@ def _better_in(
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
                 if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
-                    more = f"; about {int(row['cycles_needed'])} cycles would be needed"
+                    needed = int(row["cycles_needed"])
+                    look = analysis.look
+                    more = "; " + (
+                        look.more_cycles(needed)
+                        if look is not None
+                        else f"about {needed} cycles would be needed"
+                    )
                 reasons.append(f"{key}: {_describe(row)}{more}")
             else:
                 reasons.append(f"{key}: {_describe(row)}")
@@ -402,35 +431,46 @@ def incomplete_text(verdict: Verdict) -> str:
     )
 
 
+# Characters XML 1.0 cannot hold (ElementTree writes them anyway, and a CI's parser then rejects
+# the whole report): a control byte from a prompt id or a runtime's output becomes U+FFFD.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml(text: str) -> str:
+    """Text ElementTree escapes (<, >, &, quotes) and XML 1.0 can hold."""
+    return _NOT_XML.sub("\ufffd", text)
+
+
 def write_verdict(verdict: Verdict, root: Path) -> None:
     """Write ``verdict.json`` and ``verdict.junit.xml`` for CI systems."""
     write_json_atomic(root / "verdict.json", verdict.to_json())
     incomplete = bool(verdict.incomplete_runs)
     suite = ET.Element(
         "testsuite",
-        name=f"harness.{verdict.campaign}",
+        name=_xml(f"harness.{verdict.campaign}"),
         tests=str(len(verdict.gates) + incomplete),
         failures=str(sum(not g.passed for g in verdict.gates) + incomplete),
     )
     for gate in verdict.gates:
-        case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=gate.name)
+        name, reason = _xml(gate.name), _xml(gate.reason)
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=name)
         if not gate.passed:
-            failure = ET.SubElement(case, "failure", message=gate.reason[:500])
-            failure.text = gate.reason
+            failure = ET.SubElement(case, "failure", message=reason[:500])
+            failure.text = reason
         else:
-            ET.SubElement(case, "system-out").text = gate.reason
+            ET.SubElement(case, "system-out").text = reason
     if incomplete:
         # A CI reading only the test cases must not see a green suite for a partial campaign.
         case = ET.SubElement(
             suite, "testcase", classname="campaign.complete", name="every planned run completed"
         )
-        text = incomplete_text(verdict)
+        text = _xml(incomplete_text(verdict))
         ET.SubElement(case, "failure", message=text[:500]).text = text
     root_element = ET.Element("testsuites")
     root_element.append(suite)
-    tree = ET.ElementTree(root_element)
-    ET.indent(tree)
-    tree.write(root / "verdict.junit.xml", encoding="utf-8", xml_declaration=True)
+    ET.indent(ET.ElementTree(root_element))
+    text = ET.tostring(root_element, encoding="unicode", xml_declaration=True)
+    write_text_atomic(root / "verdict.junit.xml", text + "\n")
 
 
 __all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "incomplete_text", "write_verdict"]

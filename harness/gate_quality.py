@@ -167,4 +167,9 @@ def quality_gate(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
         return GateResult(
             gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
         )
-    return GateResult(gate.kind, name, True, "every cell passes the quality suite", evidence)
+    counts = "; ".join(
+        f"{cell}: {e['passed']}/{e['n']} pass, need {e['required']}" for cell, e in evidence.items()
+    )
+    return GateResult(
+        gate.kind, name, True, f"every cell passes the quality suite ({counts})", evidence
+    )

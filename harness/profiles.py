@@ -35,9 +35,10 @@ def _check_regex(pattern: str, field: str) -> None:
 
 
 class Strict(BaseModel):
-    """Base of every user-facing model: unknown keys are errors, not silently ignored."""
+    """Base of every user-facing model: unknown keys are errors, not silently ignored, and no
+    number is NaN or infinite (a bound of `.nan` would let every value pass)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BoxSpec(Strict):

@@ -17,20 +17,24 @@ field and the fix, never a KeyError or TypeError inside the statistics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from harness.errors import RecordError
+from harness.errors import RecordError, VerificationError
+from harness.seal import file_sha256, run_seal, start_seal
 from harness.telemetry import RING_FIELDS
 from harness.textfile import parse_json, read_bytes, read_text
 
@@ -42,26 +46,37 @@ RUN_FAILED = "failed"
 RUN_INTERRUPTED = "interrupted"
 
 
+@contextlib.contextmanager
+def _unlinked_on_failure(tmp: Path, path: Path | None = None) -> Iterator[None]:
+    """A failed write (disk full, read-only) leaves no temp file and the old file as it was;
+    the error names the file being written (a failed write(2) names none)."""
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            if tmp != path:
+                tmp.unlink()
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path or tmp)) from exc
+        raise
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump({"schema_version": SCHEMA_VERSION, **payload}, handle, indent=2, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    text = json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str)
+    write_text_atomic(path, text)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write text through a temp file and rename (plan.json, rewritten when a campaign grows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    with _unlinked_on_failure(tmp, path):
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -161,8 +176,11 @@ def read_counters(path: Path) -> dict[str, Any]:
         if not isinstance(values, dict):
             raise _broken(path, part, "must be an object of counters")
         for name, value in values.items():
-            if value is not None and not _is_number(value):
-                raise _broken(path, f"{part}.{name}", f"must be a number, got {value!r:.40}")
+            if value is not None and not (_is_number(value) and math.isfinite(value)):
+                raise _broken(path, f"{part}.{name}", f"must be a finite number, got {value!r:.40}")
+            if value is not None and part != "delta" and value < 0:
+                # A reading of a counter is a count; only a gauge's delta may go down.
+                raise _broken(path, f"{part}.{name}", f"must not be negative, got {value!r:.40}")
     return counters
 
 
@@ -238,14 +256,51 @@ def _check_columns(frame: pd.DataFrame, path: Path) -> None:
             raise _broken(path, name, f"must hold {want} values, has {frame[name].dtype}")
 
 
+# Values of run tables that are counts, durations or times: finite and never negative.
+_NON_NEGATIVE = {
+    "requests.parquet": ("ttft_s", "e2el_s", "completion_tokens", "prompt_tokens"),
+    "chunks.parquet": ("t_s",),
+    "samples.parquet": ("rss_bytes", "swapout_pages"),
+}
+# Columns that identify a row: a row twice is a damaged (or doctored) table.
+_ROW_KEYS = {"requests.parquet": ("request",), "chunks.parquet": ("request", "chunk")}
+
+
+def _check_values(frame: pd.DataFrame, path: Path) -> None:
+    for name in _NON_NEGATIVE.get(path.name, ()):
+        if name not in frame.columns:
+            continue
+        values = pd.to_numeric(frame[name], errors="coerce").dropna().to_numpy(dtype=float)
+        bad = values[~np.isfinite(values) | (values < 0)]
+        if bad.size:
+            raise _broken(path, name, f"must be finite and not negative, has {bad[0]!r}")
+    keys = [k for k in _ROW_KEYS.get(path.name, ()) if k in frame.columns]
+    if keys and frame.duplicated(subset=keys).any():
+        row = frame[frame.duplicated(subset=keys)].iloc[0]
+        which = ", ".join(f"{k} {row[k]}" for k in keys)
+        raise _broken(path, "rows", f"{which} appears more than once")
+    if path.name == "chunks.parquet" and {"request", "chunk", "t_s"} <= set(frame.columns):
+        ordered = frame.sort_values(["request", "chunk"])
+        gaps = ordered.groupby("request")["t_s"].diff().dropna()
+        if (gaps < 0).any():
+            request = ordered.loc[gaps[gaps < 0].index[0], "request"]
+            raise _broken(
+                path,
+                "t_s",
+                f"request {request}: a token arrives before the one before it "
+                "(a negative inter-token latency)",
+            )
+
+
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     """Write a DataFrame atomically, tagged with the schema version."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     frame = frame.copy()
     frame.attrs = {"schema_version": str(SCHEMA_VERSION)}
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    with _unlinked_on_failure(tmp, path):
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
 
 
 def read_parquet(path: Path) -> pd.DataFrame:
@@ -265,25 +320,63 @@ def read_parquet(path: Path) -> pd.DataFrame:
             "is damaged: restore it, or rerun the run"
         ) from None
     _check_columns(frame, path)
+    _check_values(frame, path)
     return frame
 
 
 _APPEND_LOCK = threading.Lock()
 
 
+CAMPAIGN_JOURNAL = "journal.jsonl"
+
+
 class Journal:
-    """The append-only, fsynced event log of a campaign."""
+    """The append-only, fsynced event log of a campaign.
+
+    The campaign's own journal seals what its events vouch for (:mod:`harness.seal`):
+    ``campaign_start``, ``campaign_extended`` and ``run_done`` get the SHA-256 of the files
+    they are about, computed here so that every writer of those events seals alike.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def _seal(self, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+        if self.path.name != CAMPAIGN_JOURNAL or "files" in fields:
+            return fields
+        root = self.path.parent
+        if event == "campaign_start":
+            return {**fields, **start_seal(root)}
+        if event == "campaign_extended":
+            return {**fields, "files": {"plan.json": file_sha256(root / "plan.json")}}
+        if event == "run_done" and isinstance(fields.get("run_id"), str):
+            return {**fields, "files": run_seal(root / "runs" / fields["run_id"])}
+        return fields
+
+    def seal_file(self, path: Path) -> None:
+        """Journal the digest of a top-level record written after the start (``sealed``)."""
+        relative = path.relative_to(self.path.parent).as_posix()
+        self.append("sealed", files={relative: file_sha256(path)})
+
     def append(self, event: str, **fields: Any) -> None:
         """Append one event and fsync it before returning."""
+        fields = self._seal(event, fields)
         record = {"schema_version": SCHEMA_VERSION, "t": time.time(), "event": event, **fields}
         line = json.dumps(record, default=str) + "\n"
         # A fleet's workers append from several threads: one line at a time, whole.
-        with _APPEND_LOCK, self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line)
+        with (
+            _APPEND_LOCK,
+            _unlinked_on_failure(self.path, self.path),
+            self.path.open("a+b") as handle,
+        ):
+            # A write cut short (disk full, a kill) leaves a torn last line: end it first, or
+            # this event would be glued to it and lost with it.
+            end = handle.seek(0, os.SEEK_END)
+            if end:
+                handle.seek(end - 1)
+                if handle.read(1) != b"\n":
+                    line = "\n" + line
+            handle.write(line.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -314,6 +407,21 @@ class Journal:
         }
 
 
+def check_inside(root: Path, path: Path) -> Path:
+    """``path``, checked to land inside ``root`` (a name from a card never writes elsewhere)."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise RecordError(f"{path}: outside {root}; a name from the card must not leave it")
+    return path
+
+
+def write_sealed_json(root: Path, path: Path, payload: dict[str, Any]) -> None:
+    """Write a top-level record of the campaign in ``root`` and journal its digest (when the
+    folder has a campaign journal: a Slurm job's folder keeps the same files unsealed)."""
+    write_json_atomic(check_inside(root, path), payload)
+    if (root / CAMPAIGN_JOURNAL).is_file():
+        Journal(root / CAMPAIGN_JOURNAL).seal_file(path)
+
+
 @dataclass
 class CampaignDir:
     """A campaign directory on disk."""
@@ -333,7 +441,7 @@ class CampaignDir:
     @property
     def journal(self) -> Journal:
         """The campaign's journal."""
-        return Journal(self.root / "journal.jsonl")
+        return Journal(self.root / CAMPAIGN_JOURNAL)
 
     def run_dir(self, run_id: str) -> Path:
         """Folder of one run."""
@@ -363,6 +471,11 @@ class CampaignDir:
 
 def open_campaign(path: Path) -> CampaignDir:
     """A campaign directory, checked to have a plan and a card."""
+    if not (path / "plan.json").is_file() and (path / CAMPAIGN_JOURNAL).is_file():
+        raise VerificationError(
+            f"{path / 'plan.json'}: missing, but {CAMPAIGN_JOURNAL} holds a campaign that was "
+            "planned; restore the file, or rerun the campaign"
+        )
     if not (path / "plan.json").is_file():
         raise RecordError(
             f"{path}: not a campaign directory (no plan.json); "

@@ -28,6 +28,7 @@ from harness.telemetry import (
     RingGeometry,
     check_fields,
 )
+from harness.textfile import check_regular
 
 __all__ = ["Ring", "describe_ring", "read_ring", "read_ring_since"]
 
@@ -251,6 +252,7 @@ def read_ring(path: str | os.PathLike[str], *, fields: Sequence[str] | None = No
     must all be present in the header (a profile's declaration is checked, not trusted).
     """
     name = os.fspath(path)
+    check_regular(name, RingError, "a ring")  # a FIFO would block the read forever
     if fields is not None and not _starts_with_magic(name):
         return _read_headerless(name, fields)
     ring = _read_headed(name, 0, fields)
@@ -266,6 +268,7 @@ def read_ring_since(path: str | os.PathLike[str], after_sequence: int) -> Ring:
     does not include the header's cumulative ``dropped`` (diff that field between drains).
     """
     name = os.fspath(path)
+    check_regular(name, RingError, "a ring")
     if after_sequence < 0:
         raise RingError(f"{name}: after_sequence must be >= 0, got {after_sequence}")
     return _read_headed(name, after_sequence, None)

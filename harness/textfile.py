@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import warnings
+from re import _constants as re_constants  # type: ignore[attr-defined]
+from re import _parser as re_parser  # type: ignore[attr-defined]
 from typing import Any
 
 from harness.errors import BadInput
@@ -25,8 +28,23 @@ _MAX_DIGITS = sys.get_int_max_str_digits() or 4300
 _LONG_NUMBER = re.compile(rf"\d{{{_MAX_DIGITS + 1},}}")
 
 
+def check_regular(path: str | os.PathLike[str], error: type[BadInput], what: str) -> None:
+    """``error`` unless ``path`` is a regular file: a FIFO would block a reader forever, and a
+    device or a socket is no file of ours (a missing file is left to the reader to say)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a file"
+        )
+        raise error(f"{os.fspath(path)}: {what} is {kind}, not a regular file; give a file")
+
+
 def read_bytes(path: str | os.PathLike[str], error: type[BadInput], what: str) -> bytes:
     """The bytes of ``path``; a missing or unreadable file raises ``error`` naming it."""
+    check_regular(path, error, what)
     try:
         with open(path, "rb") as handle:
             return handle.read()
@@ -83,4 +101,42 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return re.compile(pattern)
+        compiled = re.compile(pattern)
+        if _repeat_in_repeat(re_parser.parse(pattern)):
+            raise re.error(
+                "a repeated group that itself repeats (like `(a+)+` or `(\\d*)*`) can take "
+                "exponential time on a line that almost matches; write it with one repeat "
+                "(`a+`, `\\d*`)"
+            )
+        return compiled
+
+
+_REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
+
+
+def _repeat_in_repeat(parsed: Any, inside: bool = False) -> bool:
+    """Whether an unbounded repeat holds another repeat: the construct that backtracks without
+    bound. Python's ``re`` has no time limit, so user patterns are refused it instead."""
+    for op, arg in parsed:
+        children: list[Any] = []
+        repeats = False
+        if op in _REPEATS:
+            _, high, body = arg
+            if high > 1 and inside:
+                return True
+            repeats = high == re_constants.MAXREPEAT  # unbounded: where backtracking explodes
+            children = [body]
+        elif op == re_constants.SUBPATTERN:
+            children = [arg[-1]]
+        elif op == re_constants.BRANCH:
+            children = list(arg[1])
+        elif op in (re_constants.ASSERT, re_constants.ASSERT_NOT):
+            children = [arg[1]]
+        elif op == re_constants.ATOMIC_GROUP:
+            children = [arg]
+        elif op == re_constants.GROUPREF_EXISTS:
+            children = [branch for branch in arg[1:] if branch is not None]
+        for child in children:
+            if _repeat_in_repeat(child, inside or repeats):
+                return True
+    return False

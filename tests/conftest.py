@@ -75,3 +75,12 @@ def start_campaign(card: Path, reports: Path) -> subprocess.Popen[bytes]:
 def repo() -> Path:
     """The repository root."""
     return REPO
+
+
+@pytest.fixture(scope="session")
+def finished_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One small finished campaign made by ``harness run`` (tests.campaign_dirs), shared by the
+    tests that change campaign directories; read-only: copy it (``copy_campaign``) first."""
+    from tests.campaign_dirs import run_tiny
+
+    return run_tiny(tmp_path_factory.mktemp("finished-campaign"))

@@ -13,6 +13,7 @@ run. ``HARNESS_BAD_INPUT_EXAMPLES=N`` raises the in-process example count for a 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -811,3 +812,139 @@ def test_mutated_inputs_through_the_cli_exit_0_or_2(
     done = _run_mutated(item, mutation.apply, CLI_VERBS[kind](_root(inputs), item.path))
     assert done.code in (0, EXIT_BAD_INPUT), (mutation, done.stderr)
     assert "Traceback" not in done.stderr, (mutation, done.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# A campaign directory, each file it holds mutated the ways a copy, a sync or a disk goes wrong:
+# deleted, truncated, swapped, symlinked, edited within its schema. ``harness gate`` on it may
+# only fail verification (exit 3, naming the file) or raise one of our errors; never pass, never
+# a traceback. One small campaign is run once per session (``harness run``, the reference
+# runtime, shared with tests/test_campaign_trust.py); each case mutates a working copy in place
+# and restores it. The files are the top-level records and the journal, and every file of one
+# run (the others are of the same
+# kinds); what `gate` writes (analysis/, verdict, report) is covered by the output-fault tests.
+
+
+@dataclass(frozen=True)
+class DirFile:
+    """One file of the campaign copy and a file of the same kind to swap it with."""
+
+    relative: str
+    swap_with: str
+
+
+@pytest.fixture(scope="module")
+def campaign_copy(finished_campaign: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished campaign's records (run once per session), copied to mutate."""
+    from tests.campaign_dirs import copy_campaign
+
+    return copy_campaign(finished_campaign, tmp_path_factory.mktemp("campaign-dir"))
+
+
+def _dir_files(root: Path) -> list[DirFile]:
+    runs = sorted(p.name for p in (root / "runs").iterdir())
+    first, second = runs[0], runs[1]
+    top = ["card.yaml", "card.path", "plan.json", "journal.jsonl", "boxes/local.json"]
+    top += sorted(
+        p.relative_to(root).as_posix() for p in (root / "inputs").rglob("*") if p.is_file()
+    )
+    files = [DirFile(name, "card.yaml" if name != "card.yaml" else "plan.json") for name in top]
+    for path in sorted((root / "runs" / first).iterdir()):
+        files.append(DirFile(f"runs/{first}/{path.name}", f"runs/{second}/{path.name}"))
+    return files
+
+
+def _edit_within_schema(path: Path) -> None:
+    """A plausible edit: one number changed (JSON, parquet, text), the file still well formed."""
+    if path.suffix == ".parquet":
+        frame = pd.read_parquet(path)
+        numeric = [c for c in frame.columns if frame[c].dtype.kind in "if"]
+        if frame.empty or not numeric:
+            frame = pd.concat([frame, frame.iloc[:0]])
+            frame.attrs = {"edited": "yes"}
+        else:
+            frame.loc[frame.index[0], numeric[-1]] = frame[numeric[-1]].iloc[0] + 1
+        frame.to_parquet(path, index=False)
+        return
+    text = path.read_text(encoding="utf-8")
+    if path.name == "journal.jsonl":  # an event's time or id is no record; a sealed digest is
+        digest = re.search(r'"files": \{"[^"]+": "', text)
+        assert digest is not None
+        at = digest.end()
+        flipped = "0" if text[at] != "0" else "1"
+        path.write_text(text[:at] + flipped + text[at + 1 :], encoding="utf-8")
+        return
+    digit = re.search(r"\d", text)
+    if digit is None:
+        path.write_text(text + "\n", encoding="utf-8")
+        return
+    new = "1" if digit.group() != "1" else "2"
+    path.write_text(text[: digit.start()] + new + text[digit.end() :], encoding="utf-8")
+
+
+def _mutate(root: Path, item: DirFile, how: str) -> None:
+    path, other = root / item.relative, root / item.swap_with
+    if how == "deleted":
+        path.unlink()
+    elif how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "swapped":
+        a, b = path.read_bytes(), other.read_bytes()
+        path.write_bytes(b)
+        other.write_bytes(a)
+    elif how == "symlinked":  # to a byte-for-byte copy: the content is right, the file is not
+        twin = root.parent / f"twin-{path.name}"
+        shutil.copyfile(path, twin)
+        path.unlink()
+        path.symlink_to(twin)
+    else:
+        _edit_within_schema(path)
+
+
+MUTATIONS = ("deleted", "truncated", "swapped", "symlinked", "edited")
+
+
+def test_a_mutated_campaign_directory_only_fails_verification(campaign_copy: Path) -> None:
+    from harness.cli import main
+
+    root = campaign_copy
+    assert main(["analyze", str(root), "--json"], out=io.StringIO()) == 0
+    saved = {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+    outcomes: list[str] = []
+    wrong: list[str] = []
+    for item in _dir_files(root):
+        for how in MUTATIONS:
+            if how == "truncated" and (root / item.relative).stat().st_size == 0:
+                continue
+            if how == "swapped" and saved[item.relative] == saved[item.swap_with]:
+                continue  # two runs' identical records (counters of fresh boots): no change
+            _mutate(root, item, how)
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    code = main(["gate", str(root), "--quiet"], out=io.StringIO())
+            finally:
+                for name in (item.relative, item.swap_with):
+                    path = root / name
+                    if path.is_symlink():
+                        path.unlink()
+                    path.write_bytes(saved[name])
+            said = err.getvalue()
+            case = f"{item.relative} {how}: exit {code}: {said.strip()[:300]}"
+            outcomes.append(case)
+            verified = code == 3 and said.startswith("campaign directory does not verify: ")
+            # A cut journal names what it no longer vouches for (a run's run.json, say).
+            named = (
+                item.relative.split("/")[-1] in said
+                or item.swap_with in said
+                or item.relative == "journal.jsonl"
+            )
+            if not (verified and named) or "Traceback" in said:
+                wrong.append(case)
+    assert not wrong, "\n".join(wrong)
+    assert len(outcomes) >= 80  # 18 files, 5 ways, less no-op swaps and empty truncations

@@ -23,14 +23,21 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
-from harness.errors import RecordError
+from harness.errors import RecordError, VerificationError
 from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
 from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
 from harness.gate_quality import check_passes
 from harness.plan import build_plan
-from harness.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
+from harness.records import (
+    RUN_OK,
+    CampaignDir,
+    RunRecord,
+    write_json_atomic,
+    write_parquet,
+    write_sealed_json,
+)
 from harness.telemetry import RingGeometry, RingWriter
 from harness.telemetry_read import read_ring
 from tests.conftest import DATA, run_cli
@@ -271,6 +278,17 @@ def test_exact_outputs_fail_closed_when_the_cell_has_no_outputs(tmp_path: Path) 
     assert result.evidence["cells"]["treat"]["missing"] == list(HELDOUT)
 
 
+def test_exact_outputs_with_every_output_empty_is_not_a_match(tmp_path: Path) -> None:
+    # Both arms answered nothing: equal hashes, but nothing was compared.
+    synth = Synth(output=lambda run, prompt_id: "")
+    result = only(verdict_of(tmp_path, "  - {kind: exact_outputs}", synth))
+    assert not result.passed and not result.incomplete
+    assert result.reason == (
+        "treat: 0/4 match control, need 4; 4 prompts with an empty output in control (nothing "
+        "compared is not a match)"
+    )
+
+
 def test_exact_outputs_fail_closed_without_reference_outputs(tmp_path: Path) -> None:
     synth = Synth(status=lambda run: None if run["cell"] == "control" else RUN_OK)
     result = only(verdict_of(tmp_path, "  - {kind: exact_outputs, min_match: 1/4}", synth))
@@ -342,7 +360,7 @@ def _counters_with(**values: float) -> Callable[[Run], dict[str, float]]:
         ("{kind: counter, counter: new_swapout_pages, max: 0}", {}, True, "4 runs within"),
         ("{kind: counter, counter: new_swapout_pages, max: 0}", {"new_swapout_pages": 3}, False,
          "out of bounds: 0001-treat-c0-warm-s1-r0=3"),
-        ("{kind: counter, counter: swaps, max: 2}", {"swaps": 2}, True, "(max 2)"),
+        ("{kind: counter, counter: swaps, max: 2}", {"swaps": 2}, True, "(max 2; highest seen 2)"),
         ("{kind: counter, counter: swaps, max: 2}", {"swaps": 2.5}, False, "=2.5"),
         ("{kind: counter, counter: expert_loads, min: 1}", {"expert_loads": 0}, False, "=0"),
         ("{kind: counter, counter: expert_loads, min: 1, max: 500}", {}, True, "within"),
@@ -655,7 +673,8 @@ def _quality_campaign(
     ids = tuple(str(p["id"]) for p in SUITE)
     campaign = build_campaign(root, _card_text(gates), Synth(quality=answers, quality_ids=ids))
     if suite:
-        write_json_atomic(campaign.root / "quality.json", {"prompts": SUITE})
+        # The suite as the harness writes it: its digest journalled (harness.seal).
+        write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
     else:
         (campaign.root / "quality.json").unlink()
     return evaluate_gates(analyze_campaign(campaign.root))
@@ -732,7 +751,7 @@ def test_quality_fails_closed_on_an_invalid_check_in_the_campaign(tmp_path: Path
         Synth(quality=_answers({}), quality_ids=ids),
     )  # fmt: skip
     suite = [{**SUITE[0], "check": {"kind": "regex"}}, *SUITE[1:]]
-    write_json_atomic(campaign.root / "quality.json", {"prompts": suite})
+    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": suite})
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed and not result.incomplete
     assert result.reason == (
@@ -761,12 +780,10 @@ def test_quality_vs_is_a_no_regression_floor(tmp_path: Path) -> None:
 
 
 def test_quality_fails_closed_without_a_suite_or_answers(tmp_path: Path) -> None:
-    no_suite = only(
+    # The suite the campaign started with, deleted: the directory no longer verifies.
+    with pytest.raises(VerificationError, match=r"quality\.json: missing, but the journal sealed"):
         _quality_campaign(tmp_path / "a", "  - {kind: quality, min_pass: 1}", _answers({}),
-                          suite=False)
-    )  # fmt: skip
-    assert not no_suite.passed
-    assert no_suite.reason == "no quality suite was run in this campaign"
+                          suite=False)  # fmt: skip
     # A suite on disk but no quality answers in the runs: nothing passes.
     campaign = build_campaign(tmp_path / "b", _card_text("  - {kind: quality, min_pass: 1}"),
                               Synth())  # fmt: skip
@@ -791,7 +808,7 @@ def test_quality_fails_closed_on_a_missing_run(
         status=lambda run: None if run["run_id"].startswith(missing) else RUN_OK,
     )
     campaign = build_campaign(tmp_path, _card_text(f"  - {gate}", cycles=2), synth)
-    write_json_atomic(campaign.root / "quality.json", {"prompts": SUITE})
+    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed
     assert who in result.reason and "(missing)" in result.reason
@@ -919,7 +936,8 @@ def test_a_damaged_lockstep_record_is_bad_input_not_a_gate_result(
 
 def test_a_damaged_quality_record_names_its_field(tmp_path: Path) -> None:
     campaign = build_campaign(tmp_path, _card_text("  - {kind: quality, min_pass: 1}"), Synth())
-    write_json_atomic(campaign.root / "quality.json", {"prompts": [{"check": {}}]})
+    path = campaign.root / "quality.json"
+    write_sealed_json(campaign.root, path, {"prompts": [{"check": {}}]})
     with pytest.raises(RecordError, match=r"quality\.json: `prompts` must be a list"):
         evaluate_gates(analyze_campaign(campaign.root))
 

@@ -22,6 +22,7 @@ from markupsafe import escape
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, write_analysis
 from harness.analyze.cell_values import ratio_of
 from harness.gate import evaluate_gates
+from harness.records import Journal
 from harness.report import build_context, copy_path, fmt, register, render_report
 from harness.report.context import boxes_context
 
@@ -74,7 +75,10 @@ gates:
   - {{kind: counter, counter: new_swapout_pages, max: 0}}
   - {{kind: better, metric: decode_tok_s}}
 """
-HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+HOSTILE = (
+    "<script>alert('x')</script><img src=x onerror=alert(1)>"
+    "\n# 2026-12-01 forged: PASS\n<!-- [bold red]x[/] [link](javascript:alert(1)) | a"
+)
 
 _CACHE: dict[str, Path] = {}
 
@@ -273,6 +277,12 @@ def test_hostile_prompt_and_output_text_is_escaped(tiny_root: Path, tmp_path: Pa
     escaped = str(escape(HOSTILE))
     assert page.count(escaped) >= 3  # description, mismatch prompt id, the output itself
     assert "Exact-output mismatches" in page
+    assert "<!--" not in page.split("<body", 1)[1]
+    # record.md, written beside the page from the same context: inert where markdown renders.
+    record = (root / "record.md").read_text()
+    assert "<script>" not in record and "<img" not in record and "<!--" not in record
+    assert "](javascript:" not in record and "\n# 2026-12-01 forged" not in record
+    assert "&lt;script&gt;alert('x')&lt;/script&gt;" in record
 
 
 def test_failed_and_missing_runs_are_shown(tiny_root: Path, tmp_path: Path) -> None:
@@ -287,6 +297,18 @@ def test_failed_and_missing_runs_are_shown(tiny_root: Path, tmp_path: Path) -> N
     )
     record_path.write_text(json.dumps(record))
     shutil.rmtree(runs[2])  # a run that never wrote its record
+    # The journal as a harness that saw these ends writes it: no run_done for either run.
+    journal = root / "journal.jsonl"
+    kept = [
+        line
+        for line in journal.read_text().splitlines()
+        if not (
+            json.loads(line)["event"] == "run_done"
+            and json.loads(line)["run_id"] in (runs[1].name, runs[2].name)
+        )
+    ]
+    journal.write_text("\n".join(kept) + "\n")
+    Journal(journal).append("run_failed", run_id=runs[1].name, reason=record["reason"])
     analysis = analyze_campaign(root)
     verdict = evaluate_gates(analysis)
     assert not verdict.passed

@@ -86,11 +86,16 @@ def test_a_directory_made_before_inputs_were_frozen_resumes_from_card_path(
     tmp_path: Path,
 ) -> None:
     _, root = _campaign(tmp_path)
-    # What such a directory looked like: no inputs/, and a plan without `cycles`.
+    # What such a directory looked like: no inputs/, a plan without `cycles`, and a journal
+    # without seals (harness.seal came later still).
     shutil.rmtree(root / "inputs")
     plan = json.loads((root / "plan.json").read_text())
     del plan["cycles"]
     (root / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+    journal = root / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text().splitlines() if line]
+    unsealed = [{k: v for k, v in e.items() if k not in ("seal", "files")} for e in events]
+    journal.write_text("".join(json.dumps(e) + "\n" for e in unsealed))
 
     resumed = run_cli("run", "--resume", str(root), "--cycles", "2", "--quiet", cwd=REPO)
     assert resumed.code == 0, resumed.stdout + resumed.stderr

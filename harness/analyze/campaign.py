@@ -70,6 +70,7 @@ class CampaignAnalysis:
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # cell × state × tier medians
     runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
     fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
+    sealed: bool = True  # False: an older directory, its earlier records read unverified
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""
@@ -413,8 +414,11 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
     predicted-against-measured table.
     """
     from harness.records import open_campaign
+    from harness.verify import verify_campaign
 
     campaign = open_campaign(root)
+    # Nothing is read from a directory that does not hold what its journal sealed.
+    verification = verify_campaign(root)
     card = read_card_schema(campaign.card_path())
     tables = load_runs(campaign, card)
     runs = tables.runs
@@ -498,6 +502,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         tiers=tables.tiers,
         runtime=build_runtime_tables(campaign, card, runs, cells),
         fleet=fleet,
+        sealed=verification.sealed,
     )
 
 

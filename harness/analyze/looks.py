@@ -50,6 +50,16 @@ class LookState:
             "can decide it; extending this one would spend α the design does not have"
         )
 
+    def more_cycles(self, needed: int) -> str:
+        """Advice for ``needed`` cycles in all that this design allows: never an extension past
+        max_cycles, which the design forbids (α is spent there)."""
+        if needed <= self.max_cycles:
+            return f"about {needed} cycles would be needed"
+        return (
+            f"about {needed} cycles would be needed, past this design's max_cycles "
+            f"{self.max_cycles}: start a new campaign with max_cycles >= {needed}"
+        )
+
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
         return {

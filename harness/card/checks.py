@@ -34,7 +34,7 @@ from harness.card.schema import (
     SurvivesGate,
 )
 from harness.catalog import COUNTERS, METRICS, RING_ONLY
-from harness.errors import BadInput, CardError
+from harness.errors import BadInput, CardError, MapError
 from harness.profiles import BoxSpec, KnobSpec, RuntimeProfile
 from harness.prompts import Prompt, load_pool, normalise
 from harness.yamlfile import Loc, YamlDoc, dotted
@@ -205,8 +205,21 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
         for key, rel in cell.files.items():
             if not _is_file(where, rel):
                 out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))
+            elif key == "rowmap":
+                _check_rowmap(where.path(rel), ("cells", name, "files", key), out)
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
+
+
+def _check_rowmap(path: Path, field: tuple[str | int, ...], out: Problems) -> None:
+    """A rowmap read as the runtime's loader reads it, so a bad one fails here, not at boot."""
+    from harness.maps import read_rowmap
+
+    try:
+        read_rowmap(path)
+    except MapError as exc:
+        for line in exc.lines():
+            out.add(field, line)
 
 
 def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from harness.card.inputs import PATH_ROLES, InputFile, Locator
 from harness.card.load import LoadedCard, load_card
 from harness.errors import RecordError
-from harness.records import read_json, write_json_atomic
+from harness.records import check_inside, read_json, write_json_atomic
 
 MANIFEST = Path("inputs") / "manifest.json"
 # Larger files are referenced by hash, not copied: a campaign directory should not hold a model.
@@ -68,7 +68,11 @@ def freeze_inputs(
             copy = PurePosixPath("card.yaml")
         elif stat.st_size <= copy_limit_bytes:
             copy = _unique(_copy_name(item), item.path, taken)
-        digest = _sha256(item.path) if copy is None else _copy(item.path, root / copy)
+        digest = (
+            _sha256(item.path)
+            if copy is None
+            else _copy(item.path, check_inside(root, root / copy))
+        )
         entries.append(
             {
                 "role": item.role,
@@ -121,7 +125,7 @@ def frozen_paths(root: Path, role: str) -> list[Path] | None:
         return None
     entries = _entries(root / MANIFEST)
     return [
-        root / e["copy"] if e.get("copy") else Path(e["original"])
+        check_inside(root, root / e["copy"]) if e.get("copy") else Path(e["original"])
         for e in entries
         if e.get("role") == role
     ]
@@ -183,7 +187,7 @@ def _checked(root: Path, entry: dict[str, Any], notes: list[str]) -> Path:
                     "file would not be the same campaign: restore it or start a new campaign"
                 )
         return original
-    copy = root / str(entry["copy"])
+    copy = check_inside(root, root / str(entry["copy"]))
     if not copy.is_file():
         raise RecordError(
             f"{copy}: missing from the campaign directory (listed in {root / MANIFEST}); "

@@ -7,7 +7,7 @@ is checked in :mod:`harness.card.checks`.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -17,6 +17,8 @@ from harness.textfile import compile_pattern
 KnobValue = str | int | float | bool
 CacheState = Literal["warm", "cold"]
 _FRACTION = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+# A name that becomes a file name: no separator, no `..`, nothing a file system refuses.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def parse_fraction(value: str | int) -> tuple[int, int | None]:
@@ -36,6 +38,12 @@ def _check_fraction(value: str | int) -> str | int:
     if k < 0:
         raise ValueError("k must not be negative")
     return value
+
+
+def _refuse_vacuous(value: str | int, what: str) -> None:
+    """0 of n passes whatever the runs did: a gate that cannot fail is not a gate."""
+    if value != "all" and parse_fraction(value)[0] == 0:
+        raise ValueError(f"{value!r}: k is 0, so {what}; give k >= 1")
 
 
 class Split(Strict):
@@ -121,6 +129,27 @@ class Cell(Strict):
     files: dict[str, str] = Field(default_factory=dict, description="knob files to upload")
     live: dict[str, KnobValue] = Field(default_factory=dict, description="live knobs after boot")
 
+    @field_validator("env")
+    @classmethod
+    def _environment(cls, env: dict[str, KnobValue]) -> dict[str, KnobValue]:
+        # What execve(2) cannot pass: caught here, not as a failed boot (or a traceback) later.
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(
+                    f"environment name {name!r:.60}: must be non-empty, without `=` or a NUL byte"
+                )
+            if "\0" in str(value):
+                raise ValueError(f"{name}: a value with a NUL byte cannot be passed to a process")
+        return env
+
+    @field_validator("args")
+    @classmethod
+    def _arguments(cls, args: list[str]) -> list[str]:
+        for index, arg in enumerate(args):
+            if "\0" in arg:
+                raise ValueError(f"args[{index}]: an argument with a NUL byte cannot be passed")
+        return args
+
 
 class Design(Strict):
     """The run order: mirrored cycles so drift cancels, repeats and cache states inside them."""
@@ -168,13 +197,16 @@ class Design(Strict):
 class AnalysisSpec(Strict):
     """Analysis parameters (docs/design.md#metrics, #statistics)."""
 
-    window_s: float = Field(2.0, gt=0, le=1e7, allow_inf_nan=False, description="cold-share window")
+    # At least 10 ms: analysis holds one bin per window of a run (1e-300 s asked for GiBs).
+    window_s: float = Field(
+        2.0, ge=0.01, le=1e7, allow_inf_nan=False, description="cold-share window (>= 0.01 s)"
+    )
     margin_pct: float = Field(
         2.0, gt=0, le=1e4, allow_inf_nan=False, description="δ: smallest effect worth calling"
     )
     alpha: float = Field(0.05, gt=0, lt=1, description="significance level")
     converged_span_s: float = Field(
-        10.0, gt=0, le=1e7, allow_inf_nan=False, description="span whose median is converged"
+        10.0, ge=0.01, le=1e7, allow_inf_nan=False, description="span whose median is converged"
     )
     hold_s: float = Field(
         4.0, ge=0, le=1e7, allow_inf_nan=False, description="how long a recovery must hold"
@@ -196,7 +228,11 @@ class ExactOutputsGate(_CellGate):
     @field_validator("min_match")
     @classmethod
     def _fraction(cls, value: str | int) -> str | int:
-        return value if value == "all" else _check_fraction(value)
+        if value == "all":
+            return value
+        _check_fraction(value)
+        _refuse_vacuous(value, "the gate could never fail")
+        return value
 
 
 class CounterGate(_CellGate):
@@ -243,6 +279,12 @@ class QualityGate(_CellGate):
     @classmethod
     def _fraction(cls, value: str | int) -> str | int:
         return _check_fraction(value)
+
+    @model_validator(mode="after")
+    def _not_vacuous(self) -> QualityGate:
+        if self.vs is None:  # with `vs` the gate still fails a cell that passes fewer
+            _refuse_vacuous(self.min_pass, "without `vs` the gate could never fail")
+        return self
 
 
 class SoakGate(_CellGate):
@@ -355,6 +397,25 @@ class Card(Strict):
     analysis: AnalysisSpec = Field(default_factory=lambda: AnalysisSpec())
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
     guards: Guards = Field(default_factory=lambda: Guards(), description="the runner's rules")
+
+    @field_validator("runtime", "box")
+    @classmethod
+    def _a_name_not_a_path(cls, value: Any) -> Any:
+        # The name becomes a file name (inputs/runtimes/<name>.yaml, boxes/<box>.json): a
+        # separator or `..` would put that file wherever the card says.
+        if isinstance(value, str) and not _NAME.fullmatch(value):
+            raise ValueError(
+                f"{value[:60]!r} is a name, not a path: letters, digits, '_', '-', '.' (not "
+                "starting with '.'); put the file where the search path finds it"
+            )
+        return value
+
+    @field_validator("boxes")
+    @classmethod
+    def _box_names(cls, boxes: list[Any] | None) -> list[Any] | None:
+        for entry in boxes or []:
+            cls._a_name_not_a_path(entry)
+        return boxes
 
     @field_validator("cells")
     @classmethod

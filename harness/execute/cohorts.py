@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.execute.guards import GuardCheck
-from harness.records import read_json, write_json_atomic
+from harness.records import read_json, write_sealed_json
 
 COHORTS_FILE = "cohorts.json"
 
@@ -102,4 +102,4 @@ class CohortBook:
     def _write(self) -> None:
         with self.lock:
             payload = {"enabled": self.enabled, "why": self.why, "cohorts": self.cohorts}
-            write_json_atomic(self.path, payload)
+            write_sealed_json(self.path.parent, self.path, payload)

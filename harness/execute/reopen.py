@@ -77,6 +77,7 @@ def reopen_campaign(root: Path, *, cycles: int | None = None) -> Reopened:
         if cycles is not None:
             notes.append(f"note: {root} already has {_cycles(cycles)} planned; resuming as planned")
         return Reopened(campaign, loaded, plan, tuple(notes))
+    _check_growth(root, loaded, plan, cycles)
     if cycles < plan.cycles:
         raise PlanError(
             f"--cycles {cycles}: {root} already has {_cycles(plan.cycles)} planned "
@@ -85,6 +86,26 @@ def reopen_campaign(root: Path, *, cycles: int | None = None) -> Reopened:
         )
     grown = extend_campaign(campaign, plan, cycles)
     return Reopened(campaign, loaded, grown, tuple(notes), extended_from=plan.cycles)
+
+
+# The most mirrored cycles a campaign may grow to: as many as a card may plan (design.cycles).
+MAX_CYCLES = 1000
+
+
+def _check_growth(root: Path, loaded: LoadedCard, plan: Plan, cycles: int) -> None:
+    """Every reason to refuse ``--cycles``, checked before anything is written."""
+    if not 0 < cycles <= MAX_CYCLES:
+        raise PlanError(
+            f"--cycles {cycles}: a campaign has 1 to {MAX_CYCLES} mirrored cycles, as a card's "
+            "design.cycles"
+        )
+    design = loaded.card.design
+    if design.sequential and design.max_cycles is not None and cycles > design.max_cycles:
+        raise PlanError(
+            f"--cycles {cycles}: {root}'s sequential design ends at max_cycles "
+            f"{design.max_cycles}; its α is spent there, so it cannot grow. Start a new "
+            f"campaign with max_cycles >= {cycles} (nothing was changed here)"
+        )
 
 
 def extend_campaign(campaign: CampaignDir, plan: Plan, cycles: int) -> Plan:

@@ -85,6 +85,7 @@ from harness.records import (
     RunRecord,
     write_json_atomic,
     write_parquet,
+    write_sealed_json,
     write_text_atomic,
 )
 from harness.telemetry_read import read_ring, read_ring_since
@@ -269,7 +270,8 @@ class CampaignRunner(GuardSteps):
         self.box_driver = prepare_drive(self.box, self.loaded.runtime, self.remote_root)
         env_path = self.campaign.root / "boxes" / f"{self.box_name}.json"
         if not env_path.is_file():
-            write_json_atomic(env_path, capture_environment(self.box, self.loaded))
+            environment = capture_environment(self.box, self.loaded)
+            write_sealed_json(self.campaign.root, env_path, environment)
 
     def _run_with_retries(self, run: Run) -> str:
         attempts = self.loaded.card.design.retries + 1

@@ -58,7 +58,9 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    view = Table(title=f"history ({folder})", title_justify="left")
+    from harness.termtext import shown
+
+    view = Table(title=shown(f"history ({folder})"), title_justify="left")
     for column in ("campaign", "cell", "state", "metric", "n", "first", "last", "change points"):
         view.add_column(column)
     for row in rows:
@@ -67,7 +69,8 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
             f"({p['change_pct']:+.1f}%, p={p['pvalue']:.2g})"
             for p in row["change_points"]
         )
-        view.add_row(row["campaign"], row["cell"], row["cache_state"], row["metric"],
+        view.add_row(shown(row["campaign"]), shown(row["cell"]), row["cache_state"],
+                     shown(row["metric"]),
                      str(len(row["values"])), f"{row['values'][0]:.4g}",
                      f"{row['values'][-1]:.4g}", changes or "none")  # fmt: skip
     Console(file=out, width=160, highlight=False).print(view)

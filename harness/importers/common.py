@@ -93,8 +93,10 @@ def read_json_file(path: Path, what: str) -> Any:
     return parse_json(read_text(path, ResultFileError, what), str(path), ResultFileError)
 
 
-def number(value: Any, where: str, *, positive: bool = False) -> float:
-    """``value`` as a finite float, or a ResultFileError naming ``where`` (file: field)."""
+def number(value: Any, where: str, *, positive: bool = False, non_negative: bool = False) -> float:
+    """``value`` as a finite float, or a ResultFileError naming ``where`` (file: field).
+
+    ``non_negative`` for a duration or a count: a negative one is a damaged file, not data."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ResultFileError(f"{where}: must be a number, got {value!r:.40}")
     try:
@@ -103,6 +105,10 @@ def number(value: Any, where: str, *, positive: bool = False) -> float:
         raise ResultFileError(f"{where}: number too large") from None
     if not math.isfinite(result) or (positive and result <= 0):
         raise ResultFileError(f"{where}: must be a finite{' positive' if positive else ''} number")
+    if non_negative and result < 0:
+        raise ResultFileError(
+            f"{where}: must not be negative (a duration or a count), got {result}"
+        )
     return result
 
 

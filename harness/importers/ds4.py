@@ -46,7 +46,13 @@ def read_ds4(path: Path, select: Selector | None = None) -> SourceBlock:
             f"{path}:1: {', '.join(lacking)}: missing from the header; not a ds4-bench CSV "
             "(check the FORMAT given to harness import)"
         )
-    rows = [{(k or "").strip(): v for k, v in row.items()} for row in reader]
+    try:
+        rows = [{(k or "").strip(): v for k, v in row.items()} for row in reader]
+    except csv.Error as exc:  # a stray carriage return or NUL inside a row
+        raise ResultFileError(
+            f"{path}:{reader.line_num + 1}: not CSV as ds4-bench writes it ({exc}); the file is "
+            "damaged: regenerate it"
+        ) from None
     if not rows:
         raise ResultFileError(f"{path}: no data rows under the header")
     kept = select_rows(rows, select or {}, path, set(header))

@@ -104,13 +104,20 @@ def _read_detailed(data: dict[str, Any], path: Path, block: SourceBlock) -> None
     outs = _list(data, "output_lens", path, n)
     errors = _list(data, "errors", path, n) if "errors" in data else [""] * n
     ok = [not e for e in errors]
-    ttft = [number(v, f"{path}: ttfts[{i}]") if ok[i] else 0.0 for i, v in enumerate(ttfts)]
+    ttft = [
+        number(v, f"{path}: ttfts[{i}]", non_negative=True) if ok[i] else 0.0
+        for i, v in enumerate(ttfts)
+    ]
     gaps: list[list[float]] = []
     for i, row in enumerate(itls):
         if not isinstance(row, list):
             raise ResultFileError(f"{path}: itls[{i}]: must be a list of seconds")
-        gaps.append([number(g, f"{path}: itls[{i}][{j}]") for j, g in enumerate(row)])
-    lens = [int(number(v, f"{path}: output_lens[{i}]")) for i, v in enumerate(outs)]
+        gaps.append(
+            [number(g, f"{path}: itls[{i}][{j}]", non_negative=True) for j, g in enumerate(row)]
+        )
+    lens = [
+        int(number(v, f"{path}: output_lens[{i}]", non_negative=True)) for i, v in enumerate(outs)
+    ]
     prompt = None
     if "input_lens" in data:
         raw = _list(data, "input_lens", path, n)
@@ -118,7 +125,10 @@ def _read_detailed(data: dict[str, Any], path: Path, block: SourceBlock) -> None
     e2el = None
     if "latencies" in data:
         raw = _list(data, "latencies", path, n)
-        e2el = [number(v, f"{path}: latencies[{i}]") if ok[i] else 0.0 for i, v in enumerate(raw)]
+        e2el = [
+            number(v, f"{path}: latencies[{i}]", non_negative=True) if ok[i] else 0.0
+            for i, v in enumerate(raw)
+        ]
     start = None
     if "start_times" in data:
         raw = _list(data, "start_times", path, n)

@@ -38,6 +38,7 @@ from harness.importers.mapping import (
 from harness.importers.sglang import read_sglang
 from harness.importers.tables import Selector
 from harness.importers.vllm import read_vllm
+from harness.lock import LOCK_FILE, campaign_lock
 from harness.records import (
     RUN_OK,
     SCHEMA_VERSION,
@@ -204,8 +205,7 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
     mapping = load_mapping(mapping_path)
     if fmt not in FORMATS:
         raise ResultFileError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    if (out / "plan.json").exists():
-        raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
+    _check_out(out)
     names = [p.name for p in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -217,6 +217,7 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
     placed: list[_Placed] = []
     for item in assigned:
         block = read_source(fmt, item.path, mapping.select)
+        _check_magnitudes(block)
         for metric in needed:
             if not block.provides(metric):
                 raise ResultFileError(
@@ -250,8 +251,51 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
             p.assigned.entry.repeat,
         )
     )
-    _write(out, mapping, fmt, placed, patterns, cells, cycles, repeats, states)
+    out.mkdir(parents=True, exist_ok=True)
+    with campaign_lock(out):
+        _check_out(out)  # again, now that no other import can be writing into it
+        _write(out, mapping, fmt, placed, patterns, cells, cycles, repeats, states)
     return ImportResult(out, len(placed), cycles, sum(p.block.summary_only for p in placed))
+
+
+# What a run can measure: a figure outside it (1e308 tok/s, a denormal) is a damaged file, and
+# would overflow the statistics (a ratio of 1e308 to 300 has no logarithm's exponential).
+_FIGURE_RANGE = (1e-9, 1e9)
+_SECONDS_MAX = 1e7  # a request or a token time: under four months
+
+
+def _check_magnitudes(block: SourceBlock) -> None:
+    low, high = _FIGURE_RANGE
+    for metric, value in block.metrics.items():
+        if value != 0 and not low <= abs(value) <= high:
+            field = block.fields.get(metric, metric)
+            raise ResultFileError(
+                f"{block.path}: {field}: {value!r} is outside what a run measures ({low:g} to "
+                f"{high:g}); the file is damaged"
+            )
+    tables = (
+        (block.requests, ("ttft_s", "e2el_s")),
+        (block.chunks, ("t_s",)),
+    )
+    for frame, columns in tables:
+        if frame is None:
+            continue
+        for column in columns:
+            if column in frame.columns and (frame[column].abs() > _SECONDS_MAX).any():
+                raise ResultFileError(
+                    f"{block.path}: {column}: a time over {_SECONDS_MAX:g} s; the file is damaged"
+                )
+
+
+def _check_out(out: Path) -> None:
+    """``-o`` must be a new or empty folder: an import never writes over what is there."""
+    if (out / "plan.json").exists():
+        raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
+    if out.is_dir() and not out.is_symlink() and any(p.name != LOCK_FILE for p in out.iterdir()):
+        raise RecordError(
+            f"{out}: not empty; an import writes a whole campaign directory and never over "
+            "files already there: pick a new or empty -o folder"
+        )
 
 
 def _write(
@@ -347,4 +391,6 @@ def _write(
         write_json_atomic(run_dir / "run.json", record.to_json())
         campaign.journal.append("run_done", run_id=run["run_id"])
     write_text_atomic(out / "IMPORTED", "\n".join(lines) + "\n")
+    for path in [out / "IMPORTED", *sorted(sources.iterdir())]:
+        campaign.journal.seal_file(path)
     campaign.journal.append("campaign_end", done=len(runs), failed=0)

@@ -195,10 +195,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     from harness.analyze.campaign import analyze_campaign
+    from harness.cli import note_unsealed
     from harness.gate import evaluate_gates
 
     root = Path(args.dir)
     analysis = analyze_campaign(root)
+    note_unsealed(analysis)
     verdict = evaluate_gates(analysis)
     path = render_report(root, analysis, verdict, figures=not args.no_figures)
     out.write(f"verdict: {'PASS' if verdict.passed else 'FAIL'}\nreport: {path}\n")

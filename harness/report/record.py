@@ -9,6 +9,7 @@ HTML cannot disagree: this module formats, it computes nothing.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,9 +17,35 @@ from typing import Any
 RECORD_NAME = "record.md"
 
 
+# Text from a card, a profile, a prompt or a runtime is data: rendered where markdown allows raw
+# HTML (mkdocs, IDE previews, code review), `<script>`, `<!--` or a forged `# … PASS` heading
+# would run or hide the record. HTML's three characters become entities; what markdown reads as
+# code, emphasis, a table border, a link or an image (`](`, `![`) is backslash-escaped; a newline
+# is a space, so no value starts a line of its own. Our own figures ("1.160", "[0.95, 1.05]")
+# read the same in the file as in the page.
+_HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_MARKDOWN = re.compile(r"([\\`*~|])|\](?=\()|!(?=\[)")
+# What starts a block at the start of a line: a heading, a list, a quote, a rule, "1." or "1)".
+_LINE_START = re.compile(r"^(?:([-+=#])|(\d+)([.)]))")
+
+
+def _md(text: Any, *, line_start: bool = False) -> str:
+    """Card or runtime text made inert for markdown; ``line_start`` when it begins a line."""
+    flat = " ".join(str(text).split()).translate(_HTML)
+    flat = _MARKDOWN.sub(lambda m: "\\" + m[0] if m[1] or m[0] == "!" else "]\\", flat)
+    if line_start:
+        flat = _LINE_START.sub(lambda m: f"\\{m[1]}" if m[1] else f"{m[2]}\\{m[3]}", flat)
+    return flat
+
+
+def _code(text: Any) -> str:
+    """Text for inside a code span (where markdown and HTML are literal): no backtick, one line."""
+    return " ".join(str(text).replace("`", "'").split()) or "—"
+
+
 def _cell(text: Any) -> str:
     """A value safe inside a markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip() or "—"
+    return _md(text) or "—"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -53,11 +80,12 @@ def render_record(context: dict[str, Any]) -> str:
     verdict = context["verdict"]
     date = _date(str(context["stamp"]))
     out = [
-        f"# {date} {context['campaign']}: {verdict['word']}",
+        f"# {date} {_md(context['campaign'])}: {verdict['word']}",
         "",
-        context["description"] or "",
+        _md(context["description"] or "", line_start=True),
         "",
-        f"Campaign directory `{context['stamp']}`, runtime `{context['runtime_name']}`, "
+        f"Campaign directory `{_code(context['stamp'])}`, runtime "
+        f"`{_code(context['runtime_name'])}`, "
         f"harness {context['harness_version']}, recorded {context['generated_at']}."
         + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
         "",
@@ -66,14 +94,14 @@ def render_record(context: dict[str, Any]) -> str:
     ]
     for box in context["boxes"]:
         if box["error"]:
-            out += [f"- box {box['name']}: {box['error']}", ""]
+            out += [f"- box {_md(box['name'])}: {_md(box['error'])}", ""]
             continue
-        out.append(f"Box `{box['name']}` ({box['file']}):")
+        out.append(f"Box `{_code(box['name'])}` ({_md(box['file'])}):")
         out.append("")
-        out += [f"- {key}: {_cell(value)}" for key, value in box["summary"]]
-        out.append(f"- runtime profile: {box['runtime_profile'] or '—'}")
-        out.append(f"- binary: `{box['runtime_binary'] or '—'}`")
-        out.append(f"- binary SHA-256: `{box['runtime_sha256'] or 'not recorded'}`")
+        out += [f"- {_md(key)}: {_cell(value)}" for key, value in box["summary"]]
+        out.append(f"- runtime profile: {_md(box['runtime_profile'] or '—')}")
+        out.append(f"- binary: `{_code(box['runtime_binary'] or '—')}`")
+        out.append(f"- binary SHA-256: `{_code(box['runtime_sha256'] or 'not recorded')}`")
         version = box["runtime_version"].splitlines()
         out.append(f"- version: {_cell(version[0]) if version else '—'}")
         out.append("")
@@ -81,7 +109,8 @@ def render_record(context: dict[str, Any]) -> str:
     out += [
         "## Cells",
         "",
-        f"Control `{context['control']}`; order {design['order']}, {design['cycles']} cycles "
+        f"Control `{_code(context['control'])}`; order {design['order']}, "
+        f"{design['cycles']} cycles "
         f"({', '.join(design['patterns']) or 'no patterns'}), repeats {design['repeats']}, cache "
         f"states {', '.join(design['cache_states'])}; {design['n_runs']} runs planned.",
         "",
@@ -89,10 +118,13 @@ def render_record(context: dict[str, Any]) -> str:
     for cell in context["cells"]:
         role = " (control)" if cell["control"] else ""
         settings = ", ".join(
-            f"{s['key']}={s['value']}" + (f" (control: {s['was']})" if s["was"] is not None else "")
+            _md(f"{s['key']}={s['value']}")
+            + (f" (control: {_md(s['was'])})" if s["was"] is not None else "")
             for s in cell["settings"]
         )
-        out.append(f"- **{cell['name']}**{role}: {cell['description'] or ''} {settings or ''}")
+        out.append(
+            f"- **{_md(cell['name'])}**{role}: {_md(cell['description'] or '')} {settings or ''}"
+        )
     out.append("")
     if context["policy"]:
         out += ["## Seed 004 table: policy, per cell", ""]
@@ -138,7 +170,8 @@ def render_record(context: dict[str, Any]) -> str:
         )
     exact = [g for g in verdict["gates"] if g["kind"] == "exact_outputs"]
     for gate in exact:
-        out.append(f"- {gate['name']}: {'pass' if gate['passed'] else 'FAIL'}: {gate['reason']}")
+        mark = "pass" if gate["passed"] else "FAIL"
+        out.append(f"- {_md(gate['name'])}: {mark}: {_md(gate['reason'])}")
     if not (context["deterministic_rows"] or logits or exact):
         out.append("None recorded.")
     out.append("")

@@ -232,7 +232,12 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
             notes.append(f"more {row['more_buys_most']} would narrow it most")
         needed = fmt.finite(row.get("cycles_needed"))
         if label in ("inconclusive", "confounded") and needed:
-            notes.append(f"about {int(needed)} cycles would be needed")
+            look = analysis.look
+            notes.append(
+                look.more_cycles(int(needed))
+                if look is not None
+                else f"about {int(needed)} cycles would be needed"
+            )
         if lo is None:
             notes.append("no interval (one cycle)")
         flags = [

@@ -165,6 +165,7 @@ def _keep_environment(campaign: CampaignDir, job_dir: Path, box: str) -> None:
     if captured.is_file() and not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(captured, kept)
+        campaign.journal.seal_file(kept)
 
 
 __all__ = ["MergeResult", "merge_job"]

@@ -1,0 +1,78 @@
+"""One harness per campaign directory: an exclusive OS lock on ``<dir>/.lock``.
+
+``flock`` on an open file, not a marker file: the kernel drops it when its holder exits however
+it exits (SIGKILL included), so a killed harness never leaves a directory stuck. The file holds
+who took it (pid, host, command, since) so that the second command can say who is in the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness.errors import InfrastructureError
+
+LOCK_FILE = ".lock"
+
+
+class CampaignLocked(InfrastructureError):
+    """Another harness holds the campaign directory (exit 3: wait for it, or stop it)."""
+
+
+def _holder(handle: int) -> str:
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+        data = json.loads(os.pread(handle, 4096, 0).decode("utf-8"))
+        if isinstance(data, dict):
+            since = datetime.fromtimestamp(float(data.get("since", 0)), UTC)
+            return (
+                f"pid {data.get('pid')} on {data.get('host')}, `{data.get('command')}`, "
+                f"since {since:%Y-%m-%d %H:%M:%S} UTC"
+            )
+    return "a process that has not said who it is yet"
+
+
+def _open(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise InfrastructureError(
+            f"{path}: cannot open the campaign lock: {os.strerror(exc.errno or 0)}"
+        ) from None
+
+
+@contextlib.contextmanager
+def campaign_lock(root: Path, command: str | None = None) -> Iterator[None]:
+    """Hold ``root``'s lock for the block; :class:`CampaignLocked` naming the holder if taken."""
+    path = root / LOCK_FILE
+    handle = _open(path)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CampaignLocked(
+                f"{root}: another harness is using this campaign directory: {_holder(handle)}; "
+                "wait for it to end (or stop it), then run this again"
+            ) from None
+        who = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command or " ".join(["harness", *sys.argv[1:]]),
+            "since": time.time(),
+        }
+        with contextlib.suppress(OSError):  # who holds it is a courtesy; the lock is the flock
+            os.ftruncate(handle, 0)
+            os.pwrite(handle, json.dumps(who).encode("utf-8"), 0)
+        yield
+    finally:
+        os.close(handle)  # closing drops the flock
+
+
+__all__ = ["LOCK_FILE", "CampaignLocked", "campaign_lock"]

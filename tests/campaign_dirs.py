@@ -1,0 +1,44 @@
+"""One small finished campaign, made by ``harness run`` as a user would, for the tests that
+change a campaign directory (verification, locking, output faults)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.conftest import run_cli
+from tests.test_report import CARD, POOL
+
+GATES = (
+    "gates:\n"
+    "  - {kind: exact_outputs, min_match: all}\n"
+    "  - {kind: counter, counter: new_swapout_pages, max: 0}\n"
+)
+
+
+def tiny_card(folder: Path, *, gates: str = GATES) -> Path:
+    """The report tests' two-cell card (2 runs of 4 requests on the reference runtime)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pool.jsonl").write_text("\n".join(json.dumps(p) for p in POOL) + "\n")
+    text = CARD.replace("campaign: tiny-report", "campaign: trust").split("gates:\n")[0] + gates
+    card = folder / "trust.yaml"
+    card.write_text(text)
+    return card
+
+
+def run_tiny(base: Path) -> Path:
+    """Run the tiny card with ``harness run``; the campaign directory it printed."""
+    card = tiny_card(base / "cards")
+    done = run_cli("run", str(card), "--reports", str(base / "reports"), "--quiet")
+    assert done.code == 0, done.stdout + done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("campaign directory: "))
+    return Path(line.removeprefix("campaign directory: "))
+
+
+def copy_campaign(root: Path, dest: Path) -> Path:
+    """A copy of a campaign directory, at the same depth (reports/<campaign>/<stamp>), without
+    ``box/``: the runtime's side of a local box (sparse 75 MB rings), which no reader opens."""
+    target = dest / "reports" / root.parent.name / root.name
+    shutil.copytree(root, target, symlinks=True, ignore=shutil.ignore_patterns("box"))
+    return target

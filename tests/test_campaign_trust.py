@@ -1,0 +1,738 @@
+"""Campaign directories a release gate can trust (issue 30), through the CLI.
+
+One small campaign is run once per session by ``harness run`` on the reference runtime
+(:func:`tests.campaign_dirs.run_tiny`); each test changes a copy of it the way a bad copy, a
+broken disk or a hand edit would, and checks what ``gate``/``analyze``/``report`` make of it:
+a sealed directory that no longer holds what its journal vouches for is exit 3, "campaign
+directory does not verify", naming the file; never a pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.records import write_parquet
+from tests.campaign_dirs import copy_campaign
+from tests.conftest import DATA, REPO, run_cli, start_campaign
+
+DEMO = DATA / "campaigns" / "demo-shaped"
+NOT_VERIFIED = "campaign directory does not verify: "
+
+
+@pytest.fixture
+def finished(finished_campaign: Path) -> Path:
+    """A finished, sealed campaign (read-only for tests: copy it before changing anything)."""
+    return finished_campaign
+
+
+def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The CLI in this process (argument parsing and exit codes as for a user)."""
+    capsys.readouterr()
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def _runs(root: Path) -> list[Path]:
+    return sorted((root / "runs").iterdir())
+
+
+def _edit_json(path: Path, change: Callable[[dict], None]) -> None:  # type: ignore[type-arg]
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _plan_drop_run(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p["runs"].pop(1))
+    return "plan.json"
+
+
+def _plan_unknown_cell(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p["runs"][0].update(cell="nosuchcell"))
+    return "plan.json"
+
+
+def _plan_cycles(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p.update(cycles=99))
+    return "plan.json"
+
+
+def _plan_slot(root: Path) -> str:
+    _edit_json(root / "plan.json", lambda p: p["runs"][0].update(slot=7))
+    return "plan.json"
+
+
+def _swap_identities(root: Path) -> str:
+    a, b = (run / "run.json" for run in _runs(root)[:2])
+    text_a, text_b = a.read_text(), b.read_text()
+    a.write_text(text_b)
+    b.write_text(text_a)
+    return "run.json"
+
+
+def _symlink_record(root: Path) -> str:
+    a, b = (run / "run.json" for run in _runs(root)[:2])
+    a.unlink()
+    a.symlink_to(b)
+    return f"{a.parent.name}/run.json: is a symlink"
+
+
+def _drop_prompt_rows(root: Path) -> str:
+    path = _runs(root)[0] / "requests.parquet"
+    frame = pd.read_parquet(path)
+    scored = frame[~frame["warmup"]]
+    write_parquet(frame[frame["prompt_id"] != scored["prompt_id"].iloc[0]], path)
+    return "requests.parquet"
+
+
+def _duplicate_prompt_rows(root: Path) -> str:
+    path = _runs(root)[0] / "requests.parquet"
+    frame = pd.read_parquet(path)
+    write_parquet(pd.concat([frame, frame], ignore_index=True), path)
+    return "requests.parquet"
+
+
+def _infinite_counter(root: Path) -> str:
+    path = _runs(root)[1] / "counters.json"
+    text = path.read_text()
+    data = json.loads(text)
+    data["delta"]["new_swapout_pages"] = math.inf
+    path.write_text(json.dumps(data))  # json writes Infinity, as the issue's file held
+    return "counters.json"
+
+
+def _extra_run(root: Path) -> str:
+    shutil.copytree(_runs(root)[0], root / "runs" / "0009-control-c9-warm-s0-r0")
+    return "0009-control-c9-warm-s0-r0: a run folder plan.json does not name"
+
+
+def _missing_run(root: Path) -> str:
+    shutil.rmtree(_runs(root)[2])
+    return "missing, but the journal holds the run as done"
+
+
+def _card_edited(root: Path) -> str:
+    path = root / "card.yaml"
+    path.write_text(path.read_text().replace("max: 0", "max: 1000"))
+    return "card.yaml: changed since it was written"
+
+
+def _journal_gone(root: Path) -> str:
+    (root / "journal.jsonl").unlink()
+    return "journal.jsonl: missing"
+
+
+EDITS: dict[str, Callable[[Path], str]] = {
+    "a run dropped from plan.json": _plan_drop_run,
+    "a run's cell renamed to one that does not exist": _plan_unknown_cell,
+    "cycles raised to 99": _plan_cycles,
+    "a run's slot set to 7": _plan_slot,
+    "two runs' run.json swapped": _swap_identities,
+    "a run.json replaced by a symlink to another's": _symlink_record,
+    "a scored prompt's rows deleted": _drop_prompt_rows,
+    "every request row duplicated": _duplicate_prompt_rows,
+    "counters.json with Infinity under a max: 0 gate": _infinite_counter,
+    "a run folder the plan does not name": _extra_run,
+    "a done run's folder deleted": _missing_run,
+    "the card's bound loosened": _card_edited,
+    "the journal deleted": _journal_gone,
+}
+
+
+def test_the_untouched_campaign_verifies_and_passes(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, out + err
+    assert "not sealed" not in err
+    events = [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e["event"] == "campaign_start")
+    assert start["seal"] == 1 and {"card.yaml", "plan.json"} <= set(start["files"])
+    done = [e for e in events if e["event"] == "run_done"]
+    assert len(done) == 4 and all("run.json" in e["files"] for e in done)
+
+
+@pytest.mark.parametrize("edit", list(EDITS), ids=list(EDITS))
+def test_gate_never_passes_a_directory_that_does_not_verify(
+    edit: str, finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    named = EDITS[edit](root)
+    for verb in ("gate", "analyze", "report"):
+        code, out, err = cli(verb, str(root), capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, (verb, out, err)
+        assert NOT_VERIFIED in err and named in err, (verb, err)
+        assert "Traceback" not in err
+
+
+def test_the_gate_exits_3_as_a_process(finished: Path, tmp_path: Path) -> None:
+    root = copy_campaign(finished, tmp_path)
+    _swap_identities(root)
+    done = run_cli("gate", str(root), "--quiet")
+    assert done.code == EXIT_INFRASTRUCTURE, done.stderr
+    assert done.stderr.startswith(NOT_VERIFIED) and "run.json" in done.stderr
+    assert not (root / "verdict.json").exists() or "PASS" not in done.stdout
+
+
+def test_an_unsealed_older_directory_is_read_and_said_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "demo-shaped"
+    shutil.copytree(DEMO, root)
+    code, out, err = cli("analyze", str(root), "--json", capsys=capsys)
+    assert code == EXIT_OK, err
+    assert "is not sealed" in err and json.loads(out)
+    # Identity still holds it: a run.json in another run's folder is a failed verification.
+    runs = _runs(root)
+    shutil.copyfile(runs[0] / "run.json", runs[1] / "run.json")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and NOT_VERIFIED in err and "disagrees with plan.json" in err
+
+
+def test_values_are_checked_where_read_in_an_unsealed_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "demo-shaped"
+    shutil.copytree(DEMO, root)
+    run = _runs(root)[0]
+    _edit_json(run / "counters.json", lambda c: c["delta"].update(new_swapout_pages=math.inf))
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "counters.json: delta.new_swapout_pages" in err, err
+    shutil.copyfile(DEMO / "runs" / run.name / "counters.json", run / "counters.json")
+    requests = pd.read_parquet(run / "requests.parquet")
+    write_parquet(pd.concat([requests, requests.iloc[:1]]), run / "requests.parquet")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "requests.parquet: rows: request 0 appears more" in err, err
+    write_parquet(requests.assign(ttft_s=-requests["ttft_s"]), run / "requests.parquet")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "requests.parquet: ttft_s: must be finite and not" in err
+    write_parquet(requests, run / "requests.parquet")
+    chunks = pd.read_parquet(run / "chunks.parquet")
+    reversed_times = chunks.assign(t_s=chunks["t_s"].to_numpy()[::-1])
+    write_parquet(reversed_times, run / "chunks.parquet")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "a negative inter-token latency" in err, err
+
+
+def test_a_card_bound_of_nan_or_infinity_is_a_card_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    for bound in (".nan", ".inf", "-.inf"):
+        gates = f"gates:\n  - {{kind: counter, counter: new_swapout_pages, max: {bound}}}\n"
+        card = tiny_card(tmp_path / bound.strip(".-"), gates=gates)
+        code, _, err = cli("validate", str(card), capsys=capsys)
+        assert code == EXIT_BAD_INPUT and "gates.0.counter: Input should be a finite number" in err
+
+
+def test_an_imported_vllm_file_with_a_negative_itl_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_import import _export_demo, _mapping
+
+    files = _export_demo(tmp_path / "files", detailed=True)
+    data = json.loads(files[0].read_text())
+    data["itls"][0][1] = -0.004
+    files[0].write_text(json.dumps(data))
+    code, _, err = cli(
+        "import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "map.yaml")),
+        "-o", str(tmp_path / "out"), capsys=capsys,
+    )  # fmt: skip
+    assert code == EXIT_BAD_INPUT and "itls[0][1]: must not be negative" in err, err
+
+
+def test_an_import_is_sealed_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_import import _export_demo, _mapping
+
+    files = _export_demo(tmp_path / "files", detailed=True)
+    out = tmp_path / "imported"
+    argv = ["import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "map.yaml"))]
+    code, _, err = cli(*argv, "-o", str(out), capsys=capsys)
+    assert code == EXIT_OK, err
+    code, _, err = cli("analyze", str(out), "--json", capsys=capsys)
+    assert code == EXIT_OK and "not sealed" not in err, err
+    (out / "sources" / files[0].name).write_text("{}")
+    code, _, err = cli("gate", str(out), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and f"sources/{files[0].name}: changed" in err, err
+
+
+# ---- one harness per campaign directory ---------------------------------------------------------
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from harness.lock import campaign_lock
+with campaign_lock(Path(sys.argv[1]), "harness run --resume (held by the test)"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_harness_is_refused_naming_the_holder_and_a_killed_one_frees_it(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(root)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            journal = (root / "journal.jsonl").read_bytes()
+            for argv in (
+                ["run", "--resume", str(root)],
+                ["gate", str(root)],
+                ["analyze", str(root)],
+            ):
+                code, _, err = cli(*argv, capsys=capsys)
+                assert code == EXIT_INFRASTRUCTURE, (argv, err)
+                assert "another harness is using this campaign directory" in err
+                assert f"pid {holder.pid} on {socket.gethostname()}" in err
+                assert "`harness run --resume (held by the test)`" in err and " UTC" in err
+            assert (root / "journal.jsonl").read_bytes() == journal  # the refusal wrote nothing
+        finally:
+            holder.kill()  # SIGKILL: no cleanup runs in the holder
+            holder.wait()
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, err
+
+
+def test_import_refuses_a_folder_that_is_not_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_import import _export_demo, _mapping
+
+    files = _export_demo(tmp_path / "files", detailed=True)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "card.yaml").write_text("my own card\n")
+    (out / "journal.jsonl").write_text("my own notes\n")
+    argv = ["import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "map.yaml"))]
+    code, _, err = cli(*argv, "-o", str(out), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and f"{out}: not empty" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["card.yaml", "journal.jsonl"]
+    assert (out / "card.yaml").read_text() == "my own card\n"
+
+
+# ---- a refused command changes nothing -----------------------------------------------------------
+
+
+def _sequential_campaign(base: Path) -> Path:
+    """A sequential campaign (max_cycles 5) as `harness run` starts it, before its first run."""
+    from harness.card import load_card
+    from harness.execute.run import new_campaign_dir
+    from harness.plan import build_plan
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(base / "cards")
+    text = card.read_text().replace(
+        "design: {order: abba, cycles: 1,",
+        "design: {order: abba, sequential: true, max_cycles: 5, cycles: 1,",
+    )
+    card.write_text(text)
+    loaded = load_card(card)
+    return new_campaign_dir(loaded, build_plan(loaded), base / "reports").root
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
+@pytest.mark.parametrize(
+    ("cycles", "said"),
+    [
+        ("18", "Start a new campaign with max_cycles >= 18 (nothing was changed here)"),
+        ("100000000", "--cycles 100000000: a campaign has 1 to 1000 mirrored cycles"),
+    ],
+)
+def test_a_refused_extension_changes_nothing(
+    cycles: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _sequential_campaign(tmp_path)
+    before = _snapshot(root)
+    code, out, err = cli("run", "--resume", str(root), "--cycles", cycles, capsys=capsys)
+    assert code == EXIT_BAD_INPUT and said in err, out + err
+    assert "extended" not in out
+    assert _snapshot(root) == before
+
+
+@pytest.mark.parametrize(
+    ("gate", "said"),
+    [
+        ("{kind: quality, min_pass: 0}", "without `vs` the gate could never fail"),
+        ("{kind: quality, min_pass: 0/2}", "without `vs` the gate could never fail"),
+        ("{kind: exact_outputs, min_match: 0}", "k is 0, so the gate could never fail"),
+    ],
+)
+def test_a_gate_that_cannot_fail_is_refused_at_validate(
+    gate: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path, gates=f"gates:\n  - {gate}\n")
+    code, _, err = cli("validate", str(card), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and said in err, err
+
+
+def test_every_passing_reason_states_its_counts(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, err
+    gates = json.loads((root / "verdict.json").read_text())["gates"]
+    reasons = {g["kind"]: g["reason"] for g in gates}
+    assert re.search(r"adaptive: \d+/\d+", reasons["exact_outputs"]), reasons
+    assert re.fullmatch(r"4 runs within bounds \(max 0; highest seen 0\)", reasons["counter"])
+
+
+# ---- output faults: exit 3 with the path and the errno's meaning, nothing lost ------------------
+
+
+@contextlib.contextmanager
+def _mounted(target: Path, *options: str) -> Iterator[Path]:
+    """``mount`` at ``target`` (a tmpfs, a read-only bind), unmounted after; skipped where this
+    machine does not let the test mount (not root, no mount namespace)."""
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", *options, str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount here ({done.stderr.strip() or done.returncode})")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def _fault(err: str, path: Path, meaning: str) -> None:
+    assert f"{path}" in err and meaning in err, err
+    assert "Traceback" not in err
+
+
+def test_a_full_disk_under_gate_is_exit_3_and_keeps_the_previous_records(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=32m", "tmpfs") as disk:
+        root = copy_campaign(finished, disk)
+        verdict = (root / "verdict.json").read_bytes()
+        summary = (root / "analysis" / "summary.json").read_bytes()
+        filler = disk / "filler"
+        with filler.open("wb", buffering=0) as handle:  # the rest of the disk, to the last byte
+            with contextlib.suppress(OSError):
+                while True:
+                    handle.write(b"\0" * 65536)
+            with contextlib.suppress(OSError):
+                while True:
+                    handle.write(b"\0")
+        code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, err
+        _fault(err, root, "No space left on device")
+        assert (root / "verdict.json").read_bytes() == verdict
+        assert (root / "analysis" / "summary.json").read_bytes() == summary
+        assert not list(root.rglob(".*.tmp"))  # no half-written temp files left behind
+        filler.unlink()
+        code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+        assert code == EXIT_OK, err
+
+
+def test_a_read_only_file_system_is_exit_3_naming_it(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path / "src")
+    with _mounted(tmp_path / "ro", "--bind", "-o", "ro", str(tmp_path / "src")) as ro:
+        mounted = ro / root.relative_to(tmp_path / "src")
+        for argv in (["gate", str(mounted)], ["run", "--resume", str(mounted)]):
+            code, _, err = cli(*argv, capsys=capsys)
+            assert code == EXIT_INFRASTRUCTURE, (argv, err)
+            _fault(err, mounted, "Read-only file system")
+
+
+def test_reports_or_output_that_is_a_file_or_under_one_is_exit_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.campaign_dirs import tiny_card
+    from tests.test_import import _export_demo, _mapping
+
+    card = tiny_card(tmp_path / "cards")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine\n")
+    for reports in (a_file, a_file / "under"):
+        code, _, err = cli("run", str(card), "--reports", str(reports), capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, err
+        _fault(err, a_file, "Not a directory")
+    files = _export_demo(tmp_path / "files", detailed=True)
+    mapping = str(_mapping(tmp_path / "map.yaml"))
+    for out in (a_file, a_file / "under"):
+        code, _, err = cli("import", "vllm", *map(str, files), "--map", mapping, "-o", str(out),
+                           capsys=capsys)  # fmt: skip
+        assert code == EXIT_INFRASTRUCTURE, err
+        _fault(err, a_file, "")
+    assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "meaning"),
+    [
+        ("report.html", "dir", "Is a directory"),
+        ("analysis", "file", "File exists (and is not a folder)"),
+        ("verdict.json", "dir", "Is a directory"),
+    ],
+)
+def test_a_folder_where_a_file_goes_or_the_reverse_is_exit_3(
+    name: str,
+    kind: str,
+    meaning: str,
+    finished: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    path = root / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.mkdir() if kind == "dir" else path.write_text("in the way\n")
+    code, _, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE, err
+    _fault(err, root, meaning)
+
+
+def test_a_journal_that_is_a_folder_or_runs_that_is_a_file(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path / "a")
+    (root / "journal.jsonl").unlink()
+    (root / "journal.jsonl").mkdir()
+    code, _, err = cli("gate", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and "journal.jsonl: not a regular file" in err, err
+    code, _, err = cli("run", "--resume", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE, err
+    _fault(err, root / "journal.jsonl", "Is a directory")
+    root = copy_campaign(finished, tmp_path / "b")
+    shutil.rmtree(root / "runs")
+    (root / "runs").write_text("in the way\n")
+    code, _, err = cli("gate", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and f"{root / 'runs'}: not a folder" in err, err
+
+
+@pytest.mark.slow
+def test_a_campaign_that_fills_its_disk_stops_with_exit_3_and_resumes_once_there_is_space(
+    tmp_path: Path,
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path / "cards")
+    with _mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as disk:
+        done = run_cli("run", str(card), "--reports", str(disk), "--quiet")
+        assert done.code == EXIT_INFRASTRUCTURE, done.stdout + done.stderr
+        (root,) = disk.glob("trust/*")
+        _fault(done.stderr, root, "No space left on device")
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        done = run_cli("run", "--resume", str(root), "--quiet")
+        assert done.code == EXIT_OK, done.stdout + done.stderr
+        done = run_cli("gate", str(root), "--quiet")
+        assert done.code == EXIT_OK, done.stderr
+
+
+@pytest.mark.slow
+def test_a_second_resume_while_a_campaign_runs_is_refused_and_a_sigkill_frees_the_directory(
+    tmp_path: Path,
+) -> None:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path / "cards")
+    reports = tmp_path / "reports"
+    first = start_campaign(card, reports)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(reports.glob("trust/*/runs/*/server.log")):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        (root,) = reports.glob("trust/*")
+        second = run_cli("run", "--resume", str(root), "--quiet")
+        assert second.code == EXIT_INFRASTRUCTURE, second.stdout + second.stderr
+        assert f"pid {first.pid} on {socket.gethostname()}" in second.stderr
+        assert "harness run" in second.stderr
+        gate = run_cli("gate", str(root), "--quiet")
+        assert gate.code == EXIT_INFRASTRUCTURE and "another harness" in gate.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the harness and the runtime it booted
+        first.wait()
+    done = run_cli("run", "--resume", str(root), "--quiet")
+    assert done.code == EXIT_OK, done.stdout + done.stderr
+    events = [json.loads(x) for x in (root / "journal.jsonl").read_text().splitlines() if x]
+    done_runs = [e["run_id"] for e in events if e["event"] == "run_done"]
+    assert len(done_runs) == len(set(done_runs)) == 4
+
+
+# ---- inputs that validated and then failed or hung ---------------------------------------------
+
+
+def _card_with(tmp_path: Path, old: str, new: str) -> Path:
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path)
+    text = card.read_text()
+    assert old in text
+    card.write_text(text.replace(old, new, 1))
+    return card
+
+
+ENV = 'env: {"REFBOX_LAYERS": "2"'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (ENV, 'env: {"BAD=NAME": "1", "REFBOX_LAYERS": "2"', "without `=` or a NUL byte"),
+        (ENV, 'env: {"": "1", "REFBOX_LAYERS": "2"', "must be non-empty"),
+        (ENV, 'env: {"X": "a\\0b", "REFBOX_LAYERS": "2"', "a value with a NUL byte"),
+        ("knobs: {policy: frozen}", 'args: ["--x\\0y"]\n    knobs: {policy: frozen}', "NUL"),
+        ("window_s: 0.5", "window_s: 1e-300", "window_s: Input should be greater than or equal"),
+    ],
+)
+def test_what_would_fail_later_is_a_card_error_at_its_line(
+    old: str, new: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = _card_with(tmp_path, old, new)
+    code, _, err = cli("validate", str(card), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and said in err, err
+    assert re.search(r"trust\.yaml:\d+: ", err) and "Traceback" not in err, err
+
+
+def test_a_rowmap_whose_hot_and_cold_overlap_is_refused_when_the_card_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rowmap = tmp_path / "overlap.json"
+    layer = {"hot": [0, 1, 2, 3], "cold": [3, 4, 5, 6, 7]}
+    rowmap.write_text(json.dumps({"layers": {"0": layer, "1": layer}, "meta": {}}))
+    card = _card_with(
+        tmp_path,
+        "knobs: {policy: frozen}",
+        f"files: {{rowmap: {rowmap}}}\n    knobs: {{policy: frozen}}",
+    )
+    code, _, err = cli("validate", str(card), capsys=capsys)
+    assert code == EXIT_BAD_INPUT, err
+    assert "cells.control.files.rowmap" in err and "ids [3] are both hot and cold" in err, err
+
+
+def test_a_fifo_as_a_card_or_a_ring_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    card, ring = tmp_path / "card.yaml", tmp_path / "ring.bin"
+    os.mkfifo(card)
+    os.mkfifo(ring)
+    done = run_cli("validate", str(card), timeout_s=30)
+    assert done.code == EXIT_BAD_INPUT and "is a FIFO, not a regular file" in done.stderr
+    done = run_cli("ring", "show", str(ring), timeout_s=30)
+    assert done.code == EXIT_BAD_INPUT and "is a FIFO, not a regular file" in done.stderr
+
+
+def test_a_profile_regex_that_backtracks_without_bound_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtimes = tmp_path / "runtimes"
+    runtimes.mkdir()
+    profile = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text()
+    assert 'pattern: "[1-9][0-9]*"' in profile
+    (runtimes / "refbox.yaml").write_text(profile.replace('"[1-9][0-9]*"', '"(a+)+$"', 1))
+    code, _, err = cli("validate", str(runtimes / "refbox.yaml"), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "can take exponential time" in err, err
+
+
+def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = []
+    for cycle, order in enumerate(["ABBA", "BAAB"]):
+        for slot, arm in enumerate(order):
+            cell = "stale" if arm == "A" else "seed"
+            path = tmp_path / f"{cell}-c{cycle}-s{slot}.json"
+            speed = 1e308 if (cycle, slot) == (0, 0) else 300.0
+            rows = [[1, 48.2, 48.2], [8, speed, speed / 8]]
+            path.write_text(json.dumps({"tag": "t", "rows": rows, "ts": 0}))
+            files.append(path)
+    from tests.test_import import _mapping
+
+    mapping = _mapping(tmp_path / "m.yaml", select="{C: 8}")
+    code, _, err = cli("import", "knee", *map(str, files), "--map", str(mapping),
+                       "-o", str(tmp_path / "o"), capsys=capsys)  # fmt: skip
+    assert code == EXIT_BAD_INPUT and "e+307 is outside what a run measures" in err, err
+    csv = tmp_path / "stale-c0-s0.csv"
+    csv.write_text("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps\n2048,2048,40\r0,0\n")
+    from harness.errors import ResultFileError
+    from harness.importers.write import read_source
+
+    with pytest.raises(ResultFileError, match=r"stale-c0-s0.csv:2: not CSV as ds4-bench writes"):
+        read_source("ds4", csv)
+
+
+# ---- what the card says is data, in every output -------------------------------------------
+
+
+def test_a_runtime_name_that_is_a_path_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("../../../tmp/evil", "a/b", ".hidden"):
+        card = _card_with(
+            tmp_path / name.replace("/", "_"), "runtime: refbox", f"runtime: {name!r}"
+        )
+        code, _, err = cli("validate", str(card), capsys=capsys)
+        assert code == EXIT_BAD_INPUT and "is a name, not a path" in err, err
+        code, _, err = cli("run", str(card), "--reports", str(tmp_path / "r"), capsys=capsys)
+        assert code == EXIT_BAD_INPUT and "is a name, not a path" in err, err
+    assert not (tmp_path / "r").exists() and not Path("/tmp/evil.yaml").exists()
+
+
+TRAP = (
+    "x\n# 2026-12-01 forged: PASS\n<!-- [bold red]red[/bold red] [/] <script>alert(1)</script>"
+    "<img src=x onerror=alert(1)> [l](javascript:alert(1)) \x1b[31m \x00|"
+)
+
+
+def test_card_text_is_data_in_the_terminal_junit_and_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.records import write_sealed_json
+    from tests.test_gate import Synth, _card_text, build_campaign
+
+    # The card's description, and a quality prompt id (from a pool) that every gate reason names.
+    text = _card_text("  - {kind: quality, min_pass: 1}")
+    text = text.replace("campaign: gates\n", f"campaign: gates\ndescription: {json.dumps(TRAP)}\n")
+    synth = Synth(quality=lambda run, prompt_id: "no", quality_ids=(TRAP,))
+    campaign = build_campaign(tmp_path, text, synth)
+    suite = [{"id": TRAP, "domain": "x", "check": {"kind": "regex", "pattern": "^OK"}}]
+    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": suite})
+    code, out, err = cli("gate", str(campaign.root), capsys=capsys)
+    assert code == 1, out + err  # no answer passes: a verdict, not a crash
+    assert "Traceback" not in err and "\x1b[31m" not in out
+    assert "[bold red]red[/bold red]" in out  # shown as written, not obeyed
+    junit = ET.parse(campaign.root / "verdict.junit.xml").getroot()  # well-formed despite NUL
+    failure = junit.find("./testsuite/testcase/failure")
+    assert failure is not None and "<script>alert(1)</script>" in (failure.text or "")
+    record = (campaign.root / "record.md").read_text()
+    assert "<script>" not in record and "<img" not in record and "<!--" not in record
+    assert "](javascript:" not in record
+    assert not any(line.startswith("# 2026-12-01 forged") for line in record.splitlines())
