@@ -2,9 +2,10 @@
 
 The campaign is made by duplicating the runs of a real one (the newest ``reports/demo/*`` under
 the current directory, else a tiny campaign run here with the reference runtime) into a temp
-directory with a matching plan: runs keep their real records, with request timings perturbed so
-the cycles differ. The figure is render time with figures against the same page with figures
-disabled (the baseline), plus the HTML size. Targets (issue 6): under 15 s and 10 MB for 100 runs.
+directory with a matching plan and a journal of its own, sealed as the runner seals one: runs
+keep their real records, with request timings perturbed so the cycles differ. The figure is
+render time with figures against the same page with figures disabled (the baseline), plus the
+HTML size. Targets (issue 6): under 15 s and 10 MB for 100 runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from harness.benchmarks import Figure
+from harness.records import CAMPAIGN_JOURNAL, Journal
 
 TARGET_S = 15.0
 TARGET_MB = 10.0
@@ -101,7 +103,7 @@ def synthesise(source: Path, dest: Path, n_runs: int, seed: int = 0) -> Path:
     cycles = math.ceil(n_runs / per_cycle)
     root: Path = dest / "reports" / str(plan["campaign"]) / "20000101T000000Z"
     root.mkdir(parents=True)
-    for name in ("card.yaml", "card.path", "journal.jsonl"):
+    for name in ("card.yaml", "card.path"):
         if (source / name).is_file():
             shutil.copy2(source / name, root / name)
     (root / "card.yaml").write_text(_with_cycles(card_text, cycles))
@@ -129,6 +131,13 @@ def synthesise(source: Path, dest: Path, n_runs: int, seed: int = 0) -> Path:
             runs.append(run)
             index += 1
     (root / "plan.json").write_text(json.dumps({**plan, "runs": runs}, indent=2))
+    # A journal of its own, sealed as the runner seals one: the source's names other runs.
+    journal = Journal(root / CAMPAIGN_JOURNAL)
+    journal.append("campaign_start", campaign=plan["campaign"], runs=len(runs))
+    for box in sorted((root / "boxes").glob("*.json")):
+        journal.seal_file(box)
+    for run in runs:
+        journal.append("run_done", run_id=run["run_id"])
     return root
 
 
