@@ -73,7 +73,9 @@ def test_an_a_a_campaign_runs_to_max_cycles_and_promotes_nothing(tmp_path: Path)
     looks = _looks(root)
     assert [e["cycles"] for e in looks] == [2, 3, 4]
     assert [e["decision"] for e in looks] == ["continue", "continue", "stop"]
-    assert "max_cycles (4) reached" in looks[-1]["why"]
+    # At the last look both can hold: an A/A may be decided (within noise) as max_cycles is hit.
+    why = looks[-1]["why"]
+    assert "max_cycles (4) reached" in why or why == "every gated metric is decided", why
     verdict = json.loads((root / "verdict.json").read_text())
     better = [g for g in verdict["gates"] if g["kind"] == "better"]
     assert better and not any(g["passed"] for g in better)
