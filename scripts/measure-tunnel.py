@@ -29,13 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.boxes.boxes import SshBox  # noqa: E402
+from harness.boxes.tunnel import _ECHO_SNIPPET, _read_line  # noqa: E402
 from harness.card import load_runtime_profile  # noqa: E402
-from harness.execute.boxes import SshBox  # noqa: E402
-from harness.execute.drive import DriveSpec, PhasePlan, RequestResult, WorkItem, drive  # noqa: E402
-from harness.execute.drive_remote import ship_driver  # noqa: E402
-from harness.execute.runtimes import BootSpec, RunningRuntime  # noqa: E402
-from harness.execute.tunnel import _ECHO_SNIPPET, _read_line  # noqa: E402
-from harness.profiles import BoxSpec  # noqa: E402
+from harness.drive.client import DriveSpec, PhasePlan, RequestResult, WorkItem, drive  # noqa: E402
+from harness.drive.remote import ship_driver  # noqa: E402
+from harness.profiles.schema import BoxSpec  # noqa: E402
+from harness.runtimes.boot import BootSpec, RunningRuntime  # noqa: E402
 from tests.box_servers import STREAMING, box_server  # noqa: E402
 from tests.sshd import start_sshd, stop_process  # noqa: E402
 
@@ -102,7 +102,9 @@ def main() -> None:
         channel.shutdown_write()
         channel.close()
 
-        profile = load_runtime_profile(ROOT / "harness" / "data" / "runtimes" / "refbox.yaml")
+        profile = load_runtime_profile(
+            ROOT / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml"
+        )
         with box_server(box, STREAMING, str(folder / "box")) as streaming:
             url = box.http_base(streaming.port)
             boot = BootSpec([], {}, None, {}, streaming.port, "", "")

@@ -16,7 +16,7 @@ DATA = REPO / "tests" / "data"
 # Compiled code that calls into another module's compiled code: numba's on-disk cache checks
 # only the caller's own file, so an edit to the policy kernels would leave the fast replay's
 # cached loops running the old drain.
-_KERNEL_SOURCES = ("harness/policy_kernels.py", "harness/sim/fastloop.py")
+_KERNEL_SOURCES = ("harness/policy/kernels.py", "harness/sim/fastloop.py")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -17,7 +17,7 @@ from harness.analyze.campaign import CampaignAnalysis, analyze_campaign
 from harness.card import load_card
 from harness.catalog import METRICS
 from harness.execute.run import CampaignRunner, new_campaign_dir
-from harness.gate import Verdict, evaluate_gates
+from harness.gate.evaluate import Verdict, evaluate_gates
 from harness.plan import build_plan
 from tests.conftest import DATA
 

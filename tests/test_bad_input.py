@@ -35,18 +35,18 @@ from harness.analyze.campaign import analyze_campaign, write_analysis
 from harness.card import load_boxes_file, load_card, load_runtime_profile
 from harness.card.frozen import freeze_inputs, frozen_paths, load_frozen_card
 from harness.errors import EXIT_BAD_INPUT, HarnessError
-from harness.maps import read_count_snapshot, read_hotlist, read_rowmap, write_count_dump
+from harness.formats.maps import read_count_snapshot, read_hotlist, read_rowmap, write_count_dump
+from harness.formats.prompts import load_pool
+from harness.formats.records import Journal
+from harness.formats.ring import RING_FIELDS, RingGeometry, RingWriter
+from harness.formats.ring_read import describe_ring, read_ring_since
 from harness.plan import build_plan, plan_json_text
-from harness.policy import PolicyKnobs
-from harness.prompts import load_pool
-from harness.records import Journal
+from harness.policy.residency import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import ModelConfig
 from harness.sim.fitmap import fit_hotlist_entries, fit_top_k, load_counts
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import decode_counts
-from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
-from harness.telemetry_read import describe_ring, read_ring_since
 from tests.conftest import DATA, REPO, run_cli
 
 EXAMPLES = int(os.environ.get("HARNESS_BAD_INPUT_EXAMPLES", "0"))
@@ -444,7 +444,7 @@ def _build_inputs(root: Path) -> dict[str, list[Input]]:
     (campaigns / "models").mkdir()
     (campaigns / "models" / "tiny-moe.gguf").write_bytes(b"")
     runtimes = root / "runtimes"
-    shutil.copytree(REPO / "harness" / "data" / "runtimes", runtimes)
+    shutil.copytree(REPO / "harness" / "profiles" / "data" / "runtimes", runtimes)
     generated = root / "generated"
     generated.mkdir()
     trace = _write_trace(generated)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from harness.analyze.metrics import bench_metrics
-from harness.bench_table import map_result_rows, parse_result_rows
 from harness.card.resolve import load_runtime_profile
 from harness.errors import RecordError
+from harness.formats.bench_table import map_result_rows, parse_result_rows
 from tests.conftest import REPO, run_cli
 
 DATA = Path(__file__).parent / "data" / "bench"

@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.boxes.boxes import Box, CommandResult, LocalBox, SshBox, shell_command
 from harness.errors import BoxError
-from harness.execute.boxes import Box, CommandResult, LocalBox, SshBox, shell_command
 from harness.execute.preflight import check_box
-from harness.profiles import BoxSpec
+from harness.profiles.schema import BoxSpec
 from tests.sshd import LoopbackSshd, sshd, sshd_with_path  # noqa: F401 - the session fixture
 
 # A tiny program that records exactly what it was given: argv and the named env variables.

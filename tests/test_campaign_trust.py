@@ -30,7 +30,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
-from harness.records import write_parquet
+from harness.formats.records import write_parquet
 from tests.campaign_dirs import copy_campaign
 from tests.conftest import DATA, REPO, run_cli, start_campaign
 
@@ -285,7 +285,7 @@ def test_an_import_is_sealed_and_verifies(
 _HOLD = """
 import sys, time
 from pathlib import Path
-from harness.lock import campaign_lock
+from harness.formats.lock import campaign_lock
 with campaign_lock(Path(sys.argv[1]), "harness run --resume (held by the test)"):
     print("held", flush=True)
     time.sleep(120)
@@ -655,7 +655,7 @@ def test_a_profile_regex_that_backtracks_without_bound_is_refused(
 ) -> None:
     runtimes = tmp_path / "runtimes"
     runtimes.mkdir()
-    profile = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text()
+    profile = (REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml").read_text()
     assert 'pattern: "[1-9][0-9]*"' in profile
     (runtimes / "refbox.yaml").write_text(profile.replace('"[1-9][0-9]*"', '"(a+)+$"', 1))
     code, _, err = cli("validate", str(runtimes / "refbox.yaml"), capsys=capsys)
@@ -715,7 +715,7 @@ TRAP = (
 def test_card_text_is_data_in_the_terminal_junit_and_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.records import write_sealed_json
+    from harness.formats.records import write_sealed_json
     from tests.test_gate import Synth, _card_text, build_campaign
 
     # The card's description, and a quality prompt id (from a pool) that every gate reason names.

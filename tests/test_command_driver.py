@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.llamacpp import build
-from harness.llamacpp.gguf_model import write_tiny_moe
 from harness.report.tables import LABEL_CLASS
+from harness.runtimes.llamacpp import build
+from harness.runtimes.llamacpp.gguf_model import write_tiny_moe
 from tests.conftest import REPO, run_cli
 
 CARD = REPO / "campaigns" / "llama-bench-threads.yaml"

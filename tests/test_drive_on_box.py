@@ -19,23 +19,23 @@ from typing import Any
 
 import pytest
 
+from harness.boxes.boxes import SshBox
 from harness.card import load_card, load_runtime_profile
+from harness.drive.client import DriveSpec, PhasePlan, RequestResult, RuntimeHung, WorkItem
+from harness.drive.remote import BoxDriver, prepare_drive
 from harness.errors import BoxError
-from harness.execute.boxes import SshBox
-from harness.execute.drive import DriveSpec, PhasePlan, RequestResult, RuntimeHung, WorkItem
-from harness.execute.drive_remote import BoxDriver, prepare_drive
 from harness.execute.preflight import check_box
 from harness.execute.run import CampaignRunner, new_campaign_dir
-from harness.execute.runtimes import BootSpec, RunningRuntime, http_json
+from harness.formats.records import RUN_OK, read_json, read_parquet
 from harness.plan import Run, build_plan
-from harness.profiles import BoxSpec
-from harness.records import RUN_OK, read_json, read_parquet
+from harness.profiles.schema import BoxSpec
+from harness.runtimes.boot import BootSpec, RunningRuntime, http_json
 from tests.box_servers import STALLING, STREAMING, box_server
 from tests.conftest import REPO
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 from tests.test_execute_ssh import runtime_processes, write_card
 
-PROFILE = load_runtime_profile(REPO / "harness" / "data" / "runtimes" / "refbox.yaml")
+PROFILE = load_runtime_profile(REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml")
 
 
 def _spec(server: LoopbackSshd, python: str = sys.executable) -> BoxSpec:

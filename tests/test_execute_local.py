@@ -14,13 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.boxes.boxes import Box, LocalBox, shell_command
 from harness.card import load_card
-from harness.execute.boxes import Box, LocalBox, shell_command
 from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.formats.records import CampaignDir, Journal
+from harness.formats.ring_read import read_ring
 from harness.plan import build_plan
-from harness.profiles import BoxSpec
-from harness.records import CampaignDir, Journal
-from harness.telemetry_read import read_ring
+from harness.profiles.schema import BoxSpec
 from tests.conftest import DATA, REPO
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
@@ -131,7 +131,7 @@ def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
     )
     profile = tmp_path / "runtimes"
     profile.mkdir()
-    text = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text()
+    text = (REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml").read_text()
     (profile / "refbox.yaml").write_text(text.replace("timeout_s: 60", "timeout_s: 4"))
     campaign, done, failed = _run(card, tmp_path / "reports")
     assert done == [] and len(failed) == 4
@@ -360,7 +360,9 @@ def test_a_cold_run_whose_cache_files_never_match_fails(tmp_path: Path) -> None:
 def test_a_declared_ring_that_was_not_collected_fails_the_run(tmp_path: Path) -> None:
     # The profile looks for the ring where the runtime does not write it. The good run fails for
     # it; the run that failed anyway says so as well, so no reader takes the absence for zero.
-    profile = (REPO / "harness" / "data" / "runtimes" / "refbox.yaml").read_text(encoding="utf-8")
+    profile = (REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml").read_text(
+        encoding="utf-8"
+    )
     declared = 'ring: {path: "{run_dir}/ring.bin", header: true}'
     assert declared in profile
     profile = profile.replace("name: refbox", "name: misplaced-ring").replace(

@@ -16,12 +16,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from harness.boxes.boxes import SshBox
 from harness.card import load_card, load_runtime_profile
-from harness.execute.boxes import SshBox
 from harness.execute.preflight import check_box
 from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.formats.records import RUN_OK, CampaignDir, read_json, read_parquet
 from harness.plan import Run, build_plan
-from harness.records import RUN_OK, CampaignDir, read_json, read_parquet
 from tests.conftest import DATA, REPO
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 
@@ -199,7 +199,9 @@ def test_ab_campaign_over_ssh(sshd: LoopbackSshd, tmp_path: Path) -> None:  # no
 @pytest.mark.slow
 def test_preflight_passes_on_the_loopback_box(sshd: LoopbackSshd, tmp_path: Path) -> None:  # noqa: F811
     loaded = load_card(write_card(sshd, tmp_path))
-    profile = load_runtime_profile(REPO / "harness" / "data" / "runtimes" / "refbox.yaml")
+    profile = load_runtime_profile(
+        REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml"
+    )
     box = SshBox(loaded.box_name, loaded.box, known_hosts=[sshd.known_hosts])
     checks = check_box(loaded.box_name, loaded.box, profile, box=box)
     box.close()
@@ -235,7 +237,9 @@ def test_preflight_stops_at_an_unknown_host_key(sshd: LoopbackSshd, tmp_path: Pa
 
 def test_preflight_flags_a_missing_runtime_binary(sshd: LoopbackSshd, tmp_path: Path) -> None:  # noqa: F811
     loaded = load_card(write_card(sshd, tmp_path))
-    profile = load_runtime_profile(REPO / "harness" / "data" / "runtimes" / "refbox.yaml")
+    profile = load_runtime_profile(
+        REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml"
+    )
     command = ["/nonexistent/llama-server", *profile.boot.command[1:]]
     other = profile.model_copy(
         update={"name": "other", "boot": profile.boot.model_copy(update={"command": command})}

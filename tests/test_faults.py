@@ -20,8 +20,8 @@ import pytest
 
 from harness.card import load_card
 from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.formats.records import Journal
 from harness.plan import build_plan
-from harness.records import Journal
 from tests.conftest import DATA, REPO, run_cli
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.errors import BadInput
-from harness.maps import read_hotlist, read_rowmap, write_count_dump
+from harness.formats.maps import read_hotlist, read_rowmap, write_count_dump
 from harness.sim.commands import register
 from harness.sim.fitmap import coverage, fit_top_k, load_counts
 from harness.sim.trace_files import load_trace

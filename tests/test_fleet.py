@@ -23,13 +23,13 @@ import pytest
 from scipy import stats
 
 from harness.analyze.fleet import interaction_p, welch_anova_p
+from harness.boxes.boxes import LocalBox
 from harness.card import load_card
 from harness.errors import CardError
-from harness.execute.boxes import LocalBox
 from harness.execute.fleet import deal_shares
+from harness.formats.records import Journal
 from harness.plan import build_plan
-from harness.profiles import BoxSpec
-from harness.records import Journal
+from harness.profiles.schema import BoxSpec
 from tests.conftest import DATA, CliResult, run_cli, start_campaign
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.records import Journal
+from harness.formats.records import Journal
 from tests.conftest import DATA, REPO, CliResult, run_cli, start_campaign
 from tests.slurm import PARTITION, LocalCluster, slurm_cluster  # noqa: F401
 

@@ -15,7 +15,7 @@ from harness.card.frozen import MANIFEST, freeze_inputs, frozen_paths, load_froz
 from harness.errors import RecordError
 from tests.conftest import DATA, REPO
 
-RUNTIME = REPO / "harness" / "data" / "runtimes" / "refbox.yaml"
+RUNTIME = REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml"
 
 
 def _source(tmp_path: Path) -> Path:

@@ -23,14 +23,11 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
+from harness.drive.client import RequestResult
 from harness.errors import RecordError, VerificationError
-from harness.execute.drive import RequestResult
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.run import new_campaign_dir
-from harness.gate import GateResult, Verdict, evaluate_gates, write_verdict
-from harness.gate_quality import check_passes
-from harness.plan import build_plan
-from harness.records import (
+from harness.formats.records import (
     RUN_OK,
     CampaignDir,
     RunRecord,
@@ -38,8 +35,11 @@ from harness.records import (
     write_parquet,
     write_sealed_json,
 )
-from harness.telemetry import RingGeometry, RingWriter
-from harness.telemetry_read import read_ring
+from harness.formats.ring import RingGeometry, RingWriter
+from harness.formats.ring_read import read_ring
+from harness.gate.evaluate import GateResult, Verdict, evaluate_gates, write_verdict
+from harness.gate.quality import check_passes
+from harness.plan import build_plan
 from tests.conftest import DATA, run_cli
 
 POOLS = DATA / "pools"
@@ -673,7 +673,7 @@ def _quality_campaign(
     ids = tuple(str(p["id"]) for p in SUITE)
     campaign = build_campaign(root, _card_text(gates), Synth(quality=answers, quality_ids=ids))
     if suite:
-        # The suite as the harness writes it: its digest journalled (harness.seal).
+        # The suite as the harness writes it: its digest journalled (harness.formats.seal).
         write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
     else:
         (campaign.root / "quality.json").unlink()

@@ -10,9 +10,9 @@ import pandas as pd
 
 from harness.analyze.campaign import analyze_campaign
 from harness.cli import main
-from harness.gate import evaluate_gates
+from harness.formats.records import write_parquet
+from harness.gate.evaluate import evaluate_gates
 from harness.history.store import COLUMNS
-from harness.records import write_parquet
 
 DEMO = Path(__file__).parent / "data" / "campaigns" / "demo-shaped"
 GATE = "  - {kind: regression, metric: decode_tok_s, last: 2}\n"

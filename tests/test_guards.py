@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.boxes.boxes import LocalBox
 from harness.card import Cell
 from harness.card.resolve import load_runtime_profile
 from harness.card.schema import Guards
-from harness.execute.boxes import LocalBox
 from harness.execute.guards import (
     cohort_checks,
     competing_processes,
@@ -30,8 +30,8 @@ from harness.execute.guards import (
     wait_idle,
     wired_bytes,
 )
-from harness.execute.runtimes import boot, boot_spec, http_json
-from harness.profiles import BoxSpec, Idle
+from harness.profiles.schema import BoxSpec, Idle
+from harness.runtimes.boot import boot, boot_spec, http_json
 from tests.conftest import REPO, run_cli
 from tests.swap import swapping
 from tests.test_command_driver import (  # noqa: F401 - tiny_model is a fixture

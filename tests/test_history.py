@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
+from harness.formats.records import write_parquet
 from harness.history.changes import change_points
 from harness.history.store import COLUMNS, read_history
-from harness.records import write_parquet
 
 DEMO = Path(__file__).parent / "data" / "campaigns" / "demo-shaped"
 

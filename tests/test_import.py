@@ -21,10 +21,10 @@ import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.cli import main
-from harness.gate import evaluate_gates
+from harness.formats.records import CampaignDir, read_json
+from harness.gate.evaluate import evaluate_gates
 from harness.importers.write import read_source
-from harness.llamacpp import build
-from harness.records import CampaignDir, read_json
+from harness.runtimes.llamacpp import build
 
 DATA = Path(__file__).parent / "data"
 DEMO = DATA / "campaigns" / "demo-shaped"
@@ -299,7 +299,7 @@ def llama_bench() -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, llama_bench: Path) -> Path:
-    from harness.llamacpp.gguf_model import write_tiny_moe
+    from harness.runtimes.llamacpp.gguf_model import write_tiny_moe
 
     path = tmp_path_factory.mktemp("model") / "tiny-moe.gguf"
     write_tiny_moe(path, build.default_vocab(), seed=1)

@@ -22,16 +22,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.boxes.boxes import LocalBox
 from harness.card import load_card
 from harness.errors import BadInput, TraceError
-from harness.execute.boxes import LocalBox
-from harness.execute.counters import parse_prometheus, scrape_counters, timings_columns
-from harness.execute.runtimes import boot, boot_spec, http_json
-from harness.llamacpp import build
-from harness.llamacpp.commands import register
-from harness.llamacpp.gguf_model import TinyMoeShape, read_tokenizer, write_tiny_moe
-from harness.llamacpp.traces import parse_eval_callback, trace_records, write_jsonl
-from harness.profiles import BoxSpec
+from harness.profiles.schema import BoxSpec
+from harness.runtimes.boot import boot, boot_spec, http_json
+from harness.runtimes.counters import parse_prometheus, scrape_counters, timings_columns
+from harness.runtimes.llamacpp import build
+from harness.runtimes.llamacpp.commands import register
+from harness.runtimes.llamacpp.gguf_model import TinyMoeShape, read_tokenizer, write_tiny_moe
+from harness.runtimes.llamacpp.traces import parse_eval_callback, trace_records, write_jsonl
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO, run_cli
 

@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from harness.boxes.boxes import LocalBox
 from harness.card import Cell
 from harness.card.resolve import load_runtime_profile
 from harness.errors import RecordError
-from harness.execute.boxes import LocalBox
-from harness.execute.log_counters import (
+from harness.profiles.schema import BoxSpec, LogCounter
+from harness.runtimes.boot import boot, boot_spec, http_json
+from harness.runtimes.llamacpp import build
+from harness.runtimes.llamacpp.gguf_model import write_tiny_moe
+from harness.runtimes.log_counters import (
     log_counter_units,
     log_snapshot,
     missing_log_counters,
     start_snapshot,
 )
-from harness.execute.runtimes import boot, boot_spec, http_json
-from harness.llamacpp import build
-from harness.llamacpp.gguf_model import write_tiny_moe
-from harness.profiles import BoxSpec, LogCounter
 from tests.conftest import REPO
 
 RUNTIMES = REPO / "campaigns" / "runtimes"

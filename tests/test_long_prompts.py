@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.card import load_card
-from harness.execute.drive import long_prompt
+from harness.drive.client import long_prompt
+from harness.drive.workload import build_phases
 from harness.execute.run import CampaignRunner, new_campaign_dir
-from harness.execute.workload import build_phases
 from harness.plan import build_plan
 from tests.conftest import DATA
 

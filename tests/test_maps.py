@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import MapError
-from harness.maps import (
+from harness.formats.maps import (
     HOTLIST_MAGIC,
     fit_hotlist,
     fit_rowmap,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.card import load_card
-from harness.execute.workload import build_phases
+from harness.drive.workload import build_phases
 from tests.conftest import REPO
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import KnobError, MapError, TraceError
-from harness.policy import (
+from harness.policy.residency import (
     MAX_PRIORITY,
     ExpertCache,
     PolicyKnobs,

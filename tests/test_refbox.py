@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.maps import fit_rowmap, write_rowmap
+from harness.formats.maps import fit_rowmap, write_rowmap
+from harness.formats.ring_read import read_ring
 from harness.refbox.model import DOMAIN_SAMPLES
 from harness.refbox.options import parse_serve_args
-from harness.telemetry_read import read_ring
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.maps import fit_rowmap
-from harness.policy import PolicyKnobs
+from harness.formats.maps import fit_rowmap
+from harness.formats.ring_read import read_ring
+from harness.policy.residency import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import (
     BOS,
@@ -23,7 +24,6 @@ from harness.refbox.model import (
     expert_weights,
 )
 from harness.refbox.tiers import SlowTier
-from harness.telemetry_read import read_ring
 
 DEFAULT = ModelConfig()
 SMALL = ModelConfig(layers=3, experts=16, top_k=2, d_model=16, d_ff=16, seed=7)

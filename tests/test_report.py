@@ -21,8 +21,8 @@ from markupsafe import escape
 
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, write_analysis
 from harness.analyze.cell_values import ratio_of
-from harness.gate import evaluate_gates
-from harness.records import Journal
+from harness.formats.records import Journal
+from harness.gate.evaluate import evaluate_gates
 from harness.report import build_context, copy_path, fmt, register, render_report
 from harness.report.context import boxes_context
 

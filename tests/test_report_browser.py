@@ -26,7 +26,7 @@ import pytest
 from matplotlib.image import imread
 
 from harness.analyze.campaign import analyze_campaign
-from harness.gate import evaluate_gates
+from harness.gate.evaluate import evaluate_gates
 from harness.report import render_report
 from tests.test_report import make_tiny_campaign
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import Journal
+from harness.formats.records import Journal
 from tests.conftest import DATA, REPO, run_cli
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"
@@ -87,7 +87,7 @@ def test_a_directory_made_before_inputs_were_frozen_resumes_from_card_path(
 ) -> None:
     _, root = _campaign(tmp_path)
     # What such a directory looked like: no inputs/, a plan without `cycles`, and a journal
-    # without seals (harness.seal came later still).
+    # without seals (harness.formats.seal came later still).
     shutil.rmtree(root / "inputs")
     plan = json.loads((root / "plan.json").read_text())
     del plan["cycles"]

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.policy import PolicyKnobs
+from harness.formats.ring_read import read_ring
+from harness.policy.residency import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import DOMAIN_SAMPLES, ModelConfig
 from harness.sim import replay as replay_module
@@ -29,7 +30,6 @@ from harness.sim.replay import replay_cache, replay_fast, replay_reference
 from harness.sim.results import ReplayResult
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import KnobChange, Trace, trace_from_arrays
-from harness.telemetry_read import read_ring
 
 ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY = ["--layers", "4", "--experts", "16", "--top-k", "2", "--d-model", "16",

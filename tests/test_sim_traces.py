@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.errors import TraceError
-from harness.policy import PolicyKnobs
+from harness.policy.residency import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import ModelConfig
 from harness.sim.decisions import lockstep

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
-from harness.gate import evaluate_gates
-from harness.maps import write_rowmap
+from harness.formats.maps import write_rowmap
+from harness.gate.evaluate import evaluate_gates
 from harness.sim.commands import register
 from harness.sim.replay import replay_fast
 from harness.sim.trace_files import load_trace
@@ -85,7 +85,7 @@ def test_simulated_campaign_is_analysed_and_gated_unchanged(tmp_path: Path) -> N
     assert len(stale) == 1 and 0.0 < stale[0] < 1.0
     adaptive = runs[runs["cell"] == "adaptive"]
     assert (adaptive["swaps"] > 0).all() and (adaptive["cold_share"] < stale[0]).all()
-    from harness.policy import PolicyKnobs
+    from harness.policy.residency import PolicyKnobs
 
     expected = replay_fast(
         trace, PolicyKnobs(drain_every=8, promote_threshold=1.0), [list(range(8))] * 4

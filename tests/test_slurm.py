@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.boxes.boxes import LocalBox
 from harness.card import LoadedCard, load_boxes_file, load_card
-from harness.execute.boxes import LocalBox
 from harness.execute.cohorts import CohortBook
 from harness.execute.interrupts import Interrupted, interrupt_worker
 from harness.execute.run import new_campaign_dir
-from harness.plan import build_plan, cohort_key
-from harness.profiles import BoxSpec
-from harness.records import RUN_FAILED, RUN_OK, CampaignDir, Journal, read_json
-from harness.slurm import (
+from harness.execute.slurm import (
     CohortJob,
     JobEnd,
     JobProgress,
@@ -36,11 +33,14 @@ from harness.slurm import (
     submit_cohorts,
     wait_for_jobs,
 )
-from harness.slurm.job import probe_node
-from harness.slurm.latency import measure_overhead
-from harness.slurm.states import parse_sacct, parse_squeue
-from harness.slurm.submit import executor_parameters, job_dir_name, submit_calls
-from harness.slurm_fields import slurm_minutes
+from harness.execute.slurm.job import probe_node
+from harness.execute.slurm.latency import measure_overhead
+from harness.execute.slurm.states import parse_sacct, parse_squeue
+from harness.execute.slurm.submit import executor_parameters, job_dir_name, submit_calls
+from harness.formats.records import RUN_FAILED, RUN_OK, CampaignDir, Journal, read_json
+from harness.plan import build_plan, cohort_key
+from harness.profiles.schema import BoxSpec
+from harness.profiles.slurm_fields import slurm_minutes
 from tests.conftest import DATA, REPO, run_cli
 from tests.slurm import PARTITION, LocalCluster, local_cluster, slurm_cluster  # noqa: F401
 

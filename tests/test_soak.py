@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.analyze.metrics import RSS_MIN_SAMPLES, rss_growth_pct, rss_metrics, run_metrics
+from harness.boxes.boxes import LocalBox
 from harness.card import load_card
-from harness.execute.boxes import LocalBox
-from harness.execute.drive import PhasePlan
+from harness.drive.client import PhasePlan
 from harness.execute.resume import split_phases
 from harness.execute.run import CampaignRunner, new_campaign_dir
 from harness.execute.soak import (
@@ -30,11 +30,11 @@ from harness.execute.soak import (
     drain_local,
     drain_remote,
 )
+from harness.formats.records import CampaignDir, Journal, read_json
+from harness.formats.ring import RingGeometry, RingWriter
+from harness.formats.ring_read import read_ring_since
 from harness.plan import build_plan
-from harness.profiles import BoxSpec
-from harness.records import CampaignDir, Journal, read_json
-from harness.telemetry import RingGeometry, RingWriter
-from harness.telemetry_read import read_ring_since
+from harness.profiles.schema import BoxSpec
 from tests.conftest import DATA, REPO
 
 GEOMETRY = RingGeometry(2, 8, 2, 4)

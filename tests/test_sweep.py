@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from harness.card import load_card
-from harness.maps import write_rowmap
-from harness.policy import PolicyKnobs
+from harness.formats.maps import write_rowmap
+from harness.policy.residency import PolicyKnobs
 from harness.sim.replay import replay_reference
-from harness.sim.sweep import run_sweep
-from harness.sim.sweep_spec import grid_points, parse_axes, sample_points
+from harness.sim.sweep.grid import run_sweep
+from harness.sim.sweep.spec import grid_points, parse_axes, sample_points
 from harness.sim.trace_files import load_trace
 from tests.conftest import run_cli
 from tests.test_simulate import POOL, _domain_trace
@@ -218,7 +218,7 @@ def test_sweep_bench_quick_runs_three_ways_alike() -> None:
 
 def test_pareto_front_and_small_sweeps_in_process() -> None:
     from harness.sim.pick import pareto_front
-    from harness.sim.sweep_cmd import SMALL_SWEEP_TOKENS, _default_jobs
+    from harness.sim.sweep.command import SMALL_SWEEP_TOKENS, _default_jobs
 
     values = np.array([[1.0, 1.0], [2.0, 0.5], [0.5, 2.0], [0.9, 0.9], [2.0, 0.5]])
     assert pareto_front(values) == [0, 1, 2, 4]  # equal points do not dominate each other

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from harness.card import load_card
-from harness.sim.sweep import run_sweep
-from harness.sim.sweep_spec import grid_points, parse_axes
+from harness.sim.sweep.grid import run_sweep
+from harness.sim.sweep.spec import grid_points, parse_axes
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO
 from tests.test_sweep import _setup
@@ -127,8 +127,8 @@ def test_dask_sweep_equals_local_and_survives_a_lost_worker(
 def test_an_unreachable_scheduler_is_an_infrastructure_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import harness.sim.sweep_run as sweep_run
-    from harness.sim.sweep_run import SweepError
+    import harness.sim.sweep.workers as sweep_run
+    from harness.sim.sweep.workers import SweepError
 
     monkeypatch.setattr(sweep_run, "CONNECT_TIMEOUT_S", 2.0)  # the client retries this long
     card, paths = _setup(tmp_path)

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import RingError
-from harness.telemetry import MAGIC, RING_FIELDS, RING_VERSION, RingGeometry, RingWriter
-from harness.telemetry_read import describe_ring, read_ring, read_ring_since
+from harness.formats.ring import MAGIC, RING_FIELDS, RING_VERSION, RingGeometry, RingWriter
+from harness.formats.ring_read import describe_ring, read_ring, read_ring_since
 
 GEOMETRY = RingGeometry(layers=4, experts=16, top_k=2, hot_slots=12)
 
@@ -240,7 +240,7 @@ def test_any_count_round_trips_the_last_records(
 
 WRITER_SCRIPT = """
 import sys
-from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
+from harness.formats.ring import RING_FIELDS, RingGeometry, RingWriter
 path, count = sys.argv[1], int(sys.argv[2])
 with RingWriter(path, 64, RingGeometry(4, 16, 2, 12)) as writer:
     print("ready", flush=True)

@@ -1,4 +1,4 @@
-"""The SSH tunnel to a box's loopback (harness/execute/tunnel.py), over the real loopback sshd.
+"""The SSH tunnel to a box's loopback (harness/boxes/tunnel.py), over the real loopback sshd.
 
 Servers run on the box's 127.0.0.1 (tests/box_servers.py); the harness side reaches them only
 through :meth:`SshBox.http_base`, as the runner does.
@@ -15,11 +15,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.boxes.boxes import SshBox
+from harness.drive.client import DriveSpec, PhasePlan, RuntimeHung, WorkItem, drive
 from harness.errors import BoxError
-from harness.execute.boxes import SshBox
-from harness.execute.drive import DriveSpec, PhasePlan, RuntimeHung, WorkItem, drive
-from harness.execute.runtimes import http_json, http_text
-from harness.profiles import BoxSpec
+from harness.profiles.schema import BoxSpec
+from harness.runtimes.boot import http_json, http_text
 from tests.box_servers import STREAMING, box_server
 from tests.sshd import LoopbackSshd, sshd, start_sshd, stop_process  # noqa: F401 - the fixture
 

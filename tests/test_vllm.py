@@ -25,12 +25,17 @@ import pytest
 from harness.card import load_card
 from harness.errors import BadInput, CardError
 from harness.execute.guards import idle_value, wait_idle
-from harness.execute.routes import route_counters, write_route_delta
-from harness.execute.runtimes import boot_spec
-from harness.maps import CountDump, read_count_dump, read_rowmap
-from harness.profiles import Idle, KnobSpec
-from harness.vllm import build
-from harness.vllm.model import TinyQwen3MoeShape, tokenizer_json, vocabulary, write_tiny_qwen3_moe
+from harness.formats.maps import CountDump, read_count_dump, read_rowmap
+from harness.profiles.schema import Idle, KnobSpec
+from harness.runtimes.boot import boot_spec
+from harness.runtimes.routes import route_counters, write_route_delta
+from harness.runtimes.vllm import build
+from harness.runtimes.vllm.model import (
+    TinyQwen3MoeShape,
+    tokenizer_json,
+    vocabulary,
+    write_tiny_qwen3_moe,
+)
 from tests.conftest import REPO, run_cli
 
 CARD = REPO / "campaigns" / "vllm-moe.yaml"

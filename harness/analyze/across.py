@@ -29,7 +29,7 @@ from harness.analyze.cycles import margin_log
 from harness.analyze.stats import decide_label
 from harness.catalog import METRICS
 from harness.errors import BadInput
-from harness.records import read_json
+from harness.formats.records import read_json
 
 __all__ = ["box_identity", "compare_campaigns", "welch_interval"]
 

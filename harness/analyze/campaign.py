@@ -35,8 +35,7 @@ from harness.analyze.tiers import tier_table
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.catalog import METRICS
 from harness.errors import HarnessError, RecordError
-from harness.plan import cohort_key
-from harness.records import (
+from harness.formats.records import (
     CampaignDir,
     read_cohorts,
     read_counters,
@@ -45,6 +44,7 @@ from harness.records import (
     write_json_atomic,
     write_parquet,
 )
+from harness.plan import cohort_key
 
 RUN_KEYS = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state", "pattern", "comparison")
 
@@ -413,8 +413,8 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
     With ``predictions``, a measured campaign also reads its newest simulated sibling for the
     predicted-against-measured table.
     """
-    from harness.records import open_campaign
-    from harness.verify import verify_campaign
+    from harness.formats.records import open_campaign
+    from harness.formats.verify import verify_campaign
 
     campaign = open_campaign(root)
     # Nothing is read from a directory that does not hold what its journal sealed.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import RecordError
-from harness.textfile import parse_json, read_bytes
+from harness.formats.textfile import parse_json, read_bytes
 
 LOGITS_DIR = "logits"  # under runs/<id>/: the dumps as the runtime wrote them
 _SUFFIX = ".logits.json"

@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from harness.errors import BadInput, RingError
-from harness.telemetry import RING_FIELDS
+from harness.formats.ring import RING_FIELDS
 
 # The ring columns recovery reads: the telemetry ring's own fields, defined once there.
 RING_COLUMNS = RING_FIELDS

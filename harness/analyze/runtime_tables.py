@@ -24,8 +24,8 @@ from harness.analyze.cell_values import cell_keys, cell_value
 from harness.card import Card
 from harness.catalog import PROMETHEUS_COUNTERS
 from harness.errors import MapError
-from harness.maps import read_count_dump
-from harness.records import CampaignDir
+from harness.formats.maps import read_count_dump
+from harness.formats.records import CampaignDir
 
 ROUTE_COUNTER = "route_selections"
 TOP_EXPERTS = 4  # experts named per layer in the routing table

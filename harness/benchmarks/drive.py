@@ -7,7 +7,7 @@ the request's arrival (so a late wake-up never pushes the later tokens back), th
 chunk and ``[DONE]``. The server records when it actually put the first and the last token on the
 wire; that is the true TPOT each client measurement is compared with.
 
-At C1, C16 and C64 the same requests are timed by our driver (:func:`harness.execute.drive.drive`)
+At C1, C16 and C64 the same requests are timed by our driver (:func:`harness.drive.client.drive`)
 and by a plain aiohttp loop written the way vLLM's benchmark client times a stream (a session per
 request, ``async for`` over ``response.content``, ``perf_counter`` when a chunk with choices has
 been parsed). Arms alternate A B B A against the same server, so load on the machine hits both.
@@ -38,8 +38,8 @@ import numpy as np
 from aiohttp import web
 
 from harness.benchmarks import Figure
+from harness.drive.client import DriveSpec, PhasePlan, WorkItem, run_drive
 from harness.errors import InfrastructureError
-from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, run_drive
 
 __all__ = [
     "DEFAULT_SCHEDULE",

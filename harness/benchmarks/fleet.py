@@ -122,8 +122,8 @@ def _slurm_figures() -> list[Figure]:
     import subprocess
 
     from harness.errors import HarnessError
-    from harness.profiles import BoxSpec
-    from harness.slurm.latency import measure_overhead
+    from harness.execute.slurm.latency import measure_overhead
+    from harness.profiles.schema import BoxSpec
 
     try:
         answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)

@@ -31,9 +31,9 @@ from harness.benchmarks import Figure
 from harness.card import load_card
 from harness.errors import HarnessError
 from harness.execute import run as run_module
-from harness.execute.runtimes import RunningRuntime
+from harness.formats.records import Journal
 from harness.plan import build_plan
-from harness.records import Journal
+from harness.runtimes.boot import RunningRuntime
 
 __all__ = ["RunTimes", "measure_overhead", "overhead_figures", "run_bench"]
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from harness.benchmarks import Figure
-from harness.maps import fit_rowmap
+from harness.formats.maps import fit_rowmap
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import DOMAIN_SAMPLES, ModelConfig
 

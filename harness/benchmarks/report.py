@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from harness.benchmarks import Figure
-from harness.records import CAMPAIGN_JOURNAL, Journal
+from harness.formats.records import CAMPAIGN_JOURNAL, Journal
 
 TARGET_S = 15.0
 TARGET_MB = 10.0
@@ -170,7 +170,7 @@ def _copy_run(src: Path, dst: Path, run: dict[str, Any], rng: np.random.Generato
 def run_bench(quick: bool) -> list[Figure]:
     """Render time and size of the report of a 100-run campaign (20 with ``quick``)."""
     from harness.analyze.campaign import analyze_campaign
-    from harness.gate import evaluate_gates
+    from harness.gate.evaluate import evaluate_gates
     from harness.report import render_report
 
     n_runs = 20 if quick else 100

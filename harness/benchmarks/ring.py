@@ -22,9 +22,9 @@ from collections.abc import Callable
 import numpy as np
 
 from harness.benchmarks import Figure
-from harness.policy import PolicyKnobs, ResidencyPolicy
-from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
-from harness.telemetry_read import read_ring
+from harness.formats.ring import RING_FIELDS, RingGeometry, RingWriter
+from harness.formats.ring_read import read_ring
+from harness.policy.residency import PolicyKnobs, ResidencyPolicy
 
 _GEOMETRY = RingGeometry(layers=40, experts=384, top_k=6, hot_slots=295)
 _REPEATS = 3

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from harness.benchmarks import Figure
-from harness.policy import PolicyKnobs
+from harness.policy.residency import PolicyKnobs
 from harness.sim.replay import replay_fast, replay_reference
 from harness.sim.results import ReplayResult
 from harness.sim.traces import Trace, trace_from_arrays

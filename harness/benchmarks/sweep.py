@@ -25,11 +25,11 @@ import pandas as pd
 
 from harness.benchmarks import Figure
 from harness.benchmarks.sim import generate_trace
-from harness.policy import PolicyKnobs
+from harness.policy.residency import PolicyKnobs
 from harness.sim.results import CostModel
 from harness.sim.simulate import CellSettings
-from harness.sim.sweep_eval import PointTask
-from harness.sim.sweep_run import default_jobs, run_tasks
+from harness.sim.sweep.evaluate import PointTask
+from harness.sim.sweep.workers import default_jobs, run_tasks
 from harness.sim.traces import Trace, trace_from_arrays
 
 DRAIN_EVERY = (32, 64, 128)

@@ -51,16 +51,16 @@ from pathlib import Path
 
 from harness.analyze.metrics import prometheus_sum
 from harness.benchmarks import Figure
+from harness.boxes.boxes import LocalBox
 from harness.card import Cell
 from harness.card.resolve import find_runtime_profile, load_runtime_profile
 from harness.card.schema import KnobValue
+from harness.drive.client import DriveSpec, PhasePlan, WorkItem, drive
 from harness.errors import InfrastructureError
-from harness.execute.boxes import LocalBox
-from harness.execute.counters import scrape_counters
-from harness.execute.drive import DriveSpec, PhasePlan, WorkItem, drive
-from harness.execute.runtimes import RunningRuntime, boot, boot_spec
-from harness.profiles import BoxSpec
-from harness.vllm import build
+from harness.profiles.schema import BoxSpec
+from harness.runtimes.boot import RunningRuntime, boot, boot_spec
+from harness.runtimes.counters import scrape_counters
+from harness.runtimes.vllm import build
 
 __all__ = ["run_bench"]
 

@@ -35,9 +35,9 @@ from harness.card.schema import (
 )
 from harness.catalog import COUNTERS, METRICS, RING_ONLY
 from harness.errors import BadInput, CardError, MapError
-from harness.profiles import BoxSpec, KnobSpec, RuntimeProfile
-from harness.prompts import Prompt, load_pool, normalise
-from harness.yamlfile import Loc, YamlDoc, dotted
+from harness.formats.prompts import Prompt, load_pool, normalise
+from harness.formats.yamlfile import Loc, YamlDoc, dotted
+from harness.profiles.schema import BoxSpec, KnobSpec, RuntimeProfile
 
 
 class Problems:
@@ -213,7 +213,7 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
 
 def _check_rowmap(path: Path, field: tuple[str | int, ...], out: Problems) -> None:
     """A rowmap read as the runtime's loader reads it, so a bad one fails here, not at boot."""
-    from harness.maps import read_rowmap
+    from harness.formats.maps import read_rowmap
 
     try:
         read_rowmap(path)

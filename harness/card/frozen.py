@@ -30,7 +30,7 @@ from typing import Any
 from harness.card.inputs import PATH_ROLES, InputFile, Locator
 from harness.card.load import LoadedCard, load_card
 from harness.errors import RecordError
-from harness.records import check_inside, read_json, write_json_atomic
+from harness.formats.records import check_inside, read_json, write_json_atomic
 
 MANIFEST = Path("inputs") / "manifest.json"
 # Larger files are referenced by hash, not copied: a campaign directory should not hold a model.

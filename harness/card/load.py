@@ -26,9 +26,9 @@ from harness.card.locate import pydantic_problems
 from harness.card.resolve import load_model
 from harness.card.schema import Card, Phase
 from harness.errors import BadInput, CardError
-from harness.profiles import BoxSpec, RuntimeProfile
-from harness.prompts import Prompt
-from harness.yamlfile import YamlDoc, load_yaml
+from harness.formats.prompts import Prompt
+from harness.formats.yamlfile import YamlDoc, load_yaml
+from harness.profiles.schema import BoxSpec, RuntimeProfile
 
 
 @dataclass(frozen=True)

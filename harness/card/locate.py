@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from harness.card.schema import GATE_KINDS, REMOVED_FIELDS
-from harness.yamlfile import Loc, YamlDoc, dotted
+from harness.formats.yamlfile import Loc, YamlDoc, dotted
 
 
 def _unwrap(annotation: Any) -> list[Any]:

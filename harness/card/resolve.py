@@ -13,13 +13,13 @@ from pydantic import BaseModel, ValidationError
 
 from harness.card.locate import pydantic_problems
 from harness.errors import CardError
-from harness.profiles import BoxSpec, RuntimeProfile
-from harness.yamlfile import load_yaml
+from harness.formats.yamlfile import load_yaml
+from harness.profiles.schema import BoxSpec, RuntimeProfile
 
 _M = TypeVar("_M", bound=BaseModel)
 
 # harness/data: this module sits one package below it.
-PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
+PACKAGE_DATA = Path(__file__).resolve().parent.parent / "profiles" / "data"
 
 
 def search_path(card_dir: Path) -> list[Path]:

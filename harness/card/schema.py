@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from harness.profiles import BoxSpec, RuntimeProfile, Strict
-from harness.textfile import compile_pattern
+from harness.formats.textfile import compile_pattern
+from harness.profiles.schema import BoxSpec, RuntimeProfile, Strict
 
 KnobValue = str | int | float | bool
 CacheState = Literal["warm", "cold"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.execute.guards import GuardCheck
-from harness.records import read_json, write_sealed_json
+from harness.formats.records import read_json, write_sealed_json
 
 COHORTS_FILE = "cohorts.json"
 

@@ -16,13 +16,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
+from harness.drive.client import PhasePlan, WorkItem, drive
+from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
-from harness.execute.boxes import open_box
-from harness.execute.drive import PhasePlan, WorkItem, drive
-from harness.execute.routes import read_route_snapshot, write_route_delta
-from harness.execute.runtimes import boot, boot_spec, http_json, render
-from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
+from harness.runtimes.boot import boot, boot_spec, http_json, render
+from harness.runtimes.routes import read_route_snapshot, write_route_delta
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ __all__ = ["register"]
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_boxes, load_card
     from harness.execute.preflight import check_box
-    from harness.profiles import BoxSpec, RuntimeProfile
+    from harness.profiles.schema import BoxSpec, RuntimeProfile
 
     profile: RuntimeProfile | None = None
     card_dir = Path.cwd()

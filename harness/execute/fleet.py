@@ -1,7 +1,7 @@
 """A fleet: one campaign on several boxes at once, one worker thread a box.
 
 A box of ``kind: slurm`` (a cluster) is one worker too: it runs its share as Slurm jobs, one a
-cohort (:mod:`harness.slurm.worker`), so a card with one Slurm box goes through here as well.
+cohort (:mod:`.slurm.worker`), so a card with one Slurm box goes through here as well.
 
 The unit that moves is a cohort (``plan_cohort_key``: one mirrored cycle of one comparison in
 one cache state, its ABBA or BAAB blocks). A cohort runs on one box, in order, so every paired
@@ -11,7 +11,7 @@ difference the analysis takes is between runs of one machine; the plan deals coh
 journalled, and its cohorts are dealt to the others.
 
 The journal stays the single truth: workers append to it under one lock, each line fsynced
-(:class:`~harness.records.Journal`), and share one cohort book. Signals reach only the main
+(:class:`~harness.formats.records.Journal`), and share one cohort book. Signals reach only the main
 thread, which waits on the workers; the first stop signal is forwarded to every worker
 (:func:`~harness.execute.interrupts.interrupt_worker`), so each stops its runtime and records
 its run interrupted exactly as a single-box campaign does, and ``--resume`` goes on from there.
@@ -36,9 +36,9 @@ from harness.execute.preflight import check_box
 from harness.execute.resume import CHECKPOINT_S
 from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallback
 from harness.execute.soak import MonitorSettings
+from harness.formats.records import CampaignDir
 from harness.plan import Plan, Run, cohort_lane, fleet_box
-from harness.profiles import BoxSpec
-from harness.records import CampaignDir
+from harness.profiles.schema import BoxSpec
 
 # Seconds between the main thread's looks at its workers: how soon a signal is forwarded.
 _JOIN_POLL_S = 0.2
@@ -182,7 +182,7 @@ class FleetRunner:
         for worker in workers:
             runner: _ShareRunner
             if worker.spec.kind == "slurm":
-                from harness.slurm.worker import SlurmWorker
+                from harness.execute.slurm.worker import SlurmWorker
 
                 runner = SlurmWorker(
                     self.loaded,

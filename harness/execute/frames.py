@@ -10,10 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.execute.counters import timings_columns
-from harness.execute.drive import RequestResult
+from harness.drive.client import RequestResult
 from harness.execute.resume import CheckpointState
-from harness.records import RUN_TABLE_COLUMNS
+from harness.formats.records import RUN_TABLE_COLUMNS
+from harness.runtimes.counters import timings_columns
 
 
 def requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd.DataFrame:

@@ -18,14 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.boxes.boxes import Box
 from harness.card.schema import Guards
 from harness.errors import HarnessError
-from harness.execute.boxes import Box
-from harness.execute.counters import scrape_counters
+from harness.formats.textfile import compile_pattern
 from harness.plan import Run
 from harness.plan import cohort_key as plan_cohort_key
-from harness.profiles import Idle
-from harness.textfile import compile_pattern
+from harness.profiles.schema import Idle
+from harness.runtimes.counters import scrape_counters
 
 # Linux: a supply of type Battery whose status is Discharging, and no Mains supply online.
 _POWER_SNIPPET = (

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import __version__
+from harness.boxes.boxes import Box, SshBox, open_box, quote_path, shell_command
+from harness.drive.remote import ship_driver
 from harness.errors import BoxError, KnobError
-from harness.execute.boxes import Box, SshBox, open_box, quote_path, shell_command
-from harness.execute.drive_remote import ship_driver
-from harness.execute.runtimes import render
-from harness.profiles import BoxSpec, RuntimeProfile
+from harness.profiles.schema import BoxSpec, RuntimeProfile
+from harness.runtimes.boot import render
 
 MIN_PYTHON = (3, 11)
 MIN_FREE_BYTES = 5 * 1024**3
@@ -312,7 +312,7 @@ def check_box(
     """
     if spec.kind == "slurm":
         # Not commands over a shell: sinfo, the partition, the shared folder and a trivial job.
-        from harness.slurm.preflight import check_slurm_box
+        from harness.execute.slurm.preflight import check_slurm_box
 
         return check_slurm_box(name, spec, profile)
     owned = box is None

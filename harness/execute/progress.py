@@ -17,7 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from harness.execute.drive import RequestResult
+from harness.drive.client import RequestResult
 from harness.execute.run import ProgressCallback
 from harness.plan import Plan, Run
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pandas as pd
 
+from harness.boxes.boxes import Box
+from harness.drive.client import PhasePlan
 from harness.errors import HarnessError
-from harness.execute.boxes import Box
-from harness.execute.drive import PhasePlan
-from harness.records import Journal, read_parquet
+from harness.formats.records import Journal, read_parquet
 
 # Seconds of a timed phase between checkpoints: a soak killed at hour 30 loses at most this much.
 CHECKPOINT_S = 600.0

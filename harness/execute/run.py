@@ -4,7 +4,7 @@ Lifecycle of one run: upload knob files → cache state → boot → ready → l
 before → drive → counters after → collect ring/log → stop (verify the process group is gone) →
 write the records → journal ``run_done``. A run that fails is recorded with its reason and log tail
 and the campaign goes on; a hung runtime fails its run after one request timeout
-(:class:`~harness.execute.drive.RuntimeHung`), and a retry boots afresh. Ctrl-C, SIGTERM or SIGHUP
+(:class:`~harness.drive.client.RuntimeHung`), and a retry boots afresh. Ctrl-C, SIGTERM or SIGHUP
 (:mod:`.interrupts`) stops the runtime, marks the run interrupted and leaves a campaign that
 ``harness run --resume DIR`` continues.
 
@@ -29,27 +29,20 @@ from typing import Any
 import pandas as pd
 
 from harness.analyze.logit_parity import LOGITS_DIR
+from harness.boxes.boxes import Box, open_box
+from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
+from harness.boxes.environment import capture_environment
 from harness.card import Cell, LoadedCard
 from harness.card.frozen import freeze_inputs
+from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, drive
+from harness.drive.remote import BoxDriver, prepare_drive
+from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import HarnessError, InfrastructureError, RecordError
-from harness.execute.box_cache import cache_dir_on_box, campaign_root_on_box
-from harness.execute.boxes import Box, open_box
 from harness.execute.cohorts import CohortBook
-from harness.execute.cold import BOOT_MARK, evict_for_cold_run
-from harness.execute.command import collect_result, start_command, wait_command
-from harness.execute.counters import scrape_counters
-from harness.execute.drive import PhasePlan, RequestResult, RuntimeHung, drive
-from harness.execute.drive_remote import BoxDriver, prepare_drive
-from harness.execute.environment import capture_environment
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
+from harness.execute.guard_steps import GuardSteps
 from harness.execute.guards import RunWatch, cohort_key, guards_enabled
 from harness.execute.interrupts import deferred, describe, exit_code
-from harness.execute.log_counters import (
-    log_counter_units,
-    log_snapshot,
-    missing_log_counters,
-    start_snapshot,
-)
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
@@ -61,22 +54,9 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
-from harness.execute.routes import read_route_snapshot, route_counters, write_route_delta
-from harness.execute.run_guards import GuardSteps
-from harness.execute.runtimes import (
-    BootSpec,
-    RunningRuntime,
-    boot,
-    boot_spec,
-    render,
-    stop_group,
-)
 from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
-from harness.execute.workload import QUALITY_PHASE, build_phases, run_drive_spec
-from harness.maps import CountDump
-from harness.plan import Plan, Run, plan_json_text
-from harness.profiles import BoxSpec
-from harness.records import (
+from harness.formats.maps import CountDump
+from harness.formats.records import (
     RUN_FAILED,
     RUN_INTERRUPTED,
     RUN_OK,
@@ -88,7 +68,27 @@ from harness.records import (
     write_sealed_json,
     write_text_atomic,
 )
-from harness.telemetry_read import read_ring, read_ring_since
+from harness.formats.ring_read import read_ring, read_ring_since
+from harness.plan import Plan, Run, plan_json_text
+from harness.profiles.schema import BoxSpec
+from harness.runtimes.boot import (
+    BootSpec,
+    RunningRuntime,
+    boot,
+    boot_spec,
+    render,
+    stop_group,
+)
+from harness.runtimes.cold import BOOT_MARK, evict_for_cold_run
+from harness.runtimes.command import collect_result, start_command, wait_command
+from harness.runtimes.counters import scrape_counters
+from harness.runtimes.log_counters import (
+    log_counter_units,
+    log_snapshot,
+    missing_log_counters,
+    start_snapshot,
+)
+from harness.runtimes.routes import read_route_snapshot, route_counters, write_route_delta
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
 

@@ -21,8 +21,8 @@ from harness.card import LoadedCard
 from harness.execute.fleet import FleetRunner
 from harness.execute.reopen import extend_campaign
 from harness.execute.run import CampaignOutcome, ProgressCallback
+from harness.formats.records import CampaignDir
 from harness.plan import Plan
-from harness.records import CampaignDir
 
 ProgressFactory = Callable[[Plan], AbstractContextManager[ProgressCallback]]
 

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.boxes.boxes import Box, LocalBox, shell_command
 from harness.errors import BoxError, HarnessError, RingError
-from harness.execute.boxes import Box, LocalBox, shell_command
-from harness.records import read_parquet, write_parquet
+from harness.formats.records import read_parquet, write_parquet
 
 # Seconds between ring drains: a 1M-slot ring at a few thousand steps/s lasts minutes, so 10 s
 # leaves a wide margin while costing one small command per 10 s on an SSH box.
@@ -45,7 +45,7 @@ FLUSH_RECORDS = 100_000
 
 # Reads records with seq > AFTER of a headed ring with the standard library only (the box need
 # not have the harness or numpy), through an mmap so every read sees the live file. The same
-# seqlock rules as harness.telemetry: the slots are copied, then the header's sequence is read
+# seqlock rules as harness.formats.ring: the slots are copied, then the header's sequence is read
 # again and the slots the writer may have reached meanwhile are copied again; the caller drops
 # rows whose marker is not the expected sequence or changed. Run in-process for a local box and
 # as a script (DRAIN_SNIPPET) on an SSH box, so both boxes use this one reader.

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from harness.catalog import METRICS
-from harness.records import read_parquet, write_parquet
+from harness.formats.records import read_parquet, write_parquet
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
-    from harness.gate import Verdict
+    from harness.gate.evaluate import Verdict
 
 __all__ = ["HISTORY_DIR", "append_history", "history_dir", "history_rows", "read_history"]
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import ResultFileError
-from harness.textfile import parse_json, read_bytes, read_text
+from harness.formats.textfile import parse_json, read_bytes, read_text
 
 __all__ = [
     "REQUEST_METRICS",

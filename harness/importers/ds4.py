@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ResultFileError
+from harness.formats.textfile import read_text
 from harness.importers.common import SourceBlock, file_sha256
 from harness.importers.tables import Selector, add_metric, select_rows
-from harness.textfile import read_text
 
 FORMAT = "ds4"
 _REQUIRED = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps")

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ResultFileError
+from harness.formats.textfile import parse_json, read_text
 from harness.importers.common import SourceBlock, file_sha256
 from harness.importers.tables import Selector, add_metric, select_rows
-from harness.textfile import parse_json, read_text
 
 FORMAT = "llama-bench"
 _NEEDED = ("n_prompt", "n_gen", "avg_ts")

@@ -31,9 +31,9 @@ from harness.card.locate import pydantic_problems
 from harness.card.schema import AnalysisSpec, BetterGate, CacheState, Gate, SurvivesGate
 from harness.catalog import METRICS
 from harness.errors import CardError
-from harness.profiles import Strict
-from harness.textfile import compile_pattern
-from harness.yamlfile import load_yaml
+from harness.formats.textfile import compile_pattern
+from harness.formats.yamlfile import load_yaml
+from harness.profiles.schema import Strict
 
 __all__ = ["Assigned", "FileEntry", "ImportMapping", "assign_files", "load_mapping"]
 

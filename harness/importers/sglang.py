@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ResultFileError
+from harness.formats.textfile import parse_json, read_text
 from harness.importers.common import SourceBlock
 from harness.importers.tables import Selector, select_rows
 from harness.importers.vllm import read_result
-from harness.textfile import parse_json, read_text
 
 FORMAT = "sglang"
 _SUMMARY = {

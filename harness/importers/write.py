@@ -23,6 +23,16 @@ import pandas as pd
 import yaml
 
 from harness.errors import CardError, RecordError, ResultFileError
+from harness.formats.lock import LOCK_FILE, campaign_lock
+from harness.formats.records import (
+    RUN_OK,
+    SCHEMA_VERSION,
+    CampaignDir,
+    RunRecord,
+    write_json_atomic,
+    write_parquet,
+    write_text_atomic,
+)
 from harness.importers.aiperf import read_aiperf
 from harness.importers.common import SourceBlock
 from harness.importers.ds4 import read_ds4
@@ -38,16 +48,6 @@ from harness.importers.mapping import (
 from harness.importers.sglang import read_sglang
 from harness.importers.tables import Selector
 from harness.importers.vllm import read_vllm
-from harness.lock import LOCK_FILE, campaign_lock
-from harness.records import (
-    RUN_OK,
-    SCHEMA_VERSION,
-    CampaignDir,
-    RunRecord,
-    write_json_atomic,
-    write_parquet,
-    write_text_atomic,
-)
 
 __all__ = ["FORMATS", "ImportResult", "import_results", "read_source"]
 

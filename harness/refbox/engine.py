@@ -30,9 +30,10 @@ from typing import Any, Literal, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from harness import policy_kernels
 from harness.errors import KnobError
-from harness.policy import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
+from harness.formats.ring import ROUTE_TRACE_VERSION, RingGeometry, RingWriter
+from harness.policy import kernels as policy_kernels
+from harness.policy.residency import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
 from harness.refbox.model import (
     BOS,
     F32,
@@ -44,7 +45,6 @@ from harness.refbox.model import (
     pick_token,
 )
 from harness.refbox.tiers import CacheTiers, RowmapTiers, SlowTier
-from harness.telemetry import ROUTE_TRACE_VERSION, RingGeometry, RingWriter
 
 LIVE_KNOBS = (
     "policy",

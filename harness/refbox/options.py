@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.errors import HarnessError, KnobError
-from harness.maps import read_hotlist, read_rowmap
-from harness.policy import ExpertCache, PolicyKnobs, parse_priority
+from harness.formats.maps import read_hotlist, read_rowmap
+from harness.policy.residency import ExpertCache, PolicyKnobs, parse_priority
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import ModelConfig
 

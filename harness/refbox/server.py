@@ -46,7 +46,7 @@ import numpy as np
 from aiohttp import web
 
 from harness.errors import HarnessError, KnobError
-from harness.maps import write_count_dump
+from harness.formats.maps import write_count_dump
 from harness.refbox.engine import Engine
 from harness.refbox.options import ServeConfig, error_message, parse_serve_args
 

@@ -4,7 +4,7 @@ Both tiers hold the same float32 bytes, so which one serves a lookup changes onl
 a cold lookup is a real read and copy of a whole slow-tier record, counted in
 :class:`TierCounters` (lookups, cold lookups, expert loads, bytes read). :class:`RowmapTiers`
 keeps a fixed number of hot slots per layer that the residency policy swaps;
-:class:`CacheTiers` lets an :class:`~harness.policy.ExpertCache` decide hits.
+:class:`CacheTiers` lets an :class:`~harness.policy.residency.ExpertCache` decide hits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from harness.policy import ExpertCache
+from harness.policy.residency import ExpertCache
 from harness.refbox.model import F32, ExpertSource, ModelConfig, expert_weights
 
 

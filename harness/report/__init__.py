@@ -22,7 +22,7 @@ from harness.errors import EXIT_OK
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
-    from harness.gate import Verdict
+    from harness.gate.evaluate import Verdict
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -196,7 +196,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     from harness.analyze.campaign import analyze_campaign
     from harness.cli import note_unsealed
-    from harness.gate import evaluate_gates
+    from harness.gate.evaluate import evaluate_gates
 
     root = Path(args.dir)
     analysis = analyze_campaign(root)

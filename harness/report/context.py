@@ -18,7 +18,7 @@ from harness.analyze.campaign import CampaignAnalysis
 from harness.card import Card, Cell
 from harness.card.frozen import frozen_paths
 from harness.errors import HarnessError
-from harness.gate import Verdict
+from harness.gate.evaluate import Verdict
 from harness.plan import cohort_key
 from harness.report import fmt
 from harness.report.tables import frame_records
@@ -274,7 +274,7 @@ def pools_context(root: Path, analysis: CampaignAnalysis) -> dict[str, Any]:
         card_dir = Path(source_card.read_text(encoding="utf-8").strip()).parent
         pool_paths = [(card_dir / p).resolve() for p in card.prompts.pools]
     if pool_paths and all(p.is_file() for p in pool_paths):
-        from harness.prompts import load_pool
+        from harness.formats.prompts import load_pool
 
         try:
             prompts = [p for path in pool_paths for p in load_pool(path)]

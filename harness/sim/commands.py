@@ -12,7 +12,7 @@ from typing import TextIO
 
 from harness.errors import EXIT_GATE_FAILED, EXIT_OK, BadInput
 from harness.sim.cost import CostModel
-from harness.sim.sweep_cmd import add_sweep_arguments
+from harness.sim.sweep.command import add_sweep_arguments
 
 # The handlers import the stages they run: registering the verbs loads neither numba (the
 # policy kernels) nor pandas, so `harness --help` and every other verb start fast.
@@ -46,7 +46,7 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
     if args.card is None or not args.traces:
         raise BadInput("give CARD --traces FILE... to simulate a campaign, or --lockstep TRACE")
     if args.sweep:
-        from harness.sim.sweep_cmd import sweep_command
+        from harness.sim.sweep.command import sweep_command
 
         return sweep_command(args, out)
     if args.pick or args.sample or args.scheduler:
@@ -85,7 +85,7 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.records import write_json_atomic
+    from harness.formats.records import write_json_atomic
     from harness.sim.decisions import lockstep, lockstep_text, parse_overrides
     from harness.sim.trace_files import load_trace
 
@@ -100,7 +100,7 @@ def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
+    from harness.formats.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
     from harness.sim.fitmap import (
         check_held_out,
         coverage,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.errors import TraceError
-from harness.policy import PolicyKnobs
+from harness.policy.residency import PolicyKnobs
 from harness.sim.replay import replay_fast, replay_reference
 from harness.sim.traces import KnobChange, Trace
 

@@ -2,7 +2,7 @@
 
 They do what ``ResidencyPolicy.observe`` and ``count_cold`` do per host step, on the policy's
 own arrays (``ResidencyPolicy.export_state``), and call the policy's compiled
-:func:`harness.policy_kernels.drain_layer` at drain points, so decisions are the same machine
+:func:`harness.policy.kernels.drain_layer` at drain points, so decisions are the same machine
 code on the same integers and floats as the plain replay and the reference runtime.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from harness.policy_kernels import decay_factor, drain_layer, jit
+from harness.policy.kernels import decay_factor, drain_layer, jit
 
 __all__ = ["drain_schedule", "merge_block", "replay_layers"]
 

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import BadInput, MapError
-from harness.maps import HotlistEntry, fit_hotlist, fit_rowmap, read_count_dump
+from harness.formats.maps import HotlistEntry, fit_hotlist, fit_rowmap, read_count_dump
 from harness.sim.trace_files import file_sha256, load_trace
 from harness.sim.traces import Trace, decode_counts
 

@@ -28,8 +28,8 @@ import yaml
 from harness.card import BetterGate, CounterGate, SurvivesGate
 from harness.catalog import METRICS
 from harness.errors import BadInput
-from harness.sim.sweep import Sweep, control_name, ladder_value
-from harness.sim.sweep_spec import FILE_KNOBS, point_cell
+from harness.sim.sweep.grid import Sweep, control_name, ladder_value
+from harness.sim.sweep.spec import FILE_KNOBS, point_cell
 
 __all__ = ["Objective", "Pick", "objectives", "pareto_front", "pick_points", "write_picked_card"]
 

@@ -10,7 +10,7 @@ Two implementations that must make identical decisions:
 * :func:`replay_fast`, compiled loops (:mod:`harness.sim.fastloop`) over the policy's own
   arrays. Drains depend only on which host steps decode, so their schedule comes first; then,
   layers being independent, ranges of layers replay on threads, adding integer counts between
-  drains and calling the policy's compiled :func:`harness.policy_kernels.drain_layer` at each,
+  drains and calling the policy's compiled :func:`harness.policy.kernels.drain_layer` at each,
   the very function ``observe`` calls. Same integers in, same machine code, so the same
   decisions; ``tests/test_sim_replay.py`` checks the identity on random and recorded traces,
   and ``harness bench sim`` on a 1M-token trace.
@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import TraceError
-from harness.policy import ExpertCache, PolicyKnobs, PolicyState, ResidencyPolicy, Swap
+from harness.policy.residency import ExpertCache, PolicyKnobs, PolicyState, ResidencyPolicy, Swap
 from harness.sim.fastloop import drain_schedule, merge_block, replay_layers
 from harness.sim.results import ReplayResult, rowmap_result, step_result
 from harness.sim.traces import IntArray, KnobChange, Trace

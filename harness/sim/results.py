@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from harness.formats.ring import RING_FIELDS, RingGeometry, RingWriter
 from harness.sim.cost import CostModel
 from harness.sim.traces import IntArray, Trace
-from harness.telemetry import RING_FIELDS, RingGeometry, RingWriter
 
 __all__ = [
     "DEFAULT_RECORD_BYTES",

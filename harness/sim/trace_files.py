@@ -25,7 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import KnobError, TraceError
-from harness.policy import PolicyKnobs
+from harness.formats.ring import ROUTE_TRACE_VERSION
+from harness.formats.textfile import parse_json
+from harness.policy.residency import PolicyKnobs
 from harness.sim.traces import (
     MAX_EXPERTS,
     MAX_INT,
@@ -35,8 +37,6 @@ from harness.sim.traces import (
     Trace,
     trace_from_arrays,
 )
-from harness.telemetry import ROUTE_TRACE_VERSION
-from harness.textfile import parse_json
 
 __all__ = ["file_sha256", "load_trace"]
 

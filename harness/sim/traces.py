@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import TraceError
-from harness.policy import PolicyKnobs
+from harness.policy.residency import PolicyKnobs
 
 __all__ = [
     "IntArray",

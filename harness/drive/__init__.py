@@ -1,0 +1,1 @@
+"""The workload driver: the streaming client, what a run sends, and driving on a box."""

@@ -1,0 +1,123 @@
+"""The runner's guard steps (:mod:`.guards` applied to a campaign), beside :mod:`.run`.
+
+:class:`GuardSteps` is a base of :class:`~harness.execute.run.CampaignRunner`: checking a cohort
+before its first run, recording the runs of an invalid one, watching a run, waiting for an idle
+runtime, and reading a swap-out the watch missed. Kept apart so the lifecycle in ``run.py``
+reads as one job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.boxes.boxes import Box, open_box
+from harness.card import LoadedCard
+from harness.errors import InfrastructureError
+from harness.execute.cohorts import CohortBook
+from harness.execute.guards import RunWatch, cohort_checks, cohort_key, wait_idle
+from harness.formats.records import (
+    RUN_FAILED,
+    CampaignDir,
+    RunRecord,
+    read_counters,
+    write_json_atomic,
+)
+from harness.plan import Run
+from harness.profiles.schema import BoxSpec
+from harness.runtimes.boot import RunningRuntime, runtime_version
+
+
+class GuardSteps:
+    """The guard steps of a campaign runner (the attributes are the runner's)."""
+
+    loaded: LoadedCard
+    campaign: CampaignDir
+    box: Box
+    box_name: str
+    box_spec: BoxSpec
+    cohorts: CohortBook
+    progress: Callable[[str, Run | None, dict[str, Any]], None]
+
+    def _cohort_invalid(self, run: Run) -> str | None:
+        """Why the run's cohort is invalid (checking it first, before its first run), or None."""
+        if not self.cohorts.enabled:
+            return None
+        key = cohort_key(run)
+        if not self.cohorts.checked(key):
+            patterns = self.loaded.runtime.competing
+            checks = cohort_checks(self.box, self.loaded.card.guards, patterns)
+            self.cohorts.record_checks(key, checks)
+            self.campaign.journal.append(
+                "cohort_checked",
+                cohort=key,
+                passed=all(c.passed for c in checks),
+                checks=[c.to_json() for c in checks],
+            )
+        return self.cohorts.invalid_reason(key)
+
+    def _record_invalid(self, run: Run, reason: str) -> None:
+        """A run of an invalid cohort: recorded failed, never run."""
+        local_dir = self.campaign.run_dir(run.run_id)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        record = RunRecord(
+            **run.identity(),
+            status=RUN_FAILED,
+            box=self.box_name,
+            boot_id="",
+            started_at=time.time(),
+            attempt=0,
+        )
+        record.reason = f"cohort {cohort_key(run)} invalid, not run: {reason}"
+        record.ended_at = record.started_at
+        write_json_atomic(local_dir / "run.json", record.to_json())
+        self.campaign.journal.append("run_failed", run_id=run.run_id, reason=record.reason)
+        self.progress("end", run, {"status": RUN_FAILED, "reason": record.reason})
+
+    def _start_watch(self, run: Run, pgid: int, record: RunRecord) -> RunWatch | None:
+        """Guards during the run: a broken rule stops the runtime and invalidates the cohort."""
+        if not self.cohorts.enabled:
+            return None
+        key = cohort_key(run)
+        version = runtime_version(self.box, self.loaded.runtime, self.box_spec.python_path())
+        record.runtime["binary_sha256"] = version.get("binary_sha256")
+        changed = self.cohorts.binary(key, version.get("binary_sha256"))
+        if changed is not None:
+            self.cohorts.invalidate(key, changed)
+            raise InfrastructureError(f"guard: {changed}")
+        signal = self.loaded.runtime.stop.signal
+
+        def abort(box: Box, reason: str) -> None:
+            box.signal_group(pgid, signal)
+
+        watch = RunWatch(
+            open_box=lambda: open_box(self.box_name, self.box_spec),
+            guards=self.loaded.card.guards,
+            on_abort=abort,
+        )
+        watch.start()
+        return watch
+
+    def _check_idle(self, run: Run, runtime: RunningRuntime) -> None:
+        """Before any request: the profile's running/waiting metrics at 0 for a while."""
+        idle = self.loaded.runtime.idle
+        metrics_http = self.loaded.runtime.telemetry.metrics_http
+        if not self.cohorts.enabled or idle is None or metrics_http is None:
+            return
+        check = wait_idle(runtime.base_url, metrics_http, idle)
+        self.campaign.journal.append("idle_checked", run_id=run.run_id, **check.to_json())
+        if not check.passed:
+            self.cohorts.invalidate(cohort_key(run), f"idle: {check.reason}")
+            raise InfrastructureError(f"guard: {check.reason}")
+
+    def _swapped(self, local_dir: Path) -> str | None:
+        """Swap-out the watch's last sample missed: the run's own before/after delta."""
+        path = local_dir / "counters.json"
+        if not self.loaded.card.guards.swapout or not path.is_file():
+            return None
+        delta = (read_counters(path).get("delta") or {}).get("new_swapout_pages")
+        if isinstance(delta, int | float) and delta > 0:
+            return f"new swap-out during the run: {delta:g} pages (before/after counters)"
+        return None

@@ -1,0 +1,1 @@
+"""The files the harness reads and writes: records, rings, maps, prompts, text and YAML."""

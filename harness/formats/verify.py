@@ -1,0 +1,193 @@
+"""Verifying a campaign directory against its seal before anything is read from it.
+
+``analyze``, ``gate``, ``report`` and ``compare`` call :func:`verify_campaign` first. A sealed
+directory (:mod:`.seal`) must hold exactly what its journal vouches for: ``plan.json``
+and ``card.yaml`` as last journalled, every top-level record as some journalled write left it,
+every run journalled done with exactly its sealed files, no run folder the plan does not name,
+and no ``run.json`` whose identity disagrees with its folder and its planned run. Anything else
+is a :class:`VerificationError` (exit 3) naming the file. A directory started before campaign
+directories were sealed is read as before (identity checks only), and said so; what a resume by
+this harness added to it since is verified like any sealed record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import VerificationError
+from harness.formats.records import CAMPAIGN_JOURNAL, CampaignDir, Journal, read_json
+from harness.formats.seal import file_sha256, folder_files
+
+# The fields of run.json that say which planned run it is.
+_IDENTITY = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state")
+# Top-level records that must match the last digest journalled for them (they are rewritten
+# only by the events that seal them); any other sealed record must match one journalled write.
+_STRICT = ("plan.json", "card.yaml")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of a verification that passed."""
+
+    sealed: bool  # False: an older, unsealed directory, read with identity checks only
+    runs_verified: int
+
+
+def _fail(root: Path, path: Path | str, what: str) -> VerificationError:
+    shown = path if isinstance(path, str) else path.relative_to(root).as_posix()
+    return VerificationError(f"{root / shown}: {what}")
+
+
+def _events(root: Path) -> list[dict[str, Any]]:
+    path = root / CAMPAIGN_JOURNAL
+    if path.is_symlink() or not path.is_file():
+        kind = "missing" if not path.exists() else "not a regular file"
+        raise _fail(root, CAMPAIGN_JOURNAL, f"{kind}; the journal is what vouches for the records")
+    events = Journal(path).events()
+    if not any(e["event"] == "campaign_start" for e in events):
+        raise _fail(root, CAMPAIGN_JOURNAL, "holds no campaign_start event (cut short or replaced)")
+    return events
+
+
+def _sealed_files(events: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Every digest journalled for each top-level record, oldest first."""
+    written: dict[str, list[str]] = {}
+    for event in events:
+        if event["event"] not in ("campaign_start", "campaign_extended", "sealed"):
+            continue
+        files = event.get("files")
+        if isinstance(files, dict):
+            for name, digest in files.items():
+                written.setdefault(str(name), []).append(str(digest))
+    return written
+
+
+def _check_file(root: Path, name: str, allowed: list[str]) -> None:
+    path = root / name
+    if path.is_symlink():
+        raise _fail(root, name, "is a symlink; a sealed record must be the file itself")
+    if not path.is_file():
+        kind = "missing" if not path.exists() else "not a regular file"
+        raise _fail(root, name, f"{kind}, but the journal sealed it")
+    if file_sha256(path) not in allowed:
+        raise _fail(root, name, "changed since it was written (its SHA-256 is not the sealed one)")
+
+
+def _check_top_level(root: Path, events: list[dict[str, Any]], *, sealed: bool) -> None:
+    written = _sealed_files(events)
+    for name in _STRICT if sealed else ():
+        if name not in written:
+            raise _fail(root, CAMPAIGN_JOURNAL, f"seals no {name}; the journal was replaced")
+    for name, digests in written.items():
+        _check_file(root, name, digests[-1:] if name in _STRICT else digests)
+
+
+def _done_seals(root: Path, events: list[dict[str, Any]]) -> dict[str, dict[str, str] | None]:
+    """The files each run's ``run_done`` sealed (None for an unsealed ``run_done``)."""
+    done: dict[str, dict[str, str] | None] = {}
+    for event in events:
+        run_id = event.get("run_id")
+        if event["event"] != "run_done" or not isinstance(run_id, str):
+            continue
+        files = event.get("files")
+        seal = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
+        if run_id in done and done[run_id] != seal:
+            raise _fail(
+                root,
+                CAMPAIGN_JOURNAL,
+                f"run {run_id} journalled done twice with different records (two harnesses "
+                "wrote it at once)",
+            )
+        done[run_id] = seal
+    return done
+
+
+def _check_run_files(root: Path, run_dir: Path, seal: dict[str, str]) -> None:
+    present = set()
+    for path in folder_files(run_dir):
+        name = path.relative_to(run_dir).as_posix()
+        present.add(name)
+        if path.is_symlink():
+            raise _fail(root, path, "is a symlink; a sealed record must be the file itself")
+        if name not in seal:
+            raise _fail(root, path, "was not there when the run was journalled done")
+        if file_sha256(path) != seal[name]:
+            raise _fail(root, path, "changed since the run was done (its SHA-256 is not sealed)")
+    for name in sorted(set(seal) - present):
+        raise _fail(root, run_dir / name, "missing, but the run's seal holds it")
+
+
+def _check_identity(root: Path, run_dir: Path, planned: dict[str, Any]) -> dict[str, Any] | None:
+    path = run_dir / "run.json"
+    if path.is_symlink():
+        raise _fail(root, path, "is a symlink; a run's record must be the file itself")
+    if not path.is_file():
+        return None
+    record = read_json(path)
+    for key in _IDENTITY:
+        if key in record and record[key] != planned[key]:
+            raise _fail(
+                root,
+                path,
+                f"{key} {record[key]!r:.60} disagrees with plan.json's {planned[key]!r:.60} for "
+                f"runs/{planned['run_id']} (a record moved or swapped)",
+            )
+    return record
+
+
+def _check_runs(
+    root: Path, campaign: CampaignDir, events: list[dict[str, Any]], sealed: bool
+) -> int:
+    planned = {run["run_id"]: run for run in campaign.plan()["runs"]}
+    runs_dir = campaign.runs_dir
+    if runs_dir.is_symlink() or (runs_dir.exists() and not runs_dir.is_dir()):
+        raise _fail(root, "runs", "not a folder")
+    if runs_dir.is_dir():
+        for entry in sorted(runs_dir.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            if entry.name not in planned:
+                raise _fail(root, entry, "a run folder plan.json does not name (an extra run)")
+            if entry.is_symlink() or not entry.is_dir():
+                raise _fail(root, entry, "not a folder; a run's records are a folder of files")
+    done = _done_seals(root, events)
+    for run_id in sorted(set(done) - set(planned)):
+        raise _fail(root, "plan.json", f"lacks run {run_id}, which the journal holds as done")
+    verified = 0
+    for run_id, run in planned.items():
+        run_dir = campaign.run_dir(run_id)
+        seal = done.get(run_id)
+        if sealed and run_id in done and seal is None:
+            raise _fail(root, CAMPAIGN_JOURNAL, f"run_done of {run_id} carries no seal")
+        if seal is not None:  # in an older directory resumed since: the runs done since
+            if not run_dir.is_dir():
+                raise _fail(root, run_dir, "missing, but the journal holds the run as done")
+            _check_run_files(root, run_dir, seal)
+            verified += 1
+        if not run_dir.is_dir():
+            continue
+        record = _check_identity(root, run_dir, run)
+        if sealed and run_id not in done and record is not None and record.get("status") == "ok":
+            raise _fail(
+                root,
+                run_dir / "run.json",
+                "says ok, but the journal never sealed the run as done (cut off while writing, "
+                f"or edited): resume the campaign to redo it (harness run --resume {root})",
+            )
+    return verified
+
+
+def verify_campaign(root: Path) -> Verification:
+    """Check ``root`` against its seal; a :class:`VerificationError` naming the file if not."""
+    campaign = CampaignDir(root)
+    events = _events(root)
+    # Sealed from its start; an older directory resumed by this harness is sealed from then on
+    # (its later records are verified, its earlier ones by identity only).
+    sealed = any(e["event"] == "campaign_start" and "seal" in e for e in events)
+    _check_top_level(root, events, sealed=sealed)
+    return Verification(sealed, _check_runs(root, campaign, events, sealed))
+
+
+__all__ = ["Verification", "verify_campaign"]

@@ -1,0 +1,476 @@
+"""Promotion gates: the card's declarative gates evaluated over a campaign's analysis.
+
+Every gate fails closed: a missing run, a failed run (of the cell or of its reference; other runs
+never stand in for it), a counter or metric the runtime did not record, a comparison that could
+not be made, or a check that could not fail is a failure with its reason, never a pass; and a
+verdict with any planned run incomplete never passes (docs/design.md#gates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analyze.campaign import CampaignAnalysis
+from harness.card import (
+    BetterGate,
+    CounterGate,
+    ExactOutputsGate,
+    QualityGate,
+    RegressionGate,
+    SoakGate,
+    SurvivesGate,
+)
+from harness.catalog import METRICS
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
+from harness.formats.records import write_json_atomic, write_text_atomic
+from harness.gate.quality import quality_gate
+from harness.gate.regression import regression_gate
+from harness.gate.result import (
+    GateResult,
+    gate_cells,
+    gate_name,
+    incomplete_of,
+    incomplete_runs,
+    listed,
+    required_count,
+)
+from harness.gate.soak import lockstep_gate, soak_gate
+
+
+@dataclass
+class Verdict:
+    """All gates; ``passed`` only when there was at least one, every gate passed, and every
+    planned run completed (a campaign with runs missing proves nothing about them)."""
+
+    campaign: str
+    passed: bool
+    gates: list[GateResult]
+    incomplete_runs: list[str]
+
+    def exit_code(self) -> int:
+        """0 pass; 3 when runs are missing or failed and no gate failed on complete data; else 1."""
+        if self.passed:
+            return EXIT_OK
+        if (
+            self.incomplete_runs
+            and self.gates
+            and all(g.passed or g.incomplete for g in self.gates)
+        ):
+            return EXIT_INFRASTRUCTURE
+        return EXIT_GATE_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``verdict.json`` payload."""
+        return {
+            "campaign": self.campaign,
+            "passed": self.passed,
+            "incomplete_runs": self.incomplete_runs,
+            "gates": [asdict(g) for g in self.gates],
+        }
+
+
+# An empty output compares equal to any other empty output and shows nothing about either.
+EMPTY_OUTPUT_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def _exact_outputs(gate: ExactOutputsGate, analysis: CampaignAnalysis) -> GateResult:
+    name = gate_name(gate)
+    reference = gate.vs or analysis.card.control
+    if reference is None:
+        return GateResult(gate.kind, name, False, "no reference cell: name one with `vs`")
+    missing_reference = incomplete_of(analysis.runs, reference)
+    if missing_reference:
+        return GateResult(
+            gate.kind,
+            name,
+            False,
+            f"reference {reference}: runs not complete ({listed(missing_reference)})",
+            {"reference": reference, "incomplete": missing_reference},
+            incomplete=True,
+        )
+    outputs = analysis.outputs
+    if outputs.empty:
+        return GateResult(gate.kind, name, False, "no outputs recorded (no completed runs)")
+    outputs = outputs[outputs["phase"] != "quality"]
+    ref = outputs[(outputs["cell"] == reference) & outputs["ok"]]
+    if ref.empty:
+        return GateResult(gate.kind, name, False, f"reference cell {reference!r} has no outputs")
+    ref_hash = ref.groupby("prompt_id")["output_sha256"].agg(lambda s: s.mode().iloc[0])
+    ref_flaky = ref.groupby("prompt_id")["output_sha256"].nunique()
+    evidence: dict[str, Any] = {"reference": reference, "cells": {}}
+    failures = []
+    on_data = False  # a failure on complete data, not only on missing runs
+    for cell in gate_cells(gate, analysis, treatments_only=True):
+        if cell == reference:
+            continue
+        missing_runs = incomplete_of(analysis.runs, cell)
+        mine = outputs[(outputs["cell"] == cell) & outputs["ok"]]
+        matched, mismatched, allowed, missing, empty = [], [], [], [], []
+        for prompt_id, expected in ref_hash.items():
+            got = mine[mine["prompt_id"] == prompt_id]["output_sha256"]
+            if got.empty:
+                missing.append(str(prompt_id))
+            elif expected == EMPTY_OUTPUT_SHA256:
+                empty.append(str(prompt_id))  # nothing compared is not a match
+            elif (got == expected).all():
+                matched.append(str(prompt_id))
+            elif prompt_id in gate.allow:
+                allowed.append(str(prompt_id))
+            else:
+                mismatched.append(str(prompt_id))
+        n = len(ref_hash)
+        need = required_count(gate.min_match, n)
+        ok = not missing and len(matched) + len(allowed) >= need
+        evidence["cells"][cell] = {
+            "matched": len(matched),
+            "n": n,
+            "required": need,
+            "mismatched": mismatched,
+            "allowed_mismatches": allowed,
+            "missing": missing,
+            "empty": empty,
+            "flaky_in_reference": sorted(str(p) for p, k in ref_flaky.items() if k > 1),
+            "incomplete": missing_runs,
+        }
+        if missing_runs:
+            failures.append(f"{cell}: runs not complete ({listed(missing_runs)})")
+        elif not ok:
+            on_data = True
+            detail = f"{cell}: {len(matched)}/{n} match {reference}, need {need}"
+            if mismatched:
+                detail += f"; differ: {', '.join(mismatched[:5])}"
+            if missing:
+                detail += f"; missing outputs for {len(missing)} prompts"
+            if empty:
+                detail += (
+                    f"; {len(empty)} prompts with an empty output in {reference} (nothing "
+                    "compared is not a match)"
+                )
+            failures.append(detail)
+    if failures:
+        return GateResult(
+            gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
+        )
+    summary = ", ".join(
+        f"{c}: {e['matched']}/{e['n']}"
+        + (f" (+{len(e['allowed_mismatches'])} allowed)" if e["allowed_mismatches"] else "")
+        for c, e in evidence["cells"].items()
+    )
+    return GateResult(gate.kind, name, True, f"outputs match {reference}: {summary}", evidence)
+
+
+def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
+    name = gate_name(gate)
+    runs = analysis.runs
+    cells = gate_cells(gate, analysis, treatments_only=False)
+    subset = runs[runs["cell"].isin(cells)]
+    if gate.counter == "failed_runs":
+        values = {"campaign": float((subset["status"] != "ok").sum())}
+    else:
+        column = "ring_lost" if gate.counter == "lost_ring_records" else gate.counter
+        incomplete = incomplete_runs(runs, cells)
+        if incomplete:
+            return GateResult(
+                gate.kind,
+                name,
+                False,
+                f"runs not complete: {', '.join(incomplete[:5])}",
+                incomplete=True,
+            )
+        values = {}
+        # Records, not itertuples: a Prometheus name (vllm:...) is no attribute name.
+        for row in subset.to_dict("records"):
+            value = row.get(column)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return GateResult(
+                    gate.kind,
+                    name,
+                    False,
+                    f"{gate.counter} was not recorded for run {row['run_id']}: the box or "
+                    "runtime does not expose it, so the bound cannot be shown to hold",
+                )
+            values[str(row["run_id"])] = float(value)
+    breaches = {
+        run: value
+        for run, value in values.items()
+        if (gate.max is not None and value > gate.max)
+        or (gate.min is not None and value < gate.min)
+    }
+    evidence = {"values": values}
+    if breaches:
+        worst = ", ".join(f"{run}={value:g}" for run, value in list(breaches.items())[:5])
+        # Too many failed runs is still a matter of runs that did not complete.
+        return GateResult(
+            gate.kind,
+            name,
+            False,
+            f"out of bounds: {worst}",
+            evidence,
+            incomplete=gate.counter == "failed_runs",
+        )
+    top = max(values.values()) if values else 0.0
+    bounds = " and ".join(
+        f"{word} {bound:g}"
+        for word, bound in (("min", gate.min), ("max", gate.max))
+        if bound is not None
+    )
+    return GateResult(
+        gate.kind,
+        name,
+        True,
+        f"{len(values)} runs within bounds ({bounds}; highest seen {top:g})",
+        evidence,
+    )
+
+
+def _comparison_row(
+    analysis: CampaignAnalysis, cell: str, state: str, metric: str
+) -> dict[str, Any] | None:
+    table = analysis.comparison_table()
+    if table.empty:
+        return None
+    hit = table[
+        (table["cell"] == cell) & (table["cache_state"] == state) & (table["metric"] == metric)
+    ]
+    if hit.empty:
+        return None
+    # A pandas row turns None into NaN and ints into numpy scalars; give callers plain values,
+    # so "no interval" stays None and verdict.json holds valid JSON numbers.
+    return {str(k): _plain(v) for k, v in hit.iloc[0].items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def _describe(row: dict[str, Any]) -> str:
+    ratio = row["ratio"]
+    text = f"ratio {ratio:.3f}" if ratio is not None else "no ratio"
+    if row.get("ci_low") is not None and row.get("ci_high") is not None:
+        text += f" [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+    cycles = int(row["n_cycles"])
+    text += f" over {cycles} cycle{'' if cycles == 1 else 's'}: {row['label']}"
+    if row["label"] == "confounded":
+        text += f" (statistically {row['raw_label']}, but drift flagged)"
+    if row["label"] == "carry-over":
+        low, high = row.get("adjusted_low"), row.get("adjusted_high")
+        span = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        text += (
+            f" (statistically {row['raw_label']}, but carry-over could explain it: with "
+            f"carry-over in the model the ratio is {row.get('adjusted_ratio') or float('nan'):.3f}"
+            f"{span}; a control block after a candidate block moves by "
+            f"{row.get('carry_control_ratio') or float('nan'):.3f}x)"
+        )
+    return text
+
+
+def _unrecorded(runs: pd.DataFrame, cell: str, state: str, metric: str) -> list[str]:
+    """Completed runs of a comparison (the cell's and its control's) without the metric."""
+    subset = runs[
+        (runs["cell"].eq(cell) | runs["comparison"].eq(cell))
+        & runs["cache_state"].eq(state)
+        & runs["status"].eq("ok")
+    ]
+    if metric not in subset.columns:
+        return [str(r) for r in subset["run_id"]]
+    values = pd.to_numeric(subset[metric], errors="coerce")
+    return [str(r) for r in subset.loc[~np.isfinite(values), "run_id"]]
+
+
+def _better_in(
+    analysis: CampaignAnalysis, cells: list[str], states: list[str], metric: str
+) -> tuple[bool, list[str], dict[str, Any], bool]:
+    """Whether every cell is better in every state, the reasons, the evidence, and whether any
+    failure rests on complete data (not only on runs that are missing or failed)."""
+    reasons, evidence, ok, on_data = [], {}, True, False
+    for cell in cells:
+        incomplete = incomplete_runs(analysis.runs, [cell])
+        for state in states:
+            key = f"{cell}/{state}"
+            row = _comparison_row(analysis, cell, state, metric)
+            if incomplete:
+                ok = False
+                reasons.append(f"{key}: runs not complete ({', '.join(incomplete[:3])})")
+                continue
+            # A run without the metric drops its cycle from the comparison; the rest would
+            # decide on less than the card asked for, so the gate fails and names the runs.
+            unrecorded = _unrecorded(analysis.runs, cell, state, metric)
+            if unrecorded:
+                ok, on_data = False, True
+                reasons.append(
+                    f"{key}: {metric} was not recorded for runs {', '.join(unrecorded[:3])}"
+                    + (f" and {len(unrecorded) - 3} more" if len(unrecorded) > 3 else "")
+                    + " (the runtime does not report what it needs, or it is undefined for"
+                    " the run), so the cell cannot be compared on it"
+                )
+                continue
+            if row is None:
+                ok, on_data = False, True
+                reasons.append(f"{key}: no comparison on {metric} (no complete cycle)")
+                continue
+            evidence[key] = {k: row[k] for k in ("ratio", "ci_low", "ci_high", "label", "n_cycles")}
+            if row["label"] != "better":
+                ok, on_data = False, True
+                more = ""
+                # More cycles can only settle an inconclusive comparison, not a worse one.
+                if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
+                    needed = int(row["cycles_needed"])
+                    look = analysis.look
+                    more = "; " + (
+                        look.more_cycles(needed)
+                        if look is not None
+                        else f"about {needed} cycles would be needed"
+                    )
+                reasons.append(f"{key}: {_describe(row)}{more}")
+            else:
+                reasons.append(f"{key}: {_describe(row)}")
+    return ok, reasons, evidence, on_data
+
+
+def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:
+    cells = gate_cells(gate, analysis, treatments_only=True)
+    ok, reasons, evidence, on_data = _better_in(
+        analysis, cells, list(analysis.card.design.cache_states), gate.metric
+    )
+    incomplete = not ok and not on_data
+    return GateResult(gate.kind, gate_name(gate), ok, "; ".join(reasons), evidence, incomplete)
+
+
+def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
+    metrics = gate.metrics or [g.metric for g in analysis.card.gates if isinstance(g, BetterGate)]
+    if not metrics:
+        return GateResult(gate.kind, gate_name(gate), False, "no metric to check: add `metrics`")
+    cells = gate_cells(gate, analysis, treatments_only=True)
+    all_ok, any_on_data = True, False
+    reasons: list[str] = []
+    evidence: dict[str, Any] = {}
+    for metric in metrics:
+        ok, why, ev, on_data = _better_in(analysis, cells, list(gate.cache_states), metric)
+        all_ok &= ok
+        any_on_data |= on_data
+        reasons.extend(f"{metric} {r}" for r in why if not ok or "better" in r)
+        evidence[metric] = ev
+    summary = (
+        "; ".join(reasons)
+        if not all_ok
+        else (f"better in every state ({', '.join(gate.cache_states)}) on {', '.join(metrics)}")
+    )
+    incomplete = not all_ok and not any_on_data
+    return GateResult(gate.kind, gate_name(gate), all_ok, summary, evidence, incomplete)
+
+
+def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
+    """Fails closed when a guard invalidated any cohort (its runs read ``invalid``)."""
+    runs = analysis.runs
+    if runs.empty or "status" not in runs.columns:
+        return None
+    invalid = runs[runs["status"] == "invalid"]
+    if invalid.empty:
+        return None
+    reasons = sorted(set(invalid["reason"].astype(str)))
+    return GateResult(
+        "cohorts",
+        "every cohort valid",
+        False,
+        f"{len(reasons)} cohort{'' if len(reasons) == 1 else 's'} invalid ({listed(reasons)}); "
+        "an invalid cohort is not repaired by a retry: rerun the campaign once the box is fit",
+        incomplete=True,
+    )
+
+
+def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
+    """Evaluate every gate of the card over the analysis."""
+    results: list[GateResult] = []
+    for gate in analysis.card.gates:
+        if isinstance(gate, ExactOutputsGate):
+            results.append(_exact_outputs(gate, analysis))
+        elif isinstance(gate, CounterGate):
+            results.append(_counter(gate, analysis))
+        elif isinstance(gate, BetterGate):
+            results.append(_better(gate, analysis))
+        elif isinstance(gate, SurvivesGate):
+            results.append(_survives(gate, analysis))
+        elif isinstance(gate, QualityGate):
+            results.append(quality_gate(gate, analysis))
+        elif isinstance(gate, SoakGate):
+            results.append(soak_gate(gate, analysis))
+        elif isinstance(gate, RegressionGate):
+            results.append(regression_gate(gate, analysis))
+        else:
+            results.append(lockstep_gate(gate, analysis))
+    cohorts = _cohorts(analysis)
+    if cohorts is not None:
+        results.append(cohorts)
+    incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
+    passed = bool(results) and all(r.passed for r in results) and not incomplete
+    return Verdict(analysis.card.campaign, passed, results, incomplete)
+
+
+def incomplete_text(verdict: Verdict) -> str:
+    """What the verdict says of a campaign with runs missing or failed, with the remedy."""
+    runs = verdict.incomplete_runs
+    return (
+        f"{len(runs)} planned run{'' if len(runs) == 1 else 's'} missing or failed "
+        f"({listed(runs)}): the campaign cannot pass until they complete; "
+        "retry them with `harness run --resume DIR`"
+    )
+
+
+# Characters XML 1.0 cannot hold (ElementTree writes them anyway, and a CI's parser then rejects
+# the whole report): a control byte from a prompt id or a runtime's output becomes U+FFFD.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml(text: str) -> str:
+    """Text ElementTree escapes (<, >, &, quotes) and XML 1.0 can hold."""
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def write_verdict(verdict: Verdict, root: Path) -> None:
+    """Write ``verdict.json`` and ``verdict.junit.xml`` for CI systems."""
+    write_json_atomic(root / "verdict.json", verdict.to_json())
+    incomplete = bool(verdict.incomplete_runs)
+    suite = ET.Element(
+        "testsuite",
+        name=_xml(f"harness.{verdict.campaign}"),
+        tests=str(len(verdict.gates) + incomplete),
+        failures=str(sum(not g.passed for g in verdict.gates) + incomplete),
+    )
+    for gate in verdict.gates:
+        name, reason = _xml(gate.name), _xml(gate.reason)
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=name)
+        if not gate.passed:
+            failure = ET.SubElement(case, "failure", message=reason[:500])
+            failure.text = reason
+        else:
+            ET.SubElement(case, "system-out").text = reason
+    if incomplete:
+        # A CI reading only the test cases must not see a green suite for a partial campaign.
+        case = ET.SubElement(
+            suite, "testcase", classname="campaign.complete", name="every planned run completed"
+        )
+        text = _xml(incomplete_text(verdict))
+        ET.SubElement(case, "failure", message=text[:500]).text = text
+    root_element = ET.Element("testsuites")
+    root_element.append(suite)
+    ET.indent(ET.ElementTree(root_element))
+    text = ET.tostring(root_element, encoding="unicode", xml_declaration=True)
+    write_text_atomic(root / "verdict.junit.xml", text + "\n")
+
+
+__all__ = ["METRICS", "GateResult", "Verdict", "evaluate_gates", "incomplete_text", "write_verdict"]

@@ -1,0 +1,1 @@
+"""Boxes and runtime profiles as data, and the profiles shipped with the harness."""

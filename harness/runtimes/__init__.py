@@ -1,0 +1,1 @@
+"""Booting and reading runtimes, the command driver, and engine support (llama.cpp, vLLM)."""

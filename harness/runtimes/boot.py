@@ -1,0 +1,314 @@
+"""Booting, probing and stopping a runtime on a box, as its profile says.
+
+A profile's templates may use ``{port}``, ``{run_dir}``, ``{python}``, ``{bind_host}`` and
+``{files.NAME}`` (the path of an uploaded knob file). Cell knobs reach the runtime as env, flags or
+live knobs exactly as the profile declares; every value is passed literally (quoting is the box's
+job, done once in :func:`harness.boxes.boxes.shell_command`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.boxes.boxes import Box, quote_path, shell_command
+from harness.boxes.tunnel import refusal
+from harness.card import Cell, KnobValue
+from harness.errors import KnobError, RuntimeBootError
+from harness.execute.interrupts import deferred
+from harness.profiles.schema import RuntimeProfile, switch_state
+
+
+class _Context(dict[str, Any]):
+    """Template values; ``{files.NAME}`` resolves through the nested ``files`` mapping."""
+
+
+def knob_text(value: KnobValue) -> str:
+    """A knob value as the text a runtime reads (booleans as 1/0)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def render(template: str, context: Mapping[str, Any]) -> str:
+    """Fill ``{name}`` and ``{files.NAME}`` placeholders; unknown names are a profile error."""
+
+    def replace(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key.startswith("files."):
+            files = context.get("files", {})
+            name = key.split(".", 1)[1]
+            if name not in files:
+                raise KnobError(f"profile placeholder {{{key}}}: the cell uploads no file {name!r}")
+            return str(files[name])
+        if key not in context:
+            raise KnobError(f"profile placeholder {{{key}}} is unknown; known: {sorted(context)}")
+        return str(context[key])
+
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}", replace, template)
+
+
+@dataclass
+class BootSpec:
+    """The concrete command, environment and live knobs of one boot."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    live: dict[str, KnobValue]  # sent as JSON, so typed as the card wrote them (1, not "1")
+    port: int
+    run_dir: str
+    log_path: str
+    knobs: dict[str, str] = field(default_factory=dict)
+
+
+def boot_spec(
+    profile: RuntimeProfile,
+    cell: Cell,
+    *,
+    port: int,
+    run_dir: str,
+    python: str,
+    bind_host: str,
+    cache_dir: str,
+    uploaded: Mapping[str, str],
+) -> BootSpec:
+    """Turn a profile and a cell into the argv/env of one boot."""
+    context = _Context(
+        port=port,
+        run_dir=run_dir,
+        python=python,
+        bind_host=bind_host,
+        cache_dir=cache_dir,
+        files=dict(uploaded),
+    )
+    argv = [render(item, context) for item in profile.boot.command]
+    env = {key: render(value, context) for key, value in profile.boot.env.items()}
+    live: dict[str, KnobValue] = {}
+    effective: dict[str, str] = {}
+    settings: dict[str, KnobValue] = {
+        name: spec.default for name, spec in profile.knobs.items() if spec.default is not None
+    }
+    settings.update(cell.knobs)
+    for name, value in settings.items():
+        spec = profile.knobs[name]
+        text = knob_text(value)
+        effective[name] = text
+        if spec.switch and spec.arg:
+            flag = spec.arg if switch_state(text) else spec.off_arg
+            if flag:
+                argv.append(flag)
+        elif spec.env:
+            env[spec.env] = text
+        elif spec.arg:
+            argv.extend([spec.arg, text])
+        elif spec.live:
+            live[spec.live] = value
+    for key, value in cell.env.items():
+        env[key] = knob_text(value)
+        effective[f"env.{key}"] = knob_text(value)
+    for name, remote in uploaded.items():
+        route, _, target = profile.files[name].partition(":")
+        if route == "arg":
+            argv.extend([target, remote])
+        else:
+            env[target] = remote
+        effective[f"files.{name}"] = remote
+    argv.extend(render(item, context) for item in cell.args)
+    for key, value in cell.live.items():
+        live[key] = value
+        effective[f"live.{key}"] = knob_text(value)
+    cwd = render(profile.boot.cwd, context) if profile.boot.cwd else None
+    return BootSpec(
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        live=live,
+        port=port,
+        run_dir=run_dir,
+        log_path=f"{run_dir}/server.log",
+        knobs=effective,
+    )
+
+
+def http_json(
+    url: str, payload: Mapping[str, Any] | None = None, timeout_s: float = 10
+) -> tuple[int, Any]:
+    """GET (or POST ``payload``) and decode JSON; returns (status, body or None)."""
+    data = json.dumps(payload).encode() if payload is not None else None
+    request = urllib.request.Request(
+        url,
+        data=data,
+        headers={"Content-Type": "application/json"},
+        method="POST" if data else "GET",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        status = exc.code
+        _raise_refused(status, exc.headers, body)
+    try:
+        return status, json.loads(body) if body else None
+    except json.JSONDecodeError:
+        return status, body.decode("utf-8", "replace")
+
+
+def http_text(url: str, timeout_s: float = 10) -> tuple[int, str]:
+    """GET a URL as text."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        _raise_refused(exc.code, exc.headers, text)
+        return exc.code, text.decode("utf-8", "replace")
+
+
+def _raise_refused(status: int, headers: Any, body: bytes) -> None:
+    """A tunnel's stand-in for a refused connection raises what a direct connection would."""
+    if refusal(status, headers or {}) is not None:
+        raise ConnectionRefusedError(body.decode("utf-8", "replace"))
+
+
+@dataclass
+class RunningRuntime:
+    """A booted runtime: its box, process group, port and boot spec."""
+
+    box: Box
+    profile: RuntimeProfile
+    spec: BootSpec
+    pgid: int
+    base_url: str
+    boot_s: float = 0.0
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server log."""
+        text = self.box.read_text(self.spec.log_path, tail_bytes=16384)
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self) -> None:
+        """Block until the readiness probe passes; RuntimeBootError with the log tail if not."""
+        ready = self.profile.ready
+        if ready is None:  # a command driver: nothing to wait for
+            return
+        started = time.monotonic()
+        pattern = re.compile(ready.log_line) if ready.log_line else None
+        while True:
+            elapsed = time.monotonic() - started
+            if not self.box.group_alive(self.pgid):
+                raise RuntimeBootError(
+                    f"runtime {self.profile.name} exited during boot; log tail:\n{self.log_tail()}"
+                )
+            http_ok = True
+            if ready.http is not None:
+                try:
+                    status, _ = http_text(self.base_url + ready.http.path, timeout_s=2)
+                    http_ok = status == ready.http.status
+                except (urllib.error.URLError, OSError, TimeoutError):
+                    http_ok = False
+            log_ok = True
+            if pattern is not None:
+                log_ok = bool(pattern.search(self.box.read_text(self.spec.log_path)))
+            if http_ok and log_ok:
+                self.boot_s = elapsed
+                return
+            if elapsed > ready.timeout_s:
+                raise RuntimeBootError(
+                    f"runtime {self.profile.name} not ready after {ready.timeout_s:g} s "
+                    f"(probe {'http ' + ready.http.path if ready.http else ''}"
+                    f"{' log ' + ready.log_line if ready.log_line else ''}); "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            time.sleep(ready.interval_s)
+
+    def post_live(self, knobs: Mapping[str, Any]) -> None:
+        """Apply live knobs through the profile's endpoint."""
+        path = self.profile.telemetry.live_knobs_http
+        if not knobs or path is None:
+            return
+        status, body = http_json(self.base_url + path, dict(knobs))
+        if status != 200:
+            raise RuntimeBootError(f"live knobs {dict(knobs)} rejected: HTTP {status}: {body}")
+
+    def stop(self) -> bool:
+        """Signal the process group, wait the grace period, then SIGKILL; True if it is gone."""
+        try:
+            return stop_group(self.box, self.profile, self.pgid)
+        finally:
+            self.box.release_http(self.spec.port)  # its tunnel, on an SSH box
+
+
+def stop_group(box: Box, profile: RuntimeProfile, pgid: int) -> bool:
+    """Stop a runtime's process group as its profile says: the stop signal, the grace period,
+    then SIGKILL; True when no process of the group is left."""
+    if not box.group_alive(pgid):
+        return True
+    box.signal_group(pgid, profile.stop.signal)
+    if box.wait_group_gone(pgid, profile.stop.grace_s):
+        return True
+    box.signal_group(pgid, "KILL")
+    return box.wait_group_gone(pgid, 5.0)
+
+
+def boot(
+    box: Box,
+    profile: RuntimeProfile,
+    spec: BootSpec,
+    on_started: Callable[[int], None] | None = None,
+) -> RunningRuntime:
+    """Start the runtime in the background and wait until it is ready.
+
+    ``on_started`` gets the process group as soon as it exists, before the (possibly long)
+    readiness wait, so a caller can journal it: a harness killed mid-boot leaves a runtime too.
+    A stop signal (:mod:`.interrupts`) arriving while the runtime starts is raised after
+    ``on_started`` has run, so the caller always has the group to stop.
+    """
+    box.mkdirs(spec.run_dir)
+    # A stop signal between the start and ``on_started`` would leave a runtime nobody knows of.
+    with deferred():
+        pgid = box.start_background(spec.argv, spec.env, spec.cwd, spec.log_path)
+        if on_started is not None:
+            on_started(pgid)
+    runtime = RunningRuntime(
+        box=box,
+        profile=profile,
+        spec=spec,
+        pgid=pgid,
+        base_url="",
+    )
+    try:
+        runtime.base_url = box.http_base(spec.port)  # an SSH box's tunnel; inside the try
+        runtime.wait_ready()
+    except BaseException:
+        runtime.stop()
+        raise
+    return runtime
+
+
+def runtime_version(box: Box, profile: RuntimeProfile, python: str) -> dict[str, Any]:
+    """The runtime's version text and binary SHA-256, as far as the profile says how."""
+    out: dict[str, Any] = {"profile": profile.name}
+    context = {"python": python}
+    if profile.version.command:
+        argv = [render(item, context) for item in profile.version.command]
+        result = box.sh(shell_command(argv) + " 2>&1", check=False, timeout_s=60)
+        out["version"] = result.stdout.strip()[:2000]
+    binary = profile.version.binary
+    if binary is None and profile.boot.command:
+        binary = render(profile.boot.command[0], context)
+    if binary:
+        resolved = (
+            box.sh(f"command -v {quote_path(binary)} || true", check=False).stdout.strip() or binary
+        )
+        out["binary"] = resolved
+        out["binary_sha256"] = box.sha256(resolved)
+    return out

@@ -1,0 +1,1 @@
+"""Knob sweeps of the simulator: what varies, where its tasks run, and its ladder."""
