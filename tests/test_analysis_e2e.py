@@ -16,9 +16,10 @@ import pytest
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign
 from harness.card import load_card
 from harness.catalog import METRICS
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.campaign import new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.gate.evaluate import Verdict, evaluate_gates
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 from tests.conftest import DATA
 
 CARDS = DATA / "cards" / "analysis"

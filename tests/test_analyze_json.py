@@ -3,16 +3,14 @@
 The records are a real demo campaign (tests/data/campaigns/demo-shaped/README.md says how it was
 made). Every table a reviewer reads comes from this JSON's numbers, so a change that moves one
 shows up here as a diff. On a mismatch the test writes the got-file beside the golden one and
-prints a unified diff (benchstat's golden tests do the same); ``HARNESS_UPDATE_GOLDEN=1``
-rewrites the golden file instead.
+prints a unified diff (:func:`tests.golden.assert_golden`); ``HARNESS_UPDATE_GOLDEN=1`` rewrites
+the golden file instead.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import DATA, run_cli
+from tests.golden import assert_golden
 
 RECORDS = DATA / "campaigns" / "demo-shaped"
 GOLDEN = DATA / "golden" / "demo-shaped.analysis.json"
@@ -50,25 +49,7 @@ def _analyze(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
 
 def test_analyze_json_matches_the_golden_file(tmp_path: Path) -> None:
     _, got = _analyze(tmp_path)
-    got_text = json.dumps(got, indent=2, sort_keys=True) + "\n"
-    if os.environ.get("HARNESS_UPDATE_GOLDEN"):
-        GOLDEN.write_text(got_text, encoding="utf-8")
-    want_text = GOLDEN.read_text(encoding="utf-8")
-    if got_text != want_text:
-        got_path = GOLDEN.with_suffix(".got.json")
-        got_path.write_text(got_text, encoding="utf-8")
-        diff = "".join(
-            difflib.unified_diff(
-                want_text.splitlines(keepends=True),
-                got_text.splitlines(keepends=True),
-                str(GOLDEN),
-                str(got_path),
-            )
-        )
-        raise AssertionError(
-            f"analyze --json differs from {GOLDEN.name} (got-file: {got_path}; rerun with "
-            f"HARNESS_UPDATE_GOLDEN=1 if the change is meant):\n{diff}"
-        )
+    assert_golden(GOLDEN.name, json.dumps(got, indent=2, sort_keys=True) + "\n")
 
 
 def test_seed_tables_are_in_the_json_and_the_parquet_files(tmp_path: Path) -> None:

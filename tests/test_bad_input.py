@@ -40,7 +40,7 @@ from harness.formats.prompts import load_pool
 from harness.formats.records import Journal
 from harness.formats.ring import RING_FIELDS, RingGeometry, RingWriter
 from harness.formats.ring_read import describe_ring, read_ring_since
-from harness.plan import build_plan, plan_json_text
+from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import ModelConfig

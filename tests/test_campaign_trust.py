@@ -343,8 +343,8 @@ def test_import_refuses_a_folder_that_is_not_empty(
 def _sequential_campaign(base: Path) -> Path:
     """A sequential campaign (max_cycles 5) as `harness run` starts it, before its first run."""
     from harness.card import load_card
-    from harness.execute.run import new_campaign_dir
-    from harness.plan import build_plan
+    from harness.execute.campaign import new_campaign_dir
+    from harness.plan.build import build_plan
     from tests.campaign_dirs import tiny_card
 
     card = tiny_card(base / "cards")

@@ -24,10 +24,11 @@ from harness.card import load_card, load_runtime_profile
 from harness.drive.client import DriveSpec, PhasePlan, RequestResult, RuntimeHung, WorkItem
 from harness.drive.remote import BoxDriver, prepare_drive
 from harness.errors import BoxError
+from harness.execute.campaign import new_campaign_dir
 from harness.execute.preflight import check_box
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.formats.records import RUN_OK, read_json, read_parquet
-from harness.plan import Run, build_plan
+from harness.plan.build import Run, build_plan
 from harness.profiles.schema import BoxSpec
 from harness.runtimes.boot import BootSpec, RunningRuntime, http_json
 from tests.box_servers import STALLING, STREAMING, box_server

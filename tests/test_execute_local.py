@@ -16,10 +16,11 @@ import pytest
 
 from harness.boxes.boxes import Box, LocalBox, shell_command
 from harness.card import load_card
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.campaign import new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.formats.records import CampaignDir, Journal
 from harness.formats.ring_read import read_ring
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 from harness.profiles.schema import BoxSpec
 from tests.conftest import DATA, REPO
 

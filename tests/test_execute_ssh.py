@@ -18,10 +18,11 @@ import pytest
 
 from harness.boxes.boxes import SshBox
 from harness.card import load_card, load_runtime_profile
+from harness.execute.campaign import new_campaign_dir
 from harness.execute.preflight import check_box
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.formats.records import RUN_OK, CampaignDir, read_json, read_parquet
-from harness.plan import Run, build_plan
+from harness.plan.build import Run, build_plan
 from tests.conftest import DATA, REPO
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 

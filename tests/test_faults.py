@@ -19,9 +19,10 @@ import pandas as pd
 import pytest
 
 from harness.card import load_card
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.campaign import new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.formats.records import Journal
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 from tests.conftest import DATA, REPO, run_cli
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"

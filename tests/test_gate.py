@@ -25,8 +25,8 @@ from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
 from harness.drive.client import RequestResult
 from harness.errors import RecordError, VerificationError
+from harness.execute.campaign import new_campaign_dir
 from harness.execute.frames import chunks_frame, requests_frame
-from harness.execute.run import new_campaign_dir
 from harness.formats.records import (
     RUN_OK,
     CampaignDir,
@@ -39,7 +39,7 @@ from harness.formats.ring import RingGeometry, RingWriter
 from harness.formats.ring_read import read_ring
 from harness.gate.evaluate import GateResult, Verdict, evaluate_gates, write_verdict
 from harness.gate.quality import check_passes
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 from tests.conftest import DATA, run_cli
 
 POOLS = DATA / "pools"

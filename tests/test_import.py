@@ -347,8 +347,9 @@ def test_llama_bench_json_from_the_real_binary(
 def test_a_campaign_run_now_round_trips_through_vllm_files(tmp_path: Path) -> None:
     """A short refbox ABBA/BAAB campaign run here, exported and imported: the same labels."""
     from harness.card import load_card
-    from harness.execute.run import CampaignRunner, new_campaign_dir
-    from harness.plan import build_plan
+    from harness.execute.campaign import new_campaign_dir
+    from harness.execute.run import CampaignRunner
+    from harness.plan.build import build_plan
 
     tiny = DATA / "cards" / "e2e" / "tiny.yaml"
     text = tiny.read_text(encoding="utf-8").replace("../../pools/", f"{DATA}/pools/")

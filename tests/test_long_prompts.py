@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from harness.card import load_card
 from harness.drive.client import long_prompt
 from harness.drive.workload import build_phases
-from harness.execute.run import CampaignRunner, new_campaign_dir
-from harness.plan import build_plan
+from harness.execute.campaign import new_campaign_dir
+from harness.execute.run import CampaignRunner
+from harness.plan.build import build_plan
 from tests.conftest import DATA
 
 CARD = f"""

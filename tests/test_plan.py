@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from harness.card import Card, load_card
 from harness.errors import PlanError
-from harness.plan import Plan, build_plan, extend_plan
+from harness.plan.build import Plan, build_plan, extend_plan
 from tests.conftest import DATA
 
 BASE = load_card(DATA / "cards" / "valid.yaml")

@@ -23,7 +23,8 @@ from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, write_a
 from harness.analyze.cell_values import ratio_of
 from harness.formats.records import Journal
 from harness.gate.evaluate import evaluate_gates
-from harness.report import build_context, copy_path, fmt, register, render_report
+from harness.report import build_context, copy_path, fmt, render_report
+from harness.report.commands import register
 from harness.report.context import boxes_context
 
 POOL = [
@@ -84,26 +85,20 @@ _CACHE: dict[str, Path] = {}
 
 
 def make_tiny_campaign(base: Path) -> Path:
-    """Run the tiny card once per session with the real runner; return the campaign directory."""
+    """Run the tiny card once per session with the real runner, through the library API
+    (``harness.run_campaign``); return the campaign directory."""
     if "root" in _CACHE:
         return _CACHE["root"]
-    from harness.card import load_card
-    from harness.execute.progress import make_progress
-    from harness.execute.run import CampaignRunner, new_campaign_dir
-    from harness.plan import build_plan
+    import harness
 
     cards = base / "cards"
     cards.mkdir(parents=True, exist_ok=True)
     (cards / "pool.jsonl").write_text("\n".join(json.dumps(p) for p in POOL) + "\n")
     (cards / "tiny.yaml").write_text(CARD)
-    loaded = load_card(cards / "tiny.yaml")
-    plan = build_plan(loaded)
-    campaign = new_campaign_dir(loaded, plan, base / "reports")
-    with make_progress(plan, quiet=True, out=io.StringIO()) as progress:
-        outcome = CampaignRunner(loaded, plan, campaign, progress).execute()
-    assert not outcome.failed, f"tiny campaign runs failed: {outcome.failed}"
-    _CACHE["root"] = campaign.root
-    return campaign.root
+    outcome = harness.run_campaign(cards / "tiny.yaml", reports=base / "reports")
+    assert not outcome.failed and not outcome.interrupted, f"tiny runs failed: {outcome.failed}"
+    _CACHE["root"] = outcome.directory
+    return outcome.directory
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from harness.boxes.boxes import LocalBox
+from harness.boxes.interrupts import Interrupted, interrupt_worker
 from harness.card import LoadedCard, load_boxes_file, load_card
+from harness.execute.campaign import new_campaign_dir
 from harness.execute.cohorts import CohortBook
-from harness.execute.interrupts import Interrupted, interrupt_worker
-from harness.execute.run import new_campaign_dir
 from harness.execute.slurm import (
     CohortJob,
     JobEnd,
@@ -38,7 +38,7 @@ from harness.execute.slurm.latency import measure_overhead
 from harness.execute.slurm.states import parse_sacct, parse_squeue
 from harness.execute.slurm.submit import executor_parameters, job_dir_name, submit_calls
 from harness.formats.records import RUN_FAILED, RUN_OK, CampaignDir, Journal, read_json
-from harness.plan import build_plan, cohort_key
+from harness.plan.build import build_plan, cohort_key
 from harness.profiles.schema import BoxSpec
 from harness.profiles.slurm_fields import slurm_minutes
 from tests.conftest import DATA, REPO, run_cli

@@ -20,8 +20,9 @@ from harness.analyze.metrics import RSS_MIN_SAMPLES, rss_growth_pct, rss_metrics
 from harness.boxes.boxes import LocalBox
 from harness.card import load_card
 from harness.drive.client import PhasePlan
+from harness.execute.campaign import new_campaign_dir
 from harness.execute.resume import split_phases
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.execute.soak import (
     DrainResult,
     MonitorSettings,
@@ -33,7 +34,7 @@ from harness.execute.soak import (
 from harness.formats.records import CampaignDir, Journal, read_json
 from harness.formats.ring import RingGeometry, RingWriter
 from harness.formats.ring_read import read_ring_since
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 from harness.profiles.schema import BoxSpec
 from tests.conftest import DATA, REPO
 
@@ -254,9 +255,10 @@ _HARNESS = """
 import sys
 from pathlib import Path
 from harness.card import load_card
-from harness.execute.run import CampaignRunner, new_campaign_dir
+from harness.execute.campaign import new_campaign_dir
+from harness.execute.run import CampaignRunner
 from harness.execute.soak import MonitorSettings
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 loaded = load_card(Path(sys.argv[1]))
 plan = build_plan(loaded)
 campaign = new_campaign_dir(loaded, plan, Path(sys.argv[2]))

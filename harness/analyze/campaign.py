@@ -44,7 +44,7 @@ from harness.formats.records import (
     write_json_atomic,
     write_parquet,
 )
-from harness.plan import cohort_key
+from harness.plan.build import cohort_key
 
 RUN_KEYS = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state", "pattern", "comparison")
 

@@ -59,10 +59,10 @@ analysis: {{window_s: 0.5, converged_span_s: 1, hold_s: 0}}
 def _campaign_s(work: Path, boxes: str, tag: str, cycles: int) -> float:
     """Seconds to run the card on ``boxes`` (a card line), checked complete."""
     from harness.card import load_card
+    from harness.execute.campaign import new_campaign_dir
     from harness.execute.fleet import FleetRunner
     from harness.execute.progress import make_progress
-    from harness.execute.run import new_campaign_dir
-    from harness.plan import build_plan
+    from harness.plan.build import build_plan
 
     folder = work / tag
     folder.mkdir()

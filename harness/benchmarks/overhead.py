@@ -31,8 +31,9 @@ from harness.benchmarks import Figure
 from harness.card import load_card
 from harness.errors import HarnessError
 from harness.execute import run as run_module
+from harness.execute.campaign import new_campaign_dir
 from harness.formats.records import Journal
-from harness.plan import build_plan
+from harness.plan.build import build_plan
 from harness.runtimes.boot import RunningRuntime
 
 __all__ = ["RunTimes", "measure_overhead", "overhead_figures", "run_bench"]
@@ -252,7 +253,7 @@ def measure_overhead(cycles: int = 1) -> tuple[list[RunTimes], float]:
         card_path.write_text(_CARD.format(cycles=cycles), encoding="utf-8")
         loaded = load_card(card_path)
         plan = build_plan(loaded)
-        campaign = run_module.new_campaign_dir(loaded, plan, root / "reports")
+        campaign = new_campaign_dir(loaded, plan, root / "reports")
         runner = run_module.CampaignRunner(loaded, plan, campaign)
         with contextlib.ExitStack() as patches:
             for owner, name, label, required in _targets(runner):

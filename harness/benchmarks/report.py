@@ -72,9 +72,10 @@ def source_campaign(work: Path) -> Path:
     if demos:
         return demos[-1]
     from harness.card import load_card
+    from harness.execute.campaign import new_campaign_dir
     from harness.execute.progress import make_progress
-    from harness.execute.run import CampaignRunner, new_campaign_dir
-    from harness.plan import build_plan
+    from harness.execute.run import CampaignRunner
+    from harness.plan.build import build_plan
 
     cards = work / "source-card"
     cards.mkdir(parents=True)

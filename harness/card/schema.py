@@ -389,12 +389,22 @@ class Card(Strict):
         "or an inline box with a `name` (instead of `box`)",
     )
     runtime: str | RuntimeProfile = Field("refbox", description="profile name or inline profile")
-    prompts: PromptsSpec
-    workload: Workload = Field(default_factory=lambda: Workload())
+    prompts: PromptsSpec = Field(
+        description="the prompt pools, and which split is fit, which held out"
+    )
+    workload: Workload = Field(
+        default_factory=lambda: Workload(), description="what each run sends: warm-up and phases"
+    )
     cells: dict[str, Cell] = Field(min_length=1, description="arms by name")
     control: str | None = Field(None, description="the control cell")
-    design: Design = Field(default_factory=lambda: Design())
-    analysis: AnalysisSpec = Field(default_factory=lambda: AnalysisSpec())
+    design: Design = Field(
+        default_factory=lambda: Design(),
+        description="the order of runs: cycles, pattern, cache states, sequential looks",
+    )
+    analysis: AnalysisSpec = Field(
+        default_factory=lambda: AnalysisSpec(),
+        description="how runs become verdicts: the noise band, recovery and drift settings",
+    )
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
     guards: Guards = Field(default_factory=lambda: Guards(), description="the runner's rules")
 

@@ -6,14 +6,14 @@ cohort (:mod:`.slurm.worker`), so a card with one Slurm box goes through here as
 The unit that moves is a cohort (``plan_cohort_key``: one mirrored cycle of one comparison in
 one cache state, its ABBA or BAAB blocks). A cohort runs on one box, in order, so every paired
 difference the analysis takes is between runs of one machine; the plan deals cohorts to boxes
-(:func:`harness.plan.fleet_box`). Before the first run each box is preflighted
+(:func:`harness.plan.build.fleet_box`). Before the first run each box is preflighted
 (:func:`~harness.execute.preflight.check_box`); one that fails is dropped with its reason,
 journalled, and its cohorts are dealt to the others.
 
 The journal stays the single truth: workers append to it under one lock, each line fsynced
 (:class:`~harness.formats.records.Journal`), and share one cohort book. Signals reach only the main
 thread, which waits on the workers; the first stop signal is forwarded to every worker
-(:func:`~harness.execute.interrupts.interrupt_worker`), so each stops its runtime and records
+(:func:`~harness.boxes.interrupts.interrupt_worker`), so each stops its runtime and records
 its run interrupted exactly as a single-box campaign does, and ``--resume`` goes on from there.
 A SIGKILL leaves runtimes behind on several boxes: each worker of the resume stops those its
 box booted (the boot events name their box).
@@ -27,17 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harness.boxes.interrupts import describe, exit_code, interrupt_worker
 from harness.card import LoadedCard
 from harness.errors import HarnessError, InfrastructureError
 from harness.execute.cohorts import CohortBook
 from harness.execute.guards import cohort_key, guards_enabled
-from harness.execute.interrupts import describe, exit_code, interrupt_worker
 from harness.execute.preflight import check_box
 from harness.execute.resume import CHECKPOINT_S
 from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallback
 from harness.execute.soak import MonitorSettings
 from harness.formats.records import CampaignDir
-from harness.plan import Plan, Run, cohort_lane, fleet_box
+from harness.plan.build import Plan, Run, cohort_lane, fleet_box
 from harness.profiles.schema import BoxSpec
 
 # Seconds between the main thread's looks at its workers: how soon a signal is forwarded.
@@ -82,7 +82,7 @@ def deal_shares(
 
     A cohort whose runs already ran on some box (``ran_on``: run id → box, from an earlier
     session) stays there if it can. The cohorts of a dropped box are dealt over the boxes alive
-    by the plan's own rule (:func:`~harness.plan.fleet_box`).
+    by the plan's own rule (:func:`~harness.plan.build.fleet_box`).
     """
     ran_on = ran_on or {}
     cohorts: dict[str, list[Run]] = {}

@@ -25,7 +25,7 @@ from harness.formats.records import (
     read_counters,
     write_json_atomic,
 )
-from harness.plan import Run
+from harness.plan.build import Run
 from harness.profiles.schema import BoxSpec
 from harness.runtimes.boot import RunningRuntime, runtime_version
 

@@ -22,8 +22,8 @@ from harness.boxes.boxes import Box
 from harness.card.schema import Guards
 from harness.errors import HarnessError
 from harness.formats.textfile import compile_pattern
-from harness.plan import Run
-from harness.plan import cohort_key as plan_cohort_key
+from harness.plan.build import Run
+from harness.plan.build import cohort_key as plan_cohort_key
 from harness.profiles.schema import Idle
 from harness.runtimes.counters import scrape_counters
 

@@ -12,41 +12,21 @@ import secrets
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness import __version__
 from harness.boxes.boxes import Box, SshBox, open_box, quote_path, shell_command
+from harness.boxes.checks import MIN_PYTHON, Check, uses_python
 from harness.drive.remote import ship_driver
 from harness.errors import BoxError, KnobError
 from harness.profiles.schema import BoxSpec, RuntimeProfile
 from harness.runtimes.boot import render
 
-MIN_PYTHON = (3, 11)
 MIN_FREE_BYTES = 5 * 1024**3
 MAX_CLOCK_SKEW_S = 2.0
 _VERSION_SNIPPET = "import sys;print('%d.%d.%d' % sys.version_info[:3])"
 _HARNESS_SNIPPET = "import harness;print(harness.__version__)"
 _CLOCK_SNIPPET = "import time;print(repr(time.time()))"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One preflight finding: what was checked, whether it passed, what was seen, and the fix."""
-
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-
-def uses_python(profile: RuntimeProfile) -> bool:
-    templates = [
-        *profile.boot.command,
-        *profile.boot.env.values(),
-        *(profile.version.command or []),
-    ]
-    return any("{python}" in item for item in templates)
 
 
 def _runs_harness(profile: RuntimeProfile) -> bool:

@@ -19,7 +19,7 @@ from rich.progress import (
 
 from harness.drive.client import RequestResult
 from harness.execute.run import ProgressCallback
-from harness.plan import Plan, Run
+from harness.plan.build import Plan, Run
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from harness.card.frozen import has_frozen_inputs, load_frozen_card
 from harness.errors import BadInput, PlanError, RecordError
 from harness.formats.records import CampaignDir, open_campaign, write_text_atomic
 from harness.formats.textfile import read_text
-from harness.plan import Plan, build_plan, extend_plan, plan_json_text
+from harness.plan.build import Plan, build_plan, extend_plan, plan_json_text
 
 
 @dataclass(frozen=True)

@@ -4,21 +4,18 @@ A run with a timed phase is cut into segments of at most ``CHECKPOINT_S``; each 
 is journalled with its records, and :func:`read_checkpoints` reads that journal back so
 ``harness run --resume`` starts at the first segment not journalled. A runtime the killed
 harness left running is stopped first, but only if its PID still names the same process
-(:func:`kill_orphan`).
+(:func:`harness.runtimes.orphans.kill_orphan`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from harness.boxes.boxes import Box
 from harness.drive.client import PhasePlan
-from harness.errors import HarnessError
 from harness.formats.records import Journal, read_parquet
 
 # Seconds of a timed phase between checkpoints: a soak killed at hour 30 loses at most this much.
@@ -143,37 +140,11 @@ def earlier_frames(
     return frames, samples
 
 
-def orphan_identity(box: Box, pid: int) -> str:
-    """The start time ``ps`` reports for ``pid`` ('' when gone): with the PID, an identity that a
-    recycled PID does not share."""
-    result = box.sh(f"ps -o lstart= -p {int(pid)} 2>/dev/null", check=False)
-    return result.stdout.strip()
-
-
-def journal_boot(journal: Journal, box: Box, box_name: str, run_id: str, pgid: int) -> None:
-    """Journal a started runtime's group with its identity, so a resume can stop it."""
-    identity = ""
-    with contextlib.suppress(HarnessError, OSError):
-        identity = orphan_identity(box, pgid)
-    journal.append("boot", run_id=run_id, pgid=pgid, identity=identity, box=box_name)
-
-
-def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
-    """SIGKILL a runtime group left by a killed harness, if ``pgid`` still is that runtime."""
-    if not identity or orphan_identity(box, pgid) != identity:
-        return False
-    box.signal_group(pgid, "KILL")
-    return box.wait_group_gone(pgid, 5.0)
-
-
 __all__ = [
     "CHECKPOINT_S",
     "BootRecord",
     "CheckpointState",
     "earlier_frames",
-    "journal_boot",
-    "kill_orphan",
-    "orphan_identity",
     "read_checkpoints",
     "samples_path",
     "segment_paths",

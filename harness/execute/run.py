@@ -11,7 +11,7 @@ and the campaign goes on; a hung runtime fails its run after one request timeout
 What a run sends (:mod:`.workload`), the tables it leaves (:mod:`.frames`), checkpoints and
 orphans (:mod:`.resume`) and the box capture (:mod:`.environment`) live beside this module. It
 stays past ~500 lines because what is left is one job: the lifecycle above, whose steps share one
-boot's state (``_Boot``) and are the methods ``harness bench overhead`` times one by one.
+boot's state (``BootState``) and are the methods ``harness bench overhead`` times one by one.
 """
 
 from __future__ import annotations
@@ -22,39 +22,31 @@ import shutil
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from harness.analyze.logit_parity import LOGITS_DIR
 from harness.boxes.boxes import Box, open_box
 from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
-from harness.boxes.environment import capture_environment
+from harness.boxes.interrupts import deferred, describe, exit_code
 from harness.card import Cell, LoadedCard
-from harness.card.frozen import freeze_inputs
 from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.drive.remote import BoxDriver, prepare_drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
-from harness.errors import HarnessError, InfrastructureError, RecordError
+from harness.errors import HarnessError, InfrastructureError
 from harness.execute.cohorts import CohortBook
-from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
-from harness.execute.guard_steps import GuardSteps
-from harness.execute.guards import RunWatch, cohort_key, guards_enabled
-from harness.execute.interrupts import deferred, describe, exit_code
+from harness.execute.frames import chunks_frame, requests_frame
+from harness.execute.guards import cohort_key, guards_enabled
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
     earlier_frames,
-    journal_boot,
-    kill_orphan,
     read_checkpoints,
     samples_path,
     segment_paths,
     split_phases,
 )
-from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
+from harness.execute.run_records import BootState, RunRecords
+from harness.execute.soak import MonitorSettings, RingStore, RunMonitor
 from harness.formats.maps import CountDump
 from harness.formats.records import (
     RUN_FAILED,
@@ -63,13 +55,10 @@ from harness.formats.records import (
     CampaignDir,
     Journal,
     RunRecord,
-    write_json_atomic,
     write_parquet,
     write_sealed_json,
-    write_text_atomic,
 )
-from harness.formats.ring_read import read_ring, read_ring_since
-from harness.plan import Plan, Run, plan_json_text
+from harness.plan.build import Plan, Run
 from harness.profiles.schema import BoxSpec
 from harness.runtimes.boot import (
     BootSpec,
@@ -77,57 +66,19 @@ from harness.runtimes.boot import (
     boot,
     boot_spec,
     render,
-    stop_group,
 )
 from harness.runtimes.cold import BOOT_MARK, evict_for_cold_run
 from harness.runtimes.command import collect_result, start_command, wait_command
 from harness.runtimes.counters import scrape_counters
+from harness.runtimes.environment import capture_environment
 from harness.runtimes.log_counters import (
-    log_counter_units,
     log_snapshot,
-    missing_log_counters,
     start_snapshot,
 )
+from harness.runtimes.orphans import journal_boot, kill_orphan
 from harness.runtimes.routes import read_route_snapshot, route_counters, write_route_delta
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
-
-
-@dataclass
-class CampaignOutcome:
-    """How many runs completed, failed or were interrupted."""
-
-    directory: Path
-    done: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    interrupted_by: str = ""  # "SIGTERM", "SIGHUP", "SIGINT, Ctrl-C" or "Ctrl-C"
-    exit_code: int = 0  # when interrupted: 128 + the signal number (130, 143, 129)
-
-
-def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> CampaignDir:
-    """Create ``reports/<campaign>/<stamp>/`` with the card as run, its inputs and the plan."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    root = reports_root / loaded.card.campaign / stamp
-    suffix = 1
-    while root.exists():
-        suffix += 1
-        root = reports_root / loaded.card.campaign / f"{stamp}-{suffix}"
-    root.mkdir(parents=True)
-    (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
-    (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
-    # The directory keeps everything the card names, so a resume needs nothing outside it.
-    freeze_inputs(loaded, root)
-    write_text_atomic(root / "plan.json", plan_json_text(plan) + "\n")
-    if loaded.quality:
-        suite = [
-            {"id": p.id, "domain": p.domain, "check": p.check, "max_tokens": p.max_tokens}
-            for p in loaded.quality
-        ]
-        write_json_atomic(root / "quality.json", {"prompts": suite})
-    campaign = CampaignDir(root)
-    campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
-    return campaign
 
 
 def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
@@ -153,25 +104,18 @@ def _with_log(
 
 
 @dataclass
-class _Boot:
-    """One boot of a run: its remote folder, ring store, monitor and checkpoint journal."""
+class CampaignOutcome:
+    """How many runs completed, failed or were interrupted."""
 
-    index: int
-    remote_dir: str
-    store: RingStore
-    pgid: int | None = None  # journalled as soon as the runtime starts, before it is ready
-    previous: CheckpointState | None = None  # the boots a resumed run already went through
-    journal: Journal | None = None  # the checkpoint journal (checkpointed runs only)
-    monitor: RunMonitor | None = None
-    watch: RunWatch | None = None  # the guards during the run, when on
-    results: list[RequestResult] = field(default_factory=list)
-    pending: list[RequestResult] = field(default_factory=list)  # since the last checkpoint
-    origin_wall: float = 0.0  # time.time() at t_start_s == 0 (samples count from it too)
-    segments_planned: int = 0
-    segments_done: int = 0
+    directory: Path
+    done: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    interrupted_by: str = ""  # "SIGTERM", "SIGHUP", "SIGINT, Ctrl-C" or "Ctrl-C"
+    exit_code: int = 0  # when interrupted: 128 + the signal number (130, 143, 129)
 
 
-class CampaignRunner(GuardSteps):
+class CampaignRunner(RunRecords):
     """Executes the runs of one campaign directory on its box.
 
     A run whose workload has a timed phase (a soak) is checkpointed: its timed phases are cut
@@ -324,7 +268,7 @@ class CampaignRunner(GuardSteps):
             started_at=time.time(),
             attempt=attempt,
         )
-        state = _Boot(boot_index, remote_dir, RingStore(local_dir / "ring-chunks", boot_index))
+        state = BootState(boot_index, remote_dir, RingStore(local_dir / "ring-chunks", boot_index))
         state.previous = previous
         if self.checkpointed:
             (local_dir / "checkpoint").mkdir(exist_ok=True)
@@ -443,7 +387,7 @@ class CampaignRunner(GuardSteps):
         self,
         run: Run,
         spec: BootSpec,
-        state: _Boot,
+        state: BootState,
         local_dir: Path,
         swap_before: int | None,
         record: RunRecord,
@@ -496,7 +440,7 @@ class CampaignRunner(GuardSteps):
             uploaded=uploaded,
         )
 
-    def _journal_boot(self, run: Run, pgid: int, state: _Boot) -> None:
+    def _journal_boot(self, run: Run, pgid: int, state: BootState) -> None:
         """Journal a boot's process group, so a resume can stop it if this harness is killed."""
         state.pgid = pgid  # and so this run stops it, if interrupted before the boot returns
         journal_boot(self.campaign.journal, self.box, self.box_name, run.run_id, pgid)
@@ -533,7 +477,7 @@ class CampaignRunner(GuardSteps):
                         "orphan_killed", run_id=event.get("run_id"), pgid=event["pgid"]
                     )
 
-    def _start_monitor(self, runtime: RunningRuntime, state: _Boot) -> None:
+    def _start_monitor(self, runtime: RunningRuntime, state: BootState) -> None:
         """Start draining the ring and sampling memory; journal the boot for a later resume."""
         telemetry = self.loaded.runtime.telemetry
         ring_path = None
@@ -562,7 +506,7 @@ class CampaignRunner(GuardSteps):
         self,
         runtime: RunningRuntime,
         run: Run,
-        state: _Boot,
+        state: BootState,
         warmups: list[RequestResult],
         before: dict[str, Any] | None,
         swap_before: int | None,
@@ -611,7 +555,7 @@ class CampaignRunner(GuardSteps):
             if not self.box.group_alive(runtime.pgid):
                 break  # a dead runtime: do not spin through the remaining hours
 
-    def _checkpoint(self, runtime: RunningRuntime, run: Run, state: _Boot, index: int) -> None:
+    def _checkpoint(self, runtime: RunningRuntime, run: Run, state: BootState, index: int) -> None:
         """Persist one finished segment: its requests, the ring through now, the counters."""
         assert state.journal is not None
         if state.monitor is not None:
@@ -643,120 +587,6 @@ class CampaignRunner(GuardSteps):
             return 0
         frames, _ = earlier_frames(local_dir / "checkpoint", previous)
         return sum(int((~f["ok"] & ~f["warmup"]).sum()) for f, _ in frames)
-
-    def _finish(
-        self,
-        run: Run,
-        record: RunRecord,
-        runtime: RunningRuntime | None,
-        state: _Boot,
-        local_dir: Path,
-    ) -> None:
-        if state.monitor is not None:
-            state.monitor.stop()  # before the stop, so no sample sees a half-stopped group
-        if state.watch is not None:
-            state.watch.stop()
-            if state.watch.reason is None:
-                state.watch.reason = self._swapped(local_dir)
-            if state.watch.reason is not None:
-                # A guard stopped the run: that is why it failed, and the cohort is invalid.
-                record.status = RUN_FAILED
-                record.reason = f"guard: {state.watch.reason}" + (
-                    f" (then: {record.reason})" if record.reason else ""
-                )
-                self.cohorts.invalidate(cohort_key(run), state.watch.reason)
-        if runtime is None and state.pgid is not None:
-            # Started but never returned from the boot (interrupted while it got ready).
-            if stop_group(self.box, self.loaded.runtime, state.pgid):
-                self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=state.pgid)
-            else:
-                record.status = RUN_FAILED
-                record.reason = (record.reason + "; " if record.reason else "") + (
-                    f"process group {state.pgid} survived SIGKILL"
-                )
-        if runtime is not None:
-            if not record.log_tail and record.status != RUN_OK:
-                record.log_tail = runtime.log_tail()
-            gone = runtime.stop()
-            if gone:
-                self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=runtime.pgid)
-            record.runtime["boot_s"] = round(runtime.boot_s, 3)
-            if not gone:
-                record.status = RUN_FAILED
-                record.reason = (record.reason + "; " if record.reason else "") + (
-                    f"process group {runtime.pgid} survived SIGKILL"
-                )
-        try:
-            self._collect(local_dir, state, record)
-        except (HarnessError, OSError) as exc:
-            if record.status == RUN_OK:
-                record.status = RUN_FAILED
-                record.reason = f"collecting telemetry failed: {exc}"
-            elif runtime is not None:
-                # Failed already; say what is missing too, so no reader takes its absence for 0.
-                record.reason = (record.reason + "; " if record.reason else "") + (
-                    f"telemetry not collected: {exc}"
-                )
-        frames = [
-            (requests_frame(state.results, run.cell, state.index), chunks_frame(state.results))
-        ]
-        samples = (
-            [state.monitor.samples_frame(state.origin_wall)] if state.monitor is not None else []
-        )
-        if state.previous is not None:
-            old_frames, old_samples = earlier_frames(local_dir / "checkpoint", state.previous)
-            frames = old_frames + frames
-            samples = old_samples + samples
-        requests, chunks = numbered(frames)
-        write_parquet(requests, local_dir / "requests.parquet")
-        write_parquet(chunks, local_dir / "chunks.parquet")
-        if samples:
-            write_parquet(pd.concat(samples, ignore_index=True), local_dir / "samples.parquet")
-        self._write_monitor(local_dir, state)
-        record.ended_at = time.time()
-        write_json_atomic(local_dir / "run.json", record.to_json())
-        if record.status == RUN_OK:
-            # Everything is in ring.parquet and requests.parquet now; the segment journal stays.
-            shutil.rmtree(local_dir / "ring-chunks", ignore_errors=True)
-            for path in (local_dir / "checkpoint").glob("*.parquet"):
-                path.unlink()
-            self.campaign.journal.append("run_done", run_id=run.run_id)
-        else:
-            self.campaign.journal.append(
-                f"run_{record.status}", run_id=run.run_id, reason=record.reason
-            )
-        self.progress("attempt", run, {"status": record.status, "reason": record.reason})
-
-    def _write_monitor(self, local_dir: Path, state: _Boot) -> None:
-        """``monitor.json``: drains, samples, errors, and the boots and segments of the run."""
-        monitor = state.monitor
-        boots = []
-        if state.previous is not None:
-            for earlier in state.previous.boots:
-                boots.append(
-                    {
-                        "boot": earlier.boot,
-                        "segments": earlier.segments,
-                        "ring_seq_kept": earlier.ring_seq,
-                        "ring_lost": earlier.ring_lost + earlier.ring_dropped,
-                        "span_s": [earlier.t_first_s, earlier.t_last_s],
-                        "interrupted": True,
-                    }
-                )
-        boots.append({"boot": state.index, "segments_done": state.segments_done})
-        write_json_atomic(
-            local_dir / "monitor.json",
-            {
-                "drain_interval_s": self.monitor_settings.drain_interval_s,
-                "sample_interval_s": self.monitor_settings.sample_interval_s,
-                "drains": state.store.drains,
-                "samples": len(monitor.samples) if monitor is not None else 0,
-                "errors": monitor.errors[-20:] if monitor is not None else [],
-                "checkpointed": state.journal is not None,
-                "segments_planned": state.segments_planned,
-                "boots": boots,
-            },
-        )
 
     def _upload_files(self, files: dict[str, str], remote_dir: str) -> dict[str, str]:
         uploaded = {}
@@ -815,96 +645,3 @@ class CampaignRunner(GuardSteps):
                 mark_first=mark_first,
             )
         )
-
-    def _write_counters(
-        self,
-        local_dir: Path,
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-        swap_before: int | None,
-        swap_after: int | None,
-        previous: CheckpointState | None,
-    ) -> None:
-        payload = counters_record(before, after, swap_before, swap_after, previous)
-        specs = self.loaded.runtime.telemetry.log_counters
-        if specs:
-            # Declared but not counted is said, so no reader takes the absence for 0.
-            payload["log_counter_units"] = log_counter_units(specs)
-            payload["missing"] = missing_log_counters(specs, before, after)
-        write_json_atomic(local_dir / "counters.json", payload)
-
-    def _collect(self, local_dir: Path, state: _Boot, record: RunRecord) -> None:
-        telemetry = self.loaded.runtime.telemetry
-        remote_dir = state.remote_dir
-        context = {"run_dir": remote_dir, "port": 0, "python": self.box_spec.python_path()}
-        log_remote = f"{remote_dir}/server.log"
-        if self.box.exists(log_remote):
-            self.box.get_file(log_remote, local_dir / "server.log")
-        if state.previous is not None:
-            for earlier in state.previous.boots:
-                old_log = f"{earlier.remote_dir}/server.log"
-                with contextlib.suppress(HarnessError, OSError):
-                    if self.box.exists(old_log):
-                        self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
-        self._collect_logits(local_dir, context)
-        if telemetry.ring is None:
-            self._collect_trace(local_dir, context)
-            return
-        ring_remote = render(telemetry.ring.path, context)
-        if not self.box.exists(ring_remote):
-            # The profile declares a ring: a run without one fails, whatever else happened.
-            raise RecordError(f"the runtime wrote no ring at {ring_remote}")
-        # A ring on this machine is read where it lies: a copy read every slot of it (75 MB for
-        # refbox's), most of them never written.
-        ring_local = self.box.local_path(ring_remote)
-        copied = ring_local is None
-        if ring_local is None:
-            ring_local = local_dir / "ring.bin"
-            self.box.get_file(ring_remote, ring_local)
-        if not telemetry.ring.header:
-            ring = read_ring(ring_local, fields=telemetry.ring.fields)
-            record.ring_lost = ring.lost
-            write_parquet(ring.frame, local_dir / "ring.parquet")
-            if copied:
-                ring_local.unlink()
-            self._collect_trace(local_dir, context)
-            return
-        # The rest of the ring after the last drain; the drains hold everything before it.
-        final = read_ring_since(ring_local, state.store.after_sequence)
-        state.store.add(DrainResult(final.frame, final.sequence, True, final.lost, final.dropped))
-        state.store.flush()
-        caps: dict[int, int] = {}
-        lost = state.store.lost + state.store.dropped
-        if state.previous is not None:
-            for earlier in state.previous.boots:
-                # Records after its last checkpoint belong to a segment that was run again.
-                caps[earlier.boot] = earlier.ring_seq
-                lost += earlier.ring_lost + earlier.ring_dropped
-        ring_frame = assemble_ring(state.store.folder, caps)
-        if ring_frame.empty:
-            ring_frame = final.frame
-        record.ring_lost = lost
-        write_parquet(ring_frame, local_dir / "ring.parquet")
-        if copied:
-            ring_local.unlink()
-        self._collect_trace(local_dir, context)
-
-    def _collect_logits(self, local_dir: Path, context: dict[str, Any]) -> None:
-        """The run's frontier-logit dumps, when the profile declares them (none: the run fails,
-        since the exact_outputs gate would otherwise compare nothing)."""
-        dumps = self.loaded.runtime.logit_dumps
-        if dumps is None:
-            return
-        remote = render(dumps.path, context)
-        if not self.box.exists(remote):
-            raise RecordError(f"the runtime wrote no frontier-logit dumps at {remote}")
-        self.box.get_dir(remote, local_dir / LOGITS_DIR)
-        if not any((local_dir / LOGITS_DIR).rglob(dumps.glob)):
-            raise RecordError(f"no {dumps.glob} in the frontier-logit dumps at {remote}")
-
-    def _collect_trace(self, local_dir: Path, context: dict[str, Any]) -> None:
-        telemetry = self.loaded.runtime.telemetry
-        if telemetry.route_trace:
-            trace_remote = render(telemetry.route_trace, context)
-            if self.box.exists(trace_remote):
-                self.box.get_file(trace_remote, local_dir / "route-trace.jsonl")

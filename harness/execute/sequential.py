@@ -22,7 +22,7 @@ from harness.execute.fleet import FleetRunner
 from harness.execute.reopen import extend_campaign
 from harness.execute.run import CampaignOutcome, ProgressCallback
 from harness.formats.records import CampaignDir
-from harness.plan import Plan
+from harness.plan.build import Plan
 
 ProgressFactory = Callable[[Plan], AbstractContextManager[ProgressCallback]]
 

@@ -75,4 +75,15 @@ def campaign_lock(root: Path, command: str | None = None) -> Iterator[None]:
         os.close(handle)  # closing drops the flock
 
 
-__all__ = ["LOCK_FILE", "CampaignLocked", "campaign_lock"]
+@contextlib.contextmanager
+def locked_campaign(root: Path) -> Iterator[None]:
+    """A campaign directory held for a command that writes into it (analysis, verdict, report):
+    refused while another harness runs or reads it, so no one reads half of what one writes."""
+    from harness.formats.records import open_campaign
+
+    open_campaign(root)  # not a campaign directory: said before a lock file is made in it
+    with campaign_lock(root):
+        yield
+
+
+__all__ = ["LOCK_FILE", "CampaignLocked", "campaign_lock", "locked_campaign"]

@@ -58,7 +58,7 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.report.termtext import shown
+    from harness.formats.termtext import shown
 
     view = Table(title=shown(f"history ({folder})"), title_justify="left")
     for column in ("campaign", "cell", "state", "metric", "n", "first", "last", "change points"):

@@ -26,7 +26,6 @@ from harness.formats.records import read_parquet, write_parquet
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
-    from harness.gate.evaluate import Verdict
 
 __all__ = ["HISTORY_DIR", "append_history", "history_dir", "history_rows", "read_history"]
 
@@ -75,7 +74,7 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def history_rows(analysis: CampaignAnalysis, verdict: Verdict) -> pd.DataFrame:
+def history_rows(analysis: CampaignAnalysis, passed: bool) -> pd.DataFrame:
     """The rows one finished campaign adds to the store."""
     card = analysis.card
     root = analysis.campaign.root
@@ -114,7 +113,7 @@ def history_rows(analysis: CampaignAnalysis, verdict: Verdict) -> pd.DataFrame:
                         "block_values": values,
                         "label": comparison.get("label"),
                         "ratio": _finite(comparison.get("ratio")),
-                        "passed": bool(verdict.passed),
+                        "passed": passed,
                         "binary_sha256": build["binary_sha256"],
                         "version": build["version"],
                         "git_describe": build["git_describe"],
@@ -124,13 +123,14 @@ def history_rows(analysis: CampaignAnalysis, verdict: Verdict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def append_history(analysis: CampaignAnalysis, verdict: Verdict) -> Path | None:
-    """Write the campaign's rows into its store (when it has one); returns the file."""
+def append_history(analysis: CampaignAnalysis, passed: bool) -> Path | None:
+    """Write the campaign's rows, with whether its gates passed, into its store (when it has one);
+    returns the file."""
     root = analysis.campaign.root
     folder = history_dir(root)
     if folder is None:
         return None
-    rows = history_rows(analysis, verdict)
+    rows = history_rows(analysis, passed)
     key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
     path = folder / f"{analysis.card.campaign}--{root.name}--{key}.parquet"
     write_parquet(rows, path)

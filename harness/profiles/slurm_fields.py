@@ -1,16 +1,14 @@
-"""What a ``kind: slurm`` box may set, checked beside its other fields (profiles.BoxSpec).
+"""What a ``kind: slurm`` box may set, checked beside its other fields (``BoxSpec``).
 
-Kept out of ``profiles/schema.py`` so that file stays one screenful of schema per model; it imports
-nothing of ours at run time, so the schema floor stays the floor.
+The check reads a box through :class:`BoxFields` (the fields it needs), so this module imports
+nothing of ours and the schema imports it, never the other way round.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from harness.profiles.schema import BoxSpec
+from collections.abc import Set
+from typing import Protocol
 
 # [D-]HH:MM[:SS], D-HH, MM or MM:SS: the time limits sbatch takes (D-HH:MM:SS covers them all).
 _SLURM_TIME = re.compile(
@@ -57,11 +55,28 @@ SLURM_FIELDS = (
 SSH_FIELDS = ("host", "port", "user", "key", "gateway")
 
 
+class BoxFields(Protocol):
+    """What the check reads of a box (``BoxSpec`` has these)."""
+
+    @property
+    def model_fields_set(self) -> Set[str]: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def shared_dir(self) -> str | None: ...
+    @property
+    def gres(self) -> str | None: ...
+    @property
+    def gpus(self) -> int | None: ...
+    @property
+    def time(self) -> str | int | None: ...
+
+
 def _names(fields: list[str]) -> str:
     return ", ".join(f"`{name}`" for name in fields)
 
 
-def slurm_fields_problem(spec: BoxSpec) -> str | None:
+def slurm_fields_problem(spec: BoxFields) -> str | None:
     """Why the box's slurm settings do not fit its kind (naming the fields and the fix), or
     None when they do."""
     given = spec.model_fields_set
@@ -101,4 +116,4 @@ def slurm_fields_problem(spec: BoxSpec) -> str | None:
     return None
 
 
-__all__ = ["SLURM_FIELDS", "SSH_FIELDS", "slurm_fields_problem", "slurm_minutes"]
+__all__ = ["SLURM_FIELDS", "SSH_FIELDS", "BoxFields", "slurm_fields_problem", "slurm_minutes"]

@@ -3,12 +3,6 @@
 ``model`` is the decoder's maths, ``tiers`` the two-tier expert store (hot arrays or a cache
 over a memory-mapped slow tier), ``engine`` the :class:`Engine` that steps them (policy,
 counters, ring, route trace); ``options`` parses and checks the serve flags, and ``server``
-serves the engine over an OpenAI-compatible HTTP API (``harness refbox serve``).
+serves the engine over an OpenAI-compatible HTTP API (``harness refbox serve``, registered by
+``commands``). Nothing is imported here, so registering the verb costs nothing.
 """
-
-from __future__ import annotations
-
-from harness.refbox.engine import Engine, EngineOptions
-from harness.refbox.model import DOMAIN_SAMPLES, DOMAINS, ModelConfig
-
-__all__ = ["DOMAINS", "DOMAIN_SAMPLES", "Engine", "EngineOptions", "ModelConfig"]

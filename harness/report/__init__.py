@@ -6,19 +6,16 @@ dated markdown record, :mod:`.record`, from the same context) (and, for a campai
 path of the first. The page is jinja2 with autoescape on for everything (prompt and output text is
 untrusted), inline CSS, figures as base64 PNG, no script and no external request.
 
-``register(verbs)`` adds the ``harness report DIR`` verb to the CLI's subparsers. This module
-imports the heavy stages lazily so that registering the verb costs nothing at CLI start-up.
+The ``harness report DIR`` verb is :mod:`.commands`.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from harness import __version__
-from harness.errors import EXIT_OK
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
@@ -183,31 +180,4 @@ def _read_text(path: Path) -> str:
 # ---- the CLI verb ----------------------------------------------------------------------------
 
 
-def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``harness report DIR`` to the CLI's subparsers."""
-    parser = verbs.add_parser(
-        "report", help="render the HTML report of a campaign directory (analysis and gates)"
-    )
-    parser.add_argument("dir", metavar="DIR", help="the campaign directory `harness run` printed")
-    parser.add_argument("--no-figures", action="store_true", help="tables only (faster)")
-    parser.set_defaults(handler=_cmd_report)
-
-
-def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.analyze.campaign import analyze_campaign
-    from harness.cli import note_unsealed
-    from harness.gate.evaluate import evaluate_gates
-
-    root = Path(args.dir)
-    analysis = analyze_campaign(root)
-    note_unsealed(analysis)
-    verdict = evaluate_gates(analysis)
-    path = render_report(root, analysis, verdict, figures=not args.no_figures)
-    out.write(f"verdict: {'PASS' if verdict.passed else 'FAIL'}\nreport: {path}\n")
-    copy = copy_path(root, analysis.card.campaign)
-    if copy is not None:
-        out.write(f"copy: {copy}\n")
-    return EXIT_OK
-
-
-__all__ = ["build_context", "copy_path", "register", "render_report"]
+__all__ = ["build_context", "copy_path", "render_report"]

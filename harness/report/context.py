@@ -19,7 +19,7 @@ from harness.card import Card, Cell
 from harness.card.frozen import frozen_paths
 from harness.errors import HarnessError
 from harness.gate.evaluate import Verdict
-from harness.plan import cohort_key
+from harness.plan.build import cohort_key
 from harness.report import fmt
 from harness.report.tables import frame_records
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.boxes.boxes import Box, quote_path, shell_command
+from harness.boxes.interrupts import deferred
 from harness.boxes.tunnel import refusal
 from harness.card import Cell, KnobValue
 from harness.errors import KnobError, RuntimeBootError
-from harness.execute.interrupts import deferred
 from harness.profiles.schema import RuntimeProfile, switch_state
 
 

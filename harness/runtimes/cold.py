@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from harness.boxes.boxes import Box
 from harness.errors import InfrastructureError
-from harness.execute.resume import journal_boot
 from harness.formats.records import Journal
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import BootSpec, boot, render
+from harness.runtimes.orphans import journal_boot
 
 __all__ = ["BOOT_MARK", "evict_for_cold_run"]
 

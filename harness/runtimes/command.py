@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.boxes.boxes import Box, quote_path
+from harness.boxes.interrupts import deferred
 from harness.errors import RecordError, RuntimeBootError
-from harness.execute.interrupts import deferred
 from harness.formats.bench_table import map_result_rows, parse_result_rows
 from harness.formats.records import write_parquet
 from harness.profiles.schema import CommandDriver, RuntimeProfile

@@ -32,7 +32,7 @@ from harness.card import Cell, LoadedCard
 from harness.errors import KnobError, MapError
 from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
-from harness.plan import build_plan, plan_json_text
+from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs, parse_priority
 from harness.sim.replay import replay_cache, replay_fast, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.execute.interrupts import STOP_SIGNALS, describe, stop_signals
+from harness.boxes.interrupts import STOP_SIGNALS, describe, stop_signals
 from harness.formats.records import write_json_atomic
-from harness.plan import Run
+from harness.plan.build import Run
 from harness.profiles.schema import BoxSpec
 
 # SIGUSR2 is how Slurm (through submitit's --signal) warns a job its time is nearly up.

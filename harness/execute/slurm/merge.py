@@ -13,7 +13,7 @@ and ``node`` stamped into ``run.json``, and sorts the runs three ways:
   as the reason, and the caller resubmits it per ``design.retries``.
 
 It journals nothing: the caller (the fleet) journals ``run_done`` / ``run_failed`` once, under
-its lock. The move runs as a critical section (:func:`~harness.execute.interrupts.deferred`), so
+its lock. The move runs as a critical section (:func:`~harness.boxes.interrupts.deferred`), so
 an interrupt never leaves a run half in the job folder and half in the campaign.
 """
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.boxes.interrupts import deferred
 from harness.errors import RecordError
 from harness.execute.cohorts import COHORTS_FILE, CohortBook
-from harness.execute.interrupts import deferred
 from harness.execute.slurm.wait import JobEnd
 from harness.formats.records import (
     RUN_FAILED,

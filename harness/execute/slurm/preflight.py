@@ -1,6 +1,6 @@
 """``harness box check`` on a slurm box: the controller, the partition, the shared folder, a job.
 
-Four checks, each a :class:`~harness.execute.preflight.Check` with its fix: ``sinfo`` answers (an
+Four checks, each a :class:`~harness.boxes.checks.Check` with its fix: ``sinfo`` answers (an
 unreachable controller stops the list there), the partition exists and has nodes up, the
 ``shared_dir`` is writable, and a trivial job submitted the way cohorts are (same resources,
 ``setup`` and ``python``) runs within a bounded wait and reports its node, Python and harness.
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from harness import __version__
+from harness.boxes.checks import MIN_PYTHON, Check, uses_python
 from harness.errors import KnobError, SlurmError
-from harness.execute.preflight import MIN_PYTHON, Check, uses_python
 from harness.execute.slurm.states import QUERY_TIMEOUT_S
 from harness.execute.slurm.submit import SubmittedArray, SubmittedJob, submit_calls
 from harness.execute.slurm.wait import JobEnd, wait_for_jobs

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.boxes.interrupts import deferred
 from harness.errors import SlurmError
-from harness.execute.interrupts import deferred
 from harness.formats.records import CampaignDir
 from harness.profiles.schema import BoxSpec
 

@@ -24,18 +24,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.boxes.interrupts import describe
 from harness.card import LoadedCard
 from harness.errors import SlurmError
 from harness.execute.cohorts import CohortBook
 from harness.execute.guards import cohort_key
-from harness.execute.interrupts import describe
 from harness.execute.run import CampaignOutcome
 from harness.execute.slurm.merge import MergeResult, merge_job
 from harness.execute.slurm.states import UNKNOWN, JobState, queued_names, read_states
 from harness.execute.slurm.submit import CohortJob, SubmittedJob, cancel_by_name, submit_cohorts
 from harness.execute.slurm.wait import JobEnd, job_progress, wait_for_jobs
 from harness.formats.records import CampaignDir
-from harness.plan import Plan, Run
+from harness.plan.build import Plan, Run
 from harness.profiles.schema import BoxSpec
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]

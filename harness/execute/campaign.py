@@ -1,0 +1,90 @@
+"""A campaign as a whole: its directory made, its runs executed, the outcome for the caller.
+
+:func:`run_campaign` is the library's way to run a card (``harness.run_campaign``);
+``harness run`` makes the same calls with a progress bar and then analyses and gates the
+directory (:func:`harness.gate.commands.analyze_and_gate`).
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from harness.card import LoadedCard
+from harness.card.frozen import freeze_inputs
+from harness.execute.run import CampaignOutcome
+from harness.formats.records import CampaignDir, write_json_atomic, write_text_atomic
+from harness.plan.build import Plan, plan_json_text
+
+__all__ = ["CampaignOutcome", "execute_campaign", "new_campaign_dir", "run_campaign"]
+
+
+def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> CampaignDir:
+    """Create ``reports/<campaign>/<stamp>/`` with the card as run, its inputs and the plan."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    root = reports_root / loaded.card.campaign / stamp
+    suffix = 1
+    while root.exists():
+        suffix += 1
+        root = reports_root / loaded.card.campaign / f"{stamp}-{suffix}"
+    root.mkdir(parents=True)
+    (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
+    (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
+    # The directory keeps everything the card names, so a resume needs nothing outside it.
+    freeze_inputs(loaded, root)
+    write_text_atomic(root / "plan.json", plan_json_text(plan) + "\n")
+    if loaded.quality:
+        suite = [
+            {"id": p.id, "domain": p.domain, "check": p.check, "max_tokens": p.max_tokens}
+            for p in loaded.quality
+        ]
+        write_json_atomic(root / "quality.json", {"prompts": suite})
+    campaign = CampaignDir(root)
+    campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
+    return campaign
+
+
+def execute_campaign(
+    loaded: LoadedCard, plan: Plan, campaign: CampaignDir, *, quiet: bool, out: TextIO
+) -> CampaignOutcome:
+    """Run the plan's runs not yet done in ``campaign`` (the caller holds its lock): in order on
+    each box of the fleet, or look by look for a sequential design. Gives back the runtime cache
+    folder of a campaign that was not interrupted."""
+    from harness.boxes.cache import release_cache
+    from harness.execute.fleet import FleetRunner
+    from harness.execute.progress import make_progress
+    from harness.execute.sequential import run_sequential
+
+    if loaded.card.design.sequential:
+        outcome = run_sequential(
+            loaded, plan, campaign, lambda p: make_progress(p, quiet=quiet, out=out), out
+        )
+    else:
+        with make_progress(plan, quiet=quiet, out=out) as progress:
+            outcome = FleetRunner(loaded, plan, campaign, progress).execute()
+    if not outcome.interrupted:
+        release_cache(loaded, campaign.root)
+    return outcome
+
+
+def run_campaign(
+    card: Path | str,
+    *,
+    reports: Path | str = "reports",
+    scale: float = 1.0,
+    out: TextIO | None = None,
+) -> CampaignOutcome:
+    """Run the card at ``card`` as a new campaign under ``reports`` and return how its runs went
+    (``outcome.directory`` is the campaign directory to analyse). ``scale`` scales every phase's
+    requests and duration, as ``harness run --scale`` does. Progress lines go to ``out``."""
+    from harness.card import load_card, scale_workload
+    from harness.formats.lock import campaign_lock
+    from harness.plan.build import build_plan
+
+    loaded = scale_workload(load_card(Path(card)), scale)
+    plan = build_plan(loaded, scale=scale)
+    campaign = new_campaign_dir(loaded, plan, Path(reports))
+    with campaign_lock(campaign.root):
+        return execute_campaign(loaded, plan, campaign, quiet=True, out=out or io.StringIO())

@@ -1,0 +1,86 @@
+"""``harness validate`` and ``harness plan``: a card (or a profile, or boxes.yaml) checked, and its
+ordered runs printed, without touching a box."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from harness.errors import EXIT_OK, HarnessError
+
+__all__ = ["register"]
+
+
+def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_boxes_file, load_card
+    from harness.card.resolve import load_runtime_profile
+    from harness.plan.build import build_plan
+
+    failed: list[HarnessError] = []
+    for path in args.cards:
+        if Path(path).name == "boxes.yaml":
+            try:
+                boxes = load_boxes_file(Path(path))
+            except HarnessError as problem:
+                failed.append(problem)
+                continue
+            out.write(f"ok: {path} ({len(boxes)} boxes)\n")
+            continue
+        if Path(path).parent.name == "runtimes":
+            try:
+                profile = load_runtime_profile(Path(path))
+            except HarnessError as problem:
+                failed.append(problem)
+                continue
+            driver = "command driver" if profile.driver is not None else "HTTP"
+            counters = sum(len(c.counters()) for c in profile.telemetry.log_counters)
+            out.write(
+                f"ok: {path} (runtime {profile.name}, {driver}, {len(profile.knobs)} knobs, "
+                f"{counters} log counters)\n"
+            )
+            continue
+        try:
+            loaded = load_card(Path(path))
+        except HarnessError as problem:
+            failed.append(problem)
+            continue
+        plan = build_plan(loaded)
+        cells = len(loaded.card.cells)
+        out.write(f"ok: {path} ({cells} cells, {len(plan.runs)} runs)\n")
+    if failed:
+        # Every card's problems, not only the first card's: the last is raised for its exit code.
+        for earlier in failed[:-1]:
+            with contextlib.suppress(OSError):
+                sys.stderr.writelines(f"{line}\n" for line in earlier.lines())
+        raise failed[-1]
+    return EXIT_OK
+
+
+def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.card import load_card
+    from harness.plan.build import build_plan, plan_json_text
+    from harness.report.terminal import print_plan
+
+    plan = build_plan(load_card(Path(args.card)))
+    if args.json:
+        out.write(plan_json_text(plan) + "\n")
+    else:
+        print_plan(plan, out)
+    return EXIT_OK
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``validate`` and ``plan`` to the CLI's subparsers."""
+    validate = verbs.add_parser(
+        "validate", help="check cards (or runtimes/*.yaml, boxes.yaml) without touching a box"
+    )
+    validate.add_argument("cards", nargs="+", metavar="CARD")
+    validate.set_defaults(handler=_cmd_validate)
+
+    plan = verbs.add_parser("plan", help="print the ordered runs of a card")
+    plan.add_argument("card", metavar="CARD")
+    plan.add_argument("--json", action="store_true", help="machine-readable plan")
+    plan.set_defaults(handler=_cmd_plan)

@@ -1,0 +1,163 @@
+"""What the verbs print in a terminal: the plan, the comparisons, the verdict, two campaigns.
+
+Tables are drawn by ``rich`` at a fixed width so the printed text is the same on any terminal
+(the golden files in ``tests/golden/`` hold it). Every string that came from a card, a profile
+or a runtime goes through :func:`~harness.formats.termtext.shown` first: data is shown, never
+read as markup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from harness.formats.termtext import shown
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
+    from harness.gate.evaluate import Verdict
+    from harness.plan.build import Plan
+
+__all__ = [
+    "format_duration",
+    "note_unsealed",
+    "print_campaigns",
+    "print_comparisons",
+    "print_plan",
+    "print_verdict",
+]
+
+FAIL = "[bold red]FAIL[/bold red]"
+
+
+def format_duration(seconds: float) -> str:
+    """``1h05m`` past an hour, else ``4m07s``."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _console(out: TextIO, width: int) -> Any:
+    from rich.console import Console
+
+    return Console(file=out, width=width, highlight=False)
+
+
+def print_plan(plan: Plan, out: TextIO) -> None:
+    """The ordered runs of a plan, and what the whole campaign is estimated to take."""
+    from rich.table import Table
+
+    card = plan.card.card
+    table = Table(title=f"{shown(card.campaign)}: {len(plan.runs)} runs", title_justify="left")
+    for column in ("#", "run id", "cell", "cycle", "pattern", "slot", "arm", "cache", "box"):
+        table.add_column(column)
+    for run in plan.runs:
+        table.add_row(
+            str(run.index),
+            shown(run.run_id),
+            shown(run.cell),
+            str(run.cycle),
+            run.pattern,
+            str(run.slot),
+            run.arm,
+            run.cache_state,
+            shown(run.box),
+        )
+    console = _console(out, 120)
+    console.print(table)
+    console.print(
+        f"estimated: {format_duration(plan.estimated_run_s())} per run, "
+        f"{format_duration(plan.estimated_total_s())} in all "
+        f"(boot {plan.card.runtime.expected_boot_s:g} s and "
+        f"{plan.card.runtime.expected_tok_s:g} tok/s assumed by runtime "
+        f"{shown(repr(plan.card.runtime.name))})"
+    )
+
+
+def print_verdict(verdict: Verdict, out: TextIO) -> None:
+    """One row per gate: pass or FAIL and why; a campaign with missing runs says so last."""
+    from rich.table import Table
+
+    from harness.gate.evaluate import incomplete_text
+
+    table = Table(title=f"verdict: {'PASS' if verdict.passed else 'FAIL'}", title_justify="left")
+    table.add_column("gate")
+    table.add_column("result")
+    table.add_column("reason", overflow="fold")
+    for gate in verdict.gates:
+        mark = "[green]pass[/green]" if gate.passed else FAIL
+        table.add_row(shown(gate.name), mark, shown(gate.reason))
+    if not verdict.gates:
+        table.add_row("(none)", FAIL, "the card declares no gates")
+    if verdict.incomplete_runs:
+        table.add_row("(campaign) runs complete", FAIL, shown(incomplete_text(verdict)))
+    _console(out, 140).print(table)
+
+
+def _interval(row: Any) -> str:
+    if row["ci_low"] is None or row["ci_high"] is None:
+        return "no interval"
+    return f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def print_comparisons(analysis: CampaignAnalysis, folder: Path, out: TextIO) -> None:
+    """Every cell against the control, the analysis's flags and warnings, where tables went."""
+    from rich.table import Table
+
+    console = _console(out, 140)
+    table = Table(title="comparisons (cell / control)", title_justify="left")
+    for column in ("cell", "state", "metric", "ratio", "95% CI", "label", "cycles"):
+        table.add_column(column)
+    for row in analysis.comparison_table().to_dict("records"):
+        table.add_row(
+            shown(row["cell"]),
+            str(row["cache_state"]),
+            shown(row["metric"]),
+            f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
+            shown(_interval(row)),
+            str(row["label"]),
+            str(row["n_cycles"]),
+        )
+    console.print(table)
+    for flag in analysis.flags:
+        console.print(shown(f"{flag['kind']}: {flag['cell']} {flag['metric']}: {flag['detail']}"))
+    for warning in analysis.warnings:
+        console.print(f"warning: {shown(warning)}")
+    console.print(f"tables written to {shown(folder)}")
+
+
+def print_campaigns(
+    a: CampaignAnalysis, b: CampaignAnalysis, rows: list[dict[str, Any]], out: TextIO
+) -> None:
+    """Two campaigns of one card side by side (``harness compare``): B against A per row."""
+    from rich.table import Table
+
+    table = Table(
+        title=shown(f"{a.card.campaign}: {b.campaign.root.name} (B) vs {a.campaign.root.name} (A)"),
+        title_justify="left",
+    )
+    for column in ("cell", "state", "metric", "A", "B", "B/A", "95% CI", "label", "in A", "in B"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            shown(row["cell"]), row["cache_state"], shown(row["metric"]),
+            f"{row['a_value']:.4g}", f"{row['b_value']:.4g}", f"{row['ratio']:.3f}",
+            shown(_interval(row)), row["label"], str(row["a_label"] or "-"),
+            str(row["b_label"] or "-"),
+        )  # fmt: skip
+    console = _console(out, 160)
+    console.print(table)
+    if rows and rows[0]["cross_box"]:
+        console.print("warning: the campaigns ran on different boxes (--cross-box)")
+
+
+def note_unsealed(analysis: CampaignAnalysis) -> None:
+    """Say on stderr (stdout may be JSON) that an older directory's records were unverified."""
+    if not analysis.sealed:
+        with contextlib.suppress(OSError):
+            sys.stderr.write(
+                f"note: {analysis.campaign.root} is not sealed from its start (made before "
+                "campaign directories were): what it held before was read unverified\n"
+            )

@@ -1,0 +1,86 @@
+"""What the verbs print, pinned whole: ``plan``, ``analyze``, ``gate`` and ``compare`` in a
+terminal, the ``record.md`` a campaign leaves, and every invalid card's message.
+
+The campaign is the fixed demo-shaped record (``tests/data/campaigns/demo-shaped``), so a change
+to any table, label or wording shows up as a diff of its golden file (:mod:`tests.golden`).
+Paths that depend on where the test runs are written as ``DIR`` and ``DATA``, and the time a
+record was written as ``TIME``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA, REPO, run_cli
+from tests.golden import assert_golden
+
+RECORDS = DATA / "campaigns" / "demo-shaped"
+INVALID = sorted((DATA / "cards" / "invalid").glob("*.yaml"))
+
+
+def _copy(tmp_path: Path, name: str = "20261201T100919Z") -> Path:
+    root = tmp_path / "demo" / name
+    shutil.copytree(RECORDS, root, ignore=shutil.ignore_patterns("README.md"))
+    return root
+
+
+def _relative(text: str, **paths: Path) -> str:
+    for label, path in paths.items():
+        text = text.replace(str(path), label)
+    return text
+
+
+def test_plan_prints_the_ordered_runs_and_the_estimate() -> None:
+    result = run_cli("plan", "campaigns/demo.yaml")
+    assert result.code == 0, result.stderr
+    assert_golden("plan.demo.txt", result.stdout)
+
+
+def test_analyze_prints_every_comparison(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    result = run_cli("analyze", str(root))
+    assert result.code == 0, result.stderr
+    assert_golden("analyze.demo-shaped.txt", _relative(result.stdout, DIR=root))
+
+
+def test_gate_prints_the_verdict_and_the_record_matches(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    result = run_cli("gate", str(root))
+    assert result.code in (0, 1), result.stderr
+    assert_golden("gate.demo-shaped.txt", _relative(result.stdout, DIR=root))
+    record = (root / "record.md").read_text(encoding="utf-8")
+    # The record is dated when it is written; everything else in it comes from the records.
+    record = re.sub(r"recorded \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "recorded TIME", record)
+    assert_golden("record.demo-shaped.md", record)
+
+
+def test_compare_prints_two_builds_side_by_side(tmp_path: Path) -> None:
+    a, b = _copy(tmp_path, "20261201T100919Z"), _copy(tmp_path, "20261201T120000Z")
+    result = run_cli("compare", str(a), str(b))
+    assert result.code == 0, result.stderr
+    assert_golden("compare.demo-shaped.txt", _relative(result.stdout, DIR_A=a, DIR_B=b))
+
+
+@pytest.mark.parametrize("card", INVALID, ids=[p.stem for p in INVALID])
+def test_every_invalid_card_says_where_and_how_to_fix_it(card: Path) -> None:
+    result = run_cli("validate", str(card))
+    assert result.code == 2 and result.stdout == ""
+    assert "Traceback" not in result.stderr
+    _MESSAGES[card.stem] = _relative(result.stderr, DATA=DATA, REPO=REPO)
+
+
+_MESSAGES: dict[str, str] = {}
+
+
+def test_the_invalid_cards_messages_are_pinned() -> None:
+    # After the parametrized test above (pytest keeps file order): one file holds them all.
+    if len(_MESSAGES) != len(INVALID):
+        for card in INVALID:
+            result = run_cli("validate", str(card))
+            _MESSAGES[card.stem] = _relative(result.stderr, DATA=DATA, REPO=REPO)
+    text = "".join(f"== {name}.yaml\n{_MESSAGES[name]}\n" for name in sorted(_MESSAGES))
+    assert_golden("validate.invalid-cards.txt", text)

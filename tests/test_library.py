@@ -1,0 +1,52 @@
+"""The library API (``harness.load_card`` … ``harness.render_report``): the CLI's pipeline, one
+call per stage, for scripts and notebooks. ``run_campaign`` is exercised by the tiny report
+campaign every report test shares (:func:`tests.test_report.make_tiny_campaign`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import harness
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_SHAPED = REPO / "tests" / "data" / "campaigns" / "demo-shaped"
+
+
+def test_import_harness_loads_no_stage() -> None:
+    probe = (
+        "import sys, harness\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('harness.', 'pydantic', 'numpy'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_card_is_planned_without_a_box() -> None:
+    loaded = harness.load_card(REPO / "campaigns" / "demo.yaml")
+    plan = harness.build_plan(loaded)
+    assert plan.runs and {run.cell for run in plan.runs} == set(loaded.card.cells)
+
+
+def test_a_finished_campaign_is_analysed_gated_and_rendered(tmp_path: Path) -> None:
+    root = tmp_path / "demo-shaped"
+    shutil.copytree(DEMO_SHAPED, root)
+    analysis = harness.analyze_campaign(root)
+    verdict = harness.evaluate_gates(analysis)
+    page = harness.render_report(root, analysis, verdict, figures=False)
+    assert page == root / "report.html" and (root / "record.md").is_file()
+    assert verdict.exit_code() in (0, 1)
+    assert len(verdict.gates) == len(analysis.card.gates)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    try:
+        harness.no_such_stage  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_stage" in str(exc)
+    else:
+        raise AssertionError("harness.no_such_stage resolved")
