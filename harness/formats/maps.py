@@ -21,13 +21,14 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import MapError
 from harness.formats.textfile import parse_json, read_text
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "HOTLIST_MAGIC",
@@ -298,6 +299,8 @@ def write_hotlist(
 
 def read_count_snapshot(path: str | os.PathLike[str]) -> CountDump:
     """Read a route-count dump with its time (per-phase counts are differences of two)."""
+    import numpy as np  # here, so reading a map (as validate does) needs no numpy
+
     name = os.fspath(path)
     document = _load_json(name)
     table = _layer_table(name, document)
@@ -322,6 +325,8 @@ def read_count_dump(path: str | os.PathLike[str]) -> npt.NDArray[np.int64]:
 
 def write_count_dump(path: str | os.PathLike[str], counts: npt.ArrayLike, time_s: float) -> None:
     """Write a route-count dump atomically (temp file + ``os.replace``), as the lane does."""
+    import numpy as np
+
     table = np.asarray(counts)
     if table.ndim != 2 or table.size == 0 or (table < 0).any():
         raise MapError(
@@ -336,6 +341,8 @@ def write_count_dump(path: str | os.PathLike[str], counts: npt.ArrayLike, time_s
 
 def fit_rowmap(counts: npt.ArrayLike, hot_slots: int) -> list[list[int]]:
     """Top ``hot_slots`` experts of each layer by count (ties: lower id), ids ascending."""
+    import numpy as np
+
     table = np.asarray(counts)
     if table.ndim != 2 or not 0 <= hot_slots <= table.shape[1]:
         raise MapError(
@@ -353,6 +360,8 @@ def fit_hotlist(counts: npt.ArrayLike, records: int) -> list[HotlistEntry]:
     weight = the pair's share of its layer's selections. Zero counts are never listed; ties go
     to the higher weight, then the lower (layer, expert).
     """
+    import numpy as np
+
     table = np.asarray(counts, dtype=np.int64)
     if table.ndim != 2 or records < 0:
         raise MapError(

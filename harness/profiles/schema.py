@@ -38,7 +38,7 @@ class Strict(BaseModel):
     """Base of every user-facing model: unknown keys are errors, not silently ignored, and no
     number is NaN or infinite (a bound of `.nan` would let every value pass)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 class BoxSpec(Strict):
