@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.boxes.boxes import SshBox
+from harness.boxes.ssh import SshBox
 
 STREAMING = """
 import asyncio, json, sys

@@ -22,7 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.boxes.boxes import Box, CommandResult, LocalBox, SshBox, shell_command
+from harness.boxes.base import Box, CommandResult, shell_command
+from harness.boxes.local import LocalBox
+from harness.boxes.ssh import SshBox
 from harness.errors import BoxError
 from harness.execute.preflight import check_box
 from harness.profiles.schema import BoxSpec

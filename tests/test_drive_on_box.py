@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.boxes.boxes import SshBox
+from harness.boxes.ssh import SshBox
 from harness.card import load_card, load_runtime_profile
 from harness.drive.client import DriveSpec, PhasePlan, RequestResult, RuntimeHung, WorkItem
 from harness.drive.remote import BoxDriver, prepare_drive

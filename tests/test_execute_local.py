@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.boxes.boxes import Box, LocalBox, shell_command
+from harness.boxes.base import Box, shell_command
+from harness.boxes.local import LocalBox
 from harness.card import load_card
 from harness.execute.campaign import new_campaign_dir
 from harness.execute.run import CampaignRunner

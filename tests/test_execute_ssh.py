@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from harness.boxes.boxes import SshBox
+from harness.boxes.ssh import SshBox
 from harness.card import load_card, load_runtime_profile
 from harness.execute.campaign import new_campaign_dir
 from harness.execute.preflight import check_box

@@ -23,7 +23,7 @@ import pytest
 from scipy import stats
 
 from harness.analyze.fleet import interaction_p, welch_anova_p
-from harness.boxes.boxes import LocalBox
+from harness.boxes.local import LocalBox
 from harness.card import load_card
 from harness.errors import CardError
 from harness.execute.fleet import deal_shares

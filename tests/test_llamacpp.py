@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.boxes.boxes import LocalBox
+from harness.boxes.local import LocalBox
 from harness.card import load_card
 from harness.errors import BadInput, TraceError
 from harness.profiles.schema import BoxSpec

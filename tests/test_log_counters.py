@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.boxes.boxes import LocalBox
+from harness.boxes.local import LocalBox
 from harness.card import Cell
 from harness.card.resolve import load_runtime_profile
 from harness.errors import RecordError

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.boxes.boxes import LocalBox
 from harness.boxes.interrupts import Interrupted, interrupt_worker
+from harness.boxes.local import LocalBox
 from harness.card import LoadedCard, load_boxes_file, load_card
 from harness.execute.campaign import new_campaign_dir
 from harness.execute.cohorts import CohortBook

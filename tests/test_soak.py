@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.analyze.metrics import RSS_MIN_SAMPLES, rss_growth_pct, rss_metrics, run_metrics
-from harness.boxes.boxes import LocalBox
+from harness.boxes.local import LocalBox
 from harness.card import load_card
 from harness.drive.client import PhasePlan
 from harness.execute.campaign import new_campaign_dir

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.boxes.boxes import SshBox
+from harness.boxes.ssh import SshBox
 from harness.drive.client import DriveSpec, PhasePlan, RuntimeHung, WorkItem, drive
 from harness.errors import BoxError
 from harness.profiles.schema import BoxSpec

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from harness.analyze.metrics import prometheus_sum
 from harness.benchmarks import Figure
-from harness.boxes.boxes import LocalBox
+from harness.boxes.local import LocalBox
 from harness.card import Cell
 from harness.card.resolve import find_runtime_profile, load_runtime_profile
 from harness.card.schema import KnobValue

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.boxes.boxes import Box, open_box, quote_path
+from harness.boxes.base import Box, quote_path
+from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
 from harness.errors import BoxError
 

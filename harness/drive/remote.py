@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.boxes.boxes import Box, SshBox, shell_command
+from harness.boxes.base import Box, shell_command
+from harness.boxes.ssh import SshBox
 from harness.drive.client import DriveSpec, PhasePlan, RequestResult, RuntimeHung
 from harness.errors import BoxError, RuntimeBootError
 from harness.profiles.schema import RuntimeProfile

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.boxes.boxes import Box, open_box
+from harness.boxes.base import Box
+from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
 from harness.errors import InfrastructureError
 from harness.execute.cohorts import CohortBook

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.boxes.boxes import Box
+from harness.boxes.base import Box
 from harness.card.schema import Guards
 from harness.errors import HarnessError
 from harness.formats.textfile import compile_pattern

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import __version__
-from harness.boxes.boxes import Box, SshBox, open_box, quote_path, shell_command
+from harness.boxes.base import Box, quote_path, shell_command
+from harness.boxes.boxes import open_box
 from harness.boxes.checks import MIN_PYTHON, Check, uses_python
+from harness.boxes.ssh import SshBox
 from harness.drive.remote import ship_driver
 from harness.errors import BoxError, KnobError
 from harness.profiles.schema import BoxSpec, RuntimeProfile

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.boxes.boxes import Box, open_box
+from harness.boxes.base import Box
+from harness.boxes.boxes import open_box
 from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
 from harness.boxes.interrupts import deferred, describe, exit_code
 from harness.card import Cell, LoadedCard

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.boxes.boxes import Box, LocalBox, shell_command
+from harness.boxes.base import Box, shell_command
+from harness.boxes.local import LocalBox
 from harness.errors import BoxError, HarnessError, RingError
 from harness.formats.records import read_parquet, write_parquet
 

@@ -3,7 +3,7 @@
 A profile's templates may use ``{port}``, ``{run_dir}``, ``{python}``, ``{bind_host}`` and
 ``{files.NAME}`` (the path of an uploaded knob file). Cell knobs reach the runtime as env, flags or
 live knobs exactly as the profile declares; every value is passed literally (quoting is the box's
-job, done once in :func:`harness.boxes.boxes.shell_command`).
+job, done once in :func:`harness.boxes.base.shell_command`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.boxes.boxes import Box, quote_path, shell_command
+from harness.boxes.base import Box, quote_path, shell_command
 from harness.boxes.interrupts import deferred
 from harness.boxes.tunnel import refusal
 from harness.card import Cell, KnobValue

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.boxes.boxes import Box
+from harness.boxes.base import Box
 from harness.errors import InfrastructureError
 from harness.formats.records import Journal
 from harness.profiles.schema import RuntimeProfile

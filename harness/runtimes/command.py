@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.boxes.boxes import Box, quote_path
+from harness.boxes.base import Box, quote_path
 from harness.boxes.interrupts import deferred
 from harness.errors import RecordError, RuntimeBootError
 from harness.formats.bench_table import map_result_rows, parse_result_rows

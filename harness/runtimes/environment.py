@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from harness import __version__
-from harness.boxes.boxes import Box, SshBox, quote_path
+from harness.boxes.base import Box, quote_path
+from harness.boxes.ssh import SshBox
 from harness.card import LoadedCard
 from harness.errors import BoxError
 from harness.runtimes.boot import runtime_version

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from harness.boxes.boxes import Box
+from harness.boxes.base import Box
 from harness.errors import HarnessError
 from harness.formats.records import Journal
 

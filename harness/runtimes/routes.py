@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.boxes.boxes import Box
+from harness.boxes.base import Box
 from harness.errors import InfrastructureError, MapError
 from harness.formats.maps import CountDump, read_count_snapshot, write_count_dump
 from harness.profiles.schema import CountDumpSpec
