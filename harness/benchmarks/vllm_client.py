@@ -14,27 +14,10 @@ A ratio is undecidable, not missed, when either client moved more than its targe
 
 Definitions are the same on both sides, which is why they can agree: TTFT = first streamed
 chunk with a choice − send time; E2EL = last such chunk − send time; n = ``usage``'s
-completion tokens; TPOT = (E2EL − TTFT)/(n − 1), per request. What still differs: vLLM's client
-counts a chunk whose text is empty (a special token) as the first token, ours waits for content;
-its send time is taken before its rate limiter's bookkeeping, ours inside our concurrency
-limiter; its aiohttp session trusts the environment (proxy and netrc lookups per request,
-measured ~1 ms of TTFT at C1 on ours), ours does not; and at C4 each tool's own event loop
-decides which of four simultaneous chunks it reads first. Measured here: without the warm-ups
-the server's first requests of each run were slow enough to move one client's run-to-run
-medians 12–19 %; with them each tool stayed within 1–3 % of itself on a quiet day (on a
-noisy one our driver's runs three apart moved up to 16 %). A median over one run of 8
-requests at C4 falls between two waves of 4, so ``--quick`` figures at C4 are rough.
-
-Where a TTFT difference lives is measured too: vLLM's own TTFT histogram
+completion tokens; TPOT = (E2EL − TTFT)/(n − 1), per request. vLLM's TTFT histogram
 (``vllm:time_to_first_token_seconds``), scraped before and after every run, gives the server's
-mean TTFT while each client ran, and so what each client adds above it. At C1 here our driver
-reads ~10 % lower than vLLM's client, and both halves of it showed up there: vLLM's client adds
-~2.5 ms more above the server (our driver given its choices, a ``trust_env`` session and its
-request body, added 2.0 ms), and the server itself answers ~1.6 ms slower while ``vllm bench
-serve`` runs. That second part is not its body or session (our driver with them left the server
-as fast); its heavier process on the two shared cores or its ``x-request-id`` header are what
-remain, not told apart; that half is within this machine's noise (a one-round run had the
-server faster during vLLM's runs), the client half held in every run.
+mean TTFT while each client ran, and so what each client adds above it. What still differs
+between the clients, and the figures measured, are in docs/benchmarks.md.
 One ``--save-result`` JSON is kept (``tests/data/vllm/``) for the importer of such results.
 """
 

@@ -5,13 +5,15 @@ before → drive → counters after → collect ring/log → stop (verify the pr
 write the records → journal ``run_done``. A run that fails is recorded with its reason and log tail
 and the campaign goes on; a hung runtime fails its run after one request timeout
 (:class:`~harness.drive.client.RuntimeHung`), and a retry boots afresh. Ctrl-C, SIGTERM or SIGHUP
-(:mod:`.interrupts`) stops the runtime, marks the run interrupted and leaves a campaign that
-``harness run --resume DIR`` continues.
+(:mod:`harness.boxes.interrupts`) stops the runtime, marks the run interrupted and leaves a
+campaign that ``harness run --resume DIR`` continues.
 
-What a run sends (:mod:`.workload`), the tables it leaves (:mod:`.frames`), checkpoints and
-orphans (:mod:`.resume`) and the box capture (:mod:`.environment`) live beside this module. It
-stays past ~500 lines because what is left is one job: the lifecycle above, whose steps share one
-boot's state (``BootState``) and are the methods ``harness bench overhead`` times one by one.
+What a run sends (:mod:`harness.drive.workload`), what it writes (:mod:`.run_records`), the
+guard steps (:mod:`.guard_steps`), checkpoints (:mod:`.resume`) and a campaign as a whole
+(:mod:`.campaign`) live beside this module. What is left here is the lifecycle above as one
+class: its steps share one boot's state (:class:`~.run_records.BootState`) and the runner's
+box, and a checkpointed run loops over them per segment (``_drive_segments``), so splitting the
+steps apart would pass that state through every call.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ Two policies:
 Order is total everywhere, so ties can never depend on hash or sort stability: an expert is
 *stronger* than another when its count is higher, or equal with a lower expert id.
 
-The module stays whole, a little over 500 lines: both policies are its one job, decisions the
-runtime makes and the simulator must repeat exactly, under the one contract above (and the same
-argument checks), and each is a single class that a file of its own would not make clearer.
+Both policies live in one module because they share that contract and its argument checks,
+and because this module and :mod:`.kernels` are all the reference runtime and the replays import
+of each other: what decides a swap is in one place.
 """
 
 from __future__ import annotations
