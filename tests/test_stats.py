@@ -23,16 +23,10 @@ from harness.analyze.cycles import (
     raw_effect,
 )
 from harness.analyze.drift import FLAG_ALPHA
+from harness.analyze.intervals import holm, t_interval, wilcoxon_p
 from harness.analyze.power import cycles_needed, cycles_to_decide
 from harness.analyze.sequential import SequentialPlan
-from harness.analyze.stats import (
-    Comparison,
-    balanced_effect,
-    compare_cycles,
-    holm,
-    t_interval,
-    wilcoxon_p,
-)
+from harness.analyze.stats import Comparison, balanced_effect, compare_cycles
 from harness.errors import BadInput
 
 SEED_004 = (160.0, 141.0, 122.0, 103.0)  # A1, B1, B2, A2 prefill t/s: pure drift, no effect
