@@ -30,6 +30,7 @@ from harness.errors import (
     BadInput,
     HarnessError,
 )
+from harness.ds4.commands import register as register_ds4
 from harness.execute.commands import register as register_execute
 from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.history.commands import register as register_history
@@ -462,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_sim(verbs)
     register_llamacpp(verbs)
     register_vllm(verbs)
+    register_ds4(verbs)
     register_report(verbs)
     register_import(verbs)
     register_history(verbs)
