@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO, cast
 
 from harness import __version__
 from harness.benchmarks.commands import register as register_bench
+from harness.ds4.commands import register as register_ds4
 from harness.errors import (
     EXIT_GATE_FAILED,
     EXIT_INFRASTRUCTURE,
@@ -30,7 +31,6 @@ from harness.errors import (
     BadInput,
     HarnessError,
 )
-from harness.ds4.commands import register as register_ds4
 from harness.execute.commands import register as register_execute
 from harness.execute.interrupts import describe, exit_code, stop_signals
 from harness.history.commands import register as register_history
