@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Collection
@@ -32,6 +33,12 @@ from harness.analyze.logit_parity import LOGITS_DIR
 from harness.card import Cell, LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.errors import HarnessError, InfrastructureError, RecordError
+from harness.execute.applied_policy import (
+    add_exit_counters,
+    applied_problems,
+    exit_specs,
+    live_specs,
+)
 from harness.execute.box_cache import cache_dir_on_box, campaign_root_on_box
 from harness.execute.boxes import Box, open_box
 from harness.execute.cohorts import CohortBook
@@ -140,8 +147,9 @@ def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
 def _with_log(
     counters: dict[str, Any] | None, runtime: RunningRuntime, *, start: bool = False
 ) -> dict[str, Any] | None:
-    # The profile's log counters, snapshotted from the server log beside the HTTP counters.
-    specs = runtime.profile.telemetry.log_counters
+    # The profile's live log counters, snapshotted from the server log beside the HTTP counters
+    # (those printed only at exit are read after the stop: see _read_exit_counters).
+    specs = live_specs(runtime.profile.telemetry.log_counters)
     if not specs:
         return counters
     text = runtime.box.read_text(runtime.spec.log_path)
@@ -680,6 +688,7 @@ class CampaignRunner(GuardSteps):
             gone = runtime.stop()
             if gone:
                 self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=runtime.pgid)
+                self._read_exit_counters(local_dir, runtime)
             record.runtime["boot_s"] = round(runtime.boot_s, 3)
             if not gone:
                 record.status = RUN_FAILED
@@ -688,6 +697,7 @@ class CampaignRunner(GuardSteps):
                 )
         try:
             self._collect(local_dir, state, record)
+            self._check_applied(local_dir, record)
         except (HarnessError, OSError) as exc:
             if record.status == RUN_OK:
                 record.status = RUN_FAILED
@@ -815,6 +825,29 @@ class CampaignRunner(GuardSteps):
                 mark_first=mark_first,
             )
         )
+
+    def _read_exit_counters(self, local_dir: Path, runtime: RunningRuntime) -> None:
+        """Counters the runtime prints only as it exits, read from its log after the stop."""
+        specs = self.loaded.runtime.telemetry.log_counters
+        path = local_dir / "counters.json"
+        if not exit_specs(specs) or not path.is_file() or self.loaded.runtime.driver is not None:
+            return  # a command's counters are all read after it exited (_run_command)
+        text = self.box.read_text(runtime.spec.log_path)
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        payload = add_exit_counters(payload, specs, text, where=runtime.spec.log_path)
+        write_json_atomic(path, payload)
+
+    def _check_applied(self, local_dir: Path, record: RunRecord) -> None:
+        """Fail an ok run whose log says the runtime applied something else than its knobs."""
+        checks = self.loaded.runtime.telemetry.applied
+        log = local_dir / "server.log"
+        if not checks or record.status != RUN_OK or not log.is_file():
+            return
+        text = log.read_text(encoding="utf-8", errors="replace")
+        problems = applied_problems(checks, record.knobs, text, where=str(log))
+        if problems:
+            record.status = RUN_FAILED
+            record.reason = "; ".join(problems)
 
     def _write_counters(
         self,
