@@ -342,7 +342,7 @@ def test_ds4_bench_frontiers_csv_logits_and_parity(bench: tuple[Path, str]) -> N
         record = json.loads((run / "run.json").read_text())
         assert record["status"] == "ok", record["reason"]
     frame = pd.read_parquet(runs["ctrl"] / "bench.parquet")
-    assert frame["ctx_tokens"].tolist() == [2, 3]  # two frontiers, one row each
+    assert frame["tier"].tolist() == ["2", "3"]  # two frontiers (ctx_tokens), one row each
     assert (frame["decode_tok_s"] > 0).all() and (frame["ttft_ms"] > 0).all()
     assert "expert_loads" not in frame and "bytes_read" not in frame  # CPU zeros: not measured
     header = (runs["ctrl"] / "result.csv").read_text().splitlines()[0].split(",")
@@ -383,7 +383,7 @@ def test_ds4_bench_csv_imports(bench: tuple[Path, str], tmp_path: Path) -> None:
         "campaign: ds4-imported\nbox: local\ncontrol: ctrl\n"
         r"pattern: '(?P<cell>ctrl|same)-c(?P<cycle>\d+)-s(?P<slot>\d)\.csv'"
         "\n"
-        "select: {ctx_tokens: 3}\ngates: [{kind: exact_outputs, min_match: all}]\n",
+        "select: {ctx_tokens: 3}\ngates: [{kind: better, metric: decode_tok_s}]\n",
         encoding="utf-8",
     )
     files = sorted(str(p) for p in folder.iterdir())
@@ -392,6 +392,84 @@ def test_ds4_bench_csv_imports(bench: tuple[Path, str], tmp_path: Path) -> None:
     assert result.code == 0, result.stdout + result.stderr
     written = pd.read_csv(runs["ctrl"] / "result.csv")
     speed = float(written.loc[written["ctx_tokens"] == 3, "gen_tps"].iloc[0])
-    assert f"{speed:g}" in json.dumps(
-        [json.loads(p.read_text()) for p in out.rglob("run.json")]
-    ) or any(out.rglob("*.parquet"))
+    (record,) = [json.loads(p.read_text()) for p in out.glob("runs/0000-*/imported.json")]
+    assert record["format"] == "ds4" and record["identity"]["columns"] == 39
+    assert record["identity"]["ctx_tokens"] == ["3"]
+    assert record["metrics"]["decode_tok_s"] == speed and record["fields"]["ttft_ms"] == "ttft_ms"
+    assert "hit_rate" not in record["metrics"]  # the CPU build prints 0: no geomean, not kept
+
+
+# ---- the runner's side of the Metal-only lines (slow) ----------------------------------------
+
+# The reference runtime stands in for ds4-server on Metal, which cannot run here: a shell wrapper
+# prints ds4's applied-policy line at boot (as a build that ignores the priority knob would: it
+# always says adaptive) and ds4's cache line when the runner's SIGTERM stops it, as later builds
+# print it at cleanup. The lines are ds4's format strings (SEED_LINE, CACHE_LINE above).
+WRAPPER = (
+    'echo "$SEED" >&2; "$0" -m harness.refbox serve "$@" & pid=$!; '
+    "trap 'kill -TERM $pid; wait $pid; echo \"$CACHE\" >&2; exit 0' TERM; wait $pid"
+)
+
+METAL_STAND_IN = f"""
+campaign: ds4-metal-lines
+box: local
+runtime:
+  name: ds4-metal-stand-in
+  boot:
+    command: [sh, -c, {json.dumps(WRAPPER)}, "{{python}}", --host, "{{bind_host}}",
+              --port, "{{port}}"]
+    env:
+      SEED: {json.dumps(SEED_LINE.format(source="built-in-flash", priority="adaptive:1"))}
+      CACHE: {json.dumps(CACHE_LINE)}
+  ready: {{http: {{path: /health, status: 200}}, timeout_s: 60, interval_s: 0.05}}
+  api: {{flavour: completions, streaming: true, model: refbox}}
+  stop: {{signal: TERM, grace_s: 15}}
+  telemetry:
+    log_counters:
+      - pattern: 'streaming expert cache budget=.*\\bhits=(?P<hits>\\d+) misses=(?P<misses>\\d+) '
+        at: exit
+    applied:
+      - knob: hotlist_priority
+        pattern: 'hotlist seed source=\\S+ .*\\bpriority=(?P<applied>[a-z]+:\\d+)'
+        expect: {{legacy: "legacy:0", adaptive: "adaptive:1"}}
+  knobs:
+    hotlist_priority:
+      env: DS4_METAL_STREAMING_EXPERT_HOTLIST_PRIORITY
+      choices: [legacy, adaptive]
+prompts:
+  pools: [prompts/mixed.jsonl]
+workload:
+  max_tokens: 4
+  warmup_requests: 0
+  phases:
+    - {{name: a, domains: [en-prose], requests: 1}}
+cells:
+  legacy: {{knobs: {{hotlist_priority: legacy}}}}
+  adaptive: {{knobs: {{hotlist_priority: adaptive}}}}
+control: legacy
+design: {{order: abba, cycles: 1, cache_states: [warm]}}
+guards: {{enabled: false}}
+"""
+
+
+@pytest.mark.slow
+def test_runner_reads_exit_counters_and_fails_a_run_that_applied_another_policy(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(REPO / "campaigns" / "prompts", tmp_path / "prompts")
+    card = tmp_path / "card.yaml"
+    card.write_text(METAL_STAND_IN, encoding="utf-8")
+    result = run_cli("run", str(card), "--reports", str(tmp_path / "r"), "--quiet", timeout_s=300)
+    assert "runs: 2 done, 2 failed" in result.stdout, result.stdout + result.stderr
+    for run in sorted((tmp_path / "r").glob("*/*/runs/*")):
+        record = json.loads((run / "run.json").read_text())
+        counters = json.loads((run / "counters.json").read_text())
+        if "-legacy-" in run.name:
+            assert record["status"] == "failed"
+            assert "hotlist_priority=legacy expects 'legacy:0'" in record["reason"]
+            assert "applied 'adaptive:1'" in record["reason"]
+        else:
+            assert record["status"] == "ok", record["reason"]
+        # Printed at the SIGTERM, after the workload: read after the stop, from 0 at the boot.
+        assert counters["delta"]["hits"] == 900 and counters["delta"]["misses"] == 100
+        assert counters["before"]["hits"] == 0 and counters["missing"] == {}
