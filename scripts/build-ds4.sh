@@ -46,7 +46,7 @@ src="$dir/src"
 rm -rf "$src"
 mkdir -p "$src"
 tar -xzf "$tarball" -C "$src"
-echo "build-ds4: building ${targets[*]} (make cpu) with $jobs jobs; about 70 s on 2 cores" >&2
+echo "build-ds4: building ${targets[*]} (make cpu) with $jobs jobs; under a minute on 2 cores" >&2
 start_s=$(date +%s)
 # The Makefile's default is -march=native: the binaries run on this kind of CPU only, which is
 # what the cache (one machine's) holds.

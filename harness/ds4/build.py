@@ -45,7 +45,7 @@ def binary(name: str) -> Path:
     """The path of one built binary; InfrastructureError naming the fix when it is missing."""
     path = bin_dir() / name
     if not path.is_file():
-        raise InfrastructureError(f"{path}: not built; run `make ds4` (about 70 s on 2 cores)")
+        raise InfrastructureError(f"{path}: not built; run `make ds4` (under a minute on 2 cores)")
     return path
 
 

@@ -4,7 +4,7 @@ ds4 runs one fixed architecture: ``config_validate_model`` (ds4.c) checks every 
 metadata against its compiled Flash shape and ``weights_validate_layout`` every tensor's type and
 dimensions, so a "tiny" model is impossible. The real model's tensors are 86 GB; ds4 never checks
 that tensors do not overlap, so :mod:`harness.ds4.gguf_writer` stores each (type, shape) once and
-points every tensor of it there: about 2.9 GiB. Numbers it produces mean nothing; what the
+points every tensor of it there: about 2.8 GiB. Numbers it produces mean nothing; what the
 harness tests with it (processes, streams, CSV columns, logit files, log lines) is ds4's own.
 
 The tokenizer is GPT-2 byte-level BPE as ds4 reads it: the 256 byte pieces, merges of printable
