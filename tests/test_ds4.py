@@ -1,11 +1,14 @@
 """ds4, seed 004's runtime: the Flash-shaped model, the profile fixes, and (slow) the real binary.
 
 The slow tests run the seed-004 build of ds4 (`make ds4`: the CPU backend, built offline from the
-source tarball in ../shared/third_party/ds4/ into ~/.cache/harness/ds4, about 70 s once) on the
-random-weight DeepSeek-V4-Flash-shaped GGUF (`harness make-ds4-model`, about 3 GB, under a minute
-once). They build both when missing, unless HARNESS_DS4_NO_BUILD=1 (then they skip and say how).
-One build, one model and one run of each campaign serve every slow test of this module: ds4-server
-through campaigns/ds4-cpu-smoke.yaml (four boots), ds4-bench through a three-run card here.
+source tarball in ../shared/third_party/ds4/ into ~/.cache/harness/ds4, under a minute once) on
+the random-weight DeepSeek-V4-Flash-shaped GGUF (`harness make-ds4-model`, 2.8 GiB, under a
+minute once). They build both when missing, unless HARNESS_DS4_NO_BUILD=1 (then they skip and
+say how). One build, one model and one run of each campaign serve every slow test of this module:
+ds4-server through campaigns/ds4-cpu-smoke.yaml (four boots), ds4-bench through a three-run card
+here. The whole module took 359 s once on this 2-core machine with other jobs on it (load average
+about 4), 283 of them the smoke campaign; most of it is ds4's own CPU arithmetic (a token takes
+5-10 s with random weights of the real shape).
 
 What the CPU build cannot do is Metal-only in ds4 (SSD streaming, the expert cache and its log
 line, hotlists and the applied-policy line): those tests read the exact lines ds4 prints (their
@@ -31,6 +34,7 @@ from harness.ds4.flash_model import SPECIAL_TOKENS, FlashShape, byte_alphabet, v
 from harness.ds4.flash_model import tensor_layout as flash_tensor_layout
 from harness.ds4.gguf_writer import ARRAY, F32, STRING, U32, Region, Value, write_gguf
 from harness.execute.applied_policy import add_exit_counters, applied_problems
+from harness.execute.drive import is_reasoning_chunk
 from harness.execute.runtimes import boot_spec
 from tests.conftest import REPO, run_cli
 
@@ -167,6 +171,24 @@ def test_preload_zero_and_impossible_counters_are_card_errors(tmp_path: Path) ->
     assert result.code == 2 and "Traceback" not in result.stderr
     assert "gates.0.counter: bytes_read cannot exist in runtime 'ds4-server-cpu'" in result.stderr
     assert "no SSD expert streaming" in result.stderr
+
+
+def test_a_thinking_stream_is_told_apart() -> None:
+    # Chunks as ds4-server streamed them here for a chat request with thinking on (the default):
+    # the thoughts of the random model decoded to an empty string, yet the key says what it was.
+    thinking = json.loads(
+        '{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"ds4","choices":'
+        '[{"index":0,"delta":{"reasoning_content":""},"finish_reason":null}]}'
+    )
+    answer = json.loads(
+        '{"id":"chatcmpl-2","object":"chat.completion.chunk","model":"ds4","choices":'
+        '[{"index":0,"delta":{"content":"\\u0012-"},"finish_reason":null}]}'
+    )
+    assert is_reasoning_chunk(thinking) and not is_reasoning_chunk(answer)
+    assert not is_reasoning_chunk({"choices": [], "usage": {"completion_tokens": 2}})
+    for name in ("ds4-server", "ds4-server-cpu"):  # both turn thinking off in every request
+        api = load_runtime_profile(RUNTIMES / f"{name}.yaml").api
+        assert api.extra_body == {"thinking": {"type": "disabled"}} and api.flavour == "chat"
 
 
 def test_seed_004_control_is_the_built_in_hotlist() -> None:

@@ -131,9 +131,11 @@ def _chunk_text(payload: dict[str, Any]) -> str:
     return str(delta.get("content") or "")
 
 
-def _reasoning(payload: dict[str, Any]) -> bool:
+def is_reasoning_chunk(payload: dict[str, Any]) -> bool:
+    """True for a chat chunk carrying ``delta.reasoning_content`` (a thinking model's thoughts,
+    which ds4-server streams even when they decode to an empty string)."""
     choices = payload.get("choices") or []
-    return bool(choices and (choices[0].get("delta") or {}).get("reasoning_content"))
+    return bool(choices) and "reasoning_content" in (choices[0].get("delta") or {})
 
 
 class RuntimeHung(InfrastructureError):
@@ -324,7 +326,7 @@ async def send_one(
                 if payload.get("timings"):
                     result.server_timings = payload["timings"]
                 text = _chunk_text(payload)
-                thinking = thinking or _reasoning(payload)
+                thinking = thinking or is_reasoning_chunk(payload)
                 if text:
                     stalled_since = now
                     if watch is not None:
