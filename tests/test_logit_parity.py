@@ -17,10 +17,12 @@ import pytest
 from harness.analyze.logit_parity import embedded_mismatch, read_logit_dumps
 from tests.conftest import REPO, run_cli
 
+# ds4-bench's keys ("ctx" is its --ctx-alloc); `mkdir` without -p: like ds4-bench, the script
+# needs the dump folder the runner creates (ds4-bench never creates it).
 SCRIPT = (
-    'mkdir -p "$0/logits/p1"; '
+    'mkdir "$0/logits/p1"; '
     "for f in 000128 002048; do "
-    'printf \'{"model": "%s", "ctx_alloc": %s, "argmax_id": 7, "logits": [%s, 0.5]}\' '
+    'printf \'{"model": "%s", "ctx": %s, "argmax_id": 7, "logits": [%s, 0.5]}\' '
     '"$MODEL" "$ALLOC" "$LOGIT$f" > "$0/logits/p1/frontier_$f.logits.json"; done; '
     'echo "ctx_tokens,gen_tps"; echo "128,$SPEED"'
 )
@@ -81,7 +83,26 @@ def test_embedded_strings_that_differ_are_named() -> None:
     assert embedded_mismatch(same) is None
     warning = embedded_mismatch({"a": {"model": {"/m/a"}}, "b": {"model": {"/m/b"}}})
     assert warning is not None and "model (a: /m/a, b: /m/b)" in warning
-    assert "pass the same model path and --ctx-alloc" in warning
+    assert "the same binary name, model path, backend, quality and --ctx-alloc" in warning
+
+
+def test_ds4_identity_keys_are_read_back(tmp_path: Path) -> None:
+    # The keys as ds4-bench writes them (ds4_bench.c, write_frontier_logits_json).
+    body = (
+        '{"source":"ds4-bench","model":"/m/a.gguf","backend":"cpu","quality":false,'
+        '"quant_bits":2,"prompt_tokens":3,"ctx":8,"vocab":2,"argmax_id":0,"logits":[1.0,0.5]}'
+    )
+    (tmp_path / "frontier_000003.logits.json").write_text(body, encoding="utf-8")
+    embedded = read_logit_dumps(tmp_path).embedded
+    assert embedded == {
+        "source": {"ds4-bench"},
+        "model": {"/m/a.gguf"},
+        "backend": {"cpu"},
+        "quality": {"false"},
+        "ctx": {"8"},
+    }
+    warning = embedded_mismatch({"a": embedded, "b": {**embedded, "ctx": {"16"}}})
+    assert warning is not None and "ctx (a: 8, b: 16)" in warning
 
 
 @pytest.mark.slow

@@ -152,9 +152,11 @@ def test_bad_switch_value_and_bad_switch_spec(tmp_path: Path) -> None:
         caught.value.lines()
     )
     with pytest.raises(ValueError, match="a `switch` knob is a flag"):
-        KnobSpec(env="X", switch=True)
-    with pytest.raises(ValueError, match="`off_arg` belongs to a `switch` knob"):
+        KnobSpec(env="X", arg="--x", switch=True)
+    with pytest.raises(ValueError, match="`off_arg` belongs to a `switch` flag knob"):
         KnobSpec(arg="--x", off_arg="--no-x")
+    with pytest.raises(ValueError, match="`off_arg` belongs to a `switch` flag knob"):
+        KnobSpec(env="X", switch=True, off_arg="--no-x")
 
 
 def test_cuda_lane_needs_its_image_and_validates_without_placeholders(tmp_path: Path) -> None:

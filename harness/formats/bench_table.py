@@ -1,10 +1,10 @@
 """Result tables of benchmark binaries (ds4-bench CSV, llama-bench CSV/JSON), mapped onto metrics.
 
 A benchmark binary prints one row per test (a context frontier, a pp/tg test); which columns it
-writes depends on its build (ds4-bench: 9 columns in old builds, ~40 in new ones), so a column is
-always found by its header name, never its position, and a mapped header the table lacks is an
-error naming the headers it has. Values are numbers or text as written; a mapped value that is
-not a number is an error too (never read as 0).
+writes depends on its build (ds4-bench: 39 in the seed-004 build, other counts in others), so a
+column is always found by its header name, never its position, and a mapped header the table
+lacks is an error naming the headers it has. Values are numbers or text as written; a mapped
+value that is not a number is an error too (never read as 0).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """ds4-bench CSV, read by header name (andreaborio/ds4, ``docs/benchmarks/raw/*.csv``).
 
-Old builds write 9 columns (``ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,
-gen_first_ms,gen_steady_tokens,gen_steady_tps,kvcache_bytes``), newer ones about 40 (adding
-``ttft_ms``, ``gen_tpot_p50_ms``, ``gen_tpot_p95_ms``, ``gen_hit_rate``, pread and eviction
-counts…). Columns are found by name, so either works, and a column we do not use is ignored.
+The seed-004 build (ba2a729) writes 39 columns (``ctx_tokens``, ``prefill_tokens``,
+``prefill_tps``, ``ttft_ms``, ``gen_tokens``, ``gen_tps``, ``gen_tpot_p50_ms``,
+``gen_tpot_p95_ms``, ``gen_hit_rate``, pread and eviction counts…); other builds of the fork wrote
+other headers. Columns are found by name, so any header with the required ones works, and a
+column we do not use is ignored.
 One row per context size; ``select: {ctx_tokens: 8192}`` keeps some, and each metric is the
 geomean over the kept rows that measured it (decode speed over rows with ``gen_tokens`` > 0,
 prefill over rows with ``prefill_tokens`` > 0). A block is summary-only.
