@@ -86,9 +86,11 @@ def test_never_recovers_is_none_not_zero() -> None:
     assert recovery_time(t, late, 0.0, 2.0, 20.0, hold_s=4.0, end_t_s=20.0) == 16.0
 
 
-def test_no_excess_is_zero() -> None:
+def test_no_excess_has_no_t90() -> None:
+    # P <= C: there is no excess to clear, so no time to clear it (not 0 s, not never).
     t = np.arange(0, 10, 2.0)
-    assert recovery_time(t, np.full(5, 3.0), 0.0, 3.0, 3.0) == 0.0
+    with pytest.raises(BadInput, match="no excess"):
+        recovery_time(t, np.full(5, 3.0), 0.0, 3.0, 3.0)
 
 
 def test_time_to_stay_above_for_speed_and_nan_windows() -> None:
@@ -232,8 +234,10 @@ def test_phase_recovery_no_excess_and_never_recovers() -> None:
     flat = [0] * 5 + [1] * 10 + [2] * 10
     share = [1] * 5 + [3] * 10 + [30, 25, 20, 18, 16, 3, 3, 3, 3, 25]
     first, second = phase_recovery(_ring_from_windows(flat, share), converged_span_s=6.0)
-    assert (first.t90_s, first.t2x_s) == (0.0, 0.0)
+    assert (first.t90_s, first.t2x_s, first.excess) == (None, None, False)
     assert any("no excess" in n for n in first.notes)
+    assert not any("never recovered" in n for n in first.notes)  # n/a is not never
+    assert second.excess
     # A late burst: C = median of the last 6 s (3, 3, 25 → 3 %), but the phase ends out of the
     # band, so neither T90 (5.7 %) nor T2x (6 %) ever holds — None, not the early entry at 10 s.
     assert second.converged == pytest.approx(0.03)

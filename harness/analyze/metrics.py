@@ -193,9 +193,9 @@ def run_metrics(
             out["boots"] = int(ring["boot"].nunique())
         out["ring_cold_share"] = summary.get("cold_share")
         shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
-        t90 = [s.t90_s for s in shifts]
-        out["t90_s"] = _nan_max(t90)
-        out["t2x_s"] = _nan_max([s.t2x_s for s in shifts])
+        measurable = [s for s in shifts if s.excess]  # no excess: T90 n/a, not never
+        out["t90_s"] = _nan_max([s.t90_s for s in measurable])
+        out["t2x_s"] = _nan_max([s.t2x_s for s in measurable])
     return out, shifts
 
 

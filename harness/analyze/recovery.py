@@ -6,7 +6,8 @@ docs/design.md#runtime-side:
 - converged value C = median of the last window span of a phase; peak P = max after the shift;
 - T90 = time from the shift until the cold share enters and stays (for a hold window) at or
   below C + 0.10·(P − C); T2x the same for 2·C; speed recovery: decode speed back at ≥ 90 % of
-  its converged value;
+  its converged value. T90 and T2x are undefined — "n/a (no excess)", never 0 — when P ≤ C:
+  there is no excess to clear, so no time to clear it;
 - churn = swaps per minute over the converged span;
 - swap cost = mean duration of swap-bearing steps ÷ p95 of swap-free steps, and ms per swap;
 - inter-token p99 over a whole soak from the ring.
@@ -228,12 +229,15 @@ def recovery_time(
 
     ``t_s``/``values`` are the new phase's series (e.g. cold share per window); see
     :func:`time_to_stay` for "enters and stays". When P ≤ C there is no excess to clear and the
-    recovery time is 0.0 (phase_recovery notes "no excess"). None: never recovered.
+    recovery time is undefined: this raises BadInput, and :func:`recovery_from_windows` records
+    the shift as "no excess" instead of calling it. None: never recovered.
     """
     if not 0 < fraction < 1:
         raise BadInput(f"fraction: must lie in (0, 1), got {fraction!r}")
-    if peak <= converged:
-        return 0.0
+    if not peak > converged:
+        raise BadInput(
+            f"recovery_time: no excess (peak {peak!r} <= converged {converged!r}): T90 undefined"
+        )
     threshold = converged + fraction * (peak - converged)
     return time_to_stay(
         t_s, values, shift_t_s, threshold, below=True, hold_s=hold_s, end_t_s=end_t_s
@@ -242,7 +246,12 @@ def recovery_time(
 
 @dataclass(frozen=True)
 class ShiftRecovery:
-    """Recovery after one phase shift; times in seconds from the shift, None = never."""
+    """Recovery after one phase shift; times in seconds from the shift.
+
+    ``excess`` is False when there was nothing to recover from (no lookups, or the peak did not
+    exceed the converged value): T90 and T2x are then None and mean "n/a", not "never".
+    With ``excess`` True, a None time means the series never entered and stayed in its band.
+    """
 
     from_phase: int
     to_phase: int
@@ -254,6 +263,7 @@ class ShiftRecovery:
     speed_recovery_s: float | None
     converged_tok_s: float
     notes: tuple[str, ...]
+    excess: bool = True
 
 
 def phase_recovery(
@@ -316,12 +326,12 @@ def recovery_from_windows(
         c = _nan_stat(np.nanmedian, share[conv])
         p = _nan_stat(np.nanmax, share)
         c_speed = _nan_stat(np.nanmedian, speed[conv])
+        excess = not (math.isnan(c) or math.isnan(p)) and p > c
+        t90 = t2x = None
         if math.isnan(c) or math.isnan(p):
             notes.append("no lookups in this phase: no cold share")
-            t90 = t2x = None
-        elif p <= c:
-            notes.append("no excess: the peak does not exceed the converged value")
-            t90 = t2x = 0.0
+        elif not excess:
+            notes.append("no excess: the peak does not exceed the converged value (T90 n/a)")
         else:
             t90 = recovery_time(
                 t, share, shift_t, c, p, fraction=fraction, hold_s=hold_s, end_t_s=end_t
@@ -340,7 +350,11 @@ def recovery_from_windows(
                 end_t_s=end_t,
             )
         )
-        defined = (("T90", t90, c), ("T2x", t2x, c), ("speed recovery", speed_rec, c_speed))
+        defined = (
+            ("T90", t90, c if excess else math.nan),
+            ("T2x", t2x, c if excess else math.nan),
+            ("speed recovery", speed_rec, c_speed),
+        )
         for name, value, basis in defined:
             if value is None and not math.isnan(basis):
                 notes.append(
@@ -358,6 +372,7 @@ def recovery_from_windows(
                 speed_recovery_s=speed_rec,
                 converged_tok_s=c_speed,
                 notes=tuple(notes),
+                excess=excess,
             )
         )
     return out

@@ -25,6 +25,7 @@ from harness.analyze.campaign import CampaignAnalysis
 from harness.analyze.metrics import request_metrics
 from harness.analyze.recovery import RING_COLUMNS, cold_share_windows
 from harness.errors import HarnessError
+from harness.report.tables import t90_text
 
 MAX_POINTS = 400  # plotted windows per run: enough for the eye, small enough for 100 runs
 MAX_FREE_STEPS = 200_000  # swap-free steps sampled per cell for the swap-cost box
@@ -160,16 +161,11 @@ def cold_share_figure(
                 if t90 is not None and math.isfinite(float(t90)):
                     level = float(shift["converged"]) * 100
                     ax.plot([shift_t + float(t90)], [level], marker="v", color=TEXT, ms=4)
-        if not shifts.empty:
-            sel = shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
-            for (a, b), group in sel.groupby(["from_phase", "to_phase"], sort=False):
-                values = group["t90_s"].to_numpy(dtype=np.float64)
-                done = values[np.isfinite(values)]
-                never = int(values.size - done.size)
-                text = f"{a}→{b} T90 median {np.median(done):.1f} s" if done.size else f"{a}→{b}"
-                if never:
-                    text += f", {never} never"
-                lines.append(text)
+        ladder = analysis.seed_tables.recovery
+        for row in ladder.rows if ladder else ():
+            if (row.cell, row.cache_state) == (cell, state):
+                # The table's own T90 (one definition): never counted as slowest, n/a apart.
+                lines += [f"{t.from_phase}→{t.to_phase} T90 {t90_text(t)}" for t in row.t90]
         ax.set_title(title, fontsize=10, color=TEXT, loc="left")
         ax.set_ylabel("cold share %", fontsize=8)
         ax.set_xlabel(f"s since first step ({window_s:g} s windows)", fontsize=8)

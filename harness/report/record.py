@@ -67,6 +67,32 @@ def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
     )  # fmt: skip
 
 
+def _recovery(recovery: dict[str, Any]) -> list[str]:
+    """The recovery tables, row for row the report's (the same context entries)."""
+    out = ["## Seed 000 table: recovery after a shift", ""]
+    out += _table(
+        ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
+         "peak cold share", "converged cold share", "T2x"],
+        [
+            [r["name"] + (" (control)" if r["control"] else ""), t["direction"], t["text"],
+             t["range"], t["ratio"], t["peak"], t["converged"], t["t2x"]]
+            for r in recovery["rows"]
+            for t in r["t90"]
+        ],
+    )  # fmt: skip
+    out += [_md(recovery["definition"], line_start=True), ""]
+    out += _table(
+        ["cell", "steady churn", *[f"C1 {p} (converged)" for p in recovery["phases"]],
+         "C1 whole run (prompt geomean, run median)"],
+        [
+            [r["name"], r["churn"]["text"], *[c["text"] for c in r["c1"]], r["c1_all"]["text"]]
+            for r in recovery["rows"]
+        ],
+    )  # fmt: skip
+    out += [f"{i}. {_md(n)}" for i, n in enumerate(recovery["notes"], 1)]
+    return [*out, ""] if recovery["notes"] else out
+
+
 def _date(stamp: str) -> str:
     # The campaign's own date (its directory stamp, 20261201T140910Z), not the rendering's.
     try:
@@ -146,17 +172,7 @@ def render_record(context: dict[str, Any]) -> str:
             [[r["name"], r["tier"], r["runs"], *r["values"]] for r in tiers["rows"]],
         )
     if context["recovery"]:
-        recovery = context["recovery"]
-        out += ["## Seed 000 table: recovery after a shift", ""]
-        out += _table(
-            ["cell", *[f"T90 {d}" for d in recovery["directions"]], "vs control", "churn",
-             "C1 (converged)"],
-            [
-                [r["name"], *[t["text"] for t in r["t90"]], r["ratio"], r["churn"]["text"],
-                 r["c1_all"]["text"]]
-                for r in recovery["rows"]
-            ],
-        )  # fmt: skip
+        out += _recovery(context["recovery"])
     out += ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
     out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
     out += ["## Deterministic evidence (drift cannot move it)", ""]

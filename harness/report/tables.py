@@ -47,25 +47,66 @@ def _cell_value(analysis: CampaignAnalysis, cell: str, state: str, column: str) 
     return cell_value(analysis.cells, cell, state, column)
 
 
-def _t90_text(t90: T90) -> str:
+def t90_text(t90: T90) -> str:
+    """A cell's T90 median as the report, record and figure show it (recovery_stats defines it)."""
     if t90.median_s is None:
+        return "n/a (no excess)" if t90.no_excess else f"{fmt.MISSING} (no shift measured)"
+    text = "never" if t90.never_majority else fmt.seconds(t90.median_s)
+    extras = []
+    if t90.never and not t90.never_majority:
+        extras.append(f"{t90.never}/{t90.runs} never")
+    if t90.no_excess:
+        extras.append(f"{t90.no_excess}/{t90.runs} n/a")
+    return text + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _time_or_never(value: float) -> str:
+    return "never" if math.isinf(value) else fmt.seconds(value)
+
+
+def t90_range_text(t90: T90) -> str:
+    """Fastest–slowest measurable run, "never" at the top when some run never recovered."""
+    if t90.range_s is None:
         return fmt.MISSING
-    if t90.never_majority:
-        return "never"
-    text = fmt.seconds(t90.median_s)
-    return text + (f" ({t90.never}/{t90.runs} never)" if t90.never else "")
+    lo, hi = t90.range_s
+    if lo == hi:
+        return f"{_time_or_never(lo)} (all {t90.runs - t90.no_excess})"
+    return f"{_time_or_never(lo)} – {_time_or_never(hi)}"
+
+
+def _t2x_text(t90: T90) -> str:
+    if t90.t2x_median_s is None:
+        return "n/a (no excess)" if t90.no_excess else fmt.MISSING
+    text = _time_or_never(t90.t2x_median_s)
+    return text + (
+        f" ({t90.t2x_never}/{t90.runs} never)" if t90.t2x_never and text != "never" else ""
+    )
+
+
+def _bound(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.2f}"
+
+
+def t90_ratio_text(t90: T90) -> str:
+    """The cell's T90 over the control's with its bootstrap interval, or why there is none."""
+    if t90.vs_control is None:
+        head = f"{fmt.MISSING} ({t90.vs_control_note})" if t90.vs_control_note else fmt.MISSING
+    else:
+        head = fmt.ratio(t90.vs_control)
+    if t90.vs_control_ci is None:
+        return head + " [no interval: under 2 runs a side]" if t90.vs_control_note is None else head
+    lo, hi = t90.vs_control_ci
+    return f"{head} [{_bound(lo)}, {_bound(hi)}]"
 
 
 def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
-    """Seed 000 §4: T90 per shift direction, ratio vs control, steady churn, converged C1."""
+    """Seed 000 §4: T90 per shift direction with its spread, ratio vs control with an interval,
+    peak and converged cold share, T2x, steady churn, converged C1."""
     ladder = analysis.seed_tables.recovery
     if ladder is None:
         return None
     rows = []
     for row in ladder.rows:
-        ratio = "1.00×"
-        if not row.control:
-            ratio = " / ".join(fmt.ratio(t.vs_control) for t in row.t90)
         rows.append(
             {
                 "name": key_name(analysis, row.cell, row.cache_state),
@@ -75,13 +116,18 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                 "control": row.control,
                 "t90": [
                     {
+                        "direction": f"{t.from_phase}→{t.to_phase}",
                         "value": math.inf if t.never_majority else t.median_s,
-                        "text": _t90_text(t),
+                        "text": t90_text(t),
+                        "range": t90_range_text(t),
+                        "ratio": "1.00× (control)" if row.control else t90_ratio_text(t),
+                        "t2x": _t2x_text(t),
+                        "peak": fmt.pct(t.peak_cold_share, 1),
+                        "converged": fmt.pct(t.converged_cold_share, 1),
                         "n": t.runs,
                     }
                     for t in row.t90
                 ],
-                "ratio": ratio,
                 "churn": {
                     "value": row.churn_per_min,
                     "text": fmt.fixed(row.churn_per_min, 0, "/min"),
@@ -101,7 +147,21 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "notes": list(ladder.notes),
         "window_s": ladder.window_s,
         "hold_s": ladder.hold_s,
+        "definition": T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s),
     }
+
+
+# One sentence for the HTML caption and record.md, so both define T90 alike.
+T90_DEFINITION = (
+    "T90: time from the shift until the cold share ({window_s:g} s windows) enters and stays "
+    "(held {hold_s:g} s, to the phase's end) at or below converged + 10% of (peak − converged); "
+    'median over runs with "never" (not within the phase) counted as slowest, range = fastest '
+    '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value (no '
+    "T90 exists; such runs are left out). vs control = median ÷ the control's median, with a 95% "
+    "bootstrap interval over runs (∞: the cell's resampled median was never). T2x: the same "
+    "to 2 × converged (0 s when the cold share never exceeded 2 × converged). Peak and "
+    "converged cold share: medians over runs."
+)
 
 
 def frozen_map_tables(
