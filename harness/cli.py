@@ -52,7 +52,8 @@ Handler = Callable[[argparse.Namespace, TextIO], int]
 
 
 def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_boxes_file, load_card
+    from harness.card import load_boxes_file, load_card, scale_workload
+    from harness.card.phase_length import shift_phase_warnings
     from harness.card.resolve import load_runtime_profile
     from harness.plan import build_plan
 
@@ -80,13 +81,15 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
             )
             continue
         try:
-            loaded = load_card(Path(path))
+            loaded = scale_workload(load_card(Path(path)), args.scale)
         except HarnessError as problem:
             failed.append(problem)
             continue
-        plan = build_plan(loaded)
+        plan = build_plan(loaded, scale=args.scale)
         cells = len(loaded.card.cells)
-        out.write(f"ok: {path} ({cells} cells, {len(plan.runs)} runs)\n")
+        out.write(f"ok: {path} ({cells} cells, {_runs_text(plan)})\n")
+        for warning in shift_phase_warnings(loaded, scale=args.scale):
+            out.write(f"warning: {shown(warning)}\n")
     if failed:
         for earlier in failed[:-1]:
             _print_error(earlier)
@@ -100,11 +103,22 @@ def _format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _runs_text(plan: Plan) -> str:
+    """Runs planned, and the most a sequential design may run (its last look)."""
+    text = f"{len(plan.runs)} runs"
+    most = plan.max_runs()
+    if most != len(plan.runs):
+        text += f", up to {most} if the sequential design runs to its last look"
+    return text + (f", at --scale {plan.scale:g}" if plan.scale != 1 else "")
+
+
 def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_card
+    from harness.card import load_card, scale_workload
+    from harness.card.phase_length import shift_phase_warnings
     from harness.plan import build_plan, plan_json_text
 
-    plan = build_plan(load_card(Path(args.card)))
+    loaded = scale_workload(load_card(Path(args.card)), args.scale)
+    plan = build_plan(loaded, scale=args.scale)
     if args.json:
         out.write(plan_json_text(plan) + "\n")
         return EXIT_OK
@@ -112,7 +126,7 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     from rich.table import Table
 
     card = plan.card.card
-    table = Table(title=f"{shown(card.campaign)}: {len(plan.runs)} runs", title_justify="left")
+    table = Table(title=f"{shown(card.campaign)}: {_runs_text(plan)}", title_justify="left")
     for column in ("#", "run id", "cell", "cycle", "pattern", "slot", "arm", "cache", "box"):
         table.add_column(column)
     for run in plan.runs:
@@ -129,13 +143,19 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         )
     console = Console(file=out, width=120, highlight=False)
     console.print(table)
+    most = plan.max_runs()
+    upto = (
+        f" (up to {_format_duration(plan.estimated_run_s() * most)} for {most} runs)"
+        if most != len(plan.runs)
+        else ""
+    )
     console.print(
         f"estimated: {_format_duration(plan.estimated_run_s())} per run, "
-        f"{_format_duration(plan.estimated_total_s())} in all "
-        f"(boot {plan.card.runtime.expected_boot_s:g} s and "
-        f"{plan.card.runtime.expected_tok_s:g} tok/s assumed by runtime "
-        f"{shown(repr(plan.card.runtime.name))})"
+        f"{_format_duration(plan.estimated_total_s())} in all{upto}; "
+        f"assumed: {shown(plan.estimate_basis())}"
     )
+    for warning in shift_phase_warnings(loaded, scale=args.scale):
+        console.print(f"warning: {shown(warning)}")
     return EXIT_OK
 
 
@@ -268,12 +288,21 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"verdict: {'PASS' if verdict.passed else 'FAIL'}", title_justify="left")
+    title = f"verdict: {verdict.word}"
+    if verdict.outcome == "undecided":
+        title += " (inconclusive: neither better nor worse yet; exit 1, more cycles may settle it)"
+    table = Table(title=title, title_justify="left")
     table.add_column("gate")
     table.add_column("result")
     table.add_column("reason", overflow="fold")
     for gate in verdict.gates:
-        mark = "[green]pass[/green]" if gate.passed else "[bold red]FAIL[/bold red]"
+        mark = (
+            "[green]pass[/green]"
+            if gate.passed
+            else "[bold yellow]UNDECIDED[/bold yellow]"
+            if gate.undecided
+            else "[bold red]FAIL[/bold red]"
+        )
         table.add_row(shown(gate.name), mark, shown(gate.reason))
     if not verdict.gates:
         table.add_row("(none)", "[bold red]FAIL[/bold red]", "the card declares no gates")
@@ -407,11 +436,17 @@ def build_parser() -> argparse.ArgumentParser:
         "validate", help="check cards (or runtimes/*.yaml, boxes.yaml) without touching a box"
     )
     validate.add_argument("cards", nargs="+", metavar="CARD")
+    validate.add_argument(
+        "--scale", type=float, default=1.0, metavar="F", help="check the cards as run at --scale F"
+    )
     validate.set_defaults(handler=_cmd_validate)
 
     plan = verbs.add_parser("plan", help="print the ordered runs of a card")
     plan.add_argument("card", metavar="CARD")
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
+    plan.add_argument(
+        "--scale", type=float, default=1.0, metavar="F", help="plan the card as run at --scale F"
+    )
     plan.set_defaults(handler=_cmd_plan)
 
     run = verbs.add_parser("run", help="execute a campaign (or resume one)")

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from harness.card.phase_length import t90_min_phase_s
 from harness.errors import BadInput, RingError
 from harness.telemetry import RING_FIELDS
 
@@ -318,10 +319,11 @@ def recovery_from_windows(
         end_t = float(t[-1] + span["span_s"].to_numpy()[-1])
         conv = t >= end_t - converged_span_s
         notes: list[str] = []
-        if end_t - shift_t < converged_span_s + hold_s:
+        minimum = t90_min_phase_s(converged_span_s=converged_span_s, hold_s=hold_s)
+        if end_t - shift_t < minimum:
             notes.append(
                 f"phase lasted {end_t - shift_t:.1f} s, under converged_span_s + hold_s "
-                f"({converged_span_s + hold_s:g} s): the converged value may include the transient"
+                f"({minimum:g} s): the converged value may include the transient"
             )
         c = _nan_stat(np.nanmedian, share[conv])
         p = _nan_stat(np.nanmax, share)

@@ -209,7 +209,7 @@ def render_record(context: dict[str, Any]) -> str:
     out += ["## Gates", ""]
     out += _table(
         ["gate", "result", "reason"],
-        [[g["name"], "pass" if g["passed"] else "FAIL", g["reason"]] for g in verdict["gates"]],
+        [[g["name"], g["result"], g["reason"]] for g in verdict["gates"]],
     )
     if context["campaign_warnings"]:
         out += ["## Warnings", ""]
