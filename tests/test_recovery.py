@@ -275,6 +275,21 @@ def test_swap_cost_on_constructed_steps() -> None:
     assert swap_cost(_steps([1.0, 2.0], [0, 0]))["swap_cost_ratio"] is None
 
 
+def test_swap_cost_leaves_prefill_steps_out_of_both_sides() -> None:
+    # A 900 ms prefill step (8 tokens) without a swap must not make swap-free steps look slow,
+    # nor a prefill step with a swap count as a swap's cost.
+    free_ms = [float(x) for x in range(1, 101)]
+    frame = _steps(
+        free_ms + [200.0] * 4 + [900.0, 900.0],
+        [0] * 100 + [2] * 4 + [0, 3],
+        tokens=[1] * 104 + [8, 8],
+    )
+    cost = swap_cost(frame)
+    assert cost["swap_cost_ratio"] == pytest.approx(200.0 / 95.05)
+    assert cost["swap_ms_per_swap"] == pytest.approx((200.0 - 50.5) / 2)
+    assert cost["swap_steps"] == 4.0
+
+
 def test_churn_uses_the_converged_span_only() -> None:
     # 30 s phase; 1 swap per 2 s window early on, 5 per window in the last 10 s.
     swaps = [1] * 10 + [5] * 5

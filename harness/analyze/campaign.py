@@ -484,6 +484,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         tables.domains,
         pd.DataFrame(comparison_rows(comparisons)),
         predicted,
+        runs,
     )
     return CampaignAnalysis(
         campaign=campaign,

@@ -183,6 +183,7 @@ def run_metrics(
         out["churn_per_min"] = summary.get("churn_per_min")
         out["swap_cost_ratio"] = summary.get("swap_cost_ratio")
         out["swap_ms_per_swap"] = summary.get("swap_ms_per_swap")
+        out["swap_steps"] = summary.get("swap_steps")
         out["ring_itl_p99_ms"] = summary.get("itl_p99_ms")
         out["ring_duration_s"] = summary.get("duration_s")
         if "boot" in ring.columns and ring["boot"].nunique() > 1:

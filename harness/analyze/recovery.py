@@ -9,7 +9,8 @@ docs/design.md#runtime-side:
   its converged value. T90 and T2x are undefined — "n/a (no excess)", never 0 — when P ≤ C:
   there is no excess to clear, so no time to clear it;
 - churn = swaps per minute over the converged span;
-- swap cost = mean duration of swap-bearing steps ÷ p95 of swap-free steps, and ms per swap;
+- swap cost = mean duration of swap-bearing decode steps ÷ p95 of swap-free decode steps, and
+  ms per applied swap (prefill steps excluded on both sides);
 - inter-token p99 over a whole soak from the ring.
 
 Input is one row per host step in time order with the ring's int64 columns (a pandas DataFrame
@@ -396,32 +397,37 @@ def converged_mask(windows: pd.DataFrame, converged_span_s: float) -> npt.NDArra
     return mask
 
 
-def swap_cost(frame: RingInput) -> dict[str, float | None]:
-    """Swap cost from step durations (seed 000 measured ~1.9×).
+def swap_cost(frame: RingInput, *, decode_tokens: int = DECODE_TOKENS) -> dict[str, float | None]:
+    """Swap cost from decode step durations (seed 000 measured ~1.9× and 1.9–2.4 ms).
 
-    swap_cost_ratio = mean dur_ns of swap-bearing steps (swaps > 0) ÷ p95 of swap-free steps;
-    swap_ms_per_swap = (mean swap-step dur − mean swap-free dur) / mean swaps per swap-step, in
-    ms. None where a side has no steps.
+    Only decode steps (``tokens == decode_tokens``) count on both sides: a prefill step is
+    slower by the prompt's length, not by a swap, and would make the swap-free side slow.
+    swap_cost_ratio = mean dur_ns of swap-bearing decode steps (swaps > 0) ÷ p95 of swap-free
+    decode steps; swap_ms_per_swap = (mean swap-step dur − mean swap-free dur) / mean swaps per
+    swap-step, in ms. None where a side has no steps.
     """
     cols = ring_columns(frame)
-    return _swap_cost(cols)
+    return _swap_cost(cols, decode_tokens)
 
 
-def _swap_cost(cols: Mapping[str, IntArray]) -> dict[str, float | None]:
+def _swap_cost(
+    cols: Mapping[str, IntArray], decode_tokens: int = DECODE_TOKENS
+) -> dict[str, float | None]:
+    decode = cols["tokens"] == decode_tokens
     dur, swaps = cols["dur_ns"], cols["swaps"]
     # Swap-bearing steps are rare: gather them by index, copy the rest once for the p95.
-    swap_idx = np.flatnonzero(swaps > 0)
+    swap_idx = np.flatnonzero((swaps > 0) & decode)
+    free_idx = np.flatnonzero((swaps == 0) & decode)
     n_swap = int(swap_idx.size)
-    n_free = int(dur.size - n_swap)
     out: dict[str, float | None] = {
         "swap_steps": float(n_swap),
         "swap_cost_ratio": None,
         "swap_ms_per_swap": None,
     }
-    if n_swap == 0 or n_free == 0:
+    if n_swap == 0 or free_idx.size == 0:
         return out
     mean_swap = float(dur[swap_idx].mean())
-    free_dur = np.delete(dur, swap_idx)  # a copy: percentile may partition it in place
+    free_dur = dur[free_idx]  # a copy (fancy indexing): percentile may partition it in place
     mean_free = float(free_dur.mean())
     p95_free = float(np.percentile(free_dur, 95, overwrite_input=True))
     mean_swaps = float(swaps[swap_idx].mean())
@@ -478,5 +484,5 @@ def ring_summary(
         "itl_p50_ms": itl_ms[0],
         "itl_p99_ms": itl_ms[1],
     }
-    summary.update(_swap_cost(cols))
+    summary.update(_swap_cost(cols, decode_tokens))
     return summary

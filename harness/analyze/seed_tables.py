@@ -33,6 +33,7 @@ from harness.analyze.recovery_stats import (
     run_times,
     time_range,
 )
+from harness.analyze.swap_table import SwapCost, swap_cost_frame, swap_cost_table
 from harness.card import Card
 
 FROZEN_METRIC = "decode_tok_s"  # the metric of the frozen-map table's aggregate row
@@ -508,6 +509,7 @@ class SeedTables:
     frozen_map: tuple[FrozenMapTable, ...]
     policy: tuple[PolicyRow, ...]
     predicted: PredictedVsMeasured | None
+    swap_cost: tuple[SwapCost, ...] = ()  # seed 000 §6, per cell
 
     def to_json(self) -> dict[str, Any]:
         """The ``seed_tables`` object of ``harness analyze --json``."""
@@ -516,6 +518,7 @@ class SeedTables:
             "frozen_map": [t.to_json() for t in self.frozen_map],
             "policy": [r.to_json() for r in self.policy],
             "predicted": self.predicted.to_json() if self.predicted else None,
+            "swap_cost": [r.to_json() for r in self.swap_cost],
         }
 
     def frames(self) -> dict[str, pd.DataFrame]:
@@ -525,6 +528,7 @@ class SeedTables:
             "frozen_map": frozen_map_frame(list(self.frozen_map)),
             "policy": pd.DataFrame([r.to_json() for r in self.policy]),
             "predicted": self.predicted.frame() if self.predicted else pd.DataFrame(),
+            "swap_cost": swap_cost_frame(list(self.swap_cost)),
         }
 
 
@@ -535,13 +539,15 @@ def build_seed_tables(
     domains: pd.DataFrame,
     comparisons: pd.DataFrame,
     predicted: PredictedVsMeasured | None = None,
+    runs: pd.DataFrame | None = None,
 ) -> SeedTables:
-    """Every seed table from the campaign's cell, shift, domain and comparison tables."""
+    """Every seed table from the campaign's cell, shift, domain, comparison and run tables."""
     return SeedTables(
         recovery=recovery_ladder(card, cells, shifts),
         frozen_map=tuple(frozen_map_tables(card, cells, domains, comparisons)),
         policy=tuple(policy_table(card, cells)),
         predicted=predicted,
+        swap_cost=tuple(swap_cost_table(card, runs)) if runs is not None else (),
     )
 
 

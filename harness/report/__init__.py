@@ -133,6 +133,7 @@ def build_context(
         "workload": card.workload.model_dump(mode="json"),
         "analysis_spec": card.analysis.model_dump(mode="json"),
         "recovery": tables.recovery_table(analysis),
+        "swap_cost": tables.swap_cost_table(analysis),
         "frozen": tables.frozen_map_tables(analysis, comparisons),
         "policy": tables.policy_table(analysis),
         "tiers": tables.tiers_table(analysis),

@@ -173,6 +173,16 @@ def render_record(context: dict[str, Any]) -> str:
         )
     if context["recovery"]:
         out += _recovery(context["recovery"])
+    if context.get("swap_cost"):
+        swap = context["swap_cost"]
+        out += ["## Seed 000 table: swap cost", ""]
+        out += _table(
+            ["cell", "runs", "swap-bearing steps", "ms per applied swap [95% CI]",
+             "÷ swap-free p95 [95% CI]"],
+            [[r["name"] + (" (control)" if r["control"] else ""), r["runs"], r["swap_steps"],
+              r["ms"], r["ratio"]] for r in swap["rows"]],
+        )  # fmt: skip
+        out += [_md(swap["definition"], line_start=True), ""]
     out += ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
     out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
     out += ["## Deterministic evidence (drift cannot move it)", ""]

@@ -1,0 +1,115 @@
+"""``record.md`` and ``report.html`` hold the same seed tables, pinned on fixed run records.
+
+The records are tests/data/campaigns/demo-shaped (a real demo campaign). The record's seed-table
+sections (recovery, swap cost, policy) are pinned by a golden file, and every row of them is
+checked against the page's table rows and against ``analyze --json``'s numbers, so the three
+cannot drift apart. ``HARNESS_UPDATE_GOLDEN=1`` rewrites the golden file; on a mismatch the
+got-file is written beside it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import os
+import re
+import shutil
+
+import pytest
+
+from harness.analyze.campaign import analyze_campaign
+from harness.gate import evaluate_gates
+from harness.report import fmt, render_report
+from tests.conftest import DATA
+
+RECORDS = DATA / "campaigns" / "demo-shaped"
+GOLDEN = DATA / "golden" / "demo-shaped.record-tables.md"
+SECTIONS = ("## Seed 000 table: recovery", "## Seed 000 table: swap cost", "## Seed 004 table")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[str, object]]:
+    root = tmp_path_factory.mktemp("demo") / "20261201T100919Z"
+    shutil.copytree(RECORDS, root, ignore=shutil.ignore_patterns("README.md"))
+    analysis = analyze_campaign(root)
+    render_report(root, analysis, evaluate_gates(analysis), figures=False)
+    record = (root / "record.md").read_text(encoding="utf-8")
+    page = (root / "report.html").read_text(encoding="utf-8")
+    return record, page, analysis.seed_tables.to_json()
+
+
+def _sections(record: str) -> str:
+    """The record's seed-table sections, each up to the next heading of its level."""
+    parts = re.split(r"(?m)^(?=## )", record)
+    return "".join(p for p in parts if p.startswith(SECTIONS))
+
+
+def _rows(markdown: str, heading: str) -> list[list[str]]:
+    """The first table's body rows under ``heading``, cells unescaped."""
+    lines = markdown.split(heading, 1)[1].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    table: list[list[str]] = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        table.append([c.strip() for c in line.strip("|").split(" | ")])
+    return table
+
+
+def _page_rows(page: str, css: str) -> list[list[str]]:
+    """The body rows of the page's first table of class ``css``, as visible text."""
+    body = page.split(f'<table class="{css}">', 1)[1].split("</tbody>", 1)[0].split("<tbody>")[1]
+    rows = []
+    for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, flags=re.S):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)
+        rows.append([html.unescape(re.sub(r"<[^>]+>", " ", c)).split() for c in cells])
+    return [[" ".join(c) for c in r] for r in rows]
+
+
+def test_record_tables_match_the_golden_file(rendered: tuple[str, str, dict[str, object]]) -> None:
+    got = _sections(rendered[0])
+    assert got.count("## ") == 3, got
+    if os.environ.get("HARNESS_UPDATE_GOLDEN"):
+        GOLDEN.write_text(got, encoding="utf-8")
+    want = GOLDEN.read_text(encoding="utf-8")
+    if got != want:
+        got_path = GOLDEN.with_suffix(".got.md")
+        got_path.write_text(got, encoding="utf-8")
+        diff = "".join(
+            difflib.unified_diff(want.splitlines(True), got.splitlines(True), "want", "got")
+        )
+        raise AssertionError(f"record.md tables differ from {GOLDEN.name}:\n{diff}")
+
+
+def test_record_and_page_show_the_same_recovery_and_swap_rows(
+    rendered: tuple[str, str, dict[str, object]],
+) -> None:
+    record, page, _ = rendered
+    recovery = _rows(record, "## Seed 000 table: recovery")
+    on_page = _page_rows(page, "recovery")
+    assert len(recovery) == len(on_page) == 2
+    for mine, theirs in zip(recovery, on_page, strict=True):
+        # The page's cell column carries the description and the note marks; the numbers agree.
+        assert mine[1:] == theirs[1:], (mine, theirs)
+        assert theirs[0].startswith(mine[0].removesuffix(" (control)"))
+    swap = _rows(record, "## Seed 000 table: swap cost")
+    swap_page = _page_rows(page, "swap-cost")
+    assert [r[1:] for r in swap] == [r[1:] for r in swap_page]
+
+
+def test_record_rows_are_the_analysis_numbers(rendered: tuple[str, str, dict[str, object]]) -> None:
+    record, _, tables = rendered
+    ladder = tables["recovery"]
+    assert isinstance(ladder, dict)
+    for row, line in zip(ladder["rows"], _rows(record, "## Seed 000 table: recovery"), strict=True):
+        t90 = row["t90"][0]
+        median = "never" if t90["never_majority"] else fmt.seconds(t90["median_s"])
+        assert line[2].startswith(median)
+        assert line[5] == fmt.pct(t90["peak_cold_share"], 1)
+        assert line[6] == fmt.pct(t90["converged_cold_share"], 1)
+    swaps = tables["swap_cost"]
+    assert isinstance(swaps, list) and swaps
+    for row, line in zip(swaps, _rows(record, "## Seed 000 table: swap cost"), strict=True):
+        assert line[3].startswith(fmt.fixed(row["ms_per_swap"], 2, "ms"))
+        assert line[4].startswith(fmt.ratio(row["ratio_to_free_p95"]))
+        assert row["ms_per_swap_ci"][0] <= row["ms_per_swap"] <= row["ms_per_swap_ci"][1]
