@@ -91,6 +91,7 @@ def build_context(
     from harness.report import figures as fig
     from harness.report import tables
     from harness.report.fleet import fleet_context
+    from harness.report.labels import section_title
     from harness.report.runtime import runtime_context
 
     card = analysis.card
@@ -134,6 +135,12 @@ def build_context(
         "analysis_spec": card.analysis.model_dump(mode="json"),
         "recovery": tables.recovery_table(analysis),
         "swap_cost": tables.swap_cost_table(analysis),
+        "titles": {
+            "recovery": section_title("Recovery after domain shifts", card, "seed 000 §4"),
+            "frozen": section_title("Map comparison, held-out prompts", card, "seed 000 §5"),
+            "policy": section_title("Per-cell evidence", card, "seed 004"),
+            "swap": section_title("Swap cost", card, "seed 000 §6"),
+        },
         "frozen": tables.frozen_map_tables(analysis, comparisons),
         "policy": tables.policy_table(analysis),
         "tiers": tables.tiers_table(analysis),

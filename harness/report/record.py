@@ -69,7 +69,7 @@ def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
 
 def _recovery(recovery: dict[str, Any]) -> list[str]:
     """The recovery tables, row for row the report's (the same context entries)."""
-    out = ["## Seed 000 table: recovery after a shift", ""]
+    out = [f"## {_md(recovery['title'])}", ""]
     out += _table(
         ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
          "peak cold share", "converged cold share", "T2x"],
@@ -91,6 +91,21 @@ def _recovery(recovery: dict[str, Any]) -> list[str]:
     )  # fmt: skip
     out += [f"{i}. {_md(n)}" for i, n in enumerate(recovery["notes"], 1)]
     return [*out, ""] if recovery["notes"] else out
+
+
+def _frozen(table: dict[str, Any], title: str) -> list[str]:
+    """One frozen-map table, row for row the report's."""
+    out = [f"## {_md(title)}: {_md(table['title'])}", ""]
+    out += _table(
+        ["", f"{table['control']} (control)", table["cell"], "Δ", "statistics"],
+        [
+            [r["label"], r["control"]["text"], r["cell"]["text"], r["delta"],
+             f"ratio {r['stat']['ratio_text']} {r['stat']['ci_text']} {r['stat']['label']}"
+             if r["stat"] else "medians over runs; no interval"]
+            for r in table["rows"]
+        ],
+    )  # fmt: skip
+    return out
 
 
 def _date(stamp: str) -> str:
@@ -153,7 +168,7 @@ def render_record(context: dict[str, Any]) -> str:
         )
     out.append("")
     if context["policy"]:
-        out += ["## Seed 004 table: policy, per cell", ""]
+        out += [f"## {_md(context['titles']['policy'])}", ""]
         out += _table(
             ["cell", "runs", "decode t/s", "hit rate", "expert loads", "routed reads",
              "TPOT p50 / p95", "new swap-out"],
@@ -164,6 +179,9 @@ def render_record(context: dict[str, Any]) -> str:
                 for r in context["policy"]["rows"]
             ],
         )  # fmt: skip
+        caveat = context["policy"]["caveat"]
+        out += [f"Evidence columns: {_md(context['policy']['evidence_title'])}. "
+                f"{_md(caveat)}".rstrip(), ""]  # fmt: skip
     if context.get("tiers"):
         tiers = context["tiers"]
         out += ["## Per tier (median over completed runs)", ""]
@@ -172,10 +190,12 @@ def render_record(context: dict[str, Any]) -> str:
             [[r["name"], r["tier"], r["runs"], *r["values"]] for r in tiers["rows"]],
         )
     if context["recovery"]:
-        out += _recovery(context["recovery"])
+        out += _recovery({**context["recovery"], "title": context["titles"]["recovery"]})
+    for table in context["frozen"]:
+        out += _frozen(table, context["titles"]["frozen"])
     if context.get("swap_cost"):
         swap = context["swap_cost"]
-        out += ["## Seed 000 table: swap cost", ""]
+        out += [f"## {_md(context['titles']['swap'])}", ""]
         out += _table(
             ["cell", "runs", "swap-bearing steps", "ms per applied swap [95% CI]",
              "÷ swap-free p95 [95% CI]"],

@@ -208,6 +208,18 @@ T90_DEFINITION = (
 )
 
 
+def _frozen_gap(analysis: CampaignAnalysis, label: str) -> str:
+    """Why a frozen-map value is missing: the reason a reviewer needs beside its "—"."""
+    if label.startswith("first request") and analysis.card.workload.warmup_requests:
+        n = analysis.card.workload.warmup_requests
+        return f"the warm-up took the first request after boot: workload.warmup_requests {n}"
+    return "no completed run measured it"
+
+
+def _or_why(value: float | None, why: str) -> str:
+    return fmt.fixed(value, 1) if value is not None else f"{fmt.MISSING} ({why})"
+
+
 def frozen_map_tables(
     analysis: CampaignAnalysis, comparisons: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -229,11 +241,12 @@ def frozen_map_tables(
                     ),
                     None,
                 )
+            why = _frozen_gap(analysis, r.label)
             rows.append(
                 {
                     "label": r.label,
-                    "control": {"value": r.control, "text": fmt.fixed(r.control, 1)},
-                    "cell": {"value": r.cell, "text": fmt.fixed(r.cell, 1)},
+                    "control": {"value": r.control, "text": _or_why(r.control, why)},
+                    "cell": {"value": r.cell, "text": _or_why(r.cell, why)},
                     "delta": fmt.delta(r.ratio),
                     "stat": stat,
                 }
@@ -281,7 +294,24 @@ def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                 },
             }
         )
-    return {"rows": rows}
+    timed = any(p.duration_s is not None for p in analysis.card.workload.phases or [])
+    return {
+        "rows": rows,
+        # Run totals are drift-proof only when every run serves the same requests: a timed
+        # phase serves as many as the throughput allows, so loads and bytes move with it.
+        "evidence_title": (
+            "counters — run totals, move with throughput (timed phases)"
+            if timed
+            else "deterministic — drift-proof"
+        ),
+        "caveat": (
+            "Expert loads and bytes read are run totals; with timed phases a faster run serves "
+            "more requests and reads more, so compare them per request (divide by the requests "
+            "served) before reading them as a policy effect. Hit rate is a ratio and holds."
+            if timed
+            else ""
+        ),
+    }
 
 
 def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
