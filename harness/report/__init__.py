@@ -93,6 +93,7 @@ def build_context(
     from harness.report.fleet import fleet_context
     from harness.report.labels import section_title
     from harness.report.runtime import runtime_context
+    from harness.report.timing import run_timing
 
     card = analysis.card
     palette = ctx.cell_palette(card)
@@ -130,6 +131,7 @@ def build_context(
         "boxes": ctx.boxes_context(root),
         "runtime_name": card.runtime if isinstance(card.runtime, str) else card.runtime.name,
         "design": ctx.design_context(analysis),
+        "timing": run_timing(analysis),
         "pools": pools,
         "workload": card.workload.model_dump(mode="json"),
         "analysis_spec": card.analysis.model_dump(mode="json"),

@@ -156,6 +156,19 @@ def render_record(context: dict[str, Any]) -> str:
         f"states {', '.join(design['cache_states'])}; {design['n_runs']} runs planned.",
         "",
     ]
+    timing = context["timing"]
+    most = timing["max_runs"]
+    out += [
+        f"Ran at --scale {timing['scale']:g}"
+        + (" (every phase's requests and duration_s scaled)" if timing["scale"] != 1 else "")
+        + (f"; up to {most} runs if the sequential design runs to its last look"
+           if most != timing["planned_runs"] else "")
+        + f". Estimate {timing['estimated_run'] or '—'} per run, {timing['estimated_total']} in "
+        f"all (assumed: {_md(timing['estimate_basis'])}); real median run "
+        f"{timing['median_run']} ({timing['run_range']}), {timing['wall']} first start to last "
+        f"end: {timing['real_vs_estimate']}.",
+        "",
+    ]  # fmt: skip
     for cell in context["cells"]:
         role = " (control)" if cell["control"] else ""
         settings = ", ".join(
