@@ -260,10 +260,29 @@ def _analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     append_history(analysis, verdict)
     if not quiet:
         _print_verdict(verdict, out)
+        tally = _label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)
+        if tally:
+            out.write(tally + "\n")
     report = _render_report_if_available(root, analysis, verdict)
     if report is not None:
         out.write(f"report: {report}\n")
     return verdict
+
+
+def _label_tally(labels: list[str], passed: bool) -> str:
+    """The comparisons by label, as the report's headline counts them; "" with none."""
+    if not labels:
+        return ""
+    counts = {k: labels.count(k) for k in ("better", "worse", "within noise", "inconclusive")}
+    other = len(labels) - sum(counts.values())
+    text = (
+        f"comparisons: {counts['better']} better, {counts['worse']} worse, "
+        f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive (undecided)"
+        + (f", {other} flagged (confounded or carry-over)" if other else "")
+    )
+    if passed and counts["inconclusive"] == len(labels):
+        text += ": the gates passed, but no comparison was decided"
+    return text
 
 
 def note_unsealed(analysis: CampaignAnalysis) -> None:
