@@ -14,6 +14,7 @@ import html
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,22 @@ def test_record_rows_are_the_analysis_numbers(rendered: tuple[str, str, dict[str
         assert line[3].startswith(fmt.fixed(row["ms_per_swap"], 2, "ms"))
         assert line[4].startswith(fmt.ratio(row["ratio_to_free_p95"]))
         assert row["ms_per_swap_ci"][0] <= row["ms_per_swap"] <= row["ms_per_swap_ci"][1]
+
+
+def test_timed_phases_show_loads_and_bytes_per_request(tmp_path: Path) -> None:
+    # The same records under a card whose shift phase is timed: run totals would move with
+    # throughput, so the policy table shows them per request served, and says so.
+    from harness.report import tables
+
+    root = tmp_path / "demo" / "20261201T100919Z"
+    shutil.copytree(RECORDS, root, ignore=shutil.ignore_patterns("README.md"))
+    card = root / "card.yaml"
+    text = card.read_text(encoding="utf-8")
+    card.write_text(text.replace("requests: 8, shift: true", "duration_s: 2, shift: true"))
+    analysis = analyze_campaign(root)
+    policy = tables.policy_table(analysis)
+    assert policy is not None and "per request" in policy["evidence_title"]
+    for row, values in zip(policy["rows"], analysis.seed_tables.policy, strict=True):
+        per_request = values.values["expert_loads"] / values.values["expert_loads_per_request"]
+        assert per_request == pytest.approx(round(per_request))  # totals ÷ requests served
+        assert row["loads"]["text"].endswith("/request")

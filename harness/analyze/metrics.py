@@ -173,6 +173,13 @@ def run_metrics(
         "itl_p99_ms": _percentile(gaps, 99),
     }
     out.update(counter_metrics(counters))
+    # Per request served: run totals move with how many requests a timed phase let through;
+    # per request they compare across cells whatever the throughput.
+    for total in ("expert_loads", "bytes_read"):
+        value = out.get(total)
+        out[f"{total}_per_request"] = (
+            value / len(scored) if value is not None and len(scored) else None
+        )
     if bench is not None:
         out.update(bench_metrics(bench))
     if samples is not None:

@@ -457,6 +457,8 @@ POLICY_COLUMNS = (
     "hit_rate",
     "expert_loads",
     "bytes_read",
+    "expert_loads_per_request",
+    "bytes_read_per_request",
     "new_swapout_pages",
 )
 POLICY_EVIDENCE = ("hit_rate", "expert_loads", "bytes_read")  # without any, no table

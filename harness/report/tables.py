@@ -268,6 +268,9 @@ def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     """Seed 004: decode t/s, hit rate, loads, bytes read, p50/p95 TPOT, per cell."""
     if not analysis.seed_tables.policy:
         return None
+    # A timed phase serves as many requests as the throughput allows: loads and bytes per run
+    # would move with speed, so they are shown per request served.
+    timed = any(p.duration_s is not None for p in analysis.card.workload.phases or [])
     rows = []
     for row in analysis.seed_tables.policy:
         v = row.values
@@ -286,28 +289,38 @@ def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                     "text": f"{fmt.fixed(p50, 2)} / {fmt.fixed(p95, 2)} ms",
                 },
                 "hit_rate": {"value": v["hit_rate"], "text": fmt.pct(v["hit_rate"])},
-                "loads": {"value": v["expert_loads"], "text": fmt.count(v["expert_loads"])},
-                "bytes": {"value": v["bytes_read"], "text": fmt.gib(v["bytes_read"])},
+                "loads": (
+                    {
+                        "value": v["expert_loads_per_request"],
+                        "text": fmt.fixed(v["expert_loads_per_request"], 1, "/request"),
+                    }
+                    if timed
+                    else {"value": v["expert_loads"], "text": fmt.count(v["expert_loads"])}
+                ),
+                "bytes": (
+                    {
+                        "value": v["bytes_read_per_request"],
+                        "text": fmt.gib(v["bytes_read_per_request"]) + "/request",
+                    }
+                    if timed
+                    else {"value": v["bytes_read"], "text": fmt.gib(v["bytes_read"])}
+                ),
                 "swapout": {
                     "value": v["new_swapout_pages"],
                     "text": fmt.count(v["new_swapout_pages"]),
                 },
             }
         )
-    timed = any(p.duration_s is not None for p in analysis.card.workload.phases or [])
     return {
         "rows": rows,
-        # Run totals are drift-proof only when every run serves the same requests: a timed
-        # phase serves as many as the throughput allows, so loads and bytes move with it.
         "evidence_title": (
-            "counters — run totals, move with throughput (timed phases)"
+            "deterministic per request (timed phases: totals ÷ requests served)"
             if timed
             else "deterministic — drift-proof"
         ),
         "caveat": (
-            "Expert loads and bytes read are run totals; with timed phases a faster run serves "
-            "more requests and reads more, so compare them per request (divide by the requests "
-            "served) before reading them as a policy effect. Hit rate is a ratio and holds."
+            "With timed phases a faster run serves more requests and reads more in all, so "
+            "expert loads and bytes read are shown per request served; hit rate is a ratio."
             if timed
             else ""
         ),
