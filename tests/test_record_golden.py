@@ -133,3 +133,25 @@ def test_timed_phases_show_loads_and_bytes_per_request(tmp_path: Path) -> None:
         per_request = values.values["expert_loads"] / values.values["expert_loads_per_request"]
         assert per_request == pytest.approx(round(per_request))  # totals ÷ requests served
         assert row["loads"]["text"].endswith("/request")
+
+
+def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    from harness.report import tables
+    from harness.report.labels import adaptation, section_title
+
+    root = tmp_path / "demo" / "20261201T100919Z"
+    shutil.copytree(RECORDS, root, ignore=shutil.ignore_patterns("README.md"))
+    card = root / "card.yaml"
+    card.write_text(card.read_text(encoding="utf-8").replace("policy: adaptive", "policy: frozen"))
+    analysis = analyze_campaign(root)
+    assert adaptation(analysis.card) == "adaptation frozen"
+    title = section_title("Recovery after domain shifts", analysis.card, "seed 000 §4")
+    assert "varied: files.rowmap; adaptation frozen" in title
+    recovery = tables.recovery_table(analysis)
+    assert recovery is not None
+    for row in recovery["rows"]:
+        (t,) = row["t90"]
+        assert t["text"] == t["ratio"] == t["t2x"] == "n/a (adaptation frozen)"
+        assert t["peak"].endswith("%")  # the cold shares a frozen map is judged on stay

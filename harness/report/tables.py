@@ -19,6 +19,7 @@ from harness.analyze.looks import design_plan
 from harness.analyze.seed_tables import T90
 from harness.catalog import METRICS
 from harness.report import fmt
+from harness.report.labels import adaptation
 
 # Labels of the statistics, in the order a reviewer weighs them, with their CSS class.
 LABEL_CLASS = {
@@ -105,6 +106,9 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     ladder = analysis.seed_tables.recovery
     if ladder is None:
         return None
+    # With adaptation frozen in every cell nothing can recover: a T90 of "never" would read as a
+    # slow recovery, so the recovery columns say why they are empty; peak and converged stay.
+    frozen = adaptation(analysis.card) == "adaptation frozen"
     rows = []
     for row in ladder.rows:
         rows.append(
@@ -118,10 +122,16 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                     {
                         "direction": f"{t.from_phase}→{t.to_phase}",
                         "value": math.inf if t.never_majority else t.median_s,
-                        "text": t90_text(t),
-                        "range": t90_range_text(t),
-                        "ratio": "1.00× (control)" if row.control else t90_ratio_text(t),
-                        "t2x": _t2x_text(t),
+                        "text": FROZEN_TEXT if frozen else t90_text(t),
+                        "range": FROZEN_TEXT if frozen else t90_range_text(t),
+                        "ratio": (
+                            FROZEN_TEXT
+                            if frozen
+                            else "1.00× (control)"
+                            if row.control
+                            else t90_ratio_text(t)
+                        ),
+                        "t2x": FROZEN_TEXT if frozen else _t2x_text(t),
                         "peak": fmt.pct(t.peak_cold_share, 1),
                         "converged": fmt.pct(t.converged_cold_share, 1),
                         "n": t.runs,
@@ -194,6 +204,8 @@ SWAP_DEFINITION = (
     "interval over runs."
 )
 
+
+FROZEN_TEXT = "n/a (adaptation frozen)"
 
 # One sentence for the HTML caption and record.md, so both define T90 alike.
 T90_DEFINITION = (
