@@ -99,7 +99,8 @@ def _frozen(table: dict[str, Any], title: str) -> list[str]:
     out += _table(
         ["", f"{table['control']} (control)", table["cell"], "Δ", "statistics"],
         [
-            [r["label"], r["control"]["text"], r["cell"]["text"], r["delta"],
+            [r["label"] + (f" (— : {r['why']})" if r["why"] else ""), r["control"]["text"],
+             r["cell"]["text"], r["delta"],
              f"ratio {r['stat']['ratio_text']} {r['stat']['ci_text']} {r['stat']['label']}"
              if r["stat"] else "medians over runs; no interval"]
             for r in table["rows"]

@@ -228,10 +228,6 @@ def _frozen_gap(analysis: CampaignAnalysis, label: str) -> str:
     return "no completed run measured it"
 
 
-def _or_why(value: float | None, why: str) -> str:
-    return fmt.fixed(value, 1) if value is not None else f"{fmt.MISSING} ({why})"
-
-
 def frozen_map_tables(
     analysis: CampaignAnalysis, comparisons: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -253,12 +249,14 @@ def frozen_map_tables(
                     ),
                     None,
                 )
-            why = _frozen_gap(analysis, r.label)
+            missing = r.control is None or r.cell is None
             rows.append(
                 {
                     "label": r.label,
-                    "control": {"value": r.control, "text": _or_why(r.control, why)},
-                    "cell": {"value": r.cell, "text": _or_why(r.cell, why)},
+                    # Why a value reads "—", shown under the row's label (the cells stay narrow).
+                    "why": _frozen_gap(analysis, r.label) if missing else "",
+                    "control": {"value": r.control, "text": fmt.fixed(r.control, 1)},
+                    "cell": {"value": r.cell, "text": fmt.fixed(r.cell, 1)},
                     "delta": fmt.delta(r.ratio),
                     "stat": stat,
                 }
