@@ -499,6 +499,22 @@ def test_better_fails_inconclusive_and_says_how_many_cycles(tmp_path: Path) -> N
     assert row["ci_low"] < 1 < row["ci_high"]
 
 
+def test_an_inconclusive_gate_is_undecided_not_failed_everywhere(tmp_path: Path) -> None:
+    verdict = verdict_of(tmp_path / "undecided", "  - {kind: better, metric: decode_tok_s}",
+                         Synth(speed=_inconsistent), cycles=3)  # fmt: skip
+    assert only(verdict).undecided and not only(verdict).passed
+    assert (verdict.outcome, verdict.word, verdict.exit_code()) == ("undecided", "UNDECIDED", 1)
+    write_verdict(verdict, tmp_path)
+    assert json.loads((tmp_path / "verdict.json").read_text())["outcome"] == "undecided"
+    failure = ET.parse(tmp_path / "verdict.junit.xml").getroot().find(".//failure")
+    assert failure is not None and failure.get("type") == "undecided"
+    assert str(failure.get("message")).startswith("undecided (inconclusive, not worse)")
+    # Worse is decided: failed, not undecided.
+    worse = verdict_of(tmp_path / "worse", "  - {kind: better, metric: decode_tok_s}",
+                       Synth(speed=faster(0.7)), cycles=2)  # fmt: skip
+    assert not only(worse).undecided and (worse.outcome, worse.word) == ("fail", "FAIL")
+
+
 def _drifting(run: Run) -> float:
     # The box slows 10% per run, linearly in log speed, on top of a real 30% speed-up: the
     # mirrored order cancels linear drift, and the bias the flagged drift could cause (½|outer −

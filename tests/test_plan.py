@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from harness.card import Card, load_card
 from harness.errors import PlanError
 from harness.plan.build import Plan, build_plan, extend_plan
-from tests.conftest import DATA
+from tests.conftest import DATA, REPO, run_cli
 
 BASE = load_card(DATA / "cards" / "valid.yaml")
 
@@ -150,3 +150,26 @@ def test_extending_keeps_the_plan_at_the_same_count_and_refuses_to_shrink() -> N
     grown = extend_plan(plan, 4)
     assert grown.to_json()["cycles"] == 4 and plan.to_json()["cycles"] == 3
     assert grown.card.card.design.cycles == 3  # the card stays as written
+
+
+def test_plan_states_its_estimate_basis_and_a_sequential_designs_most_runs() -> None:
+    plan = build_plan(load_card(REPO / "campaigns" / "demo.yaml"))
+    design = plan.card.card.design
+    assert design.sequential and design.max_cycles == 4
+    assert plan.max_runs() == len(plan.runs) // design.cycles * 4
+    assert "expected_ttft_s" in plan.estimate_basis()
+    data = plan.to_json()
+    assert data["max_runs"] == plan.max_runs() and data["estimate_basis"]
+
+
+def test_a_shift_phase_too_short_for_t90_is_a_warning_at_validate_and_plan() -> None:
+    card = str(REPO / "campaigns" / "demo.yaml")
+    shipped = run_cli("validate", card)
+    assert shipped.code == 0 and "warning" not in shipped.stdout  # the demo is sized to measure
+    for verb in (["validate"], ["plan"]):
+        quick = run_cli(*verb, "--scale", "0.25", card)
+        assert quick.code == 0, quick.stderr
+        text = " ".join(quick.stdout.split())
+        assert "workload.phases.prose: shift phase lasts about" in text
+        assert "under the 3 s T90 needs at analysis.converged_span_s=2 + hold_s=1" in text
+        assert "at --scale 0.25" in text and "requests (before scaling)" in text

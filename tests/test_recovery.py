@@ -86,9 +86,11 @@ def test_never_recovers_is_none_not_zero() -> None:
     assert recovery_time(t, late, 0.0, 2.0, 20.0, hold_s=4.0, end_t_s=20.0) == 16.0
 
 
-def test_no_excess_is_zero() -> None:
+def test_no_excess_has_no_t90() -> None:
+    # P <= C: there is no excess to clear, so no time to clear it (not 0 s, not never).
     t = np.arange(0, 10, 2.0)
-    assert recovery_time(t, np.full(5, 3.0), 0.0, 3.0, 3.0) == 0.0
+    with pytest.raises(BadInput, match="no excess"):
+        recovery_time(t, np.full(5, 3.0), 0.0, 3.0, 3.0)
 
 
 def test_time_to_stay_above_for_speed_and_nan_windows() -> None:
@@ -232,8 +234,10 @@ def test_phase_recovery_no_excess_and_never_recovers() -> None:
     flat = [0] * 5 + [1] * 10 + [2] * 10
     share = [1] * 5 + [3] * 10 + [30, 25, 20, 18, 16, 3, 3, 3, 3, 25]
     first, second = phase_recovery(_ring_from_windows(flat, share), converged_span_s=6.0)
-    assert (first.t90_s, first.t2x_s) == (0.0, 0.0)
+    assert (first.t90_s, first.t2x_s, first.excess) == (None, None, False)
     assert any("no excess" in n for n in first.notes)
+    assert not any("never recovered" in n for n in first.notes)  # n/a is not never
+    assert second.excess
     # A late burst: C = median of the last 6 s (3, 3, 25 → 3 %), but the phase ends out of the
     # band, so neither T90 (5.7 %) nor T2x (6 %) ever holds — None, not the early entry at 10 s.
     assert second.converged == pytest.approx(0.03)
@@ -269,6 +273,21 @@ def test_swap_cost_on_constructed_steps() -> None:
     assert cost["swap_ms_per_swap"] == pytest.approx((200.0 - 50.5) / 2)
     assert cost["swap_steps"] == 4.0
     assert swap_cost(_steps([1.0, 2.0], [0, 0]))["swap_cost_ratio"] is None
+
+
+def test_swap_cost_leaves_prefill_steps_out_of_both_sides() -> None:
+    # A 900 ms prefill step (8 tokens) without a swap must not make swap-free steps look slow,
+    # nor a prefill step with a swap count as a swap's cost.
+    free_ms = [float(x) for x in range(1, 101)]
+    frame = _steps(
+        free_ms + [200.0] * 4 + [900.0, 900.0],
+        [0] * 100 + [2] * 4 + [0, 3],
+        tokens=[1] * 104 + [8, 8],
+    )
+    cost = swap_cost(frame)
+    assert cost["swap_cost_ratio"] == pytest.approx(200.0 / 95.05)
+    assert cost["swap_ms_per_swap"] == pytest.approx((200.0 - 50.5) / 2)
+    assert cost["swap_steps"] == 4.0
 
 
 def test_churn_uses_the_converged_span_only() -> None:

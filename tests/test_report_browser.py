@@ -205,10 +205,12 @@ def test_report_loads_without_errors_or_requests(report: Path, tmp_path: Path) -
     outside = [u for u in page.requests if u != own and not u.startswith("data:")]
     assert outside == [], f"the report fetched: {outside}"
     analysis = analyze_campaign(report.parent)
-    word = "PASS" if evaluate_gates(analysis).passed else "FAIL"
+    word = evaluate_gates(analysis).word
     assert page.banner["word"] == word and page.banner["visible"]
     assert 0 <= page.banner["top"] < HEIGHT and page.banner["height"] > 40
-    colour = "rgb(231, 245, 234)" if word == "PASS" else "rgb(253, 236, 234)"
+    colour = {"PASS": "rgb(231, 245, 234)", "UNDECIDED": "rgb(255, 244, 222)"}.get(
+        word, "rgb(253, 236, 234)"
+    )
     assert page.banner["background"] == colour
     assert page.text.lstrip().startswith("tiny-report")
     assert word in page.text and "gates passed" in page.text
@@ -240,4 +242,6 @@ def test_screenshot_is_not_blank_and_dom_has_the_verdict(report: Path, tmp_path:
         timeout=90,
         check=True,
     ).stdout
-    assert re.search(r'class="banner (pass|fail)" data-verdict="(PASS|FAIL)"', dom)
+    assert re.search(
+        r'class="banner (pass|undecided|fail)" data-verdict="(PASS|UNDECIDED|FAIL)"', dom
+    )

@@ -545,6 +545,13 @@ class RuntimeProfile(Strict):
         allow_inf_nan=False,
         description="typical decode speed, for estimates",
     )
+    expected_ttft_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="typical time to first token (prefill) of a request, for estimates",
+    )
     phase_live_knob: str | None = Field(
         None, description="live knob that tags the ring with the workload phase"
     )
