@@ -93,3 +93,9 @@ def test_the_quick_start_validates_and_plans_a_card_of_your_own(tmp_path: Path) 
             if args[0] == "plan":
                 assert "mine:" in done.stdout and "estimated:" in done.stdout
     assert ran == ["cp", "sed", "validate", "plan"], ran
+
+
+def test_the_readme_shows_the_verdict_the_golden_file_pins() -> None:
+    golden = (REPO / "tests" / "data" / "golden" / "gate.demo-shaped.txt").read_text()
+    shown = "\n".join(line.rstrip() for line in golden.splitlines())
+    assert shown in README, "update the README's verdict block from gate.demo-shaped.txt"
