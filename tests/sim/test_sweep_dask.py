@@ -22,7 +22,7 @@ from harness.sim.sweep.grid import run_sweep
 from harness.sim.sweep.spec import grid_points, parse_axes
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO
-from tests.test_sweep import _setup
+from tests.sim.test_sweep import _setup
 
 DASK = Path(sys.executable).parent / "dask"
 

@@ -26,7 +26,7 @@ from harness.refbox.options import parse_serve_args
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--layers", "3", "--experts", "16", "--top-k", "2", "--d-model", "16", "--d-ff",
          "16", "--hot-slots", "12", "--expert-bytes", "0"]  # fmt: skip
 

@@ -10,7 +10,7 @@ import pytest
 from harness.errors import BadInput
 from harness.importers.write import read_source
 
-FIXTURES = Path(__file__).parent / "data" / "importers"
+FIXTURES = Path(__file__).parent.parent / "data" / "importers"
 
 
 def _vllm(tmp_path: Path) -> Path:

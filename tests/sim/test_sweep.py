@@ -18,7 +18,7 @@ from harness.sim.sweep.grid import run_sweep
 from harness.sim.sweep.spec import grid_points, parse_axes, sample_points
 from harness.sim.trace_files import load_trace
 from tests.conftest import run_cli
-from tests.test_simulate import POOL, _domain_trace
+from tests.sim.test_simulate import POOL, _domain_trace
 
 CARD = """\
 campaign: sweep-test

@@ -31,7 +31,7 @@ from harness.sim.results import ReplayResult
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import KnobChange, Trace, trace_from_arrays
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GEOMETRY = ["--layers", "4", "--experts", "16", "--top-k", "2", "--d-model", "16",
             "--d-ff", "16", "--hot-slots", "8", "--expert-bytes", "0", "--drain-every", "8",
             "--promote-threshold", "1"]  # fmt: skip

@@ -26,7 +26,7 @@ from harness.gate.evaluate import evaluate_gates
 from harness.importers.write import read_source
 from harness.runtimes.llamacpp import build
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 DEMO = DATA / "campaigns" / "demo-shaped"
 FIXTURES = DATA / "importers"
 _DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")

@@ -33,8 +33,7 @@ from harness.execute.guards import (
 from harness.profiles.schema import BoxSpec, Idle
 from harness.runtimes.boot import boot, boot_spec, http_json
 from tests.conftest import REPO, run_cli
-from tests.swap import swapping
-from tests.test_command_driver import (  # noqa: F401 - tiny_model is a fixture
+from tests.engines.test_command_driver import (  # noqa: F401 - tiny_model is a fixture
     CARD,
     ONE_CYCLE,
     PROFILE,
@@ -42,6 +41,7 @@ from tests.test_command_driver import (  # noqa: F401 - tiny_model is a fixture
     card_dir,
     tiny_model,
 )
+from tests.swap import swapping
 
 PATTERNS = ["(^|/)llama-(server|bench|cli)( |$)", "(^|/)ds4(-server|-bench)?( |$)"]
 

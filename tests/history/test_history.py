@@ -17,7 +17,7 @@ from harness.formats.records import write_parquet
 from harness.history.changes import change_points
 from harness.history.store import COLUMNS, read_history
 
-DEMO = Path(__file__).parent / "data" / "campaigns" / "demo-shaped"
+DEMO = Path(__file__).parent.parent / "data" / "campaigns" / "demo-shaped"
 
 
 def _cli(*argv: str) -> tuple[int, str]:

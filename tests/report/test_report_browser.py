@@ -28,7 +28,7 @@ from matplotlib.image import imread
 from harness.analyze.campaign import analyze_campaign
 from harness.gate.evaluate import evaluate_gates
 from harness.report import render_report
-from tests.test_report import make_tiny_campaign
+from tests.report.test_report import make_tiny_campaign
 
 pytestmark = pytest.mark.slow
 

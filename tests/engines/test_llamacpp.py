@@ -253,8 +253,8 @@ def tiny_model(llama_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def _card(tmp_path: Path, model: Path, replace: dict[str, str] | None = None) -> Path:
     # The guards are on for llama-server, but for the competing-process check: on a shared test
     # machine another test's runtime may run, which would rightly refuse the cohort
-    # (tests/test_guards.py holds that check). The shipped design is sequential (3 to 8 cycles);
-    # two fixed cycles check the runtime, not the label.
+    # (tests/execute/test_guards.py holds that check). The shipped design is sequential (3 to 8
+    # cycles); two fixed cycles check the runtime, not the label.
     text = CARD.read_text(encoding="utf-8") + "guards: {competing: false}\n"
     assert SHIPPED_DESIGN in text
     text = text.replace(SHIPPED_DESIGN, TWO_CYCLES)

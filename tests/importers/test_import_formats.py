@@ -12,9 +12,9 @@ import pytest
 
 from harness.errors import ResultFileError
 from harness.importers.write import read_source
-from tests.test_import import _cli, _labels, _mapping
+from tests.importers.test_import import _cli, _labels, _mapping
 
-FIXTURES = Path(__file__).parent / "data" / "importers"
+FIXTURES = Path(__file__).parent.parent / "data" / "importers"
 
 
 def _aiperf(data: Any, speed: float) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_import import DEMO, _cli, _export_demo, _mapping
+from tests.importers.test_import import DEMO, _cli, _export_demo, _mapping
 
 
 def _faster_seed(files: list[Path], factor: float) -> None:

@@ -33,8 +33,8 @@ from harness.profiles.schema import BoxSpec
 from harness.runtimes.boot import BootSpec, RunningRuntime, http_json
 from tests.box_servers import STALLING, STREAMING, box_server
 from tests.conftest import REPO
+from tests.execute.test_execute_ssh import runtime_processes, write_card
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
-from tests.test_execute_ssh import runtime_processes, write_card
 
 PROFILE = load_runtime_profile(REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml")
 

@@ -21,7 +21,7 @@ from harness.errors import RecordError
 from harness.formats.bench_table import map_result_rows, parse_result_rows
 from tests.conftest import REPO, run_cli
 
-DATA = Path(__file__).parent / "data" / "bench"
+DATA = Path(__file__).parent.parent / "data" / "bench"
 RUNTIMES = REPO / "campaigns" / "runtimes"
 GIB = 2**30
 

@@ -63,9 +63,9 @@ def _campaign(reports: Path) -> Path:
 
 
 def test_llama_bench_threads_runs_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
-    # As shipped, but for the competing-process guard (tests/test_guards.py holds it): on a shared
-    # test machine, another test's runtime may be running, which would rightly refuse the cohort.
-    # The shipped design is sequential (3 to 8 cycles); two fixed cycles check the driver.
+    # As shipped, but for the competing-process guard (tests/execute/test_guards.py holds it): on a
+    # shared test machine, another test's runtime may be running, which would rightly refuse the
+    # cohort. The shipped design is sequential (3 to 8 cycles); two fixed cycles check the driver.
     text = CARD.read_text(encoding="utf-8") + "guards: {competing: false}\n"
     assert SHIPPED_DESIGN in text
     text = text.replace(SHIPPED_DESIGN, TWO_CYCLES)

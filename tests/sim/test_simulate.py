@@ -19,7 +19,7 @@ from harness.sim.trace_files import load_trace
 from harness.sim.traces import concat_traces
 from tests.conftest import run_cli
 
-POOL = Path(__file__).resolve().parent / "data" / "pools" / "small.jsonl"
+POOL = Path(__file__).resolve().parent.parent / "data" / "pools" / "small.jsonl"
 CARD = """\
 campaign: sim-test
 runtime: refbox

@@ -14,7 +14,7 @@ from harness.formats.records import write_parquet
 from harness.gate.evaluate import evaluate_gates
 from harness.history.store import COLUMNS
 
-DEMO = Path(__file__).parent / "data" / "campaigns" / "demo-shaped"
+DEMO = Path(__file__).parent.parent / "data" / "campaigns" / "demo-shaped"
 GATE = "  - {kind: regression, metric: decode_tok_s, last: 2}\n"
 
 
