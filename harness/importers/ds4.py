@@ -12,12 +12,11 @@ prefill over rows with ``prefill_tokens`` > 0). A block is summary-only.
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 from typing import Any
 
 from harness.errors import ResultFileError
+from harness.formats.bench_table import parse_result_rows
 from harness.formats.textfile import read_text
 from harness.importers.common import SourceBlock, file_sha256
 from harness.importers.tables import Selector, add_metric, select_rows
@@ -39,21 +38,18 @@ def _positive(column: str) -> Any:
 def read_ds4(path: Path, select: Selector | None = None) -> SourceBlock:
     """One ds4-bench CSV as a block (summary-only)."""
     text = read_text(path, ResultFileError, "ds4-bench CSV")
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    header = [h.strip() for h in text.split("\n", 1)[0].split(",")]
     lacking = [c for c in _REQUIRED if c not in header]
     if lacking:
         raise ResultFileError(
             f"{path}:1: {', '.join(lacking)}: missing from the header; not a ds4-bench CSV "
             "(check the FORMAT given to harness import)"
         )
-    try:
-        rows = [{(k or "").strip(): v for k, v in row.items()} for row in reader]
-    except csv.Error as exc:  # a stray carriage return or NUL inside a row
-        raise ResultFileError(
-            f"{path}:{reader.line_num + 1}: not CSV as ds4-bench writes it ({exc}); the file is "
-            "damaged: regenerate it"
-        ) from None
+    # The one CSV reader of benchmark tables, as the command driver reads ds4-bench's stdout.
+    rows = [
+        {k.strip(): v for k, v in row.items()}
+        for row in parse_result_rows(text, "csv", str(path), ResultFileError)
+    ]
     if not rows:
         raise ResultFileError(f"{path}: no data rows under the header")
     kept = select_rows(rows, select or {}, path, set(header))
