@@ -170,7 +170,7 @@ def test_ds4_bench_rows_fill_the_seed_004_table_end_to_end(tmp_path: Path) -> No
     assert values["bytes_read"] == pytest.approx((0.329590 + 0.988770) * GIB)
     assert values["tpot_p50_ms"] == pytest.approx(240.0)  # geomean of 120 and 480 over frontiers
     record = (root / "record.md").read_text(encoding="utf-8")
-    assert "## Seed 004 table: policy, per cell" in record and "| adaptive | 2/2 | 4.00 |" in record
+    assert "## Per-cell evidence" in record and "| adaptive | 2/2 | 4.00 |" in record
     # Each frontier apart too, in numeric order, never only the geomean over them.
     tiers = [(t["cell"], t["tier"], t["decode_tok_s"], t["runs"]) for t in summary["tiers"]]
     assert tiers == [("legacy", "128", 8.0, 2), ("legacy", "2048", 2.0, 2),
