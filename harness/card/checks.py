@@ -252,7 +252,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     _check_values(out, ("cells", name, "env"), cell.env, env_specs, None)
     if not cell.live:
         return
-    if runtime.telemetry.live_knobs_http is None:
+    if runtime.live_apply() is None:
         out.add(("cells", name, "live"), f"runtime {runtime.name!r} has no live knobs")
         return
     live_specs = {s.live: s for s in runtime.knobs.values() if s.live}
