@@ -5,8 +5,8 @@ one mirrored cycle cancels linear drift, an ABBA+BAAB pair also cancels quadrati
 (docs/design.md#plan). With more than two cells (a ladder B0/B1/B2…), every cell gets its own
 mirrored sub-cycle against the control in each cycle, so each comparison has an adjacent control.
 Cache states expand into separate mirrored sub-cycles (cold and warm are never averaged, seed
-004), and repeats stay inside a block (one arm in one slot; each repeat is its own boot), so the
-mirror is never broken.
+004), and repeats stay inside a block (one arm in one slot), so the mirror is never broken. Each run
+boots its own runtime unless ``design.boot`` shares one (:func:`boot_group`).
 
 Runs are laid out cycle by cycle, so the plan of N cycles begins with the plan of any M < N
 cycles, run for run: :func:`extend_plan` grows a campaign by whole cycles and keeps every run
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.card import LoadedCard
+from harness.card.schema import BootDesign
 from harness.errors import PlanError
 
 # 1: first version (later with `cycles`, absent from older plans, where it is design.cycles)
@@ -87,6 +88,10 @@ class Plan:
 
     def estimated_run_s(self) -> float:
         """Rough seconds per run: boot plus the workload at the profile's expected speed."""
+        return self.card.runtime.expected_boot_s + self.estimated_drive_s()
+
+    def estimated_drive_s(self) -> float:
+        """Rough seconds of a run's requests (warmup included) at the profile's expected speed."""
         card = self.card.card
         runtime = self.card.runtime
         workload = card.workload
@@ -102,17 +107,45 @@ class Plan:
             count = len(self.card.split("heldout")) * workload.passes
             seconds = count * workload.max_tokens / runtime.expected_tok_s
         seconds += workload.warmup_requests * workload.max_tokens / runtime.expected_tok_s
-        return runtime.expected_boot_s + seconds
+        return seconds
 
     def _heldout(self, domains: list[str]) -> list[str]:
         return [p.id for p in self.card.split("heldout") if p.domain in domains]
 
-    def estimated_total_s(self) -> float:
-        """Rough seconds for the whole plan: a fleet's boxes run at once, so its busiest box."""
+    def boots(self, boot: BootDesign | None = None) -> dict[str, int]:
+        """Boots per box under ``boot`` (default: the card's ``design.boot``)."""
+        design = boot or self.card.card.design.boot
+        groups: dict[str, set[str]] = {}
+        for run in self.runs:
+            groups.setdefault(run.box, set()).add(boot_group(run, design) or run.run_id)
+        return {box: len(found) for box, found in groups.items()}
+
+    def estimated_total_s(
+        self, *, boot: BootDesign | None = None, boot_s: float | None = None
+    ) -> float:
+        """Rough seconds for the whole plan: a fleet's boxes run at once, so its busiest box.
+
+        Each boot costs ``boot_s`` (default: the profile's ``expected_boot_s``); a run on a
+        boot it shares costs its washout and the drive.
+        """
+        runtime = self.card.runtime
+        boot_s = runtime.expected_boot_s if boot_s is None else boot_s
+        washout_s = 0.0
+        if runtime.live is not None:
+            washout_s = runtime.live.washout_s + runtime.live.washout_requests * (
+                self.card.card.workload.max_tokens / runtime.expected_tok_s
+            )
         per_box: dict[str, int] = {}
         for run in self.runs:
             per_box[run.box] = per_box.get(run.box, 0) + 1
-        return self.estimated_run_s() * max(per_box.values(), default=0)
+        boots = self.boots(boot)
+        totals = [
+            boots[box] * boot_s
+            + count * self.estimated_drive_s()
+            + (count - boots[box]) * washout_s
+            for box, count in per_box.items()
+        ]
+        return max(totals, default=0.0)
 
     def to_json(self) -> dict[str, object]:
         """The plan as ``{"schema_version", "campaign", "runs": [...]}`` in execution order."""
@@ -139,6 +172,17 @@ class Plan:
                 for r in self.runs
             ],
         }
+
+
+def boot_group(run: Run, boot: BootDesign) -> str | None:
+    """The boot a run shares with the runs next to it on its box: its cycle's (per-cycle) or
+    the campaign's (per-campaign); None when it boots its own (per-block). A runner reuses a
+    boot only across consecutive runs of its own share, so a group never spans boxes."""
+    if boot == "per-cycle":
+        return f"cycle{run.cycle}"
+    if boot == "per-campaign":
+        return "campaign"
+    return None
 
 
 def cycle_pattern(cycle: int) -> str:
@@ -261,6 +305,7 @@ def plan_json_text(plan: Plan) -> str:
 __all__ = [
     "Plan",
     "Run",
+    "boot_group",
     "build_plan",
     "cohort_lane",
     "cycle_pattern",

@@ -214,6 +214,7 @@ class Engine:
         with self.lock:
             self.opts = opts
             self.knobs = opts.knobs or PolicyKnobs(policy="frozen")
+            self.phase = opts.phase  # the next run's first records are tagged as a boot's
             self.requests = self.prefill_tokens = self.decode_tokens = 0
             self.generated_tokens = self.swaps = 0
             self.route_counts[:] = 0
