@@ -231,6 +231,8 @@ class Engine:
             self._trace_line(
                 {"kind": "reset", "step": self.step_no, "knobs": self.knob_dict(), "hot": hot_now}
             )
+            if self._trace is not None:
+                self._trace.flush()  # rare, and a reader may look for it at once
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (see COUNTER_NAMES); hits/misses are hot/cold lookups."""

@@ -281,12 +281,14 @@ class RunningRuntime:
         self._send_live(action, dict(knobs), "live knobs")
 
     def reset_live(self, knobs: Mapping[str, Any]) -> None:
-        """Take the runtime back to its boot state with the profile's ``live.reset`` (the next
-        cell's settings ride along), then apply ``knobs``; no reset declared: apply only."""
+        """Take the runtime back to its boot state with the profile's ``live.reset``, carrying
+        ``knobs`` (the next cell's settings, live file paths included); with no reset declared,
+        apply them only."""
         live = self.profile.live
         if live is not None and live.reset is not None:
             self._send_live(live.reset, dict(knobs), "reset")
-        self.post_live(knobs)
+        else:
+            self.post_live(knobs)
 
     def _send_live(self, action: LiveAction, knobs: dict[str, Any], what: str) -> None:
         self.live_seq += 1
@@ -307,6 +309,8 @@ class RunningRuntime:
         spec = action.file
         path = render(spec.path, {"run_dir": self.spec.run_dir, "port": self.spec.port})
         text = spec.body.replace("{knobs}", json.dumps(knobs)).replace("{seq}", seq)
+        # Only what the runtime logs after this write acknowledges it (not an older change's).
+        logged_before = len(self.box.read_text(self.spec.log_path))
         with tempfile.TemporaryDirectory() as folder:
             local = Path(folder) / "control"
             local.write_text(text, encoding="utf-8")
@@ -319,7 +323,7 @@ class RunningRuntime:
         )
         deadline = time.monotonic() + spec.timeout_s
         while True:
-            log = self.box.read_text(self.spec.log_path)
+            log = self.box.read_text(self.spec.log_path)[logged_before:]
             if ack.search(log):
                 return
             refused = reject.search(log) if reject is not None else None
