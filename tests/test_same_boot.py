@@ -21,7 +21,7 @@ from harness.execute.campaign import new_campaign_dir
 from harness.execute.run import CampaignRunner
 from harness.formats.records import CampaignDir, Journal
 from harness.plan.build import build_plan
-from tests.conftest import DATA, REPO, start_campaign
+from tests.conftest import DATA, REPO, run_cli, start_campaign
 from tests.test_execute_local import _stop_leftovers
 
 pytestmark = pytest.mark.slow
@@ -83,6 +83,12 @@ def test_a_per_cycle_campaign_boots_once_per_cycle_and_slices_each_run(tmp_path:
         if json.loads(line)["kind"] in ("knobs", "reset")
     }
     assert drains >= {2, 64}
+    # The report's order strip frames the blocks that shared a boot: one frame per cycle.
+    report = run_cli("report", str(campaign.root))
+    assert report.code == 0, report.stderr
+    html = (campaign.root / "report.html").read_text(encoding="utf-8")
+    assert html.count('<div class="boot" title="boot ') == 2
+    assert "boot per-cycle: a frame holds the blocks that ran on one boot" in html
 
 
 def test_a_live_knob_the_runtime_refuses_fails_its_block_with_the_log_tail(

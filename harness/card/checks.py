@@ -215,25 +215,39 @@ def check_shared_boot(card: Card, runtime: RuntimeProfile | None, out: Problems)
     """Cells that share a boot (``design.boot`` per-cycle or per-campaign) differ only in what
     the runtime takes live: a knob with a ``live`` key, a file knob in ``live.files``, ``live:``
     values. Anything else differs at boot only, so it is reported at its line."""
-    design = card.design
-    if design.boot == "per-block" or runtime is None:
+    if runtime is None:
         return
+    for loc, message in shared_boot_problems(card, runtime):
+        out.add(loc, message)
+
+
+def shared_boot_problems(card: Card, runtime: RuntimeProfile) -> list[tuple[Loc, str]]:
+    """Why the cells of ``card`` cannot share a boot as its ``design.boot`` says, each at the
+    card field it is about; empty when they can (or each run boots its own)."""
+    design = card.design
+    found: list[tuple[Loc, str]] = []
+
+    def add(loc: Loc, message: str) -> None:
+        found.append((loc, message))
+
+    if design.boot == "per-block":
+        return found
     where: Loc = ("design", "boot")
     if runtime.driver is not None:
-        out.add(where, f"runtime {runtime.name!r} is a command driver: there is no boot to share")
-        return
+        add(where, f"runtime {runtime.name!r} is a command driver: there is no boot to share")
+        return found
     if runtime.live_apply() is None:
-        out.add(
+        add(
             where,
             f"runtime {runtime.name!r} declares no live contract (`live:` in its profile), so "
             f"cells cannot share a boot; use boot: per-block",
         )
-        return
+        return found
     if any(p.duration_s is not None for p in card.workload.phases or []):
-        out.add(where, "a checkpointed soak (a timed phase) boots its runs alone: use per-block")
+        add(where, "a checkpointed soak (a timed phase) boots its runs alone: use per-block")
     reference = card.control if card.control in card.cells else next(iter(card.cells), None)
     if reference is None:
-        return
+        return found
     live_files = runtime.live.files if runtime.live is not None else {}
     fix = (
         f"cells sharing a boot (design.boot: {design.boot}) may differ only in what runtime "
@@ -256,7 +270,7 @@ def check_shared_boot(card: Card, runtime: RuntimeProfile | None, out: Problems)
             if spec is None or spec.live or knobs.get(knob) == base_knobs.get(knob):
                 continue
             owner = name if knob in cell.knobs else reference
-            out.add(
+            add(
                 ("cells", owner, "knobs", knob),
                 f"{knob} is {knobs.get(knob, 'unset')} in {name} and "
                 f"{base_knobs.get(knob, 'unset')} in {reference}, and it is not live (no `live:` "
@@ -266,7 +280,7 @@ def check_shared_boot(card: Card, runtime: RuntimeProfile | None, out: Problems)
             if key in live_files or cell.files.get(key) == base.files.get(key):
                 continue
             owner = name if key in cell.files else reference
-            out.add(
+            add(
                 ("cells", owner, "files", key),
                 f"file knob {key} differs from {reference}'s and is not live (not in the "
                 f"profile's live.files): {fix}",
@@ -277,10 +291,11 @@ def check_shared_boot(card: Card, runtime: RuntimeProfile | None, out: Problems)
         ):
             if mine != theirs:
                 owner = name if mine else reference
-                out.add(
+                add(
                     ("cells", owner, field),
                     f"{field} differs from {reference}'s and only reaches a runtime at boot: {fix}",
                 )
+    return found
 
 
 def _check_rowmap(path: Path, field: tuple[str | int, ...], out: Problems) -> None:

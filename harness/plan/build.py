@@ -120,6 +120,24 @@ class Plan:
             groups.setdefault(run.box, set()).add(boot_group(run, design) or run.run_id)
         return {box: len(found) for box, found in groups.items()}
 
+    def boot_design_problems(self) -> dict[BootDesign, str]:
+        """Each boot design -> why this card cannot take it ("" when it can): the card's own
+        check (:func:`~harness.card.checks.shared_boot_problems`) with that design."""
+        from harness.card.checks import shared_boot_problems
+
+        loaded = self.card
+        found: dict[BootDesign, str] = {}
+        for design in BOOT_DESIGNS:
+            if design != "per-block" and "cold" in loaded.card.design.cache_states:
+                found[design] = "cold runs need a fresh boot"
+                continue
+            card = loaded.card.model_copy(
+                update={"design": loaded.card.design.model_copy(update={"boot": design})}
+            )
+            problems = shared_boot_problems(card, loaded.runtime)
+            found[design] = problems[0][1] if problems else ""
+        return found
+
     def estimated_total_s(
         self, *, boot: BootDesign | None = None, boot_s: float | None = None
     ) -> float:
@@ -172,6 +190,9 @@ class Plan:
                 for r in self.runs
             ],
         }
+
+
+BOOT_DESIGNS: tuple[BootDesign, ...] = ("per-block", "per-cycle", "per-campaign")
 
 
 def boot_group(run: Run, boot: BootDesign) -> str | None:
@@ -303,6 +324,7 @@ def plan_json_text(plan: Plan) -> str:
 
 
 __all__ = [
+    "BOOT_DESIGNS",
     "Plan",
     "Run",
     "boot_group",
