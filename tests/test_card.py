@@ -156,6 +156,23 @@ def test_shared_boot_refuses_a_non_live_knob_at_its_line_and_exits_2() -> None:
         copy.unlink()
 
 
+def test_shared_boot_refuses_a_live_knob_one_cell_leaves_unset(tmp_path: Path) -> None:
+    # After a reset, a cell that does not set drain_every would keep the boot's first cell's.
+    text = (DATA / "cards" / "invalid" / "boot-non-live-knob.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "a: {knobs: {hot_slots: 48, drain_every: 64}}", "a: {knobs: {hot_slots: 16}}"
+    )
+    card = tmp_path / "unset.yaml"
+    card.write_text(text.replace("../../pools/", f"{DATA}/pools/"), encoding="utf-8")
+    with pytest.raises(CardError) as caught:
+        load_card(card)
+    assert caught.value.lines() == [
+        f"{card}:8: cells.b.knobs.drain_every: drain_every is live but a leaves it unset (the "
+        "profile gives no default): on a shared boot a would run on the value the boot started "
+        "with; set drain_every in every cell (design.boot: per-cycle)"
+    ]
+
+
 def test_shared_boot_refuses_cold_runs() -> None:
     with pytest.raises(ValidationError, match="a cold run needs a fresh boot"):
         Design(boot="per-cycle", cache_states=["warm", "cold"])

@@ -267,7 +267,21 @@ def shared_boot_problems(card: Card, runtime: RuntimeProfile) -> list[tuple[Loc,
         knobs = defaults(cell)
         for knob in sorted(set(knobs) | set(base_knobs)):
             spec = runtime.knobs.get(knob)
-            if spec is None or spec.live or knobs.get(knob) == base_knobs.get(knob):
+            if spec is None or knobs.get(knob) == base_knobs.get(knob):
+                continue
+            if spec.live and (knob not in knobs or knob not in base_knobs):
+                # Live, but unset in one cell: after a reset that cell would run on whatever
+                # the boot's first cell set, not on the runtime's own default.
+                unset = name if knob not in knobs else reference
+                owner = reference if unset == name else name
+                add(
+                    ("cells", owner, "knobs", knob),
+                    f"{knob} is live but {unset} leaves it unset (the profile gives no "
+                    f"default): on a shared boot {unset} would run on the value the boot "
+                    f"started with; set {knob} in every cell (design.boot: {design.boot})",
+                )
+                continue
+            if spec.live:
                 continue
             owner = name if knob in cell.knobs else reference
             add(
