@@ -87,7 +87,11 @@ def run_bench(quick: bool = False) -> list[Figure]:
         results["per-cycle"],
     )
     ratio = block_s / cycle_s
-    differ = sorted(k for k in block_labels if block_labels[k] != cycle_labels.get(k))
+    differ = sorted(
+        f"{k}: {block_labels[k]} / {cycle_labels.get(k)}"
+        for k in block_labels
+        if block_labels[k] != cycle_labels.get(k)
+    )
     agree = not differ and block_labels.keys() == cycle_labels.keys() and block_pass == cycle_pass
     size = f"{cycles} cycle(s), {delay_s:g} s boot delay, scale {scale:g}"
     if cells is not None:
@@ -108,7 +112,7 @@ def run_bench(quick: bool = False) -> list[Figure]:
             baseline=(
                 f"{len(block_labels)} comparisons; verdict "
                 f"{'PASS' if block_pass else 'FAIL'} / {'PASS' if cycle_pass else 'FAIL'}"
-                + (f"; differ: {', '.join(differ)}" if differ else "")
+                + (f"; differ (per-block / per-cycle): {'; '.join(differ)}" if differ else "")
             ),
             target="1",
             passed=agree,

@@ -393,6 +393,10 @@ class CampaignRunner(RunRecords):
                 state.watch = self._start_watch(run, runtime.pgid, record)
                 self._check_idle(run, runtime)
                 runtime.post_live(spec.live)
+                if group is not None:
+                    # The first run of a shared boot gets the washout too: every run of the
+                    # group then starts alike, not the first one less adapted than the rest.
+                    self._washout(runtime, run)
                 self._measure(runtime, run, state, local_dir, swap_before, record)
         except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
