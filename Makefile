@@ -62,3 +62,12 @@ llama-server: $(STAMP)
 vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash scripts/build-vllm.sh
 	$(BIN)/harness make-vllm-model
+
+# ds4 (seed 004's runtime, the andreaborio/ds4 fork at ba2a729), CPU backend, built offline from
+# the source tarball in ../shared/third_party/ds4/ into ~/.cache/harness/ds4 (19-39 s here on 2
+# shared cores), and the random-weight DeepSeek-V4-Flash-shaped GGUF its tests and cards load (about
+# 2.8 GiB, under a minute); later calls reuse both.
+.PHONY: ds4
+ds4: $(STAMP)
+	bash scripts/build-ds4.sh
+	$(BIN)/harness make-ds4-model

@@ -32,6 +32,7 @@ from harness.importers.commands import register as import_verbs
 from harness.plan.commands import register as plan_verbs
 from harness.refbox.commands import register as refbox_verbs
 from harness.report.commands import register as report_verbs
+from harness.runtimes.ds4.commands import register as ds4_verbs
 from harness.runtimes.llamacpp.commands import register as llamacpp_verbs
 from harness.runtimes.vllm.commands import register as vllm_verbs
 from harness.sim.commands import register as sim_verbs
@@ -51,6 +52,7 @@ VERBS: tuple[Callable[[Any], None], ...] = (
     sim_verbs,  # simulate, fit-map
     llamacpp_verbs,
     vllm_verbs,
+    ds4_verbs,
     bench_verbs,
     ring_verbs,
     refbox_verbs,

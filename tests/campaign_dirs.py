@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from tests.conftest import run_cli
-from tests.test_report import CARD, POOL
+from tests.report.test_report import CARD, POOL
 
 GATES = (
     "gates:\n"

@@ -40,7 +40,9 @@ FIXTURES = {
         "0.2",
         {"cycles: 3\n  max_cycles: 10\n  sequential: true\n  look_every: 1\n": "cycles: 1\n"},
     ),
-    "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"repeats: 3": "repeats: 1"}),
+    # Made while the card had 1 cycle of 3 repeats (edited to 1) and 8-request shift phases; it
+    # has 2 cycles of 1 repeat and 10-request shift phases now.
+    "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"cycles: 2,": "cycles: 1,"}),
 }
 DROPPED = (
     "route-trace.jsonl", "report.html", "record.md", "analysis", "box", "figures",

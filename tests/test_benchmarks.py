@@ -4,7 +4,7 @@ No timing is asserted (figures are what a benchmark reports, not what a test che
 that stops running, or prints nothing, fails here instead of rotting until someone needs it.
 A benchmark with checks of its own runs in its own test file instead (``ELSEWHERE``): ``sim`` and
 ``sweep`` beside their unit tests, ``drive`` beside its schedule server, ``vllm-client`` with the
-vLLM venv in tests/test_vllm.py.
+vLLM venv in tests/engines/test_vllm.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from tests.conftest import REPO, run_cli
 pytestmark = pytest.mark.slow
 
 ELSEWHERE = {
-    "drive": "tests/test_bench_drive.py",
-    "sim": "tests/test_bench_sim.py",
-    "sweep": "tests/test_sweep.py",
-    "vllm-client": "tests/test_vllm.py",
+    "drive": "tests/drive/test_bench_drive.py",
+    "sim": "tests/sim/test_bench_sim.py",
+    "sweep": "tests/sim/test_sweep.py",
+    "vllm-client": "tests/engines/test_vllm.py",
 }
 LOCAL = sorted(set(bench_names()) - set(ELSEWHERE))
 

@@ -250,7 +250,7 @@ def test_a_card_bound_of_nan_or_infinity_is_a_card_error(
 def test_an_imported_vllm_file_with_a_negative_itl_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_import import _export_demo, _mapping
+    from tests.importers.test_import import _export_demo, _mapping
 
     files = _export_demo(tmp_path / "files", detailed=True)
     data = json.loads(files[0].read_text())
@@ -266,7 +266,7 @@ def test_an_imported_vllm_file_with_a_negative_itl_is_refused(
 def test_an_import_is_sealed_and_verifies(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_import import _export_demo, _mapping
+    from tests.importers.test_import import _export_demo, _mapping
 
     files = _export_demo(tmp_path / "files", detailed=True)
     out = tmp_path / "imported"
@@ -323,7 +323,7 @@ def test_a_second_harness_is_refused_naming_the_holder_and_a_killed_one_frees_it
 def test_import_refuses_a_folder_that_is_not_empty(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_import import _export_demo, _mapping
+    from tests.importers.test_import import _export_demo, _mapping
 
     files = _export_demo(tmp_path / "files", detailed=True)
     out = tmp_path / "mine"
@@ -477,7 +477,7 @@ def test_reports_or_output_that_is_a_file_or_under_one_is_exit_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.campaign_dirs import tiny_card
-    from tests.test_import import _export_demo, _mapping
+    from tests.importers.test_import import _export_demo, _mapping
 
     card = tiny_card(tmp_path / "cards")
     a_file = tmp_path / "a-file"
@@ -674,7 +674,7 @@ def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(
             rows = [[1, 48.2, 48.2], [8, speed, speed / 8]]
             path.write_text(json.dumps({"tag": "t", "rows": rows, "ts": 0}))
             files.append(path)
-    from tests.test_import import _mapping
+    from tests.importers.test_import import _mapping
 
     mapping = _mapping(tmp_path / "m.yaml", select="{C: 8}")
     code, _, err = cli("import", "knee", *map(str, files), "--map", str(mapping),
@@ -716,7 +716,7 @@ def test_card_text_is_data_in_the_terminal_junit_and_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from harness.formats.records import write_sealed_json
-    from tests.test_gate import Synth, _card_text, build_campaign
+    from tests.gate.test_gate import Synth, _card_text, build_campaign
 
     # The card's description, and a quality prompt id (from a pool) that every gate reason names.
     text = _card_text("  - {kind: quality, min_pass: 1}")

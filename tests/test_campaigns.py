@@ -1,12 +1,12 @@
 """The shipped campaigns end to end on the reference runtime, at their smallest scale.
 
-The demo asserts the outcome it exists to show, as `make demo` runs it. The seed cards run at
-the smallest size that still runs every stage of their shape (one cycle, a tenth of the card);
-the tables they exist to reproduce, and their directions, are pinned in tests/test_seed_tables.py
-on fixed records of runs at the size these tests used to run them, where the machine's load
-cannot move them. A timing gate on a shared two-core machine may fall short of significance
-with few cycles; then it must fail as *inconclusive* with the cycles it needs, never as
-*worse*, and the exit code must follow the verdict (0 pass, 1 a gate failed; never 2 or 3).
+The demo asserts the outcome it exists to show, as `make demo` runs it. The seed cards run at the
+smallest size that still runs every stage of their shape (one cycle, a tenth of the card); the
+tables they exist to reproduce, and their directions, are pinned in
+tests/analyze/test_seed_tables.py on fixed records of runs at the size these tests used to run them,
+where the machine's load cannot move them. A timing gate on a shared two-core machine may fall short
+of significance with few cycles; then it must fail as *inconclusive* with the cycles it needs, never
+as *worse*, and the exit code must follow the verdict (0 pass, 1 a gate failed; never 2 or 3).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
 def test_seed_map_heldout_runs_end_to_end(tmp_path: Path) -> None:
     # One cycle at a tenth of the card: every stage runs (held-out pools, the quality suite on
     # the runtime, first request after boot, per-domain C1); the table's directions are pinned
-    # on fixed records in tests/test_seed_tables.py.
+    # on fixed records in tests/analyze/test_seed_tables.py.
     card = _variant("seed-map-heldout.yaml", tmp_path, {"cycles: 3": "cycles: 1"})
     code, root, output = _run(card, tmp_path, "0.1")
     _assert_exit_follows_verdict(code, root, output)
@@ -123,7 +123,7 @@ def test_seed_map_heldout_runs_end_to_end(tmp_path: Path) -> None:
 def test_hotlist_priority_runs_end_to_end_warm_and_cold(tmp_path: Path) -> None:
     # One fixed cycle in each cache state at a tenth of the card (the card is sequential, 3 to
     # 10 cycles): cold runs evict the expert files before they boot; the policy table's
-    # directions are pinned in tests/test_seed_tables.py.
+    # directions are pinned in tests/analyze/test_seed_tables.py.
     card = _variant(
         "hotlist-priority.yaml",
         tmp_path,
@@ -145,9 +145,9 @@ def test_hotlist_priority_runs_end_to_end_warm_and_cold(tmp_path: Path) -> None:
 
 
 def test_queue_rate_ladder_runs_end_to_end(tmp_path: Path) -> None:
-    # One repeat per block (the card has the seed's three) at a fifth of the card: the ladder
-    # order, four cells and both shift directions; its table is pinned in test_seed_tables.py.
-    card = _variant("queue-rate-ladder.yaml", tmp_path, {"repeats: 3": "repeats: 1"})
+    # One cycle (the card has two) at a fifth of the card: the ladder order, four cells and
+    # both shift directions; its table is pinned in test_seed_tables.py.
+    card = _variant("queue-rate-ladder.yaml", tmp_path, {"cycles: 2,": "cycles: 1,"})
     code, root, output = _run(card, tmp_path, "0.2")
     assert code == 0, output
     shifts = pd.read_parquet(root / "analysis" / "shifts.parquet")

@@ -97,3 +97,14 @@ def test_the_cli_starts_without_the_heavy_stages() -> None:
         cwd=REPO,
     )
     assert done.stdout.splitlines() == ["", "0 "], done.stdout + done.stderr
+
+
+def test_the_terminal_counts_comparisons_and_says_when_none_was_decided() -> None:
+    from harness.report.terminal import label_tally
+
+    assert label_tally([], True) == ""
+    text = label_tally(["inconclusive", "inconclusive"], True)
+    assert "2 inconclusive (undecided)" in text and "no comparison was decided" in text
+    mixed = label_tally(["better", "worse", "carry-over"], False)
+    assert "1 better, 1 worse" in mixed and "1 flagged" in mixed
+    assert "no comparison was decided" not in mixed

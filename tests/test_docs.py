@@ -51,7 +51,7 @@ def _help(words: list[str]) -> tuple[int, str]:
 @pytest.mark.parametrize("line", TOUR, ids=[" ".join(t.split()[:3]) for t in TOUR])
 def test_every_command_of_the_tour_exists_with_its_flags(line: str) -> None:
     words = line.split()[1:]
-    verb = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z-]*", w)]
+    verb = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z0-9-]*", w)]
     if verb[0] == "refbox":
         # The reference runtime parses its own arguments (`harness refbox serve --help`).
         done = subprocess.run(
@@ -93,3 +93,9 @@ def test_the_quick_start_validates_and_plans_a_card_of_your_own(tmp_path: Path) 
             if args[0] == "plan":
                 assert "mine:" in done.stdout and "estimated:" in done.stdout
     assert ran == ["cp", "sed", "validate", "plan"], ran
+
+
+def test_the_readme_shows_the_verdict_the_golden_file_pins() -> None:
+    golden = (REPO / "tests" / "data" / "golden" / "gate.demo-shaped.txt").read_text()
+    shown = "\n".join(line.rstrip() for line in golden.splitlines())
+    assert shown in README, "update the README's verdict block from gate.demo-shaped.txt"

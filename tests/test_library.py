@@ -1,6 +1,6 @@
 """The library API (``harness.load_card`` … ``harness.render_report``): the CLI's pipeline, one
 call per stage, for scripts and notebooks. ``run_campaign`` is exercised by the tiny report
-campaign every report test shares (:func:`tests.test_report.make_tiny_campaign`)."""
+campaign every report test shares (:func:`tests.report.test_report.make_tiny_campaign`)."""
 
 from __future__ import annotations
 

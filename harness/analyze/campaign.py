@@ -237,6 +237,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
                     "converged": shift.converged,
                     "t90_s": shift.t90_s,
                     "t2x_s": shift.t2x_s,
+                    "excess": shift.excess,
                     "speed_recovery_s": shift.speed_recovery_s,
                     "converged_tok_s": shift.converged_tok_s,
                     "notes": "; ".join(shift.notes),
@@ -483,6 +484,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         tables.domains,
         pd.DataFrame(comparison_rows(comparisons)),
         predicted,
+        runs,
     )
     return CampaignAnalysis(
         campaign=campaign,

@@ -5,15 +5,16 @@ frontier (greedy argmax and the logits there). Seed 004's "frontier-logit SHA-25
 over the sorted per-file hashes; here each file is also an output of its own, named by its path
 inside the dump folder without the suffix (``frontier_000128``, or ``PROMPT/frontier_000128`` when
 the dumps are kept per prompt), so the gate compares arms per prompt and per frontier, exactly as
-it compares greedy texts. The JSON embeds the model path and ``--ctx-alloc``: two arms given
-different strings hash differently with identical logits, so those strings are read back and
-:func:`embedded_mismatch` says when they differ.
+it compares greedy texts. The JSON embeds more than logits (``ds4_bench.c``,
+``write_frontier_logits_json``): ``source`` (the binary's name), ``model`` (the path as given),
+``backend``, ``quality`` and ``ctx`` (``--ctx-alloc``, or its default ctx-max + gen-tokens + 1).
+Two arms that differ in any of them hash differently with identical logits, so those values are
+read back and :func:`embedded_mismatch` says when they differ.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ from harness.formats.textfile import parse_json, read_bytes
 
 LOGITS_DIR = "logits"  # under runs/<id>/: the dumps as the runtime wrote them
 _SUFFIX = ".logits.json"
-# Top-level JSON keys whose string values identify the model and context allocation.
-_EMBEDDED = re.compile(r"model|ctx[_-]?alloc", re.IGNORECASE)
+# Top-level JSON keys whose values are not logits yet change the file's hash: ds4-bench's
+# identity fields (``ctx`` is its --ctx-alloc; ``ctx_alloc`` kept for dumps that spell it out).
+_EMBEDDED = frozenset({"source", "model", "backend", "quality", "ctx", "ctx_alloc"})
 
 
 @dataclass
@@ -54,13 +56,14 @@ def read_logit_dumps(folder: Path, pattern: str = "frontier_*.logits.json") -> L
         body: Any = parse_json(data.decode("utf-8", "replace"), str(path), RecordError)
         if isinstance(body, dict):
             for key, value in body.items():
-                if _EMBEDDED.search(str(key)) and isinstance(value, str | int):
-                    dumps.embedded.setdefault(str(key), set()).add(str(value))
+                if key in _EMBEDDED and isinstance(value, str | int | bool):
+                    shown = str(value).lower() if isinstance(value, bool) else str(value)
+                    dumps.embedded.setdefault(str(key), set()).add(shown)
     return dumps
 
 
 def embedded_mismatch(by_cell: dict[str, dict[str, set[str]]]) -> str | None:
-    """A warning when the cells' dumps embed different model paths or ctx-alloc values."""
+    """A warning when the cells' dumps embed different identity values (model path, ctx…)."""
     keys = sorted({key for embedded in by_cell.values() for key in embedded})
     differing = []
     for key in keys:
@@ -73,6 +76,6 @@ def embedded_mismatch(by_cell: dict[str, dict[str, set[str]]]) -> str | None:
     return (
         "frontier-logit dumps embed different strings across arms: "
         + "; ".join(differing)
-        + ". Identical logits then hash differently: pass the same model path and --ctx-alloc "
-        "in every arm"
+        + ". Identical logits then hash differently: give every arm the same binary name, model "
+        "path, backend, quality and --ctx-alloc (ds4 writes it as `ctx`)"
     )

@@ -173,6 +173,13 @@ def run_metrics(
         "itl_p99_ms": _percentile(gaps, 99),
     }
     out.update(counter_metrics(counters))
+    # Per request served: run totals move with how many requests a timed phase let through;
+    # per request they compare across cells whatever the throughput.
+    for total in ("expert_loads", "bytes_read"):
+        value = out.get(total)
+        out[f"{total}_per_request"] = (
+            value / len(scored) if value is not None and len(scored) else None
+        )
     if bench is not None:
         out.update(bench_metrics(bench))
     if samples is not None:
@@ -183,6 +190,7 @@ def run_metrics(
         out["churn_per_min"] = summary.get("churn_per_min")
         out["swap_cost_ratio"] = summary.get("swap_cost_ratio")
         out["swap_ms_per_swap"] = summary.get("swap_ms_per_swap")
+        out["swap_steps"] = summary.get("swap_steps")
         out["ring_itl_p99_ms"] = summary.get("itl_p99_ms")
         out["ring_duration_s"] = summary.get("duration_s")
         if "boot" in ring.columns and ring["boot"].nunique() > 1:
@@ -193,9 +201,9 @@ def run_metrics(
             out["boots"] = int(ring["boot"].nunique())
         out["ring_cold_share"] = summary.get("cold_share")
         shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
-        t90 = [s.t90_s for s in shifts]
-        out["t90_s"] = _nan_max(t90)
-        out["t2x_s"] = _nan_max([s.t2x_s for s in shifts])
+        measurable = [s for s in shifts if s.excess]  # no excess: T90 n/a, not never
+        out["t90_s"] = _nan_max([s.t90_s for s in measurable])
+        out["t2x_s"] = _nan_max([s.t2x_s for s in measurable])
     return out, shifts
 
 

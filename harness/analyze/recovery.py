@@ -6,9 +6,11 @@ docs/design.md#runtime-side:
 - converged value C = median of the last window span of a phase; peak P = max after the shift;
 - T90 = time from the shift until the cold share enters and stays (for a hold window) at or
   below C + 0.10·(P − C); T2x the same for 2·C; speed recovery: decode speed back at ≥ 90 % of
-  its converged value;
+  its converged value. T90 and T2x are undefined — "n/a (no excess)", never 0 — when P ≤ C:
+  there is no excess to clear, so no time to clear it;
 - churn = swaps per minute over the converged span;
-- swap cost = mean duration of swap-bearing steps ÷ p95 of swap-free steps, and ms per swap;
+- swap cost = mean duration of swap-bearing decode steps ÷ p95 of swap-free decode steps, and
+  ms per applied swap (prefill steps excluded on both sides);
 - inter-token p99 over a whole soak from the ring.
 
 Input is one row per host step in time order with the ring's int64 columns (a pandas DataFrame
@@ -28,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from harness.card.phase_length import t90_min_phase_s
 from harness.errors import BadInput, RingError
 from harness.formats.ring import RING_FIELDS
 
@@ -228,12 +231,15 @@ def recovery_time(
 
     ``t_s``/``values`` are the new phase's series (e.g. cold share per window); see
     :func:`time_to_stay` for "enters and stays". When P ≤ C there is no excess to clear and the
-    recovery time is 0.0 (phase_recovery notes "no excess"). None: never recovered.
+    recovery time is undefined: this raises BadInput, and :func:`recovery_from_windows` records
+    the shift as "no excess" instead of calling it. None: never recovered.
     """
     if not 0 < fraction < 1:
         raise BadInput(f"fraction: must lie in (0, 1), got {fraction!r}")
-    if peak <= converged:
-        return 0.0
+    if not peak > converged:
+        raise BadInput(
+            f"recovery_time: no excess (peak {peak!r} <= converged {converged!r}): T90 undefined"
+        )
     threshold = converged + fraction * (peak - converged)
     return time_to_stay(
         t_s, values, shift_t_s, threshold, below=True, hold_s=hold_s, end_t_s=end_t_s
@@ -242,7 +248,12 @@ def recovery_time(
 
 @dataclass(frozen=True)
 class ShiftRecovery:
-    """Recovery after one phase shift; times in seconds from the shift, None = never."""
+    """Recovery after one phase shift; times in seconds from the shift.
+
+    ``excess`` is False when there was nothing to recover from (no lookups, or the peak did not
+    exceed the converged value): T90 and T2x are then None and mean "n/a", not "never".
+    With ``excess`` True, a None time means the series never entered and stayed in its band.
+    """
 
     from_phase: int
     to_phase: int
@@ -254,6 +265,7 @@ class ShiftRecovery:
     speed_recovery_s: float | None
     converged_tok_s: float
     notes: tuple[str, ...]
+    excess: bool = True
 
 
 def phase_recovery(
@@ -308,20 +320,21 @@ def recovery_from_windows(
         end_t = float(t[-1] + span["span_s"].to_numpy()[-1])
         conv = t >= end_t - converged_span_s
         notes: list[str] = []
-        if end_t - shift_t < converged_span_s + hold_s:
+        minimum = t90_min_phase_s(converged_span_s=converged_span_s, hold_s=hold_s)
+        if end_t - shift_t < minimum:
             notes.append(
                 f"phase lasted {end_t - shift_t:.1f} s, under converged_span_s + hold_s "
-                f"({converged_span_s + hold_s:g} s): the converged value may include the transient"
+                f"({minimum:g} s): the converged value may include the transient"
             )
         c = _nan_stat(np.nanmedian, share[conv])
         p = _nan_stat(np.nanmax, share)
         c_speed = _nan_stat(np.nanmedian, speed[conv])
+        excess = not (math.isnan(c) or math.isnan(p)) and p > c
+        t90 = t2x = None
         if math.isnan(c) or math.isnan(p):
             notes.append("no lookups in this phase: no cold share")
-            t90 = t2x = None
-        elif p <= c:
-            notes.append("no excess: the peak does not exceed the converged value")
-            t90 = t2x = 0.0
+        elif not excess:
+            notes.append("no excess: the peak does not exceed the converged value (T90 n/a)")
         else:
             t90 = recovery_time(
                 t, share, shift_t, c, p, fraction=fraction, hold_s=hold_s, end_t_s=end_t
@@ -340,7 +353,11 @@ def recovery_from_windows(
                 end_t_s=end_t,
             )
         )
-        defined = (("T90", t90, c), ("T2x", t2x, c), ("speed recovery", speed_rec, c_speed))
+        defined = (
+            ("T90", t90, c if excess else math.nan),
+            ("T2x", t2x, c if excess else math.nan),
+            ("speed recovery", speed_rec, c_speed),
+        )
         for name, value, basis in defined:
             if value is None and not math.isnan(basis):
                 notes.append(
@@ -358,6 +375,7 @@ def recovery_from_windows(
                 speed_recovery_s=speed_rec,
                 converged_tok_s=c_speed,
                 notes=tuple(notes),
+                excess=excess,
             )
         )
     return out
@@ -379,32 +397,37 @@ def converged_mask(windows: pd.DataFrame, converged_span_s: float) -> npt.NDArra
     return mask
 
 
-def swap_cost(frame: RingInput) -> dict[str, float | None]:
-    """Swap cost from step durations (seed 000 measured ~1.9×).
+def swap_cost(frame: RingInput, *, decode_tokens: int = DECODE_TOKENS) -> dict[str, float | None]:
+    """Swap cost from decode step durations (seed 000 measured ~1.9× and 1.9–2.4 ms).
 
-    swap_cost_ratio = mean dur_ns of swap-bearing steps (swaps > 0) ÷ p95 of swap-free steps;
-    swap_ms_per_swap = (mean swap-step dur − mean swap-free dur) / mean swaps per swap-step, in
-    ms. None where a side has no steps.
+    Only decode steps (``tokens == decode_tokens``) count on both sides: a prefill step is
+    slower by the prompt's length, not by a swap, and would make the swap-free side slow.
+    swap_cost_ratio = mean dur_ns of swap-bearing decode steps (swaps > 0) ÷ p95 of swap-free
+    decode steps; swap_ms_per_swap = (mean swap-step dur − mean swap-free dur) / mean swaps per
+    swap-step, in ms. None where a side has no steps.
     """
     cols = ring_columns(frame)
-    return _swap_cost(cols)
+    return _swap_cost(cols, decode_tokens)
 
 
-def _swap_cost(cols: Mapping[str, IntArray]) -> dict[str, float | None]:
+def _swap_cost(
+    cols: Mapping[str, IntArray], decode_tokens: int = DECODE_TOKENS
+) -> dict[str, float | None]:
+    decode = cols["tokens"] == decode_tokens
     dur, swaps = cols["dur_ns"], cols["swaps"]
     # Swap-bearing steps are rare: gather them by index, copy the rest once for the p95.
-    swap_idx = np.flatnonzero(swaps > 0)
+    swap_idx = np.flatnonzero((swaps > 0) & decode)
+    free_idx = np.flatnonzero((swaps == 0) & decode)
     n_swap = int(swap_idx.size)
-    n_free = int(dur.size - n_swap)
     out: dict[str, float | None] = {
         "swap_steps": float(n_swap),
         "swap_cost_ratio": None,
         "swap_ms_per_swap": None,
     }
-    if n_swap == 0 or n_free == 0:
+    if n_swap == 0 or free_idx.size == 0:
         return out
     mean_swap = float(dur[swap_idx].mean())
-    free_dur = np.delete(dur, swap_idx)  # a copy: percentile may partition it in place
+    free_dur = dur[free_idx]  # a copy (fancy indexing): percentile may partition it in place
     mean_free = float(free_dur.mean())
     p95_free = float(np.percentile(free_dur, 95, overwrite_input=True))
     mean_swaps = float(swaps[swap_idx].mean())
@@ -461,5 +484,5 @@ def ring_summary(
         "itl_p50_ms": itl_ms[0],
         "itl_p99_ms": itl_ms[1],
     }
-    summary.update(_swap_cost(cols))
+    summary.update(_swap_cost(cols, decode_tokens))
     return summary

@@ -19,14 +19,21 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from harness.analyze.cell_values import cell_keys, cell_value, finite, jsonable, median_of, ratio_of
 from harness.analyze.predicted import PredictedVsMeasured
+from harness.analyze.recovery_stats import (
+    median_never_slowest,
+    ratio_interval,
+    ratio_reason,
+    run_times,
+    time_range,
+)
+from harness.analyze.swap_table import SwapCost, swap_cost_frame, swap_cost_table
 from harness.card import Card
 
 FROZEN_METRIC = "decode_tok_s"  # the metric of the frozen-map table's aggregate row
@@ -37,23 +44,52 @@ FROZEN_METRIC = "decode_tok_s"  # the metric of the frozen-map table's aggregate
 
 @dataclass(frozen=True)
 class T90:
-    """T90 of one cell in one shift direction, over its runs."""
+    """Recovery of one cell in one shift direction, over its runs (recovery_stats defines it).
+
+    ``median_s``: None when no run had a measurable shift (all "n/a (no excess)" or no runs),
+    inf when at least half the measurable runs never recovered. ``range_s``: fastest and
+    slowest measurable run (slowest inf: some run never recovered). ``vs_control`` is finite or
+    None, with ``vs_control_note`` saying why it is None; ``vs_control_ci`` its bootstrap
+    interval over runs (bounds may be 0 or inf). Cold shares are medians over runs of each
+    run's peak and converged value after the shift.
+    """
 
     from_phase: str
     to_phase: str
-    median_s: float | None  # None: no shift measured; inf: most runs never recovered
+    median_s: float | None
     runs: int
-    never: int  # runs that never recovered within the phase
-    vs_control: float | None  # median ÷ the control's median, when both are finite
+    never: int  # measurable runs that never recovered within the phase
+    no_excess: int  # runs whose peak did not exceed the converged value: T90 n/a
+    range_s: tuple[float, float] | None
+    vs_control: float | None
+    vs_control_ci: tuple[float, float] | None
+    vs_control_note: str | None
+    t2x_median_s: float | None
+    t2x_never: int
+    peak_cold_share: float | None
+    converged_cold_share: float | None
 
     @property
     def never_majority(self) -> bool:
-        """True when the median is "never" (at least half the runs never recovered)."""
+        """True when the median is "never" (at least half the measurable runs never recovered)."""
         return self.median_s is not None and math.isinf(self.median_s)
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form: "never" is ``median_s: null`` with ``never_majority: true``."""
-        return {**jsonable(asdict(self)), "never_majority": self.never_majority}
+        """JSON form: "never" is null beside ``never_majority: true``; an infinite bound of a
+        range or interval is the string "inf" (a range's top: some run never recovered), and a
+        T2x median of never is the string "never"."""
+        data = jsonable(asdict(self))
+        data["range_s"] = _bounds(self.range_s)
+        data["vs_control_ci"] = _bounds(self.vs_control_ci)
+        if self.t2x_median_s is not None and math.isinf(self.t2x_median_s):
+            data["t2x_median_s"] = "never"
+        return {**data, "never_majority": self.never_majority}
+
+
+def _bounds(pair: tuple[float, ...] | None) -> list[float | str] | None:
+    if pair is None:
+        return None
+    return [("inf" if math.isinf(v) else v) for v in pair]
 
 
 @dataclass(frozen=True)
@@ -111,9 +147,17 @@ class RecoveryLadder:
                         "from_phase": t.from_phase,
                         "to_phase": t.to_phase,
                         "t90_median_s": t.median_s,
+                        "t90_min_s": t.range_s[0] if t.range_s else None,
+                        "t90_max_s": t.range_s[1] if t.range_s else None,
                         "runs": t.runs,
                         "never": t.never,
+                        "no_excess": t.no_excess,
                         "t90_vs_control": t.vs_control,
+                        "t90_vs_control_lo": t.vs_control_ci[0] if t.vs_control_ci else None,
+                        "t90_vs_control_hi": t.vs_control_ci[1] if t.vs_control_ci else None,
+                        "t2x_median_s": t.t2x_median_s,
+                        "peak_cold_share": t.peak_cold_share,
+                        "converged_cold_share": t.converged_cold_share,
                         "converged_tok_s": row.converged_tok_s.get(t.to_phase),
                         "churn_per_min": row.churn_per_min,
                         "c1_tok_s": row.c1_tok_s,
@@ -131,14 +175,58 @@ def t90_median(values: Iterable[Any]) -> tuple[float | None, int]:
     """Median T90 where "never" (None) counts as infinitely slow; and how many never recovered.
 
     The median is inf when at least half the runs never recovered, None when there are no runs.
+    Every value is a measurable run's (its shift had an excess): see recovery_stats.
     """
-    data = [finite(v) for v in values]
-    never = sum(1 for v in data if v is None)
-    if not data:
-        return None, 0
-    ordered = sorted(math.inf if v is None else v for v in data)
-    median = float(np.median(ordered)) if never * 2 < len(data) else math.inf
-    return median, never
+    times = [math.inf if finite(v) is None else float(v) for v in values]
+    return median_never_slowest(times), sum(1 for v in times if math.isinf(v))
+
+
+def _excess(sel: pd.DataFrame) -> pd.Series[Any]:
+    """Which shifts had an excess (records analysed before the column existed: those with T90)."""
+    if "excess" in sel.columns:
+        return sel["excess"].fillna(True).astype(bool)
+    return pd.Series([True] * len(sel), index=sel.index)
+
+
+def _summarise(
+    direction: tuple[str, str],
+    sel: pd.DataFrame,
+    base: list[float] | None,
+    base_median: float | None,
+    seed: int,
+) -> tuple[T90, list[float]]:
+    """One cell's T90 in one direction; also its measurable runs' times (for the control's)."""
+    excess = _excess(sel) if not sel.empty else pd.Series([], dtype=bool)
+    times, no_excess = run_times(sel["t90_s"] if not sel.empty else [], excess)
+    t2x, _ = run_times(sel["t2x_s"] if not sel.empty else [], excess)
+    median = median_never_slowest(times)
+    ratio = ci = None
+    note = None
+    if base is not None:
+        note = ratio_reason(median, base_median)
+        if note is None and median is not None and base_median:
+            ratio = median / base_median
+        ci = ratio_interval(times, base, seed=seed)
+    measured = sel[excess.to_numpy()] if not sel.empty else sel
+    return (
+        T90(
+            from_phase=direction[0],
+            to_phase=direction[1],
+            median_s=median,
+            runs=len(sel),
+            never=sum(1 for v in times if math.isinf(v)),
+            no_excess=no_excess,
+            range_s=time_range(times),
+            vs_control=ratio,
+            vs_control_ci=ci,
+            vs_control_note=note,
+            t2x_median_s=median_never_slowest(t2x),
+            t2x_never=sum(1 for v in t2x if math.isinf(v)),
+            peak_cold_share=median_of(measured["peak"]) if not measured.empty else None,
+            converged_cold_share=median_of(measured["converged"]) if not measured.empty else None,
+        ),
+        times,
+    )
 
 
 def _directions(shifts: pd.DataFrame) -> list[tuple[str, str]]:
@@ -169,13 +257,11 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
     directions = _directions(shifts)
     phases = list(dict.fromkeys(to for _, to in directions))
     control = card.control
-    medians = {
-        (cell, state, direction): t90_median(
-            _in_direction(_shifts_of(shifts, cell, state), direction)["t90_s"]
-        )[0]
-        for cell, state in cell_keys(card)
-        for direction in directions
-    }
+    control_times: dict[tuple[str, tuple[str, str]], list[float]] = {}
+    for key_state in card.design.cache_states if control else ():
+        for direction in directions:
+            sel = _in_direction(_shifts_of(shifts, str(control), key_state), direction)
+            _, control_times[(key_state, direction)] = _summarise(direction, sel, None, None, 0)
     rows: list[RecoveryRow] = []
     notes: list[str] = []
     for cell, state in cell_keys(card):
@@ -184,12 +270,13 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
         row_notes: list[str] = []
         for direction in directions:
             sel = _in_direction(mine, direction)
-            median, never = t90_median(sel["t90_s"])
-            base = medians.get((control, state, direction)) if control else None
-            ratio = None
-            if median is not None and base is not None and math.isfinite(median):
-                ratio = median / base if math.isfinite(base) and base > 0 else None
-            t90s.append(T90(direction[0], direction[1], median, len(sel), never, ratio))
+            base = None if cell == control else control_times.get((state, direction))
+            summary, _ = _summarise(
+                direction, sel, base, median_never_slowest(base or []), card.design.seed
+            )
+            if cell == control and summary.median_s is not None:
+                summary = replace(summary, vs_control=1.0)  # itself, by definition
+            t90s.append(summary)
             for note in sel.get("notes", []):
                 for part in str(note).split("; "):
                     if part:
@@ -370,6 +457,8 @@ POLICY_COLUMNS = (
     "hit_rate",
     "expert_loads",
     "bytes_read",
+    "expert_loads_per_request",
+    "bytes_read_per_request",
     "new_swapout_pages",
 )
 POLICY_EVIDENCE = ("hit_rate", "expert_loads", "bytes_read")  # without any, no table
@@ -422,6 +511,7 @@ class SeedTables:
     frozen_map: tuple[FrozenMapTable, ...]
     policy: tuple[PolicyRow, ...]
     predicted: PredictedVsMeasured | None
+    swap_cost: tuple[SwapCost, ...] = ()  # seed 000 §6, per cell
 
     def to_json(self) -> dict[str, Any]:
         """The ``seed_tables`` object of ``harness analyze --json``."""
@@ -430,6 +520,7 @@ class SeedTables:
             "frozen_map": [t.to_json() for t in self.frozen_map],
             "policy": [r.to_json() for r in self.policy],
             "predicted": self.predicted.to_json() if self.predicted else None,
+            "swap_cost": [r.to_json() for r in self.swap_cost],
         }
 
     def frames(self) -> dict[str, pd.DataFrame]:
@@ -439,6 +530,7 @@ class SeedTables:
             "frozen_map": frozen_map_frame(list(self.frozen_map)),
             "policy": pd.DataFrame([r.to_json() for r in self.policy]),
             "predicted": self.predicted.frame() if self.predicted else pd.DataFrame(),
+            "swap_cost": swap_cost_frame(list(self.swap_cost)),
         }
 
 
@@ -449,13 +541,15 @@ def build_seed_tables(
     domains: pd.DataFrame,
     comparisons: pd.DataFrame,
     predicted: PredictedVsMeasured | None = None,
+    runs: pd.DataFrame | None = None,
 ) -> SeedTables:
-    """Every seed table from the campaign's cell, shift, domain and comparison tables."""
+    """Every seed table from the campaign's cell, shift, domain, comparison and run tables."""
     return SeedTables(
         recovery=recovery_ladder(card, cells, shifts),
         frozen_map=tuple(frozen_map_tables(card, cells, domains, comparisons)),
         policy=tuple(policy_table(card, cells)),
         predicted=predicted,
+        swap_cost=tuple(swap_cost_table(card, runs)) if runs is not None else (),
     )
 
 

@@ -447,6 +447,14 @@ def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problem
             "`cache_files`: add `cache_files` (globs of the files it reads, e.g. the model) to "
             "the profile, or drop `cold`",
         )
+    for index, gate in enumerate(card.gates):
+        if isinstance(gate, CounterGate) and gate.counter in runtime.telemetry.unavailable:
+            out.add(
+                ("gates", index, "counter"),
+                f"{gate.counter} cannot exist in runtime {runtime.name!r}'s build: "
+                f"{runtime.telemetry.unavailable[gate.counter]}; drop the gate, or run a build "
+                "that has it",
+            )
     if runtime.telemetry.ring is not None:
         return
     needs = (

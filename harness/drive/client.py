@@ -131,6 +131,13 @@ def _chunk_text(payload: dict[str, Any]) -> str:
     return str(delta.get("content") or "")
 
 
+def is_reasoning_chunk(payload: dict[str, Any]) -> bool:
+    """True for a chat chunk carrying ``delta.reasoning_content`` (a thinking model's thoughts,
+    which ds4-server streams even when they decode to an empty string)."""
+    choices = payload.get("choices") or []
+    return bool(choices) and "reasoning_content" in (choices[0].get("delta") or {})
+
+
 class RuntimeHung(InfrastructureError):
     """The runtime stopped streaming or refused a connection (see :class:`_Watch`); ``results``
     holds every request the drive sent, those cancelled in flight included."""
@@ -278,6 +285,7 @@ async def send_one(
         sent = "".join(m.get("content", "") for m in body.get("messages", []))
     result.prompt_bytes = len(str(sent).encode("utf-8"))
     texts: list[str] = []
+    thinking = False  # a chunk carried delta.reasoning_content (never counted as content)
     t0 = time.perf_counter()
     result.t_start_s = t0 - origin
     result.scheduling_delay_s = t0 - queued
@@ -318,6 +326,7 @@ async def send_one(
                 if payload.get("timings"):
                     result.server_timings = payload["timings"]
                 text = _chunk_text(payload)
+                thinking = thinking or is_reasoning_chunk(payload)
                 if text:
                     stalled_since = now
                     if watch is not None:
@@ -344,6 +353,11 @@ async def send_one(
     result.output_text = "".join(texts)
     if result.ttft_s is None:
         result.error = "stream ended with no content"
+        if thinking:
+            result.error += (
+                " (only delta.reasoning_content: the server was thinking; turn thinking off in "
+                "the profile's api.extra_body, e.g. ds4-server's {thinking: {type: disabled}})"
+            )
     elif result.completion_tokens is None:
         result.error = "no usage in the stream (server ignored stream_options.include_usage)"
     else:

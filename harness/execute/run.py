@@ -63,6 +63,7 @@ from harness.formats.records import (
 )
 from harness.plan.build import Plan, Run, boot_group
 from harness.profiles.schema import BoxSpec
+from harness.runtimes.applied_policy import live_specs
 from harness.runtimes.boot import (
     BootSpec,
     RunningRuntime,
@@ -95,8 +96,9 @@ def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
 def _with_log(
     counters: dict[str, Any] | None, runtime: RunningRuntime, *, start: bool = False
 ) -> dict[str, Any] | None:
-    # The profile's log counters, snapshotted from the server log beside the HTTP counters.
-    specs = runtime.profile.telemetry.log_counters
+    # The profile's live log counters, snapshotted from the server log beside the HTTP counters
+    # (those printed only at exit are read after the stop: see RunRecords._read_exit_counters).
+    specs = live_specs(runtime.profile.telemetry.log_counters)
     if not specs:
         return counters
     text = runtime.box.read_text(runtime.spec.log_path)

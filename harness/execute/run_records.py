@@ -10,6 +10,7 @@ every other record of the run is there. Only then is ``run_done`` journalled.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from harness.formats.records import (
 )
 from harness.formats.ring_read import read_ring, read_ring_since
 from harness.plan.build import Run
+from harness.runtimes.applied_policy import add_exit_counters, applied_problems, exit_specs
 from harness.runtimes.boot import (
     RunningRuntime,
     render,
@@ -128,6 +130,9 @@ class RunRecords(GuardSteps):
                 self.campaign.journal.append(
                     "boot_stopped", run_id=state.boot_run_id or run.run_id, pgid=runtime.pgid
                 )
+                # Counters printed at exit belong to a run only when its boot was its own.
+                if not state.boot_run_id:
+                    self._read_exit_counters(local_dir, runtime)
             state.keep_runtime = keep
             record.runtime["boot_s"] = round(runtime.boot_s, 3)
             if not gone:
@@ -137,6 +142,7 @@ class RunRecords(GuardSteps):
                 )
         try:
             self._collect(local_dir, state, record)
+            self._check_applied(local_dir, record)
         except (HarnessError, OSError) as exc:
             if record.status == RUN_OK:
                 record.status = RUN_FAILED
@@ -206,6 +212,29 @@ class RunRecords(GuardSteps):
                 "boots": boots,
             },
         )
+
+    def _read_exit_counters(self, local_dir: Path, runtime: RunningRuntime) -> None:
+        """Counters the runtime prints only as it exits, read from its log after the stop."""
+        specs = self.loaded.runtime.telemetry.log_counters
+        path = local_dir / "counters.json"
+        if not exit_specs(specs) or not path.is_file() or self.loaded.runtime.driver is not None:
+            return  # a command's counters are all read after it exited (_run_command)
+        text = self.box.read_text(runtime.spec.log_path)
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        payload = add_exit_counters(payload, specs, text, where=runtime.spec.log_path)
+        write_json_atomic(path, payload)
+
+    def _check_applied(self, local_dir: Path, record: RunRecord) -> None:
+        """Fail an ok run whose log says the runtime applied something else than its knobs."""
+        checks = self.loaded.runtime.telemetry.applied
+        log = local_dir / "server.log"
+        if not checks or record.status != RUN_OK or not log.is_file():
+            return
+        text = log.read_text(encoding="utf-8", errors="replace")
+        problems = applied_problems(checks, record.knobs, text, where=str(log))
+        if problems:
+            record.status = RUN_FAILED
+            record.reason = "; ".join(problems)
 
     def _write_counters(
         self,

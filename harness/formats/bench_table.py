@@ -1,10 +1,10 @@
 """Result tables of benchmark binaries (ds4-bench CSV, llama-bench CSV/JSON), mapped onto metrics.
 
 A benchmark binary prints one row per test (a context frontier, a pp/tg test); which columns it
-writes depends on its build (ds4-bench: 9 columns in old builds, ~40 in new ones), so a column is
-always found by its header name, never its position, and a mapped header the table lacks is an
-error naming the headers it has. Values are numbers or text as written; a mapped value that is
-not a number is an error too (never read as 0).
+writes depends on its build (ds4-bench: 39 in the seed-004 build, other counts in others), so a
+column is always found by its header name, never its position, and a mapped header the table
+lacks is an error naming the headers it has. Values are numbers or text as written; a mapped
+value that is not a number is an error too (never read as 0).
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from harness.errors import RecordError
+from harness.errors import BadInput, RecordError
 from harness.formats.textfile import parse_json
 
 ResultFormat = Literal["csv", "json"]
 
 
-def _csv_rows(text: str, where: str) -> list[dict[str, Any]]:
+def _csv_rows(text: str, where: str, error: type[BadInput]) -> list[dict[str, Any]]:
     reader = csv.DictReader(io.StringIO(text))
     if not reader.fieldnames:
-        raise RecordError(f"{where}: empty result, no CSV header line; check the command's output")
+        raise error(f"{where}: empty result, no CSV header line; check the command's output")
     rows: list[dict[str, Any]] = []
     for number, row in enumerate(reader, start=2):
         if None in row or any(value is None for value in row.values()):
-            raise RecordError(
+            raise error(
                 f"{where}:{number}: {len(reader.fieldnames)} headers but a row of another "
                 "length; the file is truncated or not this binary's CSV"
             )
@@ -38,28 +38,34 @@ def _csv_rows(text: str, where: str) -> list[dict[str, Any]]:
     return rows
 
 
-def parse_result_rows(text: str, fmt: ResultFormat, where: str) -> list[dict[str, Any]]:
-    """Rows of a CSV (header line first) or JSON (a list of objects, or JSON Lines) table."""
+def parse_result_rows(
+    text: str, fmt: ResultFormat, where: str, error: type[BadInput] = RecordError
+) -> list[dict[str, Any]]:
+    """Rows of a CSV (header line first) or JSON (a list of objects, or JSON Lines) table.
+
+    The one reader of these tables: a run's command output (a damaged one is a ``RecordError``)
+    and ``harness import`` of a results file (``ResultFileError``) read them alike.
+    """
     if fmt == "csv":
         try:
-            return _csv_rows(text, where)
+            return _csv_rows(text, where, error)
         except csv.Error as exc:  # a stray carriage return or NUL inside a row
-            raise RecordError(f"{where}: not CSV ({exc}); the result file is damaged") from None
+            raise error(f"{where}: not CSV ({exc}); the result file is damaged") from None
     stripped = text.strip()
     if not stripped:
-        raise RecordError(f"{where}: empty result, no JSON rows; check the command's output")
+        raise error(f"{where}: empty result, no JSON rows; check the command's output")
     if stripped.startswith("["):
-        data = parse_json(stripped, where, RecordError)
+        data = parse_json(stripped, where, error)
         items = data if isinstance(data, list) else None
     else:  # JSON Lines (llama-bench -o jsonl)
         items = [
-            parse_json(line, f"{where}:{n}", RecordError)
+            parse_json(line, f"{where}:{n}", error)
             for n, line in enumerate(text.splitlines(), 1)
             if line.strip()
         ]
         items = [item for item in items if item is not None]
     if items is None or not all(isinstance(item, dict) for item in items):
-        raise RecordError(f"{where}: JSON result must be a list of objects (one per row)")
+        raise error(f"{where}: JSON result must be a list of objects (one per row)")
     return [dict(item) for item in items]
 
 

@@ -23,7 +23,7 @@ def analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.gate.evaluate import evaluate_gates, write_verdict
     from harness.history.store import append_history
     from harness.report import render_report
-    from harness.report.terminal import note_unsealed, print_verdict
+    from harness.report.terminal import label_tally, note_unsealed, print_verdict
 
     analysis = analyze_campaign(root)
     note_unsealed(analysis)
@@ -33,6 +33,9 @@ def analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     append_history(analysis, bool(verdict.passed))
     if not quiet:
         print_verdict(verdict, out)
+        tally = label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)
+        if tally:
+            out.write(tally + "\n")
     out.write(f"report: {render_report(root, analysis, verdict)}\n")
     return verdict
 

@@ -56,6 +56,25 @@ class Verdict:
     gates: list[GateResult]
     incomplete_runs: list[str]
 
+    @property
+    def outcome(self) -> str:
+        """ "pass"; "incomplete" (runs missing, no gate failed on complete data: exit 3);
+        "undecided" (every gate that did not pass is undecided: an inconclusive comparison, exit
+        1); else "fail" (a result worse or a gate missed on complete data, exit 1)."""
+        if self.passed:
+            return "pass"
+        if self.exit_code() == EXIT_INFRASTRUCTURE:
+            return "incomplete"
+        failing = [g for g in self.gates if not g.passed]
+        if failing and all(g.undecided for g in failing) and not self.incomplete_runs:
+            return "undecided"
+        return "fail"
+
+    @property
+    def word(self) -> str:
+        """The headline word: PASS, UNDECIDED, or FAIL (a failed gate, or runs incomplete)."""
+        return {"pass": "PASS", "undecided": "UNDECIDED"}.get(self.outcome, "FAIL")
+
     def exit_code(self) -> int:
         """0 pass; 3 when runs are missing or failed and no gate failed on complete data; else 1."""
         if self.passed:
@@ -73,6 +92,7 @@ class Verdict:
         return {
             "campaign": self.campaign,
             "passed": self.passed,
+            "outcome": self.outcome,
             "incomplete_runs": self.incomplete_runs,
             "gates": [asdict(g) for g in self.gates],
         }
@@ -294,10 +314,12 @@ def _unrecorded(runs: pd.DataFrame, cell: str, state: str, metric: str) -> list[
 
 def _better_in(
     analysis: CampaignAnalysis, cells: list[str], states: list[str], metric: str
-) -> tuple[bool, list[str], dict[str, Any], bool]:
+) -> tuple[bool, list[str], dict[str, Any], bool, bool]:
     """Whether every cell is better in every state, the reasons, the evidence, and whether any
-    failure rests on complete data (not only on runs that are missing or failed)."""
-    reasons, evidence, ok, on_data = [], {}, True, False
+    failure rests on complete data (not only on runs that are missing or failed), and whether
+    some failure is decided (worse, within noise, unrecorded, no comparison) rather than only
+    inconclusive."""
+    reasons, evidence, ok, on_data, decided = [], {}, True, False, False
     for cell in cells:
         incomplete = incomplete_runs(analysis.runs, [cell])
         for state in states:
@@ -311,7 +333,7 @@ def _better_in(
             # decide on less than the card asked for, so the gate fails and names the runs.
             unrecorded = _unrecorded(analysis.runs, cell, state, metric)
             if unrecorded:
-                ok, on_data = False, True
+                ok, on_data, decided = False, True, True
                 reasons.append(
                     f"{key}: {metric} was not recorded for runs {', '.join(unrecorded[:3])}"
                     + (f" and {len(unrecorded) - 3} more" if len(unrecorded) > 3 else "")
@@ -320,12 +342,13 @@ def _better_in(
                 )
                 continue
             if row is None:
-                ok, on_data = False, True
+                ok, on_data, decided = False, True, True
                 reasons.append(f"{key}: no comparison on {metric} (no complete cycle)")
                 continue
             evidence[key] = {k: row[k] for k in ("ratio", "ci_low", "ci_high", "label", "n_cycles")}
             if row["label"] != "better":
                 ok, on_data = False, True
+                decided |= row["label"] != "inconclusive"
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
                 if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
@@ -339,16 +362,19 @@ def _better_in(
                 reasons.append(f"{key}: {_describe(row)}{more}")
             else:
                 reasons.append(f"{key}: {_describe(row)}")
-    return ok, reasons, evidence, on_data
+    return ok, reasons, evidence, on_data, decided
 
 
 def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:
     cells = gate_cells(gate, analysis, treatments_only=True)
-    ok, reasons, evidence, on_data = _better_in(
+    ok, reasons, evidence, on_data, decided = _better_in(
         analysis, cells, list(analysis.card.design.cache_states), gate.metric
     )
     incomplete = not ok and not on_data
-    return GateResult(gate.kind, gate_name(gate), ok, "; ".join(reasons), evidence, incomplete)
+    undecided = not ok and on_data and not decided
+    return GateResult(
+        gate.kind, gate_name(gate), ok, "; ".join(reasons), evidence, incomplete, undecided
+    )
 
 
 def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
@@ -356,13 +382,14 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
     if not metrics:
         return GateResult(gate.kind, gate_name(gate), False, "no metric to check: add `metrics`")
     cells = gate_cells(gate, analysis, treatments_only=True)
-    all_ok, any_on_data = True, False
+    all_ok, any_on_data, any_decided = True, False, False
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
     for metric in metrics:
-        ok, why, ev, on_data = _better_in(analysis, cells, list(gate.cache_states), metric)
+        ok, why, ev, on_data, decided = _better_in(analysis, cells, list(gate.cache_states), metric)
         all_ok &= ok
         any_on_data |= on_data
+        any_decided |= decided
         reasons.extend(f"{metric} {r}" for r in why if not ok or "better" in r)
         evidence[metric] = ev
     summary = (
@@ -371,7 +398,8 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
         else (f"better in every state ({', '.join(gate.cache_states)}) on {', '.join(metrics)}")
     )
     incomplete = not all_ok and not any_on_data
-    return GateResult(gate.kind, gate_name(gate), all_ok, summary, evidence, incomplete)
+    undecided = not all_ok and any_on_data and not any_decided
+    return GateResult(gate.kind, gate_name(gate), all_ok, summary, evidence, incomplete, undecided)
 
 
 def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
@@ -454,8 +482,13 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
     for gate in verdict.gates:
         name, reason = _xml(gate.name), _xml(gate.reason)
         case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=name)
-        if not gate.passed:
-            failure = ET.SubElement(case, "failure", message=reason[:500])
+        if not gate.passed and gate.undecided:
+            # Not green (exit 1), but not a regression either: the type and message say so.
+            text = f"undecided (inconclusive, not worse): {reason}"
+            failure = ET.SubElement(case, "failure", type="undecided", message=text[:500])
+            failure.text = text
+        elif not gate.passed:
+            failure = ET.SubElement(case, "failure", type="failed", message=reason[:500])
             failure.text = reason
         else:
             ET.SubElement(case, "system-out").text = reason

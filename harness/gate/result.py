@@ -47,6 +47,9 @@ class GateResult:
     # Failed only because runs it needs are missing or failed: resuming may settle it (exit 3),
     # where a failure on complete data is a verdict (exit 1).
     incomplete: bool = False
+    # Failed only because a comparison it needs is inconclusive: not decided either way, and more
+    # cycles may settle it. Still exit 1, but named "undecided", never "failed" (worse, missed).
+    undecided: bool = False
 
 
 def gate_name(gate: Gate) -> str:

@@ -1,9 +1,10 @@
 """ds4-bench CSV, read by header name (andreaborio/ds4, ``docs/benchmarks/raw/*.csv``).
 
-Old builds write 9 columns (``ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,
-gen_first_ms,gen_steady_tokens,gen_steady_tps,kvcache_bytes``), newer ones about 40 (adding
-``ttft_ms``, ``gen_tpot_p50_ms``, ``gen_tpot_p95_ms``, ``gen_hit_rate``, pread and eviction
-counts…). Columns are found by name, so either works, and a column we do not use is ignored.
+The seed-004 build (ba2a729) writes 39 columns (``ctx_tokens``, ``prefill_tokens``,
+``prefill_tps``, ``ttft_ms``, ``gen_tokens``, ``gen_tps``, ``gen_tpot_p50_ms``,
+``gen_tpot_p95_ms``, ``gen_hit_rate``, pread and eviction counts…); other builds of the fork wrote
+other headers. Columns are found by name, so any header with the required ones works, and a
+column we do not use is ignored.
 One row per context size; ``select: {ctx_tokens: 8192}`` keeps some, and each metric is the
 geomean over the kept rows that measured it (decode speed over rows with ``gen_tokens`` > 0,
 prefill over rows with ``prefill_tokens`` > 0). A block is summary-only.
@@ -11,12 +12,11 @@ prefill over rows with ``prefill_tokens`` > 0). A block is summary-only.
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 from typing import Any
 
 from harness.errors import ResultFileError
+from harness.formats.bench_table import parse_result_rows
 from harness.formats.textfile import read_text
 from harness.importers.common import SourceBlock, file_sha256
 from harness.importers.tables import Selector, add_metric, select_rows
@@ -38,21 +38,18 @@ def _positive(column: str) -> Any:
 def read_ds4(path: Path, select: Selector | None = None) -> SourceBlock:
     """One ds4-bench CSV as a block (summary-only)."""
     text = read_text(path, ResultFileError, "ds4-bench CSV")
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    header = [h.strip() for h in text.split("\n", 1)[0].split(",")]
     lacking = [c for c in _REQUIRED if c not in header]
     if lacking:
         raise ResultFileError(
             f"{path}:1: {', '.join(lacking)}: missing from the header; not a ds4-bench CSV "
             "(check the FORMAT given to harness import)"
         )
-    try:
-        rows = [{(k or "").strip(): v for k, v in row.items()} for row in reader]
-    except csv.Error as exc:  # a stray carriage return or NUL inside a row
-        raise ResultFileError(
-            f"{path}:{reader.line_num + 1}: not CSV as ds4-bench writes it ({exc}); the file is "
-            "damaged: regenerate it"
-        ) from None
+    # The one CSV reader of benchmark tables, as the command driver reads ds4-bench's stdout.
+    rows = [
+        {k.strip(): v for k, v in row.items()}
+        for row in parse_result_rows(text, "csv", str(path), ResultFileError)
+    ]
     if not rows:
         raise ResultFileError(f"{path}: no data rows under the header")
     kept = select_rows(rows, select or {}, path, set(header))

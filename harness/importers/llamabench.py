@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ResultFileError
-from harness.formats.textfile import parse_json, read_text
+from harness.formats.bench_table import parse_result_rows
+from harness.formats.textfile import read_text
 from harness.importers.common import SourceBlock, file_sha256
 from harness.importers.tables import Selector, add_metric, select_rows
 
@@ -27,16 +28,8 @@ _IDENTITY = ("build_commit", "build_number", "model_filename", "model_type", "ba
 
 def _tests(path: Path) -> list[dict[str, Any]]:
     text = read_text(path, ResultFileError, "llama-bench output")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        data = parse_json(text, str(path), ResultFileError)
-    else:  # -o jsonl
-        data = [
-            parse_json(line, str(path), ResultFileError, first_line=number)
-            for number, line in enumerate(text.splitlines(), start=1)
-            if line.strip()
-        ]
-    if not isinstance(data, list) or not data or not all(isinstance(t, dict) for t in data):
+    data = parse_result_rows(text, "json", str(path), ResultFileError)
+    if not data:
         raise ResultFileError(
             f"{path}: not llama-bench `-o json`/`-o jsonl` output (a list of test objects); "
             "check the FORMAT given to harness import"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.card import LoadedCard
+from harness.card.phase_length import estimate_phase, request_s
 from harness.card.schema import BootDesign
 from harness.errors import PlanError
 
@@ -87,30 +88,37 @@ class Plan:
     scale: float = 1.0  # workload scale the card ran at (harness run --scale)
 
     def estimated_run_s(self) -> float:
-        """Rough seconds per run: boot plus the workload at the profile's expected speed."""
+        """Rough seconds per run: boot plus the workload, each request its first token and its
+        decode at the runtime profile's expected speeds (card/phase_length.py)."""
         return self.card.runtime.expected_boot_s + self.estimated_drive_s()
 
     def estimated_drive_s(self) -> float:
-        """Rough seconds of a run's requests (warmup included) at the profile's expected speed."""
-        card = self.card.card
-        runtime = self.card.runtime
-        workload = card.workload
+        """Rough seconds of a run's requests, warm-up included (:meth:`estimated_run_s`)."""
+        workload = self.card.card.workload
+        each = request_s(self.card)
         if workload.phases:
-            seconds = 0.0
-            for phase in workload.phases:
-                if phase.duration_s is not None:
-                    seconds += phase.duration_s
-                else:
-                    count = phase.requests or len(self._heldout(phase.domains))
-                    seconds += count * workload.max_tokens / runtime.expected_tok_s
+            seconds = sum(estimate_phase(self.card, phase).seconds for phase in workload.phases)
         else:
-            count = len(self.card.split("heldout")) * workload.passes
-            seconds = count * workload.max_tokens / runtime.expected_tok_s
-        seconds += workload.warmup_requests * workload.max_tokens / runtime.expected_tok_s
+            seconds = len(self.card.split("heldout")) * workload.passes * each
+        seconds += workload.warmup_requests * each
         return seconds
 
-    def _heldout(self, domains: list[str]) -> list[str]:
-        return [p.id for p in self.card.split("heldout") if p.domain in domains]
+    def max_runs(self) -> int:
+        """The most runs the design may make: a sequential design may grow to max_cycles."""
+        design = self.card.card.design
+        if not design.sequential or design.max_cycles is None or self.cycles == 0:
+            return len(self.runs)
+        per_cycle = len(self.runs) / self.cycles
+        return round(per_cycle * max(design.max_cycles, self.cycles))
+
+    def estimate_basis(self) -> str:
+        """What the estimate assumed, in words."""
+        runtime = self.card.runtime
+        return (
+            f"boot {runtime.expected_boot_s:g} s, first token {runtime.expected_ttft_s:g} s and "
+            f"{runtime.expected_tok_s:g} tok/s per request (expected_boot_s, expected_ttft_s, "
+            f"expected_tok_s of runtime profile {runtime.name})"
+        )
 
     def boots(self, boot: BootDesign | None = None) -> dict[str, int]:
         """Boots per box under ``boot`` (default: the card's ``design.boot``)."""
@@ -143,24 +151,23 @@ class Plan:
     ) -> float:
         """Rough seconds for the whole plan: a fleet's boxes run at once, so its busiest box.
 
-        Each boot costs ``boot_s`` (default: the profile's ``expected_boot_s``); a run on a
-        boot it shares costs its washout and the drive.
+        Each boot costs ``boot_s`` (default: the profile's ``expected_boot_s``) and each run
+        its drive; a run on a shared boot its washout too.
         """
         runtime = self.card.runtime
         boot_s = runtime.expected_boot_s if boot_s is None else boot_s
+        design = boot or self.card.card.design.boot
         washout_s = 0.0
-        if runtime.live is not None:
-            washout_s = runtime.live.washout_s + runtime.live.washout_requests * (
-                self.card.card.workload.max_tokens / runtime.expected_tok_s
+        if runtime.live is not None and design != "per-block":
+            washout_s = runtime.live.washout_s + runtime.live.washout_requests * request_s(
+                self.card
             )
         per_box: dict[str, int] = {}
         for run in self.runs:
             per_box[run.box] = per_box.get(run.box, 0) + 1
         boots = self.boots(boot)
         totals = [
-            boots[box] * boot_s
-            + count * self.estimated_drive_s()
-            + (count - boots[box]) * washout_s
+            boots[box] * boot_s + count * self.estimated_drive_s() + count * washout_s
             for box, count in per_box.items()
         ]
         return max(totals, default=0.0)
@@ -171,6 +178,9 @@ class Plan:
             "schema_version": SCHEMA_VERSION,
             "campaign": self.card.card.campaign,
             "estimated_total_s": round(self.estimated_total_s(), 1),
+            "estimated_run_s": round(self.estimated_run_s(), 1),
+            "estimate_basis": self.estimate_basis(),
+            "max_runs": self.max_runs(),
             "scale": self.scale,
             "cycles": self.cycles,
             "runs": [

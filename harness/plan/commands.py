@@ -15,9 +15,12 @@ __all__ = ["register"]
 
 
 def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_boxes_file, load_card
+    from harness.card import load_boxes_file, load_card, scale_workload
+    from harness.card.phase_length import shift_phase_warnings
     from harness.card.resolve import load_runtime_profile
+    from harness.formats.termtext import shown
     from harness.plan.build import build_plan
+    from harness.report.terminal import runs_text
 
     failed: list[HarnessError] = []
     for path in args.cards:
@@ -43,13 +46,15 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
             )
             continue
         try:
-            loaded = load_card(Path(path))
+            loaded = scale_workload(load_card(Path(path)), args.scale)
         except HarnessError as problem:
             failed.append(problem)
             continue
-        plan = build_plan(loaded)
+        plan = build_plan(loaded, scale=args.scale)
         cells = len(loaded.card.cells)
-        out.write(f"ok: {path} ({cells} cells, {len(plan.runs)} runs)\n")
+        out.write(f"ok: {path} ({cells} {'cell' if cells == 1 else 'cells'}, {runs_text(plan)})\n")
+        for warning in shift_phase_warnings(loaded, scale=args.scale):
+            out.write(f"warning: {shown(warning)}\n")
     if failed:
         # Every card's problems, not only the first card's: the last is raised for its exit code.
         for earlier in failed[:-1]:
@@ -60,15 +65,17 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_card
+    from harness.card import load_card, scale_workload
+    from harness.card.phase_length import shift_phase_warnings
     from harness.plan.build import build_plan, plan_json_text
     from harness.report.terminal import print_plan
 
-    plan = build_plan(load_card(Path(args.card)))
+    loaded = scale_workload(load_card(Path(args.card)), args.scale)
+    plan = build_plan(loaded, scale=args.scale)
     if args.json:
         out.write(plan_json_text(plan) + "\n")
     else:
-        print_plan(plan, out)
+        print_plan(plan, out, warnings=shift_phase_warnings(loaded, scale=args.scale))
         if args.boot_s is not None:
             from harness.report.terminal import print_boot_costs
 
@@ -92,11 +99,17 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "validate", help="check cards (or runtimes/*.yaml, boxes.yaml) without touching a box"
     )
     validate.add_argument("cards", nargs="+", metavar="CARD")
+    validate.add_argument(
+        "--scale", type=float, default=1.0, metavar="F", help="check the cards as run at --scale F"
+    )
     validate.set_defaults(handler=_cmd_validate)
 
     plan = verbs.add_parser("plan", help="print the ordered runs of a card")
     plan.add_argument("card", metavar="CARD")
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
+    plan.add_argument(
+        "--scale", type=float, default=1.0, metavar="F", help="plan the card as run at --scale F"
+    )
     plan.add_argument(
         "--boot-s",
         type=_seconds,

@@ -213,7 +213,9 @@ class KnobSpec(Strict):
     switch: bool = Field(
         False,
         description="`arg` is a flag without a value (--enforce-eager): given when the knob is "
-        "true, left out when it is false (or `off_arg` given instead)",
+        "true, left out when it is false (or `off_arg` given instead); or `env` is a variable "
+        'the runtime tests for presence only (ds4\'s getenv(...) != NULL, where even "0" turns '
+        "it on): set to 1 when true, left unset when false",
     )
     off_arg: str | None = Field(
         None, description="flag given when a switch knob is false (--no-enable-prefix-caching)"
@@ -225,12 +227,15 @@ class KnobSpec(Strict):
             raise ValueError("a knob needs `env`, `arg` or `live`")
         if self.pattern is not None:
             _check_regex(self.pattern, "pattern")
-        if self.switch and (not self.arg or self.env or self.live):
-            raise ValueError("a `switch` knob is a flag: it needs `arg` and takes no `env`/`live`")
+        if self.switch and (bool(self.arg) == bool(self.env) or self.live):
+            raise ValueError(
+                "a `switch` knob is a flag (`arg`) or a presence-tested variable (`env`): "
+                "give exactly one of them and no `live`"
+            )
         if self.switch and (self.choices is not None or self.pattern is not None):
             raise ValueError("a `switch` knob is true or false: drop `choices` and `pattern`")
-        if self.off_arg is not None and not self.switch:
-            raise ValueError("`off_arg` belongs to a `switch` knob: add `switch: true`")
+        if self.off_arg is not None and (not self.switch or self.env):
+            raise ValueError("`off_arg` belongs to a `switch` flag knob (`arg`, `switch: true`)")
         if self.switch and self.default is not None and switch_state(self.default) is None:
             raise ValueError(f"`default` of a switch must be true or false, not {self.default!r}")
         return self
@@ -239,7 +244,7 @@ class KnobSpec(Strict):
         """None when ``value`` is valid, else the message naming what is allowed."""
         if self.switch:
             if switch_state(value) is None:
-                return f"is a switch ({self.arg}): must be true or false"
+                return f"is a switch ({self.arg or self.env}): must be true or false"
             return None
         if self.choices is not None and value in self.choices:
             return None
@@ -296,6 +301,13 @@ class LogCounter(Strict):
 
     pattern: str = Field(description="regex searched per log line; named groups are counters")
     mode: Literal["last", "sum"] = Field("last", description="cumulative line, or one per event")
+    at: Literal["live", "exit"] = Field(
+        "live",
+        description="live: the line is printed while the runtime runs (before/after the scored "
+        "workload); exit: only when the process ends (ds4 prints its cache line at cleanup), so "
+        "the count starts at 0 with the boot, warm-up included, and is read after the graceful "
+        "stop",
+    )
     units: dict[str, LogUnit] = Field(
         default_factory=dict,
         description="group -> unit as printed (KiB/MiB/GiB stored as bytes, s/us as ms)",
@@ -332,11 +344,55 @@ class CountDumpSpec(Strict):
     )
 
 
+class AppliedCheck(Strict):
+    """A log line where the runtime says what it applied for a knob: a run whose line disagrees
+    with the knob (a build that ignores the knob) fails instead of measuring the wrong arm."""
+
+    knob: str = Field(
+        description="the knob whose value the line reports, or files.NAME: the path of an "
+        "uploaded file (a file knob)"
+    )
+    pattern: str = Field(description="regex searched per log line, with a group (?P<applied>…)")
+    expect: dict[str, str] = Field(
+        description="knob value -> the applied text the line must show; key '*' for any other "
+        "value, with {value} standing for it (e.g. '*': 'fixed:{value}')"
+    )
+    unset: str | None = Field(
+        None, description="applied text expected when the cell leaves the knob unset"
+    )
+    required: bool = Field(
+        True, description="the line must be printed: its absence fails the run (say why)"
+    )
+
+    @model_validator(mode="after")
+    def _applied_group(self) -> AppliedCheck:
+        _check_regex(self.pattern, "pattern")
+        if "applied" not in compile_pattern(self.pattern).groupindex:
+            raise ValueError("an applied check's pattern needs a group (?P<applied>...)")
+        return self
+
+    def expected(self, value: str | None) -> str | None:
+        """The applied text a run with this knob value must print (None: not checked)."""
+        if value is None:
+            return self.unset
+        if value in self.expect:
+            return self.expect[value]
+        template = self.expect.get("*")
+        return template.replace("{value}", value) if template is not None else None
+
+
 class Telemetry(Strict):
     """What the executor collects from a run besides the client-side timings."""
 
     log_counters: list[LogCounter] = Field(
         default_factory=list, description="counters scraped from the runtime's log"
+    )
+    unavailable: dict[str, str] = Field(
+        default_factory=dict,
+        description="counter -> why this build cannot produce it (a gate on it fails validation)",
+    )
+    applied: list[AppliedCheck] = Field(
+        default_factory=list, description="log lines that must agree with a knob's value"
     )
 
     ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
@@ -574,6 +630,13 @@ class RuntimeProfile(Strict):
         allow_inf_nan=False,
         description="typical decode speed, for estimates",
     )
+    expected_ttft_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="typical time to first token (prefill) of a request, for estimates",
+    )
     phase_live_knob: str | None = Field(
         None, description="live knob that tags the ring with the workload phase"
     )
@@ -610,6 +673,16 @@ class RuntimeProfile(Strict):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"log counters {', '.join(twice)} are named by two patterns")
+        both = sorted(set(names) & set(self.telemetry.unavailable))
+        if both:
+            raise ValueError(f"counters {', '.join(both)} are both log counters and unavailable")
+        for check in self.telemetry.applied:
+            file_knob = check.knob.startswith("files.") and check.knob[6:] in self.files
+            if check.knob not in self.knobs and not file_knob:
+                raise ValueError(
+                    f"telemetry.applied names knob {check.knob!r}, not in `knobs` "
+                    "(or files.NAME for a file in `files`)"
+                )
         if self.live is not None:
             if self.live.apply is None and self.telemetry.live_knobs_http is None:
                 raise ValueError("`live` needs `apply` (or telemetry.live_knobs_http)")

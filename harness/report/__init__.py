@@ -88,7 +88,9 @@ def build_context(
     from harness.report import figures as fig
     from harness.report import tables
     from harness.report.fleet import fleet_context
+    from harness.report.labels import section_title
     from harness.report.runtime import runtime_context
+    from harness.report.timing import run_timing
 
     card = analysis.card
     palette = ctx.cell_palette(card)
@@ -126,10 +128,18 @@ def build_context(
         "boxes": ctx.boxes_context(root),
         "runtime_name": card.runtime if isinstance(card.runtime, str) else card.runtime.name,
         "design": ctx.design_context(analysis),
+        "timing": run_timing(analysis),
         "pools": pools,
         "workload": card.workload.model_dump(mode="json"),
         "analysis_spec": card.analysis.model_dump(mode="json"),
         "recovery": tables.recovery_table(analysis),
+        "swap_cost": tables.swap_cost_table(analysis),
+        "titles": {
+            "recovery": section_title("Recovery after domain shifts", card, "seed 000 §4"),
+            "frozen": section_title("Map comparison, held-out prompts", card, "seed 000 §5"),
+            "policy": section_title("Per-cell evidence", card, "seed 004"),
+            "swap": section_title("Swap cost", card, "seed 000 §6"),
+        },
         "frozen": tables.frozen_map_tables(analysis, comparisons),
         "policy": tables.policy_table(analysis),
         "tiers": tables.tiers_table(analysis),

@@ -32,7 +32,7 @@ def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     note_unsealed(analysis)
     verdict = evaluate_gates(analysis)
     path = render_report(root, analysis, verdict, figures=not args.no_figures)
-    out.write(f"verdict: {'PASS' if verdict.passed else 'FAIL'}\nreport: {path}\n")
+    out.write(f"verdict: {verdict.word}\nreport: {path}\n")
     copy = copy_path(root, analysis.card.campaign)
     if copy is not None:
         out.write(f"copy: {copy}\n")

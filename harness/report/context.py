@@ -76,6 +76,8 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
             "name": g.name,
             "kind": g.kind,
             "passed": g.passed,
+            "undecided": g.undecided,
+            "result": "pass" if g.passed else "UNDECIDED" if g.undecided else "FAIL",
             "reason": g.reason,
             "evidence": _evidence_lines(g.evidence),
         }
@@ -84,7 +86,9 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
     soak_failed = [g["name"] for g in gates if g["kind"] == "soak" and not g["passed"]]
     return {
         "passed": verdict.passed,
-        "word": "PASS" if verdict.passed else "FAIL",
+        "word": verdict.word,
+        "outcome": verdict.outcome,
+        "css": {"pass": "pass", "undecided": "undecided"}.get(verdict.outcome, "fail"),
         "gates": gates,
         "n_passed": sum(1 for g in gates if g["passed"]),
         "no_gates": not gates,

@@ -25,6 +25,7 @@ from harness.analyze.campaign import CampaignAnalysis
 from harness.analyze.metrics import request_metrics
 from harness.analyze.recovery import RING_COLUMNS, cold_share_windows
 from harness.errors import HarnessError
+from harness.report.tables import t90_text
 
 MAX_POINTS = 400  # plotted windows per run: enough for the eye, small enough for 100 runs
 MAX_FREE_STEPS = 200_000  # swap-free steps sampled per cell for the swap-cost box
@@ -160,16 +161,11 @@ def cold_share_figure(
                 if t90 is not None and math.isfinite(float(t90)):
                     level = float(shift["converged"]) * 100
                     ax.plot([shift_t + float(t90)], [level], marker="v", color=TEXT, ms=4)
-        if not shifts.empty:
-            sel = shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
-            for (a, b), group in sel.groupby(["from_phase", "to_phase"], sort=False):
-                values = group["t90_s"].to_numpy(dtype=np.float64)
-                done = values[np.isfinite(values)]
-                never = int(values.size - done.size)
-                text = f"{a}→{b} T90 median {np.median(done):.1f} s" if done.size else f"{a}→{b}"
-                if never:
-                    text += f", {never} never"
-                lines.append(text)
+        ladder = analysis.seed_tables.recovery
+        for row in ladder.rows if ladder else ():
+            if (row.cell, row.cache_state) == (cell, state):
+                # The table's own T90 (one definition): never counted as slowest, n/a apart.
+                lines += [f"{t.from_phase}→{t.to_phase} T90 {t90_text(t)}" for t in row.t90]
         ax.set_title(title, fontsize=10, color=TEXT, loc="left")
         ax.set_ylabel("cold share %", fontsize=8)
         ax.set_xlabel(f"s since first step ({window_s:g} s windows)", fontsize=8)
@@ -354,8 +350,13 @@ def swap_cost_figure(
         boxes.extend([free, bearing])
         labels.extend([f"{title}\nswap-free", f"{title}\nswap-bearing"])
         colors.extend([palette.get(cell, "#555") + "55", palette.get(cell, "#555")])
-        ratio = float(np.mean(bearing) / np.percentile(free, 95))
-        ratios.append(f"{title}: {ratio:.2f}× ({bearing.size:,} swap steps)")
+        row = next(
+            (r for r in analysis.seed_tables.swap_cost if (r.cell, r.cache_state) == (cell, state)),
+            None,
+        )
+        if row is not None and row.ratio_to_free_p95 is not None:
+            # The swap-cost table's own figure (median over runs), not a pooled recomputation.
+            ratios.append(f"{title}: {row.ratio_to_free_p95:.2f}× (median of {row.runs} runs)")
     if not boxes:
         return None
     figure = Figure(figsize=(max(6.0, 1.3 * len(boxes)), 3.2), layout="constrained")
@@ -370,7 +371,8 @@ def swap_cost_figure(
     _log_axis(ax, "y", boxes)
     ax.set_ylabel("step duration, ms", fontsize=8)
     ax.set_title(
-        "mean swap-bearing step ÷ p95 swap-free step: " + "; ".join(ratios),
+        "mean swap-bearing step ÷ p95 swap-free step (steps of all runs pooled below): "
+        + "; ".join(ratios),
         fontsize=8,
         color=TEXT,
         loc="left",

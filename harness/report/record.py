@@ -67,6 +67,48 @@ def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
     )  # fmt: skip
 
 
+def _recovery(recovery: dict[str, Any]) -> list[str]:
+    """The recovery tables, row for row the report's (the same context entries)."""
+    out = [f"## {_md(recovery['title'])}", ""]
+    out += _table(
+        ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
+         "peak cold share", "converged cold share", "T2x"],
+        [
+            [r["name"] + (" (control)" if r["control"] else ""), t["direction"], t["text"],
+             t["range"], t["ratio"], t["peak"], t["converged"], t["t2x"]]
+            for r in recovery["rows"]
+            for t in r["t90"]
+        ],
+    )  # fmt: skip
+    out += [_md(recovery["definition"], line_start=True), ""]
+    out += _table(
+        ["cell", "steady churn", *[f"C1 {p} (converged)" for p in recovery["phases"]],
+         "C1 whole run (prompt geomean, run median)"],
+        [
+            [r["name"], r["churn"]["text"], *[c["text"] for c in r["c1"]], r["c1_all"]["text"]]
+            for r in recovery["rows"]
+        ],
+    )  # fmt: skip
+    out += [f"{i}. {_md(n)}" for i, n in enumerate(recovery["notes"], 1)]
+    return [*out, ""] if recovery["notes"] else out
+
+
+def _frozen(table: dict[str, Any], title: str) -> list[str]:
+    """One frozen-map table, row for row the report's."""
+    out = [f"## {_md(title)}: {_md(table['title'])}", ""]
+    out += _table(
+        ["", f"{table['control']} (control)", table["cell"], "Δ", "statistics"],
+        [
+            [r["label"] + (f" (— : {r['why']})" if r["why"] else ""), r["control"]["text"],
+             r["cell"]["text"], r["delta"],
+             f"ratio {r['stat']['ratio_text']} {r['stat']['ci_text']} {r['stat']['label']}"
+             if r["stat"] else "medians over runs; no interval"]
+            for r in table["rows"]
+        ],
+    )  # fmt: skip
+    return out
+
+
 def _date(stamp: str) -> str:
     # The campaign's own date (its directory stamp, 20261201T140910Z), not the rendering's.
     try:
@@ -115,6 +157,19 @@ def render_record(context: dict[str, Any]) -> str:
         f"states {', '.join(design['cache_states'])}; {design['n_runs']} runs planned.",
         "",
     ]
+    timing = context["timing"]
+    most = timing["max_runs"]
+    out += [
+        f"Ran at --scale {timing['scale']:g}"
+        + (" (every phase's requests and duration_s scaled)" if timing["scale"] != 1 else "")
+        + (f"; up to {most} runs if the sequential design runs to its last look"
+           if most != timing["planned_runs"] else "")
+        + f". Estimate {timing['estimated_run'] or '—'} per run, {timing['estimated_total']} in "
+        f"all (assumed: {_md(timing['estimate_basis'])}); real median run "
+        f"{timing['median_run']} ({timing['run_range']}), {timing['wall']} first start to last "
+        f"end: {timing['real_vs_estimate']}.",
+        "",
+    ]  # fmt: skip
     for cell in context["cells"]:
         role = " (control)" if cell["control"] else ""
         settings = ", ".join(
@@ -127,7 +182,7 @@ def render_record(context: dict[str, Any]) -> str:
         )
     out.append("")
     if context["policy"]:
-        out += ["## Seed 004 table: policy, per cell", ""]
+        out += [f"## {_md(context['titles']['policy'])}", ""]
         out += _table(
             ["cell", "runs", "decode t/s", "hit rate", "expert loads", "routed reads",
              "TPOT p50 / p95", "new swap-out"],
@@ -138,6 +193,9 @@ def render_record(context: dict[str, Any]) -> str:
                 for r in context["policy"]["rows"]
             ],
         )  # fmt: skip
+        caveat = context["policy"]["caveat"]
+        out += [f"Evidence columns: {_md(context['policy']['evidence_title'])}. "
+                f"{_md(caveat)}".rstrip(), ""]  # fmt: skip
     if context.get("tiers"):
         tiers = context["tiers"]
         out += ["## Per tier (median over completed runs)", ""]
@@ -146,17 +204,19 @@ def render_record(context: dict[str, Any]) -> str:
             [[r["name"], r["tier"], r["runs"], *r["values"]] for r in tiers["rows"]],
         )
     if context["recovery"]:
-        recovery = context["recovery"]
-        out += ["## Seed 000 table: recovery after a shift", ""]
+        out += _recovery({**context["recovery"], "title": context["titles"]["recovery"]})
+    for table in context["frozen"]:
+        out += _frozen(table, context["titles"]["frozen"])
+    if context.get("swap_cost"):
+        swap = context["swap_cost"]
+        out += [f"## {_md(context['titles']['swap'])}", ""]
         out += _table(
-            ["cell", *[f"T90 {d}" for d in recovery["directions"]], "vs control", "churn",
-             "C1 (converged)"],
-            [
-                [r["name"], *[t["text"] for t in r["t90"]], r["ratio"], r["churn"]["text"],
-                 r["c1_all"]["text"]]
-                for r in recovery["rows"]
-            ],
+            ["cell", "runs", "swap-bearing steps", "ms per applied swap [95% CI]",
+             "÷ swap-free p95 [95% CI]"],
+            [[r["name"] + (" (control)" if r["control"] else ""), r["runs"], r["swap_steps"],
+              r["ms"], r["ratio"]] for r in swap["rows"]],
         )  # fmt: skip
+        out += [_md(swap["definition"], line_start=True), ""]
     out += ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
     out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
     out += ["## Deterministic evidence (drift cannot move it)", ""]
@@ -193,7 +253,7 @@ def render_record(context: dict[str, Any]) -> str:
     out += ["## Gates", ""]
     out += _table(
         ["gate", "result", "reason"],
-        [[g["name"], "pass" if g["passed"] else "FAIL", g["reason"]] for g in verdict["gates"]],
+        [[g["name"], g["result"], g["reason"]] for g in verdict["gates"]],
     )
     if context["campaign_warnings"]:
         out += ["## Warnings", ""]

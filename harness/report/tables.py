@@ -19,6 +19,7 @@ from harness.analyze.looks import design_plan
 from harness.analyze.seed_tables import T90
 from harness.catalog import METRICS
 from harness.report import fmt
+from harness.report.labels import adaptation
 
 # Labels of the statistics, in the order a reviewer weighs them, with their CSS class.
 LABEL_CLASS = {
@@ -47,25 +48,69 @@ def _cell_value(analysis: CampaignAnalysis, cell: str, state: str, column: str) 
     return cell_value(analysis.cells, cell, state, column)
 
 
-def _t90_text(t90: T90) -> str:
+def t90_text(t90: T90) -> str:
+    """A cell's T90 median as the report, record and figure show it (recovery_stats defines it)."""
     if t90.median_s is None:
+        return "n/a (no excess)" if t90.no_excess else f"{fmt.MISSING} (no shift measured)"
+    text = "never" if t90.never_majority else fmt.seconds(t90.median_s)
+    extras = []
+    if t90.never and not t90.never_majority:
+        extras.append(f"{t90.never}/{t90.runs} never")
+    if t90.no_excess:
+        extras.append(f"{t90.no_excess}/{t90.runs} n/a")
+    return text + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _time_or_never(value: float) -> str:
+    return "never" if math.isinf(value) else fmt.seconds(value)
+
+
+def t90_range_text(t90: T90) -> str:
+    """Fastest–slowest measurable run, "never" at the top when some run never recovered."""
+    if t90.range_s is None:
         return fmt.MISSING
-    if t90.never_majority:
-        return "never"
-    text = fmt.seconds(t90.median_s)
-    return text + (f" ({t90.never}/{t90.runs} never)" if t90.never else "")
+    lo, hi = t90.range_s
+    if lo == hi:
+        return f"{_time_or_never(lo)} (all {t90.runs - t90.no_excess})"
+    return f"{_time_or_never(lo)} – {_time_or_never(hi)}"
+
+
+def _t2x_text(t90: T90) -> str:
+    if t90.t2x_median_s is None:
+        return "n/a (no excess)" if t90.no_excess else fmt.MISSING
+    text = _time_or_never(t90.t2x_median_s)
+    return text + (
+        f" ({t90.t2x_never}/{t90.runs} never)" if t90.t2x_never and text != "never" else ""
+    )
+
+
+def _bound(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.2f}"
+
+
+def t90_ratio_text(t90: T90) -> str:
+    """The cell's T90 over the control's with its bootstrap interval, or why there is none."""
+    if t90.vs_control is None:
+        head = f"{fmt.MISSING} ({t90.vs_control_note})" if t90.vs_control_note else fmt.MISSING
+    else:
+        head = fmt.ratio(t90.vs_control)
+    if t90.vs_control_ci is None:
+        return head + " [no interval: under 2 runs a side]" if t90.vs_control_note is None else head
+    lo, hi = t90.vs_control_ci
+    return f"{head} [{_bound(lo)}, {_bound(hi)}]"
 
 
 def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
-    """Seed 000 §4: T90 per shift direction, ratio vs control, steady churn, converged C1."""
+    """Seed 000 §4: T90 per shift direction with its spread, ratio vs control with an interval,
+    peak and converged cold share, T2x, steady churn, converged C1."""
     ladder = analysis.seed_tables.recovery
     if ladder is None:
         return None
+    # With adaptation frozen in every cell nothing can recover: a T90 of "never" would read as a
+    # slow recovery, so the recovery columns say why they are empty; peak and converged stay.
+    frozen = adaptation(analysis.card) == "adaptation frozen"
     rows = []
     for row in ladder.rows:
-        ratio = "1.00×"
-        if not row.control:
-            ratio = " / ".join(fmt.ratio(t.vs_control) for t in row.t90)
         rows.append(
             {
                 "name": key_name(analysis, row.cell, row.cache_state),
@@ -75,13 +120,24 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                 "control": row.control,
                 "t90": [
                     {
+                        "direction": f"{t.from_phase}→{t.to_phase}",
                         "value": math.inf if t.never_majority else t.median_s,
-                        "text": _t90_text(t),
+                        "text": FROZEN_TEXT if frozen else t90_text(t),
+                        "range": FROZEN_TEXT if frozen else t90_range_text(t),
+                        "ratio": (
+                            FROZEN_TEXT
+                            if frozen
+                            else "1.00× (control)"
+                            if row.control
+                            else t90_ratio_text(t)
+                        ),
+                        "t2x": FROZEN_TEXT if frozen else _t2x_text(t),
+                        "peak": fmt.pct(t.peak_cold_share, 1),
+                        "converged": fmt.pct(t.converged_cold_share, 1),
                         "n": t.runs,
                     }
                     for t in row.t90
                 ],
-                "ratio": ratio,
                 "churn": {
                     "value": row.churn_per_min,
                     "text": fmt.fixed(row.churn_per_min, 0, "/min"),
@@ -101,7 +157,75 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "notes": list(ladder.notes),
         "window_s": ladder.window_s,
         "hold_s": ladder.hold_s,
+        "definition": T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s),
     }
+
+
+def _interval(pair: tuple[float, float] | None, decimals: int) -> str:
+    if pair is None:
+        return "[no interval: under 2 runs]"
+    return f"[{pair[0]:.{decimals}f}, {pair[1]:.{decimals}f}]"
+
+
+def swap_cost_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
+    """Seed 000 §6: ms per applied swap and the ratio to the swap-free p95, with intervals."""
+    rows = analysis.seed_tables.swap_cost
+    if not rows:
+        return None
+    out = []
+    for r in rows:
+        why = None if r.runs else "no run had both swap-bearing and swap-free steps"
+        out.append(
+            {
+                "name": key_name(analysis, r.cell, r.cache_state),
+                "control": r.control,
+                "runs": r.runs,
+                "swap_steps": fmt.count(r.swap_steps),
+                "ms": (
+                    f"{fmt.fixed(r.ms_per_swap, 2, 'ms')} {_interval(r.ms_per_swap_ci, 2)}"
+                    if r.ms_per_swap is not None
+                    else f"{fmt.MISSING} ({why})"
+                ),
+                "ratio": (
+                    f"{fmt.ratio(r.ratio_to_free_p95)} {_interval(r.ratio_ci, 2)}"
+                    if r.ratio_to_free_p95 is not None
+                    else f"{fmt.MISSING} ({why or 'a swap-free p95 of 0'})"
+                ),
+            }
+        )
+    return {"rows": out, "definition": SWAP_DEFINITION}
+
+
+SWAP_DEFINITION = (
+    "Per run, from the ring's decode steps (prefill steps left out of both sides): ms per "
+    "applied swap = (mean swap-bearing step − mean swap-free step) ÷ mean swaps per "
+    "swap-bearing step; ratio = mean swap-bearing step ÷ p95 of swap-free steps (seed 000 §6 "
+    "measured ~1.9× and 1.9–2.4 ms per swap). Per cell: median over runs, 95% bootstrap "
+    "interval over runs."
+)
+
+
+FROZEN_TEXT = "n/a (adaptation frozen)"
+
+# One sentence for the HTML caption and record.md, so both define T90 alike.
+T90_DEFINITION = (
+    "T90: time from the shift until the cold share ({window_s:g} s windows) enters and stays "
+    "(held {hold_s:g} s, to the phase's end) at or below converged + 10% of (peak − converged); "
+    'median over runs with "never" (not within the phase) counted as slowest, range = fastest '
+    '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value (no '
+    "T90 exists; such runs are left out). vs control = median ÷ the control's median, with a 95% "
+    "bootstrap interval over runs (∞: the cell's resampled median was never). T2x: the same "
+    "to 2 × converged (0 s when the cold share never exceeded 2 × converged). Peak and "
+    "converged cold share: medians over runs."
+)
+
+
+def _frozen_gap(analysis: CampaignAnalysis, label: str) -> str:
+    """Why a frozen-map value is missing: the reason a reviewer needs beside its "—"."""
+    if label.startswith("first request") and analysis.card.workload.warmup_requests:
+        n = analysis.card.workload.warmup_requests
+        return f"the warm-up took the first request after boot: workload.warmup_requests {n}"
+    return "no completed run measured it"
 
 
 def frozen_map_tables(
@@ -125,9 +249,12 @@ def frozen_map_tables(
                     ),
                     None,
                 )
+            missing = r.control is None or r.cell is None
             rows.append(
                 {
                     "label": r.label,
+                    # Why a value reads "—", shown under the row's label (the cells stay narrow).
+                    "why": _frozen_gap(analysis, r.label) if missing else "",
                     "control": {"value": r.control, "text": fmt.fixed(r.control, 1)},
                     "cell": {"value": r.cell, "text": fmt.fixed(r.cell, 1)},
                     "delta": fmt.delta(r.ratio),
@@ -151,6 +278,9 @@ def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     """Seed 004: decode t/s, hit rate, loads, bytes read, p50/p95 TPOT, per cell."""
     if not analysis.seed_tables.policy:
         return None
+    # A timed phase serves as many requests as the throughput allows: loads and bytes per run
+    # would move with speed, so they are shown per request served.
+    timed = any(p.duration_s is not None for p in analysis.card.workload.phases or [])
     rows = []
     for row in analysis.seed_tables.policy:
         v = row.values
@@ -169,15 +299,42 @@ def policy_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                     "text": f"{fmt.fixed(p50, 2)} / {fmt.fixed(p95, 2)} ms",
                 },
                 "hit_rate": {"value": v["hit_rate"], "text": fmt.pct(v["hit_rate"])},
-                "loads": {"value": v["expert_loads"], "text": fmt.count(v["expert_loads"])},
-                "bytes": {"value": v["bytes_read"], "text": fmt.gib(v["bytes_read"])},
+                "loads": (
+                    {
+                        "value": v["expert_loads_per_request"],
+                        "text": fmt.fixed(v["expert_loads_per_request"], 1, "/request"),
+                    }
+                    if timed
+                    else {"value": v["expert_loads"], "text": fmt.count(v["expert_loads"])}
+                ),
+                "bytes": (
+                    {
+                        "value": v["bytes_read_per_request"],
+                        "text": fmt.gib(v["bytes_read_per_request"]) + "/request",
+                    }
+                    if timed
+                    else {"value": v["bytes_read"], "text": fmt.gib(v["bytes_read"])}
+                ),
                 "swapout": {
                     "value": v["new_swapout_pages"],
                     "text": fmt.count(v["new_swapout_pages"]),
                 },
             }
         )
-    return {"rows": rows}
+    return {
+        "rows": rows,
+        "evidence_title": (
+            "deterministic per request (timed phases: totals ÷ requests served)"
+            if timed
+            else "deterministic — drift-proof"
+        ),
+        "caveat": (
+            "With timed phases a faster run serves more requests and reads more in all, so "
+            "expert loads and bytes read are shown per request served; hit rate is a ratio."
+            if timed
+            else ""
+        ),
+    }
 
 
 def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:

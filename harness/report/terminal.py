@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -22,14 +23,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "format_duration",
+    "label_tally",
     "note_unsealed",
     "print_campaigns",
     "print_comparisons",
     "print_plan",
     "print_verdict",
+    "runs_text",
 ]
 
 FAIL = "[bold red]FAIL[/bold red]"
+UNDECIDED = "[bold yellow]UNDECIDED[/bold yellow]"
 
 
 def format_duration(seconds: float) -> str:
@@ -45,12 +49,22 @@ def _console(out: TextIO, width: int) -> Any:
     return Console(file=out, width=width, highlight=False)
 
 
-def print_plan(plan: Plan, out: TextIO) -> None:
-    """The ordered runs of a plan, and what the whole campaign is estimated to take."""
+def runs_text(plan: Plan) -> str:
+    """Runs planned, and the most a sequential design may run (its last look)."""
+    text = f"{len(plan.runs)} runs"
+    most = plan.max_runs()
+    if most != len(plan.runs):
+        text += f", up to {most} if the sequential design runs to its last look"
+    return text + (f", at --scale {plan.scale:g}" if plan.scale != 1 else "")
+
+
+def print_plan(plan: Plan, out: TextIO, *, warnings: Sequence[str] = ()) -> None:
+    """The ordered runs of a plan, what the whole campaign is estimated to take and on what
+    assumptions, and the card's warnings at this scale."""
     from rich.table import Table
 
     card = plan.card.card
-    table = Table(title=f"{shown(card.campaign)}: {len(plan.runs)} runs", title_justify="left")
+    table = Table(title=f"{shown(card.campaign)}: {runs_text(plan)}", title_justify="left")
     for column in ("#", "run id", "cell", "cycle", "pattern", "slot", "arm", "cache", "box"):
         table.add_column(column)
     for run in plan.runs:
@@ -67,13 +81,19 @@ def print_plan(plan: Plan, out: TextIO) -> None:
         )
     console = _console(out, 120)
     console.print(table)
+    most = plan.max_runs()
+    upto = (
+        f" (up to {format_duration(plan.estimated_run_s() * most)} for {most} runs)"
+        if most != len(plan.runs)
+        else ""
+    )
     console.print(
         f"estimated: {format_duration(plan.estimated_run_s())} per run, "
-        f"{format_duration(plan.estimated_total_s())} in all "
-        f"(boot {plan.card.runtime.expected_boot_s:g} s and "
-        f"{plan.card.runtime.expected_tok_s:g} tok/s assumed by runtime "
-        f"{shown(repr(plan.card.runtime.name))})"
+        f"{format_duration(plan.estimated_total_s())} in all{upto}; "
+        f"assumed: {shown(plan.estimate_basis())}"
     )
+    for warning in warnings:
+        console.print(f"warning: {shown(warning)}")
 
 
 def print_boot_costs(plan: Plan, boot_s: float, out: TextIO) -> None:
@@ -114,18 +134,37 @@ def print_verdict(verdict: Verdict, out: TextIO) -> None:
 
     from harness.gate.evaluate import incomplete_text
 
-    table = Table(title=f"verdict: {'PASS' if verdict.passed else 'FAIL'}", title_justify="left")
+    title = f"verdict: {verdict.word}"
+    if verdict.outcome == "undecided":
+        title += " (inconclusive: neither better nor worse yet; exit 1, more cycles may settle it)"
+    table = Table(title=title, title_justify="left")
     table.add_column("gate")
     table.add_column("result")
     table.add_column("reason", overflow="fold")
     for gate in verdict.gates:
-        mark = "[green]pass[/green]" if gate.passed else FAIL
+        mark = "[green]pass[/green]" if gate.passed else UNDECIDED if gate.undecided else FAIL
         table.add_row(shown(gate.name), mark, shown(gate.reason))
     if not verdict.gates:
         table.add_row("(none)", FAIL, "the card declares no gates")
     if verdict.incomplete_runs:
         table.add_row("(campaign) runs complete", FAIL, shown(incomplete_text(verdict)))
     _console(out, 140).print(table)
+
+
+def label_tally(labels: list[str], passed: bool) -> str:
+    """The comparisons by label, as the report's headline counts them; "" with none."""
+    if not labels:
+        return ""
+    counts = {k: labels.count(k) for k in ("better", "worse", "within noise", "inconclusive")}
+    other = len(labels) - sum(counts.values())
+    text = (
+        f"comparisons: {counts['better']} better, {counts['worse']} worse, "
+        f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive (undecided)"
+        + (f", {other} flagged (confounded or carry-over)" if other else "")
+    )
+    if passed and counts["inconclusive"] == len(labels):
+        text += ": the gates passed, but no comparison was decided"
+    return text
 
 
 def _interval(row: Any) -> str:

@@ -106,6 +106,9 @@ def boot_spec(
             flag = spec.arg if switch_state(text) else spec.off_arg
             if flag:
                 argv.append(flag)
+        elif spec.switch and spec.env:
+            if switch_state(text):  # presence-tested: off is unset, never "0"
+                env[spec.env] = "1"
         elif spec.env:
             env[spec.env] = text
         elif spec.arg:

@@ -52,6 +52,10 @@ def start_command(
     result_path = render(driver.result_path, context) if driver.result_path else stdout_path
     argv = ["sh", "-c", _WRAPPER, "sh", stdout_path, status_path, *spec.argv]
     box.mkdirs(spec.run_dir)
+    if profile.logit_dumps is not None:
+        # ds4-bench fopen()s its frontier files inside the folder it is given and never creates
+        # it: without this the run dies after the first prefill ("No such file or directory").
+        box.mkdirs(render(profile.logit_dumps.path, context))
     with deferred():  # a stop signal here would leave a process nobody knows of
         pgid = box.start_background(argv, spec.env, spec.cwd, spec.log_path)
         if on_started is not None:

@@ -12,7 +12,7 @@ Two implementations that must make identical decisions:
   layers being independent, ranges of layers replay on threads, adding integer counts between
   drains and calling the policy's compiled :func:`harness.policy.kernels.drain_layer` at each,
   the very function ``observe`` calls. Same integers in, same machine code, so the same
-  decisions; ``tests/test_sim_replay.py`` checks the identity on random and recorded traces,
+  decisions; ``tests/sim/test_sim_replay.py`` checks the identity on random and recorded traces,
   and ``harness bench sim`` on a 1M-token trace.
 
 Cache mode (seed 004) replays through :class:`ExpertCache`, every selection in runtime order.

@@ -96,6 +96,9 @@ def evaluate(task: PointTask, trace: Trace) -> dict[str, Any]:
             _phase_name(task.phase_names, shift.from_phase),
             _phase_name(task.phase_names, shift.to_phase),
         )
+        if not shift.excess:
+            row[f"t90_s[{a}->{b}]"] = None  # no excess to clear: T90 n/a, not never
+            continue
         # Never recovered reads as infinitely slow, not as missing: it must lose every race.
         value = float("inf") if shift.t90_s is None else shift.t90_s
         row[f"t90_s[{a}->{b}]"] = value

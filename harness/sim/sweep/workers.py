@@ -4,7 +4,7 @@ A task is one point on one trace (:class:`~harness.sim.sweep.evaluate.PointTask`
 is complete when its traces are. Tasks are that fine so two processes stay busy to the end (27
 points on 2 cores would leave one idle for the 27th). Every runner returns the same rows, in
 task order, whatever order they finished in: the replay is deterministic and its result does not
-depend on its thread count (``tests/test_sim_replay.py``), so where a task ran cannot change it.
+depend on its thread count (``tests/sim/test_sim_replay.py``), so where a task ran cannot change it.
 
 * **in process** (``jobs=1``): one task after another, each replay on every CPU's thread.
 * **processes** (``jobs=N``): this process on a thread and N − 1 spawned workers, taking tasks

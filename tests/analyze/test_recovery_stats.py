@@ -1,0 +1,57 @@
+"""T90 over runs (harness.analyze.recovery_stats) on constructed run times."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.analyze.recovery_stats import (
+    median_never_slowest,
+    ratio_interval,
+    ratio_reason,
+    run_times,
+    time_range,
+)
+
+INF = math.inf
+
+
+def test_no_excess_runs_are_apart_and_never_is_slowest() -> None:
+    times, no_excess = run_times([2.0, None, None, 4.0], [True, True, False, True])
+    assert (times, no_excess) == ([2.0, INF, 4.0], 1)  # None with excess = never
+    assert median_never_slowest(times) == 4.0  # never sorts last: 2, 4, never
+    assert time_range(times) == (2.0, INF)
+
+
+def test_median_is_never_from_half_the_runs() -> None:
+    assert median_never_slowest([1.0, INF]) == INF
+    assert median_never_slowest([1.0, 3.0, INF, INF]) == INF
+    assert median_never_slowest([1.0, 3.0, 5.0, INF]) == 4.0
+    assert median_never_slowest([]) is None
+    assert time_range([]) is None
+
+
+def test_ratio_reasons_say_why_there_is_no_number() -> None:
+    assert ratio_reason(2.0, 4.0) is None
+    assert ratio_reason(2.0, INF) == "control never recovered (cell faster)"
+    assert ratio_reason(INF, 4.0) == "cell never recovered (control faster)"
+    assert ratio_reason(INF, INF) == "both never recovered"
+    assert "no measurable shift" in str(ratio_reason(None, 4.0))
+
+
+def test_ratio_interval_covers_the_ratio_and_is_seeded() -> None:
+    cell = [2.0, 2.2, 1.8, 2.1]
+    control = [4.0, 4.4, 3.6, 4.2]
+    lo, hi = ratio_interval(cell, control, seed=3) or (0.0, 0.0)
+    assert lo <= 0.5 <= hi and hi < 1.0  # clearly faster, interval under 1
+    assert ratio_interval(cell, control, seed=3) == (lo, hi)
+    assert ratio_interval([2.0], control) is None  # one run: no spread to resample
+
+
+def test_ratio_interval_bounds_may_be_infinite_or_zero() -> None:
+    lo, hi = ratio_interval([1.0, INF, INF], [1.0, 1.0, 1.0], seed=0) or (0.0, 0.0)
+    assert hi == INF and lo == pytest.approx(1.0)
+    lo, hi = ratio_interval([1.0, 1.0, 1.0], [1.0, INF, INF], seed=0) or (9.0, 9.0)
+    assert lo == 0.0 and hi == pytest.approx(1.0)
+    assert ratio_interval([INF, INF], [INF, INF]) is None  # every replicate undefined

@@ -1,0 +1,163 @@
+"""harness simulate CARD --traces: a campaign directory that analysis and gates read unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.analyze.campaign import analyze_campaign
+from harness.formats.maps import write_rowmap
+from harness.gate.evaluate import evaluate_gates
+from harness.sim.commands import register
+from harness.sim.replay import replay_fast
+from harness.sim.trace_files import load_trace
+from harness.sim.traces import concat_traces
+from tests.conftest import run_cli
+
+POOL = Path(__file__).resolve().parent.parent / "data" / "pools" / "small.jsonl"
+CARD = """\
+campaign: sim-test
+runtime: refbox
+prompts:
+  pools: [{pool}]
+  fit: {{split: fit}}
+  heldout: {{split: heldout}}
+workload:
+  max_tokens: 8
+  phases:
+    - {{name: prose, domains: [en-prose], requests: 2}}
+    - {{name: code, domains: [python], requests: 2, shift: true}}
+cells:
+  stale: {{knobs: {{policy: frozen, hot_slots: 8}}}}
+  adaptive:
+    knobs: {{policy: adaptive, hot_slots: 8}}
+    env: {{REFBOX_DRAIN_EVERY: 8}}
+    live: {{promote_threshold: 1}}
+  seeded: {{knobs: {{policy: frozen}}, files: {{rowmap: seed.json}}}}
+control: stale
+design: {{order: abba, cycles: 2, repeats: 1, cache_states: [warm]}}
+analysis: {{window_s: 0.5, converged_span_s: 1, hold_s: 0.2}}
+gates:
+  - {{kind: counter, counter: swaps, max: 100000}}
+  - {{kind: lockstep}}
+"""
+
+
+def _domain_trace(path: Path, first: int, seed: int) -> None:
+    """4 layers x 16 experts, top-2: each domain prefers 8 experts (Zipf-like)."""
+    rng = np.random.default_rng(seed)
+    prefer = (np.arange(16) + first) % 16
+    weights = 1.0 / np.arange(1, 17) ** 1.5
+    rows = [
+        [prefer[rng.choice(16, size=2, replace=False, p=weights / weights.sum())] for _ in range(4)]
+        for _ in range(2000)
+    ]
+    np.save(path, np.array(rows))
+
+
+def test_simulated_campaign_is_analysed_and_gated_unchanged(tmp_path: Path) -> None:
+    """Every planned run ok, the SIMULATED flag seen, cold shares as replayed, gates evaluated."""
+    _domain_trace(tmp_path / "prose.npy", 0, 1)
+    _domain_trace(tmp_path / "code.npy", 8, 2)
+    write_rowmap(tmp_path / "seed.json", [list(range(8, 16))] * 4, 16)
+    (tmp_path / "card.yaml").write_text(CARD.format(pool=POOL))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    out_dir = tmp_path / "sim"
+    args = parser.parse_args(["simulate", str(tmp_path / "card.yaml"), "--traces",
+                              str(tmp_path / "prose.npy"), str(tmp_path / "code.npy"),
+                              "--out", str(out_dir)])  # fmt: skip
+    out = io.StringIO()
+    assert args.handler(args, out) == 0
+    assert f"campaign directory: {out_dir}" in out.getvalue()
+    assert (out_dir / "SIMULATED").is_file()
+    analysis = analyze_campaign(out_dir)
+    assert analysis.simulated
+    runs = analysis.runs
+    assert len(runs) == 16 and (runs["status"] == "ok").all()
+    trace = concat_traces([load_trace(tmp_path / "prose.npy"), load_trace(tmp_path / "code.npy")])
+    stale = runs[runs["cell"] == "stale"]["cold_share"].unique()
+    assert len(stale) == 1 and 0.0 < stale[0] < 1.0
+    adaptive = runs[runs["cell"] == "adaptive"]
+    assert (adaptive["swaps"] > 0).all() and (adaptive["cold_share"] < stale[0]).all()
+    from harness.policy.residency import PolicyKnobs
+
+    expected = replay_fast(
+        trace, PolicyKnobs(drain_every=8, promote_threshold=1.0), [list(range(8))] * 4
+    )
+    assert adaptive["swaps"].iloc[0] == len(expected.swaps)
+    shifts = analysis.shifts
+    assert set(shifts["to_phase"]) == {"code"}  # untagged traces: one phase per trace, in order
+    verdict = evaluate_gates(analysis)
+    by_kind = {g.kind: g for g in verdict.gates}
+    assert by_kind["counter"].passed and not by_kind["lockstep"].passed
+
+
+RUN_CARD = """\
+campaign: predict
+runtime: refbox
+prompts:
+  pools: [{pool}]
+  fit: {{split: fit}}
+  heldout: {{split: heldout}}
+workload:
+  max_tokens: 12
+  warmup_requests: 1
+  phases:
+    - {{name: prose, domains: [en-prose], requests: 2}}
+    - {{name: code, domains: [python], requests: 2, shift: true}}
+cells:
+  adaptive:
+    knobs: {{policy: adaptive, hot_slots: 8, drain_every: 4}}
+    live: {{promote_threshold: 1}}
+  cached: {{knobs: {{cache_records: 48, hotlist_priority: adaptive}}}}
+control: adaptive
+design: {{order: abba, cycles: 1, repeats: 1, cache_states: [warm, cold]}}
+gates:
+  - {{kind: exact_outputs, min_match: all}}
+"""
+
+
+def _deltas(root: Path) -> dict[tuple[str, str], dict[str, int]]:
+    """The counters delta of each (cell, cache state)'s first run."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for run_dir in sorted((root / "runs").iterdir()):
+        record = json.loads((run_dir / "run.json").read_text())
+        delta = json.loads((run_dir / "counters.json").read_text())["delta"]
+        out.setdefault((record["cell"], record["cache_state"]), delta)
+    return out
+
+
+@pytest.mark.slow
+def test_a_trace_collected_as_a_run_predicts_that_run_exactly(tmp_path: Path) -> None:
+    """Simulate first, boot second: with `collect --as-run` routing, the simulator's counters
+    for every cell and cache state equal what the booted runs measured (a warm run counts after
+    its warmup, a cold run has none)."""
+    card = tmp_path / "card.yaml"
+    card.write_text(RUN_CARD.format(pool=POOL))
+    reports = tmp_path / "reports"
+    ran = run_cli("run", str(card), "--quiet", "--reports", str(reports), timeout_s=600)
+    assert ran.code == 0, ran.stdout + ran.stderr
+    (box,) = list(reports.glob("predict/*/plan.json"))
+    collected = run_cli("collect", str(card), "--as-run", "-o", str(tmp_path / "col"))
+    assert collected.code == 0, collected.stdout + collected.stderr
+    trace = load_trace(tmp_path / "col" / "route-trace.jsonl")
+    assert (trace.phase == -1).any() and set(np.unique(trace.phase)) == {-1, 0, 1}
+    simulated = run_cli(
+        "simulate", str(card), "--traces", str(tmp_path / "col" / "route-trace.jsonl"),
+        "--out", str(tmp_path / "sim"),
+    )  # fmt: skip
+    assert simulated.code == 0, simulated.stdout + simulated.stderr
+    measured, predicted = _deltas(box.parent), _deltas(tmp_path / "sim")
+    keys = ("tokens", "lookups", "cold_lookups", "hits", "misses", "swaps", "expert_loads")
+    assert set(measured) == set(predicted) and len(measured) == 4
+    for arm, counted in measured.items():
+        assert {k: predicted[arm][k] for k in keys} == {k: counted[k] for k in keys}, arm
+    assert measured["adaptive", "warm"]["swaps"] > 0 and measured["cached", "cold"]["misses"] > 0
+    # The warmup moved the cache: warm and cold runs differ, and each was predicted.
+    assert measured["cached", "warm"]["misses"] != measured["cached", "cold"]["misses"]
