@@ -100,6 +100,7 @@ def test_a_live_knob_the_runtime_refuses_fails_its_block_with_the_log_tail(
         {
             "control: control\n": "",
             "order: abba, cycles: 2": "order: sequential, cycles: 1",
+            "drain_every: 64}": "drain_every: 64, decay_half_life_steps: 256}",
             "drain_every: 2}": "drain_every: 2, decay_half_life_steps: 0}",
             "{kind: exact_outputs, min_match: all}": "{kind: exact_outputs, vs: control}",
         },
