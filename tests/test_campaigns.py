@@ -156,6 +156,9 @@ def test_queue_rate_ladder_runs_end_to_end(tmp_path: Path) -> None:
     ladder = _summary(root)["seed_tables"]["recovery"]
     assert ladder["directions"] == [["agent", "prose"], ["prose", "agent-again"]]
     assert {r["cell"] for r in ladder["rows"]} == {"b0-shipped", "b1-2x", "b2-4x", "stale-b0"}
+    # As the seed ran it: the cycle's twelve blocks on one boot (the map switched live).
+    journal = [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in journal].count("boot") == 1
 
 
 def test_soak_fails_short_of_its_duration(tmp_path: Path) -> None:

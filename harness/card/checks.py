@@ -211,6 +211,107 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
             _check_cell_settings(name, cell, runtime, out)
 
 
+def check_shared_boot(card: Card, runtime: RuntimeProfile | None, out: Problems) -> None:
+    """Cells that share a boot (``design.boot`` per-cycle or per-campaign) differ only in what
+    the runtime takes live: a knob with a ``live`` key, a file knob in ``live.files``, ``live:``
+    values. Anything else differs at boot only, so it is reported at its line."""
+    if runtime is None:
+        return
+    for loc, message in shared_boot_problems(card, runtime):
+        out.add(loc, message)
+
+
+def shared_boot_problems(card: Card, runtime: RuntimeProfile) -> list[tuple[Loc, str]]:
+    """Why the cells of ``card`` cannot share a boot as its ``design.boot`` says, each at the
+    card field it is about; empty when they can (or each run boots its own)."""
+    design = card.design
+    found: list[tuple[Loc, str]] = []
+
+    def add(loc: Loc, message: str) -> None:
+        found.append((loc, message))
+
+    if design.boot == "per-block":
+        return found
+    where: Loc = ("design", "boot")
+    if runtime.driver is not None:
+        add(where, f"runtime {runtime.name!r} is a command driver: there is no boot to share")
+        return found
+    if runtime.live_apply() is None:
+        add(
+            where,
+            f"runtime {runtime.name!r} declares no live contract (`live:` in its profile), so "
+            f"cells cannot share a boot; use boot: per-block",
+        )
+        return found
+    if any(p.duration_s is not None for p in card.workload.phases or []):
+        add(where, "a checkpointed soak (a timed phase) boots its runs alone: use per-block")
+    reference = card.control if card.control in card.cells else next(iter(card.cells), None)
+    if reference is None:
+        return found
+    live_files = runtime.live.files if runtime.live is not None else {}
+    fix = (
+        f"cells sharing a boot (design.boot: {design.boot}) may differ only in what runtime "
+        f"{runtime.name!r} takes live; use design.boot: per-block"
+    )
+
+    def defaults(cell: Cell) -> dict[str, str]:
+        values = {n: s.default for n, s in runtime.knobs.items() if s.default is not None}
+        values.update({n: _knob_text(v) for n, v in cell.knobs.items()})
+        return values
+
+    base = card.cells[reference]
+    base_knobs = defaults(base)
+    for name, cell in card.cells.items():
+        if name == reference:
+            continue
+        knobs = defaults(cell)
+        for knob in sorted(set(knobs) | set(base_knobs)):
+            spec = runtime.knobs.get(knob)
+            if spec is None or knobs.get(knob) == base_knobs.get(knob):
+                continue
+            if spec.live and (knob not in knobs or knob not in base_knobs):
+                # Live, but unset in one cell: after a reset that cell would run on whatever
+                # the boot's first cell set, not on the runtime's own default.
+                unset = name if knob not in knobs else reference
+                owner = reference if unset == name else name
+                add(
+                    ("cells", owner, "knobs", knob),
+                    f"{knob} is live but {unset} leaves it unset (the profile gives no "
+                    f"default): on a shared boot {unset} would run on the value the boot "
+                    f"started with; set {knob} in every cell (design.boot: {design.boot})",
+                )
+                continue
+            if spec.live:
+                continue
+            owner = name if knob in cell.knobs else reference
+            add(
+                ("cells", owner, "knobs", knob),
+                f"{knob} is {knobs.get(knob, 'unset')} in {name} and "
+                f"{base_knobs.get(knob, 'unset')} in {reference}, and it is not live (no `live:` "
+                f"key in the profile): {fix}, or declare it live",
+            )
+        for key in sorted(set(cell.files) | set(base.files)):
+            if key in live_files or cell.files.get(key) == base.files.get(key):
+                continue
+            owner = name if key in cell.files else reference
+            add(
+                ("cells", owner, "files", key),
+                f"file knob {key} differs from {reference}'s and is not live (not in the "
+                f"profile's live.files): {fix}",
+            )
+        for field, mine, theirs in (
+            ("env", cell.env, base.env),
+            ("args", cell.args, base.args),
+        ):
+            if mine != theirs:
+                owner = name if mine else reference
+                add(
+                    ("cells", owner, field),
+                    f"{field} differs from {reference}'s and only reaches a runtime at boot: {fix}",
+                )
+    return found
+
+
 def _check_rowmap(path: Path, field: tuple[str | int, ...], out: Problems) -> None:
     """A rowmap read as the runtime's loader reads it, so a bad one fails here, not at boot."""
     from harness.formats.maps import read_rowmap
@@ -252,7 +353,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     _check_values(out, ("cells", name, "env"), cell.env, env_specs, None)
     if not cell.live:
         return
-    if runtime.telemetry.live_knobs_http is None:
+    if runtime.live_apply() is None:
         out.add(("cells", name, "live"), f"runtime {runtime.name!r} has no live knobs")
         return
     live_specs = {s.live: s for s in runtime.knobs.values() if s.live}

@@ -18,6 +18,7 @@ from harness.card.checks import (
     check_gates,
     check_prompts,
     check_runtime_needs,
+    check_shared_boot,
     resolve_fleet,
     resolve_runtime,
 )
@@ -132,6 +133,7 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
     box_name, box, box_file = fleet[0] if fleet else ("local", None, None)
     runtime, runtime_file = resolve_runtime(card, where, problems)
     check_cells(card, runtime, where, problems)
+    check_shared_boot(card, runtime, problems)
     check_gates(card, problems)
     check_runtime_needs(card, runtime, problems)
     prompts, quality = check_prompts(card, where, problems)

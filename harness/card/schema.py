@@ -151,6 +151,9 @@ class Cell(Strict):
         return args
 
 
+BootDesign = Literal["per-block", "per-cycle", "per-campaign"]
+
+
 class Design(Strict):
     """The run order: mirrored cycles so drift cancels, repeats and cache states inside them."""
 
@@ -169,9 +172,21 @@ class Design(Strict):
         None, ge=1, le=1000, description="a sequential design's last look (its full size)"
     )
     look_every: int = Field(1, ge=1, le=1000, description="cycles added between sequential looks")
+    boot: BootDesign = Field(
+        "per-block",
+        description="which runs share one boot: per-block (each run boots its own runtime), "
+        "per-cycle (the blocks of one mirrored cycle on one boot, switched by live knobs) or "
+        "per-campaign (every run of a box on one boot); sharing needs the runtime's `live` "
+        "contract and cells that differ only in live knobs",
+    )
 
     @model_validator(mode="after")
     def _sequential_needs_its_size(self) -> Design:
+        if self.boot != "per-block" and "cold" in self.cache_states:
+            raise ValueError(
+                f"boot: {self.boot} shares a warm runtime, and a cold run needs a fresh boot "
+                "after its files leave the page cache; use boot: per-block or drop cold"
+            )
         if self.sequential:
             if self.order == "sequential":
                 raise ValueError("sequential looks need mirrored cycles: order abba or ladder")
@@ -443,6 +458,4 @@ class Card(Strict):
 
 # Fields a card may no longer set, and what to do instead. Pydantic alone would call them unknown
 # keys; saying they were removed tells the author the line is dead, not misspelt.
-REMOVED_FIELDS: dict[tuple[type[BaseModel], str], str] = {
-    (Design, "boot"): "every run boots its own runtime; delete this line",
-}
+REMOVED_FIELDS: dict[tuple[type[BaseModel], str], str] = {}

@@ -15,8 +15,9 @@ from harness.runtimes.boot import RunningRuntime
 QUALITY_PHASE = -2  # phase index of the quality suite: outputs checked, timings not scored
 
 
-def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
-    """The workload of one run as phases of work items (held-out prompts only)."""
+def build_phases(loaded: LoadedCard, warmup: bool, count: int | None = None) -> list[PhasePlan]:
+    """The workload of one run as phases of work items (held-out prompts only); with
+    ``warmup``, ``count`` requests (default ``workload.warmup_requests``) marked warmup."""
     card = loaded.card
     workload = card.workload
     heldout = loaded.split("heldout")
@@ -48,7 +49,8 @@ def build_phases(loaded: LoadedCard, warmup: bool) -> list[PhasePlan]:
         )
 
     if warmup:
-        items = tuple(item(i, "warmup", -1, None) for i in range(workload.warmup_requests))
+        n = workload.warmup_requests if count is None else count
+        items = tuple(item(i, "warmup", -1, None) for i in range(n))
         return [PhasePlan("warmup", -1, items)] if items else []
     phases = []
     if not workload.phases:

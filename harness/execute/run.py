@@ -48,7 +48,7 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
-from harness.execute.run_records import BootState, RunRecords
+from harness.execute.run_records import BootState, RunRecords, SharedBoot
 from harness.execute.soak import MonitorSettings, RingStore, RunMonitor
 from harness.formats.maps import CountDump
 from harness.formats.records import (
@@ -61,7 +61,7 @@ from harness.formats.records import (
     write_parquet,
     write_sealed_json,
 )
-from harness.plan.build import Plan, Run
+from harness.plan.build import Plan, Run, boot_group
 from harness.profiles.schema import BoxSpec
 from harness.runtimes.applied_policy import live_specs
 from harness.runtimes.boot import (
@@ -69,6 +69,7 @@ from harness.runtimes.boot import (
     RunningRuntime,
     boot,
     boot_spec,
+    live_settings,
     render,
 )
 from harness.runtimes.cold import BOOT_MARK, evict_for_cold_run
@@ -162,6 +163,7 @@ class CampaignRunner(RunRecords):
             enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
             cohorts = CohortBook.open(campaign.root, enabled, why)
         self.cohorts = cohorts
+        self.shared: SharedBoot | None = None  # the boot the runs of one boot group share
 
     @property
     def cache_dir(self) -> str:
@@ -210,7 +212,41 @@ class CampaignRunner(RunRecords):
                 status = self._run_with_retries(run)
                 (outcome.done if status == RUN_OK else outcome.failed).append(run.run_id)
         finally:
+            with deferred():
+                self._end_shared()
             self.box.close()
+
+    def _end_shared(self, why: str = "") -> None:
+        """Stop the boot the last runs shared, if any (its group ended, or it is not to be
+        trusted: a run on it failed, or it died)."""
+        shared, self.shared = self.shared, None
+        if shared is None:
+            return
+        runtime = shared.runtime
+        if runtime.stop():
+            self.campaign.journal.append(
+                "boot_stopped",
+                run_id=shared.first_run_id,
+                pgid=runtime.pgid,
+                boot_id=shared.boot_id,
+                runs=shared.runs,
+                **({"why": why} if why else {}),
+            )
+
+    def _shared_boot(self, run: Run) -> SharedBoot | None:
+        """The live boot ``run`` joins, or None when it boots its own (ending a boot of another
+        group, or one that died: the runs it carried that were not done boot afresh)."""
+        group = boot_group(run, self.loaded.card.design.boot)
+        shared = self.shared
+        if shared is None:
+            return None
+        if group != shared.group:
+            self._end_shared()
+            return None
+        if not self.box.group_alive(shared.runtime.pgid):
+            self._end_shared("the shared runtime exited")
+            return None
+        return shared
 
     def _prepare_box(self) -> None:
         self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
@@ -265,16 +301,27 @@ class CampaignRunner(RunRecords):
         boot_index = len(previous.boots) if previous else 0
         suffix = f"-b{boot_index}" if boot_index else ""
         remote_dir = f"{self.remote_root}/{run.run_id}{suffix}"
+        group = boot_group(run, card.design.boot)
+        shared = self._shared_boot(run) if group is not None else None
         record = RunRecord(
             **run.identity(),
             status=RUN_FAILED,
             box=self.box_name,
-            boot_id=f"{run.run_id}-a{attempt}{suffix}",
+            boot_id=shared.boot_id if shared else f"{run.run_id}-a{attempt}{suffix}",
             started_at=time.time(),
             attempt=attempt,
         )
-        state = BootState(boot_index, remote_dir, RingStore(local_dir / "ring-chunks", boot_index))
+        state = BootState(
+            boot_index,
+            shared.remote_dir if shared else remote_dir,
+            RingStore(local_dir / "ring-chunks", boot_index),
+        )
         state.previous = previous
+        if group is not None:
+            state.keep_runtime = True
+            state.boot_run_id = shared.first_run_id if shared else run.run_id
+        if shared is not None:
+            state.store.after_sequence = shared.ring_seq  # the ring since the last run's end
         if self.checkpointed:
             (local_dir / "checkpoint").mkdir(exist_ok=True)
             state.journal = Journal(local_dir / "checkpoint" / "segments.jsonl")
@@ -288,7 +335,9 @@ class CampaignRunner(RunRecords):
                     boot=boot_index,
                     segments_done=len(previous.done_segments),
                 )
-            self.campaign.journal.append("run_start", run_id=run.run_id, attempt=attempt)
+            self.campaign.journal.append(
+                "run_start", run_id=run.run_id, attempt=attempt, boot_id=record.boot_id
+            )
             self.progress("start", run, {"attempt": attempt})
             uploaded = self._upload_files(cell.files, remote_dir)
             spec = self._boot_spec(cell, self.box.free_port(), remote_dir, uploaded)
@@ -312,6 +361,18 @@ class CampaignRunner(RunRecords):
             if self.loaded.runtime.driver is not None:
                 runtime = self._run_command(run, spec, state, local_dir, swap_before, record)
                 record.status = RUN_OK
+            elif shared is not None:
+                runtime = shared.runtime
+                shared.runs += 1
+                record.runtime["boot_shared"] = True
+                self._start_monitor(runtime, state)
+                state.watch = self._start_watch(run, runtime.pgid, record)
+                self._check_idle(run, runtime)
+                # The next cell on the same boot: back to the boot state, its live settings,
+                # then the washout, so it is not measured on the previous cell's state.
+                runtime.reset_live(live_settings(self.loaded.runtime, cell, uploaded))
+                self._washout(runtime, run)
+                self._measure(runtime, run, state, local_dir, swap_before, record)
             else:
                 # Marked, and journalled before it starts: a harness killed between the start and
                 # the journalled group leaves a runtime the resume can still find by its mark.
@@ -325,48 +386,20 @@ class CampaignRunner(RunRecords):
                     spec,
                     lambda pgid: self._journal_boot(run, pgid, state),
                 )
+                if group is not None:
+                    self.shared = SharedBoot(
+                        group, runtime, remote_dir, record.boot_id, run.run_id, runs=1
+                    )
+                    record.runtime["boot_shared"] = True
                 self._start_monitor(runtime, state)
                 state.watch = self._start_watch(run, runtime.pgid, record)
                 self._check_idle(run, runtime)
                 runtime.post_live(spec.live)
-                warmups: list[RequestResult] = []
-                if run.sends_warmup:
-                    warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
-                if state.monitor is not None:
-                    state.monitor.scored = True
-                routes_before = self._route_snapshot(remote_dir)
-                before = _with_log(_counters(runtime), runtime, start=True)
-                if before is not None:
-                    before.update(route_counters(routes_before))
-                self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
-                routes_after = self._route_snapshot(remote_dir)
-                after = _with_log(_counters(runtime), runtime)
-                if after is not None:
-                    after.update(route_counters(routes_after))
-                write_route_delta(local_dir / "route-counts.json", routes_before, routes_after)
-                swap_after = self.box.swapout_pages()
-                self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
-                failures = [r for r in state.results if not r.ok and not r.warmup]
-                failures_before = self._previous_failures(local_dir, previous)
-                if failures or failures_before:
-                    died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
-                    scored = [r for r in state.results if not r.warmup]
-                    first = (
-                        f"first ({failures[0].prompt_id}): {failures[0].error}"
-                        if failures
-                        else "in segments before the resume"
-                    )
-                    record.reason = (
-                        f"{died}{len(failures) + failures_before} of {len(scored)} requests "
-                        f"failed; {first}"
-                    )
-                elif state.segments_done < state.segments_planned:
-                    record.reason = (
-                        f"runtime exited mid-run: {state.segments_done} of "
-                        f"{state.segments_planned} segments ran"
-                    )
-                else:
-                    record.status = RUN_OK
+                if group is not None:
+                    # The first run of a shared boot gets the washout too: every run of the
+                    # group then starts alike, not the first one less adapted than the rest.
+                    self._washout(runtime, run)
+                self._measure(runtime, run, state, local_dir, swap_before, record)
         except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
             record.reason = (
@@ -386,7 +419,73 @@ class CampaignRunner(RunRecords):
             # The shutdown of a run is not cut in two by a stop signal: it is raised after.
             with deferred():
                 self._finish(run, record, runtime, state, local_dir)
+                if self.shared is not None and self.shared.runtime is runtime:
+                    if state.keep_runtime:
+                        self.shared.ring_seq = state.store.after_sequence
+                    else:  # stopped by _finish: a run on it failed or was interrupted
+                        self.shared = None
         return record.status
+
+    def _measure(
+        self,
+        runtime: RunningRuntime,
+        run: Run,
+        state: BootState,
+        local_dir: Path,
+        swap_before: int | None,
+        record: RunRecord,
+    ) -> None:
+        """Warm up, take the counters, drive, take them again: the measured part of a run on a
+        ready runtime (its own boot or a shared one)."""
+        previous = state.previous
+        warmups: list[RequestResult] = []
+        if run.sends_warmup:
+            warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+        if state.monitor is not None:
+            state.monitor.scored = True
+        routes_before = self._route_snapshot(state.remote_dir)
+        before = _with_log(_counters(runtime), runtime, start=True)
+        if before is not None:
+            before.update(route_counters(routes_before))
+        self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+        routes_after = self._route_snapshot(state.remote_dir)
+        after = _with_log(_counters(runtime), runtime)
+        if after is not None:
+            after.update(route_counters(routes_after))
+        write_route_delta(local_dir / "route-counts.json", routes_before, routes_after)
+        swap_after = self.box.swapout_pages()
+        self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
+        failures = [r for r in state.results if not r.ok and not r.warmup]
+        failures_before = self._previous_failures(local_dir, previous)
+        if failures or failures_before:
+            died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
+            scored = [r for r in state.results if not r.warmup]
+            first = (
+                f"first ({failures[0].prompt_id}): {failures[0].error}"
+                if failures
+                else "in segments before the resume"
+            )
+            record.reason = (
+                f"{died}{len(failures) + failures_before} of {len(scored)} requests failed; {first}"
+            )
+        elif state.segments_done < state.segments_planned:
+            record.reason = (
+                f"runtime exited mid-run: {state.segments_done} of "
+                f"{state.segments_planned} segments ran"
+            )
+        else:
+            record.status = RUN_OK
+
+    def _washout(self, runtime: RunningRuntime, run: Run) -> None:
+        """After a change on a shared boot: the profile's washout requests (sent, not kept)
+        and seconds."""
+        live = self.loaded.runtime.live
+        if live is None:
+            return
+        if live.washout_requests:
+            self._drive(runtime, build_phases(self.loaded, True, live.washout_requests), run)
+        if live.washout_s:
+            time.sleep(live.washout_s)
 
     def _run_command(
         self,

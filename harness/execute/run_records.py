@@ -69,6 +69,21 @@ class BootState:
     origin_wall: float = 0.0  # time.time() at t_start_s == 0 (samples count from it too)
     segments_planned: int = 0
     segments_done: int = 0
+    keep_runtime: bool = False  # a shared boot the next run uses: not stopped after this run
+    boot_run_id: str = ""  # the run whose boot this is (journalled with it), when shared
+
+
+@dataclass
+class SharedBoot:
+    """A runtime that several consecutive runs of one boot group use (``design.boot``)."""
+
+    group: str
+    runtime: RunningRuntime
+    remote_dir: str  # the first run's folder on the box: the boot's log, ring and control file
+    boot_id: str
+    first_run_id: str  # the run the boot is journalled under
+    ring_seq: int = 0  # the last ring record a run on this boot took; the next reads after it
+    runs: int = 0
 
 
 class RunRecords(GuardSteps):
@@ -109,10 +124,16 @@ class RunRecords(GuardSteps):
         if runtime is not None:
             if not record.log_tail and record.status != RUN_OK:
                 record.log_tail = runtime.log_tail()
-            gone = runtime.stop()
-            if gone:
-                self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=runtime.pgid)
-                self._read_exit_counters(local_dir, runtime)
+            keep = state.keep_runtime and record.status == RUN_OK
+            gone = True if keep else runtime.stop()
+            if gone and not keep:
+                self.campaign.journal.append(
+                    "boot_stopped", run_id=state.boot_run_id or run.run_id, pgid=runtime.pgid
+                )
+                # Counters printed at exit belong to a run only when its boot was its own.
+                if not state.boot_run_id:
+                    self._read_exit_counters(local_dir, runtime)
+            state.keep_runtime = keep
             record.runtime["boot_s"] = round(runtime.boot_s, 3)
             if not gone:
                 record.status = RUN_FAILED

@@ -5,8 +5,8 @@ one mirrored cycle cancels linear drift, an ABBA+BAAB pair also cancels quadrati
 (docs/design.md#plan). With more than two cells (a ladder B0/B1/B2…), every cell gets its own
 mirrored sub-cycle against the control in each cycle, so each comparison has an adjacent control.
 Cache states expand into separate mirrored sub-cycles (cold and warm are never averaged, seed
-004), and repeats stay inside a block (one arm in one slot; each repeat is its own boot), so the
-mirror is never broken.
+004), and repeats stay inside a block (one arm in one slot), so the mirror is never broken. Each run
+boots its own runtime unless ``design.boot`` shares one (:func:`boot_group`).
 
 Runs are laid out cycle by cycle, so the plan of N cycles begins with the plan of any M < N
 cycles, run for run: :func:`extend_plan` grows a campaign by whole cycles and keeps every run
@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.card import LoadedCard
 from harness.card.phase_length import estimate_phase, request_s
+from harness.card.schema import BootDesign
 from harness.errors import PlanError
 
 # 1: first version (later with `cycles`, absent from older plans, where it is design.cycles)
@@ -89,6 +90,10 @@ class Plan:
     def estimated_run_s(self) -> float:
         """Rough seconds per run: boot plus the workload, each request its first token and its
         decode at the runtime profile's expected speeds (card/phase_length.py)."""
+        return self.card.runtime.expected_boot_s + self.estimated_drive_s()
+
+    def estimated_drive_s(self) -> float:
+        """Rough seconds of a run's requests, warm-up included (:meth:`estimated_run_s`)."""
         workload = self.card.card.workload
         each = request_s(self.card)
         if workload.phases:
@@ -96,7 +101,7 @@ class Plan:
         else:
             seconds = len(self.card.split("heldout")) * workload.passes * each
         seconds += workload.warmup_requests * each
-        return self.card.runtime.expected_boot_s + seconds
+        return seconds
 
     def max_runs(self) -> int:
         """The most runs the design may make: a sequential design may grow to max_cycles."""
@@ -115,12 +120,57 @@ class Plan:
             f"expected_tok_s of runtime profile {runtime.name})"
         )
 
-    def estimated_total_s(self) -> float:
-        """Rough seconds for the whole plan: a fleet's boxes run at once, so its busiest box."""
+    def boots(self, boot: BootDesign | None = None) -> dict[str, int]:
+        """Boots per box under ``boot`` (default: the card's ``design.boot``)."""
+        design = boot or self.card.card.design.boot
+        groups: dict[str, set[str]] = {}
+        for run in self.runs:
+            groups.setdefault(run.box, set()).add(boot_group(run, design) or run.run_id)
+        return {box: len(found) for box, found in groups.items()}
+
+    def boot_design_problems(self) -> dict[BootDesign, str]:
+        """Each boot design -> why this card cannot take it ("" when it can): the card's own
+        check (:func:`~harness.card.checks.shared_boot_problems`) with that design."""
+        from harness.card.checks import shared_boot_problems
+
+        loaded = self.card
+        found: dict[BootDesign, str] = {}
+        for design in BOOT_DESIGNS:
+            if design != "per-block" and "cold" in loaded.card.design.cache_states:
+                found[design] = "cold runs need a fresh boot"
+                continue
+            card = loaded.card.model_copy(
+                update={"design": loaded.card.design.model_copy(update={"boot": design})}
+            )
+            problems = shared_boot_problems(card, loaded.runtime)
+            found[design] = problems[0][1] if problems else ""
+        return found
+
+    def estimated_total_s(
+        self, *, boot: BootDesign | None = None, boot_s: float | None = None
+    ) -> float:
+        """Rough seconds for the whole plan: a fleet's boxes run at once, so its busiest box.
+
+        Each boot costs ``boot_s`` (default: the profile's ``expected_boot_s``) and each run
+        its drive; a run on a shared boot its washout too.
+        """
+        runtime = self.card.runtime
+        boot_s = runtime.expected_boot_s if boot_s is None else boot_s
+        design = boot or self.card.card.design.boot
+        washout_s = 0.0
+        if runtime.live is not None and design != "per-block":
+            washout_s = runtime.live.washout_s + runtime.live.washout_requests * request_s(
+                self.card
+            )
         per_box: dict[str, int] = {}
         for run in self.runs:
             per_box[run.box] = per_box.get(run.box, 0) + 1
-        return self.estimated_run_s() * max(per_box.values(), default=0)
+        boots = self.boots(boot)
+        totals = [
+            boots[box] * boot_s + count * self.estimated_drive_s() + count * washout_s
+            for box, count in per_box.items()
+        ]
+        return max(totals, default=0.0)
 
     def to_json(self) -> dict[str, object]:
         """The plan as ``{"schema_version", "campaign", "runs": [...]}`` in execution order."""
@@ -150,6 +200,20 @@ class Plan:
                 for r in self.runs
             ],
         }
+
+
+BOOT_DESIGNS: tuple[BootDesign, ...] = ("per-block", "per-cycle", "per-campaign")
+
+
+def boot_group(run: Run, boot: BootDesign) -> str | None:
+    """The boot a run shares with the runs next to it on its box: its cycle's (per-cycle) or
+    the campaign's (per-campaign); None when it boots its own (per-block). A runner reuses a
+    boot only across consecutive runs of its own share, so a group never spans boxes."""
+    if boot == "per-cycle":
+        return f"cycle{run.cycle}"
+    if boot == "per-campaign":
+        return "campaign"
+    return None
 
 
 def cycle_pattern(cycle: int) -> str:
@@ -270,8 +334,10 @@ def plan_json_text(plan: Plan) -> str:
 
 
 __all__ = [
+    "BOOT_DESIGNS",
     "Plan",
     "Run",
+    "boot_group",
     "build_plan",
     "cohort_lane",
     "cycle_pattern",

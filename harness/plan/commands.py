@@ -76,7 +76,21 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         out.write(plan_json_text(plan) + "\n")
     else:
         print_plan(plan, out, warnings=shift_phase_warnings(loaded, scale=args.scale))
+        if args.boot_s is not None:
+            from harness.report.terminal import print_boot_costs
+
+            print_boot_costs(plan, args.boot_s, out)
     return EXIT_OK
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 1e6:
+        raise argparse.ArgumentTypeError(f"must be 0..1e6 seconds, got {text}")
+    return value
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,5 +109,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
     plan.add_argument(
         "--scale", type=float, default=1.0, metavar="F", help="plan the card as run at --scale F"
+    )
+    plan.add_argument(
+        "--boot-s",
+        type=_seconds,
+        metavar="S",
+        help="also print, for each boot design (design.boot), the boots and the wall time "
+        "with a boot of S seconds",
     )
     plan.set_defaults(handler=_cmd_plan)

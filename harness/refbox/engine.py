@@ -14,7 +14,9 @@ the policy saw, in order:
   "saturated"}`` (saturated: layers pinned at the budget), then one ``{"kind": "swap", "step",
   "layer", "promoted", "evicted"}`` per swap the policy applied, in the policy's order;
 * ``{"kind": "knobs", "step": n, "knobs": {...}}`` when live knobs change; they apply from step
-  ``n`` (the next step to run) on.
+  ``n`` (the next step to run) on;
+* ``{"kind": "reset", "step": n, "knobs": {...}, "hot": [...]}`` when the engine went back to its
+  boot state (``POST /admin/reset`` or the control file), possibly on a live map.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class Engine:
         """Build the weights, write the slow tier, fill the hot tier, open ring and trace."""
         self.cfg = cfg
         self.opts = opts
+        self.boot_opts = opts  # what a reset goes back to
         self.model = Model(cfg)
         self.lock = threading.Lock()
         self.slow = SlowTier(cfg, opts.expert_bytes, opts.cold_dir)
@@ -189,6 +192,47 @@ class Engine:
                 self.policy.set_knobs(knobs)
             self._trace_line({"kind": "knobs", "step": self.step_no, "knobs": self.knob_dict()})
             return self.knob_dict()
+
+    def reset(self, hot: list[list[int]] | None = None) -> None:
+        """Back to the boot state: the hot tier refilled (from ``hot``, a live map, else the
+        boot's), the policy's adaptive state and the boot's knobs restored, counters cleared.
+
+        Step numbers, the ring's sequence and the route trace go on, so a reader of the ring
+        takes each run's records as those after the previous run's last sequence. A live map
+        keeps the boot's hot-slot count: the ring's geometry is fixed when it is created.
+        """
+        cfg, opts = self.cfg, self.boot_opts
+        if hot is not None and self.cache is not None:
+            raise KnobError("a map is for rowmap mode; this boot runs the hotlist cache")
+        if hot is not None:
+            if len(hot) != cfg.layers or {len(layer) for layer in hot} != {opts.hot_slots}:
+                raise KnobError(
+                    f"a live map must keep the boot's geometry: {cfg.layers} layers of "
+                    f"{opts.hot_slots} hot experts"
+                )
+            opts = dataclasses.replace(opts, rowmap=hot)
+        with self.lock:
+            self.opts = opts
+            self.knobs = opts.knobs or PolicyKnobs(policy="frozen")
+            self.phase = opts.phase  # the next run's first records are tagged as a boot's
+            self.requests = self.prefill_tokens = self.decode_tokens = 0
+            self.generated_tokens = self.swaps = 0
+            self.route_counts[:] = 0
+            if self.cache is not None:
+                self.cache = ExpertCache(
+                    opts.cache_records, opts.hotlist, opts.hotlist_priority, cfg.layers, cfg.experts
+                )
+                self.source = CacheTiers(self.slow, self.cache)
+            else:
+                boot_hot = opts.rowmap or [list(range(opts.hot_slots))] * cfg.layers
+                self.source = RowmapTiers(self.slow, boot_hot)
+                self.policy = ResidencyPolicy(self.knobs, boot_hot, cfg.experts)
+            hot_now = self.source.hot_sets() if isinstance(self.source, RowmapTiers) else []
+            self._trace_line(
+                {"kind": "reset", "step": self.step_no, "knobs": self.knob_dict(), "hot": hot_now}
+            )
+            if self._trace is not None:
+                self._trace.flush()  # rare, and a reader may look for it at once
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (see COUNTER_NAMES); hits/misses are hot/cold lookups."""

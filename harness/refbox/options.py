@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--counters", default=None, help="counters JSON written at shutdown")
     out.add_argument("--route-trace", default=None, help="routing trace JSONL")
     out.add_argument("--phase", type=int, default=0, help="initial phase tag in the ring (0)")
+    out.add_argument(
+        "--control",
+        default=None,
+        help="control file polled for knob changes and resets (JSON {seq, knobs, reset}); "
+        "each is acknowledged in the log as 'refbox: control SEQ applied' or '... rejected: WHY'",
+    )
     fault = p.add_argument_group("fault and drift injection")
     fault.add_argument(
         "--fail-after-tokens",

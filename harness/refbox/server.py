@@ -14,8 +14,16 @@ Endpoints
     ``GET|POST /admin/knobs``  read or change live knobs (policy, decay_half_life_steps,
                                promote_threshold, hysteresis, drain_every, swaps_per_layer,
                                phase); an invalid value is HTTP 400 with the message
+    ``POST /admin/reset``      back to the boot state (hot tier refilled, adaptive state, knobs
+                               and counters cleared; ring and step numbers go on); body: live
+                               knobs applied after it, ``rowmap`` a map file to refill from
     ``POST /admin/dump``       route counts per layer and expert, in the route-count dump
                                format; body ``{"path": FILE}`` also writes the file
+
+With ``--control FILE`` the same changes arrive through a file the server polls (every 50 ms):
+``{"seq": N, "knobs": {...}, "reset": true|false}``, acknowledged in the log as ``refbox: control
+N applied`` or ``refbox: control N rejected: WHY``, so a harness can drive a runtime that has no
+admin endpoint the way it drives one that has.
 
 Generation: exactly ``max_tokens`` tokens (default 16), no stop condition (EOS is never
 generated). Greedy argmax when ``temperature`` is 0 or absent; otherwise a softmax sample from a
@@ -46,7 +54,7 @@ import numpy as np
 from aiohttp import web
 
 from harness.errors import HarnessError, KnobError
-from harness.formats.maps import write_count_dump
+from harness.formats.maps import read_rowmap, write_count_dump
 from harness.refbox.engine import Engine
 from harness.refbox.options import ServeConfig, error_message, parse_serve_args
 
@@ -78,6 +86,7 @@ class Server:
         app.router.add_get("/counters", self.counters)
         app.router.add_get("/admin/knobs", self.get_knobs)
         app.router.add_post("/admin/knobs", self.post_knobs)
+        app.router.add_post("/admin/reset", self.post_reset)
         app.router.add_post("/admin/dump", self.dump)
         return app
 
@@ -130,6 +139,64 @@ class Server:
         except KnobError as exc:
             return web.json_response({"error": exc.message}, status=400)
         return web.json_response(knobs)
+
+    async def post_reset(self, request: web.Request) -> web.Response:
+        """Back to the boot state, then apply the body's live knobs; 400 with the message when
+        the map or a knob is invalid."""
+        engine = self._engine()
+        body = await _json_body(request)
+        try:
+            knobs = await asyncio.to_thread(self._reset, engine, body)
+        except KnobError as exc:
+            return web.json_response({"error": exc.message}, status=400)
+        return web.json_response(knobs)
+
+    def _reset(self, engine: Engine, changes: dict[str, Any]) -> dict[str, Any]:
+        changes = dict(changes)
+        hot = None
+        if "rowmap" in changes:
+            path = changes.pop("rowmap")
+            try:
+                hot = [
+                    sorted(layer)
+                    for layer in read_rowmap(str(path), experts=engine.cfg.experts).hot
+                ]
+            except HarnessError as exc:
+                raise KnobError(f"rowmap: {exc}") from exc
+        engine.reset(hot)
+        return engine.set_knobs(changes) if changes else engine.knob_dict()
+
+    async def poll_control(self, path: str) -> None:
+        """Apply each new version of the control file and say so in the log."""
+        seen: tuple[int, int] | None = None
+        while not self.stop.is_set():
+            await asyncio.sleep(0.05)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            if (stat.st_ino, stat.st_mtime_ns) == seen or self.engine is None or not self.ready:
+                continue
+            seen = (stat.st_ino, stat.st_mtime_ns)
+            seq: Any = "?"
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    order = json.load(handle)
+                seq = order.get("seq", "?")
+                knobs = order.get("knobs") or {}
+                if not isinstance(knobs, dict):
+                    raise KnobError("knobs: must be an object")
+                if order.get("reset"):
+                    await asyncio.to_thread(self._reset, self.engine, knobs)
+                elif "rowmap" in knobs:
+                    raise KnobError('rowmap: a map changes with a reset ("reset": true)')
+                else:
+                    self.engine.set_knobs(knobs)
+            except (OSError, ValueError, AttributeError, KnobError) as exc:
+                why = exc.message if isinstance(exc, KnobError) else str(exc)
+                print(f"refbox: control {seq} rejected: {why}", file=sys.stderr, flush=True)
+                continue
+            print(f"refbox: control {seq} applied", file=sys.stderr, flush=True)
 
     async def dump(self, request: web.Request) -> web.Response:
         """Route counts per layer and expert in the route-count dump format (int64 per expert).
@@ -420,11 +487,17 @@ async def _serve(config: ServeConfig, sock: socket.socket) -> int:
     print(f"refbox: bound http://{config.host}:{config.port}; loading", file=sys.stderr)
     sys.stderr.flush()
     loader = asyncio.create_task(server.load())
+    control = config.args.control
+    poller = asyncio.create_task(server.poll_control(control)) if control else None
     await server.stop.wait()
     if not loader.done():
         loader.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await loader
+    if poller is not None:
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
     await runner.cleanup()
     await loop.run_in_executor(None, server.shutdown)
     if server.load_error is not None:

@@ -248,6 +248,8 @@ def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
     cycles = sorted({(r.get("cycle"), r.get("pattern", "")) for r in plan_runs}, key=str)
     return {
         "order": card.design.order,
+        "boot": card.design.boot,
+        "boots": _boot_groups(analysis, strips) if card.design.boot != "per-block" else [],
         # What was planned, which an extended campaign (--resume --cycles) raised past the card.
         "cycles": analysis.campaign.plan().get("cycles", card.design.cycles),
         "repeats": card.design.repeats,
@@ -257,6 +259,25 @@ def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
         "legend": [{"cell": c, "color": palette[c]} for c in card.cells],
         "n_runs": len(plan_runs),
     }
+
+
+def _boot_groups(
+    analysis: CampaignAnalysis, strips: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Per box, its blocks in executed order cut where the boot changes (each run's
+    ``boot_id``), so the strip shows which blocks shared a runtime; a run that never ran is a
+    group of its own."""
+    out = []
+    for box, blocks in strips.items():
+        groups: list[dict[str, Any]] = []
+        for block in blocks:
+            record = analysis.campaign.run_record(block["run_id"]) or {}
+            boot = str(record.get("boot_id") or f"none:{block['run_id']}")
+            if not groups or groups[-1]["boot_id"] != boot:
+                groups.append({"boot_id": boot, "n": len(groups) + 1, "blocks": []})
+            groups[-1]["blocks"].append(block)
+        out.append({"box": box, "groups": groups})
+    return out
 
 
 CELL_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")

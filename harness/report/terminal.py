@@ -96,6 +96,38 @@ def print_plan(plan: Plan, out: TextIO, *, warnings: Sequence[str] = ()) -> None
         console.print(f"warning: {shown(warning)}")
 
 
+def print_boot_costs(plan: Plan, boot_s: float, out: TextIO) -> None:
+    """For each boot design: the boots and the wall time of the plan, with a boot of
+    ``boot_s`` seconds; a design the card cannot take (its cells differ in what is not live,
+    or it has cold runs) is marked, not hidden."""
+    from rich.table import Table
+
+    from harness.plan.build import BOOT_DESIGNS
+
+    card = plan.card.card
+    table = Table(
+        title=f"boot designs at {boot_s:g} s a boot (card: {card.design.boot})",
+        title_justify="left",
+    )
+    for column in ("design", "boots", "wall time", "vs per-block", "note"):
+        table.add_column(column)
+    per_block = plan.estimated_total_s(boot="per-block", boot_s=boot_s)
+    problems = plan.boot_design_problems()
+    for design in BOOT_DESIGNS:
+        total = plan.estimated_total_s(boot=design, boot_s=boot_s)
+        boots = max(plan.boots(design).values(), default=0)
+        table.add_row(
+            design,
+            str(boots),
+            format_duration(total),
+            f"{per_block / total:.1f}x faster" if total > 0 and design != "per-block" else "",
+            # The reason, without the fix every such line repeats.
+            problems[design].split(": cells sharing a boot")[0],
+        )
+    console = _console(out, 120)
+    console.print(table)
+
+
 def print_verdict(verdict: Verdict, out: TextIO) -> None:
     """One row per gate: pass or FAIL and why; a campaign with missing runs says so last."""
     from rich.table import Table

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.boxes.base import Box, quote_path, shell_command
@@ -22,7 +24,7 @@ from harness.boxes.interrupts import deferred
 from harness.boxes.tunnel import refusal
 from harness.card import Cell, KnobValue
 from harness.errors import KnobError, RuntimeBootError
-from harness.profiles.schema import RuntimeProfile, switch_state
+from harness.profiles.schema import LiveAction, RuntimeProfile, switch_state
 
 
 class _Context(dict[str, Any]):
@@ -140,6 +142,30 @@ def boot_spec(
     )
 
 
+def live_settings(
+    profile: RuntimeProfile, cell: Cell, uploaded: Mapping[str, str]
+) -> dict[str, KnobValue]:
+    """Everything of a cell a running runtime can take: its knobs (and defaults) that have a
+    ``live`` key, its ``live:`` values and the uploaded paths of its live file knobs. A cell
+    sharing a boot with another sends these after the reset, so it runs on its own settings
+    whatever the boot was started with."""
+    settings: dict[str, KnobValue] = {
+        name: spec.default for name, spec in profile.knobs.items() if spec.default is not None
+    }
+    settings.update(cell.knobs)
+    live: dict[str, KnobValue] = {}
+    for name, value in settings.items():
+        key = profile.knobs[name].live
+        if key:
+            live[key] = value
+    live.update(cell.live)
+    live_files = profile.live.files if profile.live is not None else {}
+    for name, remote in uploaded.items():
+        if name in live_files:
+            live[live_files[name]] = remote
+    return live
+
+
 def http_json(
     url: str, payload: Mapping[str, Any] | None = None, timeout_s: float = 10
 ) -> tuple[int, Any]:
@@ -163,6 +189,20 @@ def http_json(
         return status, json.loads(body) if body else None
     except json.JSONDecodeError:
         return status, body.decode("utf-8", "replace")
+
+
+def http_request(url: str, method: str, body: bytes, timeout_s: float = 30) -> tuple[int, str]:
+    """Send ``body`` (JSON) with ``method``; returns (status, body text), errors included."""
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method=method
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        _raise_refused(exc.code, exc.headers, text)
+        return exc.code, text.decode("utf-8", "replace")
 
 
 def http_text(url: str, timeout_s: float = 10) -> tuple[int, str]:
@@ -192,6 +232,7 @@ class RunningRuntime:
     pgid: int
     base_url: str
     boot_s: float = 0.0
+    live_seq: int = 0  # live changes sent to this boot; a control file's {seq}
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server log."""
@@ -234,13 +275,78 @@ class RunningRuntime:
             time.sleep(ready.interval_s)
 
     def post_live(self, knobs: Mapping[str, Any]) -> None:
-        """Apply live knobs through the profile's endpoint."""
-        path = self.profile.telemetry.live_knobs_http
-        if not knobs or path is None:
+        """Apply live knobs as the profile says (an HTTP request or a control file);
+        RuntimeBootError with the reason and the log tail when the runtime refuses them or
+        never acknowledges them."""
+        action = self.profile.live_apply()
+        if not knobs or action is None:
             return
-        status, body = http_json(self.base_url + path, dict(knobs))
-        if status != 200:
-            raise RuntimeBootError(f"live knobs {dict(knobs)} rejected: HTTP {status}: {body}")
+        self._send_live(action, dict(knobs), "live knobs")
+
+    def reset_live(self, knobs: Mapping[str, Any]) -> None:
+        """Take the runtime back to its boot state with the profile's ``live.reset``, carrying
+        ``knobs`` (the next cell's settings, live file paths included); with no reset declared,
+        apply them only."""
+        live = self.profile.live
+        if live is not None and live.reset is not None:
+            self._send_live(live.reset, dict(knobs), "reset")
+        else:
+            self.post_live(knobs)
+
+    def _send_live(self, action: LiveAction, knobs: dict[str, Any], what: str) -> None:
+        self.live_seq += 1
+        seq = str(self.live_seq)
+        if action.http is not None:
+            body = action.http.body.replace("{knobs}", json.dumps(knobs)).replace("{seq}", seq)
+            # A dead runtime's refusal stays an OSError: a phase tag sent to it is let pass.
+            status, answer = http_request(
+                self.base_url + action.http.path, action.http.method, body.encode()
+            )
+            if not 200 <= status < 300:
+                raise RuntimeBootError(
+                    f"{what} {knobs} rejected: HTTP {status}: {answer}; "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            return
+        assert action.file is not None
+        spec = action.file
+        path = render(spec.path, {"run_dir": self.spec.run_dir, "port": self.spec.port})
+        text = spec.body.replace("{knobs}", json.dumps(knobs)).replace("{seq}", seq)
+        # Only what the runtime logs after this write acknowledges it (not an older change's).
+        logged_before = len(self.box.read_text(self.spec.log_path))
+        with tempfile.TemporaryDirectory() as folder:
+            local = Path(folder) / "control"
+            local.write_text(text, encoding="utf-8")
+            # Renamed into place, so the runtime never reads half a file.
+            self.box.put_file(local, path + ".part")
+        self.box.sh(shell_command(["mv", "-f", path + ".part", path]))
+        ack = re.compile(spec.ack_log_line.replace("{seq}", seq))
+        reject = (
+            re.compile(spec.reject_log_line.replace("{seq}", seq)) if spec.reject_log_line else None
+        )
+        deadline = time.monotonic() + spec.timeout_s
+        while True:
+            log = self.box.read_text(self.spec.log_path)[logged_before:]
+            if ack.search(log):
+                return
+            refused = reject.search(log) if reject is not None else None
+            if refused is not None:
+                reason = refused.group(1) if refused.groups() else refused.group(0)
+                raise RuntimeBootError(
+                    f"{what} {knobs} rejected through {path}: {reason}; "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            if not self.box.group_alive(self.pgid):
+                raise RuntimeBootError(
+                    f"{what} {knobs}: the runtime exited; log tail:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeBootError(
+                    f"{what} {knobs} written to {path} but not acknowledged within "
+                    f"{spec.timeout_s:g} s (no log line matching {ack.pattern!r}); "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            time.sleep(spec.interval_s)
 
     def stop(self) -> bool:
         """Signal the process group, wait the grace period, then SIGKILL; True if it is gone."""

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
-from harness.card import load_card, read_card_schema
+from harness.card import load_card
+from harness.card.schema import Design
 from harness.errors import BadInput, CardError
 from tests.conftest import DATA, REPO, run_cli
 
@@ -35,7 +37,7 @@ def test_there_is_an_invalid_card_for_each_required_case() -> None:
         "duplicate-key",
         "tabs",
         "zero-cycles",
-        "removed-boot",
+        "boot-non-live-knob",
     }
     assert required <= names
 
@@ -132,21 +134,48 @@ def test_unknown_box_suggests_a_name(tmp_path: Path) -> None:
     assert "card.yaml:2: box: unknown box 'locl'; did you mean `local`?" in caught.value.lines()[0]
 
 
-def test_removed_design_boot_is_named_at_its_line_and_exits_2() -> None:
-    removed = "design.boot: removed: every run boots its own runtime; delete this line"
-    path = DATA / "cards" / "invalid" / "removed-boot.yaml"
+def test_shared_boot_refuses_a_non_live_knob_at_its_line_and_exits_2() -> None:
+    # hot_slots reaches refbox at boot only; drain_every is live, so it may differ.
+    path = DATA / "cards" / "invalid" / "boot-non-live-knob.yaml"
     with pytest.raises(CardError) as caught:
         load_card(path)
-    # Only the removal is reported, not also an "unknown key" for the same line.
-    assert caught.value.lines() == [f"{path}:9: {removed}"]
-    # A campaign directory's stored card says the same when it is read back for analysis.
-    with pytest.raises(CardError) as caught:
-        read_card_schema(path)
-    assert caught.value.lines() == [f"{path}:9: {removed}"]
+    lines = caught.value.lines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{path}:8: cells.b.knobs.hot_slots: hot_slots is 16 in b")
+    assert "use design.boot: per-block" in lines[0]
     result = run_cli("validate", str(path))
     assert result.code == 2
     assert "Traceback" not in result.stderr
-    assert f"removed-boot.yaml:9: {removed}" in result.stderr
+    # The same cells booting per block are a valid card.
+    per_block = path.read_text(encoding="utf-8").replace("boot: per-cycle", "boot: per-block")
+    copy = path.with_name("boot-per-block.tmp.yaml")
+    try:
+        copy.write_text(per_block, encoding="utf-8")
+        assert load_card(copy).card.design.boot == "per-block"
+    finally:
+        copy.unlink()
+
+
+def test_shared_boot_refuses_a_live_knob_one_cell_leaves_unset(tmp_path: Path) -> None:
+    # After a reset, a cell that does not set drain_every would keep the boot's first cell's.
+    text = (DATA / "cards" / "invalid" / "boot-non-live-knob.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "a: {knobs: {hot_slots: 48, drain_every: 64}}", "a: {knobs: {hot_slots: 16}}"
+    )
+    card = tmp_path / "unset.yaml"
+    card.write_text(text.replace("../../pools/", f"{DATA}/pools/"), encoding="utf-8")
+    with pytest.raises(CardError) as caught:
+        load_card(card)
+    assert caught.value.lines() == [
+        f"{card}:8: cells.b.knobs.drain_every: drain_every is live but a leaves it unset (the "
+        "profile gives no default): on a shared boot a would run on the value the boot started "
+        "with; set drain_every in every cell (design.boot: per-cycle)"
+    ]
+
+
+def test_shared_boot_refuses_cold_runs() -> None:
+    with pytest.raises(ValidationError, match="a cold run needs a fresh boot"):
+        Design(boot="per-cycle", cache_states=["warm", "cold"])
 
 
 @pytest.mark.parametrize("card", ["llama-bench-threads", "llama-cpp-threads", "hotlist-priority"])

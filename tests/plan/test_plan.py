@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.card import Card, load_card
+from harness.card.phase_length import request_s
 from harness.errors import PlanError
 from harness.plan.build import Plan, build_plan, extend_plan
 from tests.conftest import DATA, REPO, run_cli
@@ -173,3 +174,43 @@ def test_a_shift_phase_too_short_for_t90_is_a_warning_at_validate_and_plan() -> 
         assert "workload.phases.prose: shift phase lasts about" in text
         assert "under the 3 s T90 needs at analysis.converged_span_s=2 + hold_s=1" in text
         assert "at --scale 0.25" in text and "requests (before scaling)" in text
+
+
+def test_boot_designs_count_boots_per_cycle_and_price_them() -> None:
+    loaded = load_card(DATA / "cards" / "e2e" / "same-boot.yaml")
+    plan = build_plan(loaded)
+    assert plan.boots("per-block") == {"local": 8}
+    assert plan.boots("per-cycle") == {"local": 2}
+    assert plan.boots("per-campaign") == {"local": 1}
+    drive_s = plan.estimated_drive_s()
+    assert plan.estimated_total_s(boot="per-block", boot_s=100) == pytest.approx(800 + 8 * drive_s)
+    live = loaded.runtime.live
+    assert live is not None
+    washout_s = live.washout_requests * request_s(loaded)  # every run of a shared boot
+    assert plan.estimated_total_s(boot="per-cycle", boot_s=100) == pytest.approx(
+        200 + 8 * drive_s + 8 * washout_s
+    )
+    # The card's own design is what a plain estimate uses.
+    assert plan.estimated_total_s(boot_s=100) == plan.estimated_total_s(
+        boot="per-cycle", boot_s=100
+    )
+    problems = plan.boot_design_problems()
+    assert problems == {"per-block": "", "per-cycle": "", "per-campaign": ""}
+    # The tiny card's cells differ in env: they cannot share a boot, and the plan says why.
+    tiny = build_plan(load_card(DATA / "cards" / "e2e" / "tiny.yaml")).boot_design_problems()
+    assert tiny["per-block"] == ""
+    assert tiny["per-cycle"].startswith("env differs from control's")
+
+
+def test_plan_boot_s_prints_every_boot_design() -> None:
+    result = run_cli("plan", str(DATA / "cards" / "e2e" / "same-boot.yaml"), "--boot-s", "480")
+    assert result.code == 0, result.stderr
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in result.stdout.splitlines()
+        if line.startswith("│ per-")
+    }
+    assert rows == {"per-block": "8", "per-cycle": "2", "per-campaign": "1"}
+    assert "boot designs at 480 s a boot (card: per-cycle)" in result.stdout
+    bad = run_cli("plan", str(DATA / "cards" / "e2e" / "same-boot.yaml"), "--boot-s", "x")
+    assert bad.code == 2 and "not a number of seconds" in bad.stderr

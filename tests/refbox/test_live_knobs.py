@@ -1,0 +1,155 @@
+"""The live-knob contract on a real reference runtime: one boot, changed through its admin
+endpoint and through its control file, reset to the boot state, and refusals that say why."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.boxes.local import LocalBox
+from harness.card import Cell, load_runtime_profile
+from harness.errors import RuntimeBootError
+from harness.formats.maps import write_rowmap
+from harness.profiles.schema import BoxSpec, LiveAction, LiveContract, LiveFile, RuntimeProfile
+from harness.runtimes.boot import RunningRuntime, boot, boot_spec, http_json, live_settings
+from tests.conftest import REPO
+
+PROFILE = load_runtime_profile(REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml")
+SMALL = {
+    "REFBOX_LAYERS": "2",
+    "REFBOX_EXPERTS": "8",
+    "REFBOX_HOT_SLOTS": "4",
+    "REFBOX_EXPERT_BYTES": "4096",
+}
+ACK = "refbox: control {seq} applied"
+REJECT = "refbox: control {seq} rejected: (.*)"
+
+
+def _file_profile(path: str = "{run_dir}/control.json", timeout_s: float = 10) -> RuntimeProfile:
+    """refbox's profile with the control-file form of the same contract."""
+
+    def action(body: str) -> LiveAction:
+        return LiveAction(
+            file=LiveFile(
+                path=path, body=body, ack_log_line=ACK, reject_log_line=REJECT, timeout_s=timeout_s
+            )
+        )
+
+    live = LiveContract(
+        apply=action('{"seq": {seq}, "knobs": {knobs}}'),
+        reset=action('{"seq": {seq}, "reset": true, "knobs": {knobs}}'),
+        files={"rowmap": "rowmap"},
+    )
+    return PROFILE.model_copy(update={"live": live})
+
+
+@pytest.fixture(scope="module")
+def refbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRuntime]:
+    folder = tmp_path_factory.mktemp("live")
+    (folder / "cache").mkdir()
+    box = LocalBox("local", BoxSpec())
+    cell = Cell(env=dict(SMALL), knobs={"policy": "adaptive", "drain_every": 64})
+    spec = boot_spec(
+        PROFILE,
+        cell,
+        port=box.free_port(),
+        run_dir=str(folder),
+        python=sys.executable,
+        bind_host=box.bind_host,
+        cache_dir=str(folder / "cache"),
+        uploaded={},
+    )
+    runtime = boot(box, PROFILE, spec)
+    try:
+        yield runtime
+    finally:
+        assert runtime.stop()
+
+
+def _knobs(runtime: RunningRuntime) -> dict[str, object]:
+    status, body = http_json(runtime.base_url + "/admin/knobs")
+    assert status == 200
+    return dict(body)
+
+
+def _tokens(runtime: RunningRuntime) -> int:
+    payload = {"prompt": "hello", "max_tokens": 4, "stream": False}
+    http_json(runtime.base_url + "/v1/completions", payload)
+    status, counters = http_json(runtime.base_url + "/counters")
+    assert status == 200
+    return int(counters["tokens"])
+
+
+def test_a_cells_live_settings_are_its_live_knobs_and_live_files() -> None:
+    cell = Cell(env=dict(SMALL), knobs={"drain_every": 8, "hot_slots": 4}, live={"phase": 2})
+    settings = live_settings(PROFILE, cell, {"rowmap": "/box/run/files/rowmap.json"})
+    # hot_slots reaches refbox at boot only; drain_every and the map are live.
+    assert settings == {"drain_every": 8, "phase": 2, "rowmap": "/box/run/files/rowmap.json"}
+
+
+def test_http_reset_restores_the_boot_state_then_applies_the_next_cells_knobs(
+    refbox: RunningRuntime, tmp_path: Path
+) -> None:
+    assert _tokens(refbox) > 0
+    refbox.post_live({"drain_every": 8})
+    assert _knobs(refbox)["drain_every"] == 8
+    stale = tmp_path / "map.json"
+    write_rowmap(stale, [[4, 5, 6, 7], [0, 2, 4, 6]], experts=8)
+    refbox.reset_live({"swaps_per_layer": 3, "rowmap": str(stale)})
+    knobs = _knobs(refbox)
+    # drain_every went back to the boot's 64; the settings sent with the reset apply.
+    assert knobs["drain_every"] == 64 and knobs["swaps_per_layer"] == 3
+    _, counters = http_json(refbox.base_url + "/counters")
+    assert counters["tokens"] == 0 and counters["requests"] == 0
+    trace = Path(refbox.spec.run_dir, "route-trace.jsonl").read_text(encoding="utf-8")
+    resets = [
+        json.loads(line) for line in trace.splitlines() if json.loads(line)["kind"] == "reset"
+    ]
+    assert resets[-1]["hot"] == [[4, 5, 6, 7], [0, 2, 4, 6]]
+
+
+def test_a_refused_http_change_says_why_with_the_log_tail(
+    refbox: RunningRuntime, tmp_path: Path
+) -> None:
+    with pytest.raises(RuntimeBootError) as caught:
+        refbox.post_live({"drain_every": 0})
+    message = str(caught.value)
+    assert "rejected: HTTP 400" in message and "drain_every" in message
+    assert "log tail:\n" in message and "refbox: listening on" in message
+    smaller = tmp_path / "three-hot.json"
+    write_rowmap(smaller, [[0, 1, 2], [0, 1, 2]], experts=8)
+    with pytest.raises(RuntimeBootError, match="a live map must keep the boot's geometry"):
+        refbox.reset_live({"rowmap": str(smaller)})
+
+
+def test_the_control_file_applies_resets_and_refuses_with_the_runtimes_reason(
+    refbox: RunningRuntime,
+) -> None:
+    runtime = dataclasses.replace(refbox, profile=_file_profile())
+    runtime.post_live({"drain_every": 6})
+    assert _knobs(refbox)["drain_every"] == 6
+    assert _tokens(refbox) > 0
+    runtime.reset_live({"hysteresis": 0.5})
+    knobs = _knobs(refbox)
+    assert knobs["drain_every"] == 64 and knobs["hysteresis"] == 0.5
+    _, counters = http_json(refbox.base_url + "/counters")
+    assert counters["tokens"] == 0
+    with pytest.raises(RuntimeBootError) as caught:
+        runtime.post_live({"drain_every": 0})
+    message = str(caught.value)
+    assert "rejected through" in message and "drain_every: must be an integer >= 1" in message
+    assert "log tail:\n" in message
+
+
+def test_an_unacknowledged_change_times_out_with_the_log_tail(refbox: RunningRuntime) -> None:
+    # A file the runtime does not poll: nothing acknowledges the change.
+    runtime = dataclasses.replace(
+        refbox, profile=_file_profile("{run_dir}/elsewhere.json", timeout_s=0.3)
+    )
+    with pytest.raises(RuntimeBootError, match=r"not acknowledged within 0\.3 s.*log tail:\n"):
+        runtime.post_live({"drain_every": 6})
