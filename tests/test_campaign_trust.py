@@ -685,7 +685,9 @@ def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(
     from harness.errors import ResultFileError
     from harness.importers.write import read_source
 
-    with pytest.raises(ResultFileError, match=r"stale-c0-s0.csv:2: not CSV as ds4-bench writes"):
+    with pytest.raises(
+        ResultFileError, match=r"stale-c0-s0.csv:2: not CSV as the benchmark writes"
+    ):
         read_source("ds4", csv)
 
 

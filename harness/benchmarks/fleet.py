@@ -123,7 +123,7 @@ def _slurm_figures() -> list[Figure]:
 
     from harness.errors import HarnessError
     from harness.execute.slurm.latency import measure_overhead
-    from harness.profiles.schema import BoxSpec
+    from harness.profiles.box import BoxSpec
 
     try:
         answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)

@@ -40,7 +40,7 @@ from harness.card.resolve import find_runtime_profile, load_runtime_profile
 from harness.card.schema import KnobValue
 from harness.drive.client import DriveSpec, PhasePlan, WorkItem, drive
 from harness.errors import InfrastructureError
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.runtimes.boot import RunningRuntime, boot, boot_spec
 from harness.runtimes.counters import scrape_counters
 from harness.runtimes.vllm import build

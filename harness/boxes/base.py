@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BoxError
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 # Evicts files from the page cache without root: POSIX_FADV_DONTNEED drops their clean pages.
 _EVICT_SNIPPET = (

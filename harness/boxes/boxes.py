@@ -6,7 +6,7 @@ from harness.boxes.base import Box
 from harness.boxes.local import LocalBox
 from harness.boxes.ssh import SshBox
 from harness.errors import BoxError
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 __all__ = ["open_box"]
 

@@ -16,7 +16,7 @@ from typing import Any
 from harness.boxes.base import Box, CommandResult, export_prefix
 from harness.boxes.tunnel import TunnelSet
 from harness.errors import BoxError
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 _KILL_AFTER_S = 5
 # Seconds to wait for the box's sshd to open a channel.

@@ -37,7 +37,8 @@ from harness.catalog import COUNTERS, METRICS, RING_ONLY
 from harness.errors import BadInput, CardError, MapError
 from harness.formats.prompts import Prompt, load_pool, normalise
 from harness.formats.yamlfile import Loc, YamlDoc, dotted
-from harness.profiles.schema import BoxSpec, KnobSpec, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import KnobSpec, RuntimeProfile
 
 
 class Problems:

@@ -29,7 +29,8 @@ from harness.card.schema import Card, Phase
 from harness.errors import BadInput, CardError
 from harness.formats.prompts import Prompt
 from harness.formats.yamlfile import YamlDoc, load_yaml
-from harness.profiles.schema import BoxSpec, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile
 
 
 @dataclass(frozen=True)

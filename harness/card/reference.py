@@ -22,7 +22,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from harness.card.schema import Card
-from harness.profiles.schema import BoxSpec, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile
 
 __all__ = ["DOCS", "card_json_schema", "reference_markdown", "write_reference"]
 

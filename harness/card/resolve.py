@@ -14,7 +14,8 @@ from pydantic import BaseModel, ValidationError
 from harness.card.locate import pydantic_problems
 from harness.errors import CardError
 from harness.formats.yamlfile import load_yaml
-from harness.profiles.schema import BoxSpec, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile
 
 _M = TypeVar("_M", bound=BaseModel)
 

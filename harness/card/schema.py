@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from harness.formats.textfile import compile_pattern
-from harness.profiles.schema import BoxSpec, RuntimeProfile, Strict
+from harness.profiles.base import Strict
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile
 
 KnobValue = str | int | float | bool
 CacheState = Literal["warm", "cold"]

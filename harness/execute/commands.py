@@ -109,7 +109,8 @@ def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: Tex
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_boxes, load_card
     from harness.execute.preflight import check_box
-    from harness.profiles.schema import BoxSpec, RuntimeProfile
+    from harness.profiles.box import BoxSpec
+    from harness.profiles.schema import RuntimeProfile
 
     profile: RuntimeProfile | None = None
     card_dir = Path.cwd()

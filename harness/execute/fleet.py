@@ -38,7 +38,7 @@ from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallbac
 from harness.execute.soak import MonitorSettings
 from harness.formats.records import CampaignDir
 from harness.plan.build import Plan, Run, cohort_lane, fleet_box
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 # Seconds between the main thread's looks at its workers: how soon a signal is forwarded.
 _JOIN_POLL_S = 0.2

@@ -27,7 +27,7 @@ from harness.formats.records import (
     write_json_atomic,
 )
 from harness.plan.build import Run
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.runtimes.boot import RunningRuntime, runtime_version
 
 

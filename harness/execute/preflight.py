@@ -21,7 +21,8 @@ from harness.boxes.checks import MIN_PYTHON, Check, uses_python
 from harness.boxes.ssh import SshBox
 from harness.drive.remote import ship_driver
 from harness.errors import BoxError, KnobError
-from harness.profiles.schema import BoxSpec, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import render
 
 MIN_FREE_BYTES = 5 * 1024**3

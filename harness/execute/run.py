@@ -62,7 +62,7 @@ from harness.formats.records import (
     write_sealed_json,
 )
 from harness.plan.build import Plan, Run, boot_group
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.runtimes.applied_policy import live_specs
 from harness.runtimes.boot import (
     BootSpec,

@@ -25,16 +25,22 @@ ResultFormat = Literal["csv", "json"]
 
 def _csv_rows(text: str, where: str, error: type[BadInput]) -> list[dict[str, Any]]:
     reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames:
-        raise error(f"{where}: empty result, no CSV header line; check the command's output")
     rows: list[dict[str, Any]] = []
-    for number, row in enumerate(reader, start=2):
-        if None in row or any(value is None for value in row.values()):
-            raise error(
-                f"{where}:{number}: {len(reader.fieldnames)} headers but a row of another "
-                "length; the file is truncated or not this binary's CSV"
-            )
-        rows.append(dict(row))
+    try:
+        if not reader.fieldnames:
+            raise error(f"{where}: empty result, no CSV header line; check the command's output")
+        for number, row in enumerate(reader, start=2):
+            if None in row or any(value is None for value in row.values()):
+                raise error(
+                    f"{where}:{number}: {len(reader.fieldnames)} headers but a row of another "
+                    "length; the file is truncated or not this binary's CSV"
+                )
+            rows.append(dict(row))
+    except csv.Error as exc:  # a stray carriage return or NUL inside a row
+        raise error(
+            f"{where}:{reader.line_num + 1}: not CSV as the benchmark writes it ({exc}); the "
+            "result file is damaged: regenerate it"
+        ) from None
     return rows
 
 
@@ -47,10 +53,7 @@ def parse_result_rows(
     and ``harness import`` of a results file (``ResultFileError``) read them alike.
     """
     if fmt == "csv":
-        try:
-            return _csv_rows(text, where, error)
-        except csv.Error as exc:  # a stray carriage return or NUL inside a row
-            raise error(f"{where}: not CSV ({exc}); the result file is damaged") from None
+        return _csv_rows(text, where, error)
     stripped = text.strip()
     if not stripped:
         raise error(f"{where}: empty result, no JSON rows; check the command's output")

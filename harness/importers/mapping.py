@@ -33,7 +33,7 @@ from harness.catalog import METRICS
 from harness.errors import CardError
 from harness.formats.textfile import compile_pattern
 from harness.formats.yamlfile import load_yaml
-from harness.profiles.schema import Strict
+from harness.profiles.base import Strict
 
 __all__ = ["Assigned", "FileEntry", "ImportMapping", "assign_files", "load_mapping"]
 

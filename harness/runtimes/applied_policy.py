@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.formats.textfile import compile_pattern
-from harness.profiles.schema import AppliedCheck, LogCounter
+from harness.profiles.telemetry import AppliedCheck, LogCounter
 from harness.runtimes.log_counters import log_snapshot
 
 

@@ -24,7 +24,8 @@ from harness.boxes.interrupts import deferred
 from harness.boxes.tunnel import refusal
 from harness.card import Cell, KnobValue
 from harness.errors import KnobError, RuntimeBootError
-from harness.profiles.schema import LiveAction, RuntimeProfile, switch_state
+from harness.profiles.live import LiveAction
+from harness.profiles.schema import RuntimeProfile, switch_state
 
 
 class _Context(dict[str, Any]):

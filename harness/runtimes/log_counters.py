@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from harness.errors import RecordError
 from harness.formats.textfile import compile_pattern
-from harness.profiles.schema import LOG_UNITS, LogCounter
+from harness.profiles.telemetry import LOG_UNITS, LogCounter
 
 # Units as stored, for counters.json: sizes in bytes, times in ms.
 _STORED_UNIT = {"KiB": "bytes", "MiB": "bytes", "GiB": "bytes", "us": "ms", "s": "ms"}

@@ -19,7 +19,7 @@ import numpy as np
 from harness.boxes.base import Box
 from harness.errors import InfrastructureError, MapError
 from harness.formats.maps import CountDump, read_count_snapshot, write_count_dump
-from harness.profiles.schema import CountDumpSpec
+from harness.profiles.telemetry import CountDumpSpec
 from harness.runtimes.boot import render
 
 ROUTE_COUNTER = "route_selections"

@@ -27,7 +27,7 @@ from harness.boxes.local import LocalBox
 from harness.boxes.ssh import SshBox
 from harness.errors import BoxError
 from harness.execute.preflight import check_box
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from tests.sshd import LoopbackSshd, sshd, sshd_with_path  # noqa: F401 - the session fixture
 
 # A tiny program that records exactly what it was given: argv and the named env variables.

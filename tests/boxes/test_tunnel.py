@@ -18,7 +18,7 @@ import pytest
 from harness.boxes.ssh import SshBox
 from harness.drive.client import DriveSpec, PhasePlan, RuntimeHung, WorkItem, drive
 from harness.errors import BoxError
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.runtimes.boot import http_json, http_text
 from tests.box_servers import STREAMING, box_server
 from tests.sshd import LoopbackSshd, sshd, start_sshd, stop_process  # noqa: F401 - the fixture

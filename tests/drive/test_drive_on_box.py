@@ -29,7 +29,7 @@ from harness.execute.preflight import check_box
 from harness.execute.run import CampaignRunner
 from harness.formats.records import RUN_OK, read_json, read_parquet
 from harness.plan.build import Run, build_plan
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.runtimes.boot import BootSpec, RunningRuntime, http_json
 from tests.box_servers import STALLING, STREAMING, box_server
 from tests.conftest import REPO

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from harness.boxes.local import LocalBox
 from harness.card import load_card
 from harness.errors import BadInput, TraceError
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.runtimes.boot import boot, boot_spec, http_json
 from harness.runtimes.counters import parse_prometheus, scrape_counters, timings_columns
 from harness.runtimes.llamacpp import build

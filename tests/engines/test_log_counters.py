@@ -12,7 +12,8 @@ from harness.boxes.local import LocalBox
 from harness.card import Cell
 from harness.card.resolve import load_runtime_profile
 from harness.errors import RecordError
-from harness.profiles.schema import BoxSpec, LogCounter
+from harness.profiles.box import BoxSpec
+from harness.profiles.telemetry import LogCounter
 from harness.runtimes.boot import boot, boot_spec, http_json
 from harness.runtimes.llamacpp import build
 from harness.runtimes.llamacpp.gguf_model import write_tiny_moe

@@ -22,7 +22,7 @@ from harness.execute.run import CampaignRunner
 from harness.formats.records import CampaignDir, Journal
 from harness.formats.ring_read import read_ring
 from harness.plan.build import build_plan
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from tests.conftest import DATA, REPO
 
 TINY = DATA / "cards" / "e2e" / "tiny.yaml"

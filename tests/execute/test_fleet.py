@@ -29,7 +29,7 @@ from harness.errors import CardError
 from harness.execute.fleet import deal_shares
 from harness.formats.records import Journal
 from harness.plan.build import build_plan
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from tests.conftest import DATA, CliResult, run_cli, start_campaign
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 

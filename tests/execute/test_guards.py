@@ -30,7 +30,8 @@ from harness.execute.guards import (
     wait_idle,
     wired_bytes,
 )
-from harness.profiles.schema import BoxSpec, Idle
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import Idle
 from harness.runtimes.boot import boot, boot_spec, http_json
 from tests.conftest import REPO, run_cli
 from tests.engines.test_command_driver import (  # noqa: F401 - tiny_model is a fixture

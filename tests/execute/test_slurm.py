@@ -39,7 +39,7 @@ from harness.execute.slurm.states import parse_sacct, parse_squeue
 from harness.execute.slurm.submit import executor_parameters, job_dir_name, submit_calls
 from harness.formats.records import RUN_FAILED, RUN_OK, CampaignDir, Journal, read_json
 from harness.plan.build import build_plan, cohort_key
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from harness.profiles.slurm_fields import slurm_minutes
 from tests.conftest import DATA, REPO, run_cli
 from tests.slurm import PARTITION, LocalCluster, local_cluster, slurm_cluster  # noqa: F401

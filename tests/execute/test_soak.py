@@ -35,7 +35,7 @@ from harness.formats.records import CampaignDir, Journal, read_json
 from harness.formats.ring import RingGeometry, RingWriter
 from harness.formats.ring_read import read_ring_since
 from harness.plan.build import build_plan
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 from tests.conftest import DATA, REPO
 
 GEOMETRY = RingGeometry(2, 8, 2, 4)

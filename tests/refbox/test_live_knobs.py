@@ -15,7 +15,9 @@ from harness.boxes.local import LocalBox
 from harness.card import Cell, load_runtime_profile
 from harness.errors import RuntimeBootError
 from harness.formats.maps import write_rowmap
-from harness.profiles.schema import BoxSpec, LiveAction, LiveContract, LiveFile, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.live import LiveAction, LiveContract, LiveFile
+from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import RunningRuntime, boot, boot_spec, http_json, live_settings
 from tests.conftest import REPO
 

@@ -30,7 +30,7 @@ from harness import __version__
 from harness.boxes.interrupts import STOP_SIGNALS, describe, stop_signals
 from harness.formats.records import write_json_atomic
 from harness.plan.build import Run
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 # SIGUSR2 is how Slurm (through submitit's --signal) warns a job its time is nearly up.
 JOB_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR2)

@@ -27,7 +27,7 @@ from harness.errors import SlurmError
 from harness.execute.slurm.submit import SubmittedArray, SubmittedJob, submit_calls
 from harness.execute.slurm.wait import JobEnd, wait_for_jobs
 from harness.formats.records import read_json
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 # submitit's log lines: "submitit INFO (2026-12-01 17:39:44,417) - Starting with …", local time.
 _STAMP = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\)")

@@ -24,7 +24,8 @@ from harness.errors import KnobError, SlurmError
 from harness.execute.slurm.states import QUERY_TIMEOUT_S
 from harness.execute.slurm.submit import SubmittedArray, SubmittedJob, submit_calls
 from harness.execute.slurm.wait import JobEnd, wait_for_jobs
-from harness.profiles.schema import BoxSpec, RuntimeProfile
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import render
 
 # Seconds the trivial job may take from sbatch to its end (pending included).

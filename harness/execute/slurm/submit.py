@@ -32,7 +32,7 @@ from typing import Any
 from harness.boxes.interrupts import deferred
 from harness.errors import SlurmError
 from harness.formats.records import CampaignDir
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 # What a job folder copies from the campaign directory: all a node needs to reopen it.
 _CAMPAIGN_FILES = ("card.yaml", "card.path", "plan.json", "quality.json", "cohorts.json")

@@ -36,7 +36,7 @@ from harness.execute.slurm.submit import CohortJob, SubmittedJob, cancel_by_name
 from harness.execute.slurm.wait import JobEnd, job_progress, wait_for_jobs
 from harness.formats.records import CampaignDir
 from harness.plan.build import Plan, Run
-from harness.profiles.schema import BoxSpec
+from harness.profiles.box import BoxSpec
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
 

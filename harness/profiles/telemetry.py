@@ -1,0 +1,160 @@
+"""What a runtime reports and where: its ring, log counters, count dumps and applied-knob lines."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from harness.formats.textfile import compile_pattern
+from harness.profiles.base import Strict, _check_regex
+
+
+class RingSpec(Strict):
+    """Where the runtime's telemetry ring lives and how to read it."""
+
+    path: str = Field(description="path template, e.g. {run_dir}/ring.bin")
+    header: bool = Field(True, description="self-describing ring (false: declare `fields`)")
+    fields: list[str] | None = Field(None, description="int64 field names of a header-less ring")
+
+    @model_validator(mode="after")
+    def _fields_when_headerless(self) -> RingSpec:
+        if not self.header and not self.fields:
+            raise ValueError("a header-less ring needs `fields`")
+        return self
+
+
+# Units a log counter may be written in, and the factor to the counter's stored unit: sizes are
+# stored in bytes, times in ms, everything else as written.
+LOG_UNITS: dict[str, float] = {
+    "count": 1.0,
+    "tokens": 1.0,
+    "ratio": 1.0,
+    "bytes": 1.0,
+    "KiB": 1024.0,
+    "MiB": 1024.0**2,
+    "GiB": 1024.0**3,
+    "us": 1e-3,
+    "ms": 1.0,
+    "s": 1e3,
+}
+LogUnit = Literal["count", "tokens", "ratio", "bytes", "KiB", "MiB", "GiB", "us", "ms", "s"]
+
+
+class LogCounter(Strict):
+    """Counters scraped from the runtime's log: one regex, each named group one counter.
+
+    ``last``: the line prints counts cumulative for the process (ds4's streaming cache line), so
+    a snapshot is the last matching line so far. ``sum``: each line counts one event (a request's
+    timings), so a snapshot is the sum over every matching line so far. Either way a run's value
+    is the after − before delta; a counter no line gave is missing, never 0.
+    """
+
+    pattern: str = Field(description="regex searched per log line; named groups are counters")
+    mode: Literal["last", "sum"] = Field("last", description="cumulative line, or one per event")
+    at: Literal["live", "exit"] = Field(
+        "live",
+        description="live: the line is printed while the runtime runs (before/after the scored "
+        "workload); exit: only when the process ends (ds4 prints its cache line at cleanup), so "
+        "the count starts at 0 with the boot, warm-up included, and is read after the graceful "
+        "stop",
+    )
+    units: dict[str, LogUnit] = Field(
+        default_factory=dict,
+        description="group -> unit as printed (KiB/MiB/GiB stored as bytes, s/us as ms)",
+    )
+
+    @model_validator(mode="after")
+    def _named_groups(self) -> LogCounter:
+        _check_regex(self.pattern, "pattern")
+        groups = set(compile_pattern(self.pattern).groupindex)
+        if not groups:
+            raise ValueError("a log counter pattern needs named groups, e.g. (?P<hits>\\d+)")
+        unknown = sorted(set(self.units) - groups)
+        if unknown:
+            raise ValueError(f"`units` names {', '.join(unknown)}, not groups of the pattern")
+        return self
+
+    def counters(self) -> list[str]:
+        """The counter names this pattern yields."""
+        return list(compile_pattern(self.pattern).groupindex)
+
+
+class CountDumpSpec(Strict):
+    """A route-count dump file the runtime rewrites (the CUDA lane's ``MEGA_COUNT``, the vLLM
+    plugin's ``HARNESS_VLLM_ROUTES``): read before and after each run as counters."""
+
+    path: str = Field(description="path template of the dump, e.g. {run_dir}/route-counts.json")
+    every_s: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="how often the runtime rewrites it; each read waits 1.5x this first, so "
+        "the dump holds every step that ran",
+    )
+
+
+class AppliedCheck(Strict):
+    """A log line where the runtime says what it applied for a knob: a run whose line disagrees
+    with the knob (a build that ignores the knob) fails instead of measuring the wrong arm."""
+
+    knob: str = Field(
+        description="the knob whose value the line reports, or files.NAME: the path of an "
+        "uploaded file (a file knob)"
+    )
+    pattern: str = Field(description="regex searched per log line, with a group (?P<applied>…)")
+    expect: dict[str, str] = Field(
+        description="knob value -> the applied text the line must show; key '*' for any other "
+        "value, with {value} standing for it (e.g. '*': 'fixed:{value}')"
+    )
+    unset: str | None = Field(
+        None, description="applied text expected when the cell leaves the knob unset"
+    )
+    required: bool = Field(
+        True, description="the line must be printed: its absence fails the run (say why)"
+    )
+
+    @model_validator(mode="after")
+    def _applied_group(self) -> AppliedCheck:
+        _check_regex(self.pattern, "pattern")
+        if "applied" not in compile_pattern(self.pattern).groupindex:
+            raise ValueError("an applied check's pattern needs a group (?P<applied>...)")
+        return self
+
+    def expected(self, value: str | None) -> str | None:
+        """The applied text a run with this knob value must print (None: not checked)."""
+        if value is None:
+            return self.unset
+        if value in self.expect:
+            return self.expect[value]
+        template = self.expect.get("*")
+        return template.replace("{value}", value) if template is not None else None
+
+
+class Telemetry(Strict):
+    """What the executor collects from a run besides the client-side timings."""
+
+    log_counters: list[LogCounter] = Field(
+        default_factory=list, description="counters scraped from the runtime's log"
+    )
+    unavailable: dict[str, str] = Field(
+        default_factory=dict,
+        description="counter -> why this build cannot produce it (a gate on it fails validation)",
+    )
+    applied: list[AppliedCheck] = Field(
+        default_factory=list, description="log lines that must agree with a knob's value"
+    )
+
+    ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
+    counters_http: str | None = Field(None, description="GET path returning counters as JSON")
+    metrics_http: str | None = Field(None, description="GET path of Prometheus text metrics")
+    dump_http: str | None = Field(None, description="POST path returning a route-count dump")
+    live_knobs_http: str | None = Field(None, description="POST path taking live knobs as JSON")
+    route_trace: str | None = Field(None, description="routing trace path template")
+    count_dump: CountDumpSpec | None = Field(
+        None, description="route-count dump file read as counters (route_selections) per run"
+    )
