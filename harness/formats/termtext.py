@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rich.markup import escape
-
 # C0 and C1 controls but tab: ESC, BEL, backspace, carriage return and the like.
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 def shown(value: Any) -> str:
     """``value`` as text a rich table prints literally, controls as U+FFFD, on one line."""
+    from rich.markup import escape  # when needed: a validate with no warning never loads rich
+
     return escape(_CONTROL.sub("\ufffd", str(value).replace("\n", " ")))
 
 
