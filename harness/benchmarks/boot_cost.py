@@ -15,6 +15,7 @@ the path works but is too small for the target (a run's drive is then as long as
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,8 +51,8 @@ def _variant(
     return path
 
 
-def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any], bool]:
-    """Wall seconds of ``harness run`` to its verdict, the labels and whether it passed."""
+def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any], list[str]]:
+    """Wall seconds of ``harness run`` to its verdict, the labels, and the gates that failed."""
     argv = [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)]
     start = time.perf_counter()
     done = subprocess.run(
@@ -69,7 +70,10 @@ def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any]
         for c in summary["comparisons"]
     }
     verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
-    return wall_s, labels, bool(verdict["passed"])
+    failed = [str(g["name"]) for g in verdict["gates"] if not g["passed"]]
+    if not verdict["passed"] and not failed:
+        failed = ["runs incomplete"]
+    return wall_s, labels, failed
 
 
 def run_bench(quick: bool = False) -> list[Figure]:
@@ -77,15 +81,15 @@ def run_bench(quick: bool = False) -> list[Figure]:
     cycles, delay_s, scale = (1, 2.0, 0.1) if quick else (2, 30.0, 1.0)
     cells = ["b0-shipped", "b1-2x"] if quick else None
     results = {}
-    with tempfile.TemporaryDirectory(prefix="harness-boot-cost-") as folder:
-        root = Path(folder)
-        for boot in ("per-block", "per-cycle"):
-            card = _variant(root, boot, cycles=cycles, boot_delay_s=delay_s, cells=cells)
-            results[boot] = _run(card, root / f"reports-{boot}", scale)
-    (block_s, block_labels, block_pass), (cycle_s, cycle_labels, cycle_pass) = (
+    root = Path(tempfile.mkdtemp(prefix="harness-boot-cost-"))
+    for boot in ("per-block", "per-cycle"):
+        card = _variant(root, boot, cycles=cycles, boot_delay_s=delay_s, cells=cells)
+        results[boot] = _run(card, root / f"reports-{boot}", scale)
+    (block_s, block_labels, block_failed), (cycle_s, cycle_labels, cycle_failed) = (
         results["per-block"],
         results["per-cycle"],
     )
+    block_pass, cycle_pass = not block_failed, not cycle_failed
     ratio = block_s / cycle_s
     differ = sorted(
         f"{k}: {block_labels[k]} / {cycle_labels.get(k)}"
@@ -93,6 +97,12 @@ def run_bench(quick: bool = False) -> list[Figure]:
         if block_labels[k] != cycle_labels.get(k)
     )
     agree = not differ and block_labels.keys() == cycle_labels.keys() and block_pass == cycle_pass
+    if agree:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        # Kept, so the disagreement can be read in both campaigns' reports.
+        differ.append(f"failed gates: {block_failed or 'none'} / {cycle_failed or 'none'}")
+        differ.append(f"both campaigns kept under {root}")
     size = f"{cycles} cycle(s), {delay_s:g} s boot delay, scale {scale:g}"
     if cells is not None:
         size += f", cells {' and '.join(cells)}"
