@@ -37,8 +37,10 @@ SEQUENTIAL = {
 }
 
 
-def _card_with(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
-    text = TINY.read_text(encoding="utf-8")
+def _card_with(tmp_path: Path, name: str, replace: dict[str, str], source: Path = TINY) -> Path:
+    """``source`` with each ``replace`` key (which must be there) replaced, its pools made
+    absolute, written to ``tmp_path/name``."""
+    text = source.read_text(encoding="utf-8")
     for old, new in replace.items():
         assert old in text
         text = text.replace(old, new)

@@ -16,34 +16,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.card import load_card
-from harness.execute.campaign import new_campaign_dir
-from harness.execute.run import CampaignRunner
-from harness.formats.records import CampaignDir, Journal
-from harness.plan.build import build_plan
+from harness.formats.records import Journal
 from tests.conftest import DATA, REPO, run_cli, start_campaign
-from tests.execute.test_execute_local import _stop_leftovers
+from tests.execute.test_execute_local import _card_with, _run, _stop_leftovers
 
 pytestmark = pytest.mark.slow
 CARD = DATA / "cards" / "e2e" / "same-boot.yaml"
 
 
 def _card(tmp_path: Path, replace: dict[str, str] | None = None) -> Path:
-    text = CARD.read_text(encoding="utf-8")
-    for old, new in (replace or {}).items():
-        assert old in text
-        text = text.replace(old, new)
-    path = tmp_path / "same-boot.yaml"
-    path.write_text(text.replace("../../pools/", f"{DATA}/pools/"), encoding="utf-8")
-    return path
-
-
-def _run(card: Path, reports: Path) -> tuple[CampaignDir, list[str], list[str]]:
-    loaded = load_card(card)
-    plan = build_plan(loaded)
-    campaign = new_campaign_dir(loaded, plan, reports)
-    outcome = CampaignRunner(loaded, plan, campaign).execute()
-    return campaign, outcome.done, outcome.failed
+    return _card_with(tmp_path, "same-boot.yaml", replace or {}, source=CARD)
 
 
 def test_a_per_cycle_campaign_boots_once_per_cycle_and_slices_each_run(tmp_path: Path) -> None:
