@@ -92,8 +92,10 @@ def _default_text(info: FieldInfo) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if value in ([], {}, ""):
-        return "empty" if value != "" else '`""`'
+    if value == "":
+        return '`""`'
+    if value in ([], {}):
+        return "empty"
     if isinstance(value, str):
         return f"`{value}`"
     return f"`{json.dumps(value, default=_plain)}`"

@@ -79,7 +79,7 @@ def campaign_lock(root: Path, command: str | None = None) -> Iterator[None]:
 def locked_campaign(root: Path) -> Iterator[None]:
     """A campaign directory held for a command that writes into it (analysis, verdict, report):
     refused while another harness runs or reads it, so no one reads half of what one writes."""
-    from harness.formats.records import open_campaign
+    from harness.formats.records import open_campaign  # records loads pandas; a lock needs none
 
     open_campaign(root)  # not a campaign directory: said before a lock file is made in it
     with campaign_lock(root):

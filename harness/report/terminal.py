@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from harness.formats.termtext import shown
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from harness.analyze.campaign import CampaignAnalysis
     from harness.gate.evaluate import Verdict
     from harness.plan.build import Plan
@@ -43,7 +45,7 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def _console(out: TextIO, width: int) -> Any:
+def _console(out: TextIO, width: int) -> Console:
     from rich.console import Console
 
     return Console(file=out, width=width, highlight=False)
