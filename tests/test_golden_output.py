@@ -40,6 +40,14 @@ def test_plan_prints_the_ordered_runs_and_the_estimate() -> None:
     assert_golden("plan.demo.txt", result.stdout)
 
 
+def test_plan_from_a_campaign_prices_every_design() -> None:
+    # Seed 000's box: a boot of 8 minutes, priced from the demo-shaped campaign's spread.
+    demo = "tests/data/campaigns/demo-shaped"
+    result = run_cli("plan", "campaigns/demo.yaml", "--from", demo, "--boot-s", "480")
+    assert result.code == 0, result.stderr
+    assert_golden("plan-from.demo-shaped.txt", result.stdout)
+
+
 def test_analyze_prints_every_comparison(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     result = run_cli("analyze", str(root))

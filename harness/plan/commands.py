@@ -74,6 +74,12 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     plan = build_plan(loaded, scale=args.scale)
     if args.json:
         out.write(plan_json_text(plan) + "\n")
+    elif args.from_dir is not None:
+        # The plan's runs are the card's as written; what --from asks is which design to run.
+        from harness.analyze.design_cost import price_from
+        from harness.report.terminal import print_design_costs
+
+        print_design_costs(price_from(loaded, Path(args.from_dir), boot_s=args.boot_s), out)
     else:
         print_plan(plan, out, warnings=shift_phase_warnings(loaded, scale=args.scale))
         if args.boot_s is not None:
@@ -116,5 +122,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="S",
         help="also print, for each boot design (design.boot), the boots and the wall time "
         "with a boot of S seconds",
+    )
+    plan.add_argument(
+        "--from",
+        dest="from_dir",
+        metavar="DIR",
+        help="price every design (boots, cycles, prompts per block) at equal power from a "
+        "finished campaign's spread, variance components and measured boot and block times "
+        "(--boot-s then prices a boot on another box)",
     )
     plan.set_defaults(handler=_cmd_plan)

@@ -9,6 +9,7 @@ read as markup.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from harness.analyze.campaign import CampaignAnalysis
+    from harness.analyze.design_cost import PricedDesigns
     from harness.gate.evaluate import Verdict
     from harness.plan.build import Plan
 
@@ -29,6 +31,7 @@ __all__ = [
     "note_unsealed",
     "print_campaigns",
     "print_comparisons",
+    "print_design_costs",
     "print_plan",
     "print_verdict",
     "runs_text",
@@ -128,6 +131,68 @@ def print_boot_costs(plan: Plan, boot_s: float, out: TextIO) -> None:
         )
     console = _console(out, 120)
     console.print(table)
+
+
+def print_design_costs(priced: PricedDesigns, out: TextIO) -> None:
+    """Each boot design × prompts per block at equal power: cycles, boots and wall time to a
+    decision, with the soonest the card can take marked, and what the figures rest on."""
+    from rich.table import Table
+
+    from harness.analyze.design_cost import soonest
+
+    costs = priced.costs
+    best = soonest(priced.rows)
+    console = _console(out, 120)
+    console.print(
+        f"from {shown(str(priced.source))} (design.boot {priced.measured_boot}): "
+        f"{costs.blocks} blocks of {costs.block_s:.1f} s, boots of {costs.boot_s:.1f} s",
+        highlight=False,
+    )
+    console.print(f"  a boot priced at {priced.boot_s:.1f} s", highlight=False)
+    for need in priced.needs:
+        console.print(
+            f"  {shown(need.name)}: effect {math.expm1(need.mean) * 100:+.1f}%, "
+            f"s_D {need.spread:.3g} (log), prompt share of a block's variance "
+            f"{need.prompt_share * 100:.0f}%",
+            highlight=False,
+        )
+    table = Table(
+        title="designs to a decision at equal power (80%, the analysis's own rule)",
+        title_justify="left",
+    )
+    for column in ("design", "prompts/block", "cycles", "boots", "wall time", "note"):
+        table.add_column(column)
+    for row in priced.rows:
+        note = row.problem.split(": cells sharing a boot")[0]
+        if row == best:
+            note = "[bold green]soonest[/bold green]"
+        table.add_row(
+            row.boot,
+            "as run" if row.prompt_factor == 1 else f"x{row.prompt_factor}",
+            str(row.cycles),
+            str(row.boots),
+            format_duration(row.wall_s),
+            note,
+        )
+    console.print(table)
+    console.print(
+        f"soonest: design.boot {best.boot}, "
+        + (
+            "the prompts as run"
+            if best.prompt_factor == 1
+            else f"{best.prompt_factor}x the prompts per block (workload.passes, or --scale)"
+        )
+        + f", {best.cycles} cycles ({format_duration(best.wall_s)}); limited by "
+        f"{shown(best.limiting)}",
+        highlight=False,
+    )
+    if priced.measured_boot == "per-block":
+        console.print(
+            "  block noise was measured with a boot per block; blocks sharing a boot lose that "
+            "boot's own effect,\n  so shared-boot rows are upper bounds on the cycles (and "
+            "are checked for carry-over when they run)",
+            highlight=False,
+        )
 
 
 def print_verdict(verdict: Verdict, out: TextIO) -> None:

@@ -59,11 +59,20 @@ def test_all_hot_map_is_better_than_a_stale_one(tmp_path: Path) -> None:
     # A shared machine can step mid-cycle (CI once stepped 39 % between two inner blocks), and
     # then a DRIFT/NONLINEAR flag is the right answer; the false-flag rate of a clean campaign
     # is pinned by test_stats. What must hold here is that no flagged bias can explain a 3x
-    # effect: the gated labels stay "better", never "confounded".
+    # effect: the gated labels stay "better", never "confounded" (and "carry-over" only when the
+    # box was too noisy for the carry-over model, below).
     for metric in ("decode_tok_s", "tpot_p50_ms"):
         row = rows[metric]
-        assert row["n_cycles"] == 3
-        assert row["label"] == "better", (row, analysis.flags)
+        assert row["n_cycles"] == 4
+        assert row["label"] in ("better", "carry-over"), (row, analysis.flags)
+        if row["label"] == "carry-over":
+            # The carry-over model spends degrees of freedom (5 left of 16 blocks), and a loaded
+            # box both compresses this effect (1.7x with a compiler beside it) and widens its
+            # noise: at 3 cycles CI once saw τ̂'s interval span "no effect", which is why the
+            # card runs 4. If the box is loaded past even that, the conservative label is right,
+            # but it must come from noise, never from a τ̂ that disagrees with D̄ in direction.
+            adjusted = float(row["adjusted_ratio"])
+            assert (adjusted > 1.0) == (metric == "decode_tok_s"), row
     # Deterministic evidence agrees: every lookup hits with all experts hot, half miss otherwise.
     assert rows["hit_rate"]["label"] == "better"
     cells = analysis.cells.set_index("cell")
@@ -72,8 +81,10 @@ def test_all_hot_map_is_better_than_a_stale_one(tmp_path: Path) -> None:
     # About 3x on a quiet machine; a loaded one compresses it (1.43 seen with the suite beside
     # two other jobs on two cores), so the bound only says the effect is large.
     assert rows["decode_tok_s"]["ratio"] > 1.2 and rows["tpot_p50_ms"]["ratio"] < 1 / 1.2
-    assert verdict.passed, [(g.name, g.reason) for g in verdict.gates]
     assert [g.kind for g in verdict.gates] == ["better", "better", "exact_outputs", "counter"]
+    held_back = {m for m in ("decode_tok_s", "tpot_p50_ms") if rows[m]["label"] == "carry-over"}
+    failed = {g.name.removeprefix("better ") for g in verdict.gates if not g.passed}
+    assert failed == held_back, [(g.name, g.reason) for g in verdict.gates]
 
 
 def test_a_a_campaign_is_better_on_no_timing_metric(tmp_path: Path) -> None:

@@ -1,0 +1,284 @@
+"""Which design reaches a decision soonest, priced from a finished campaign.
+
+docs/design.md#what-a-design-costs. A finished campaign measured, for each gated comparison,
+the spread of its cycle effects s_D and how a block's variance splits (variance components):
+the prompt part s_w²/k and the boot-to-boot rest. It also measured what a boot and a block
+cost in seconds. Three levers trade against each other at equal power:
+
+- cycles m: Var(D̄) = s_D²/m;
+- prompts per block k′ (more passes over the held-out prompts): only the prompt part shrinks,
+  s_D′² = s_D²·(block + prompt·k/k′)/(block + prompt), and each block takes k′/k as long;
+- boots (``design.boot``): shared boots cost no variance in this model, only wall time — a
+  boot's own random effect, if the campaign ran a boot per block, is inside "block" and would
+  only shrink when blocks share a boot, so shared-boot rows are upper bounds on the cycles.
+
+For every combination the cycles to a decision are those of the analysis's own power rule
+(:func:`~harness.analyze.power.cycles_to_decide`, 80 %), the largest over the gated comparisons
+(a verdict needs them all); the wall time is the busiest box's boots and blocks at the measured
+costs. Pure but for reading the campaign's run records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, gated_metrics
+from harness.analyze.crossover import MIN_CARRY_CYCLES
+from harness.analyze.design_sim import DECIDED, Scenario, decide_many, simulate_blocks
+from harness.analyze.power import cycles_to_decide
+from harness.card import LoadedCard
+from harness.card.schema import BootDesign
+from harness.errors import BadInput
+from harness.formats.records import read_json
+from harness.plan.build import BOOT_DESIGNS, build_plan
+
+# Prompts per block tried, as multiples of what the campaign ran (passes over the pool).
+PROMPT_FACTORS = (1, 2, 4)
+POWER = 0.8
+SIMULATED = 2000  # campaigns simulated per count: the decided share to about ±1 %
+MAX_SIMULATED_CYCLES = 64  # beyond it the t-test's count stands alone
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """Seconds a campaign spent: a boot, and a block's measuring (all its requests)."""
+
+    boot_s: float
+    block_s: float
+    blocks: int
+
+
+@dataclass(frozen=True)
+class Need:
+    """One gated comparison's effect, spread and variance split (log scale)."""
+
+    name: str
+    mean: float
+    spread: float
+    margin: float
+    alpha: float
+    prompt_share: float  # prompt part / (prompt + block), 0 when unknown
+
+
+@dataclass(frozen=True)
+class DesignCost:
+    """One design at equal power: its cycles, boots and wall time."""
+
+    boot: BootDesign
+    prompt_factor: int
+    cycles: int
+    boots: int
+    wall_s: float
+    problem: str  # why the card cannot take this boot design ("" when it can)
+    limiting: str  # the comparison that needs the most cycles
+
+
+def measured_costs(analysis: CampaignAnalysis) -> MeasuredCosts:
+    """Mean boot and block seconds from the run records (``runtime.boot_s``, start to end).
+
+    A run that booted spent ``boot_s`` of its time booting; a run on a shared boot measured
+    (and washed out) for all of it.
+    """
+    boots: list[float] = []
+    blocks: list[float] = []
+    seen: set[str] = set()
+    ok = analysis.runs[analysis.runs["status"] == "ok"]
+    for run_id in ok["run_id"]:
+        record = read_json(analysis.campaign.run_dir(str(run_id)) / "run.json")
+        span = float(record.get("ended_at") or 0) - float(record.get("started_at") or 0)
+        boot_id = str(record.get("boot_id") or run_id)
+        booted = boot_id not in seen
+        seen.add(boot_id)
+        boot_s = float((record.get("runtime") or {}).get("boot_s") or 0.0) if booted else 0.0
+        if booted and boot_s > 0:
+            boots.append(boot_s)
+        if span > 0:
+            blocks.append(max(0.0, span - boot_s))
+    if not blocks:
+        raise BadInput(
+            f"{analysis.campaign.root}: no finished run with its start and end times; "
+            "--from needs a campaign with completed runs"
+        )
+    return MeasuredCosts(
+        boot_s=sum(boots) / len(boots) if boots else 0.0,
+        block_s=sum(blocks) / len(blocks),
+        blocks=len(blocks),
+    )
+
+
+def decision_needs(analysis: CampaignAnalysis) -> list[Need]:
+    """The gated comparisons with a measured spread (two cycles or more)."""
+    gated = set(gated_metrics(analysis.card))
+    needs: list[Need] = []
+    for item in analysis.comparisons:
+        c = item.comparison
+        if c.metric not in gated or c.sd_log_effect is None or c.mean_log_effect is None:
+            continue
+        share = 0.0
+        if c.variance is not None and c.variance.prompt is not None:
+            total = c.variance.prompt + c.variance.block
+            share = c.variance.prompt / total if total > 0 else 0.0
+        needs.append(
+            Need(
+                name=f"{c.metric} {item.cell} vs {item.vs} ({item.cache_state})",
+                mean=c.mean_log_effect,
+                spread=c.sd_log_effect,
+                margin=c.margin_log,
+                alpha=c.alpha,
+                prompt_share=share,
+            )
+        )
+    if not needs:
+        raise BadInput(
+            f"{analysis.campaign.root}: no gated comparison with two cycles or more; --from "
+            "needs a finished campaign whose card gates on a metric (better/survives) and that "
+            "ran at least 2 cycles"
+        )
+    return needs
+
+
+def cycles_for(needs: Sequence[Need], prompt_factor: int, *, floor: int = 2) -> tuple[int, str]:
+    """Cycles to decide every comparison with ``prompt_factor``× the prompts, and which limits.
+
+    At least ``floor`` cycles (a shared boot needs the carry-over model's
+    :data:`~harness.analyze.crossover.MIN_CARRY_CYCLES`).
+    """
+    worst, name = 0, ""
+    for need in needs:
+        share = need.prompt_share
+        spread = need.spread * math.sqrt(1.0 - share + share / prompt_factor)
+        m = decided_by(spread, need, floor)
+        if m > worst:
+            worst, name = m, need.name
+    return worst, name
+
+
+def decided_by(spread: float, need: Need, floor: int) -> int:
+    """The fewest cycles (≥ ``floor``) at which 80 % of simulated campaigns are decided.
+
+    Starts from the t-test's own count (:func:`cycles_to_decide`) and simulates the labels the
+    analysis gives — the carry-over check on τ̂ included, which costs power at few cycles that
+    the plain count does not see (a large effect labelled carry-over on a noisy box at 3
+    cycles, say).
+    """
+    start = max(floor, cycles_to_decide(spread, need.mean, need.margin, need.alpha))
+    if spread == 0:
+        return start
+    rng = np.random.default_rng(0)
+    scenario = Scenario(effect=need.mean, block_sd=spread)
+    blocks = simulate_blocks(rng, SIMULATED, MAX_SIMULATED_CYCLES, scenario)
+    for m in range(start, MAX_SIMULATED_CYCLES + 1):
+        codes = decide_many(blocks[:, : 4 * m], need.margin, need.alpha)
+        if float(np.isin(codes, DECIDED).mean()) >= POWER:
+            return m
+    return max(start, MAX_SIMULATED_CYCLES)
+
+
+def design_costs(
+    loaded: LoadedCard, needs: Sequence[Need], costs: MeasuredCosts, *, boot_s: float | None
+) -> list[DesignCost]:
+    """Every boot design × prompts factor for ``loaded``'s cells, at the measured costs."""
+    card = loaded.card
+    # A sequential card is priced at its fixed size: the cycles it would need to decide.
+    fixed = card.model_copy(
+        update={"design": card.design.model_copy(update={"sequential": False, "max_cycles": None})}
+    )
+    base = replace(loaded, card=fixed)
+    live = loaded.runtime.live
+    boot_cost = costs.boot_s if boot_s is None else boot_s
+    rows: list[DesignCost] = []
+    for factor in PROMPT_FACTORS:
+        for design in BOOT_DESIGNS:
+            # Blocks sharing a boot invite carry-over, and the model that checks it needs
+            # MIN_CARRY_CYCLES: fewer would leave a same-boot campaign's claim unchecked.
+            floor = 2 if design == "per-block" else MIN_CARRY_CYCLES
+            m, limiting = cycles_for(needs, factor, floor=floor)
+            plan = build_plan(base, cycles=m)
+            washout = 0.0
+            if live is not None and design != "per-block":
+                request_s = costs.block_s / max(1, _prompts(loaded))
+                washout = live.washout_s + live.washout_requests * request_s
+            per_box: dict[str, int] = {}
+            for run in plan.runs:
+                per_box[run.box] = per_box.get(run.box, 0) + 1
+            boots = plan.boots(design)
+            block_s = costs.block_s * factor + washout
+            wall = max(
+                (boots[box] * boot_cost + n * block_s for box, n in per_box.items()), default=0.0
+            )
+            rows.append(
+                DesignCost(
+                    boot=design,
+                    prompt_factor=factor,
+                    cycles=m,
+                    boots=max(boots.values(), default=0),
+                    wall_s=wall,
+                    problem=plan.boot_design_problems()[design],
+                    limiting=limiting,
+                )
+            )
+    return rows
+
+
+def _prompts(loaded: LoadedCard) -> int:
+    """Scored requests in one block of the card (its phases, or passes over held-out)."""
+    workload = loaded.card.workload
+    if workload.phases:
+        return sum(p.requests or 0 for p in workload.phases) or 1
+    return max(1, len(loaded.split("heldout")) * workload.passes)
+
+
+def soonest(rows: Sequence[DesignCost]) -> DesignCost:
+    """The quickest design the card can take (per-block always can)."""
+    allowed = [r for r in rows if not r.problem]
+    return min(allowed, key=lambda r: (r.wall_s, r.boots, r.prompt_factor))
+
+
+def price_from(loaded: LoadedCard, campaign_dir: Path, *, boot_s: float | None) -> PricedDesigns:
+    """Price every design of ``loaded`` from the campaign in ``campaign_dir``."""
+    analysis = analyze_campaign(campaign_dir)
+    needs = decision_needs(analysis)
+    costs = measured_costs(analysis)
+    rows = design_costs(loaded, needs, costs, boot_s=boot_s)
+    return PricedDesigns(
+        loaded=loaded,
+        needs=tuple(needs),
+        costs=costs,
+        boot_s=costs.boot_s if boot_s is None else boot_s,
+        rows=tuple(rows),
+        measured_boot=analysis.card.design.boot,
+        source=campaign_dir,
+    )
+
+
+@dataclass(frozen=True)
+class PricedDesigns:
+    """What ``harness plan CARD --from DIR`` prints."""
+
+    loaded: LoadedCard
+    needs: tuple[Need, ...]
+    costs: MeasuredCosts
+    boot_s: float
+    rows: tuple[DesignCost, ...]
+    measured_boot: BootDesign
+    source: Path
+
+
+__all__ = [
+    "PROMPT_FACTORS",
+    "DesignCost",
+    "MeasuredCosts",
+    "Need",
+    "PricedDesigns",
+    "cycles_for",
+    "decision_needs",
+    "design_costs",
+    "measured_costs",
+    "price_from",
+    "soonest",
+]
