@@ -532,9 +532,15 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
     return folder
 
 
-def summary_text(analysis: CampaignAnalysis) -> str:
-    """JSON text of the summary (for ``--json``)."""
-    return json.dumps(analysis.to_json(), indent=2, default=str)
+def summary_text(analysis: CampaignAnalysis, *, with_history: bool = False) -> str:
+    """JSON text of the summary (for ``--json``); ``with_history`` adds the trends the
+    campaign's gate recorded (``analysis/history.json``, under "history"), where there are."""
+    payload = analysis.to_json()
+    trends = analysis.campaign.root / "analysis" / "history.json"
+    if with_history and trends.is_file():
+        recorded = read_json(trends)
+        payload["history"] = {k: v for k, v in recorded.items() if k != "schema_version"}
+    return json.dumps(payload, indent=2, default=str)
 
 
 __all__ = ["CampaignAnalysis", "RecordError", "analyze_campaign", "write_analysis"]

@@ -22,7 +22,7 @@ def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
         note_unsealed(analysis)
         folder = write_analysis(analysis)
     if args.json:
-        out.write(summary_text(analysis) + "\n")
+        out.write(summary_text(analysis, with_history=True) + "\n")
     else:
         print_comparisons(analysis, folder, out)
     return EXIT_OK

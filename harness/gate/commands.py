@@ -2,7 +2,8 @@
 
 :func:`analyze_and_gate` is the one path from a campaign directory to its verdict, shared by
 ``harness gate`` and ``harness run``: the analysis written, the gates evaluated and written,
-the verdict recorded in the results store, the table printed and the report rendered.
+the verdict recorded in the results store (and the campaign's trends from it written to
+``analysis/history.json``), the table printed and the report rendered.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     from harness.analyze.campaign import analyze_campaign, write_analysis
     from harness.gate.evaluate import evaluate_gates, write_verdict
     from harness.history.store import append_history
+    from harness.history.trends import record_campaign_trends
     from harness.report import render_report
     from harness.report.terminal import label_tally, note_unsealed, print_verdict
 
@@ -31,6 +33,7 @@ def analyze_and_gate(root: Path, out: TextIO, *, quiet: bool) -> Verdict:
     verdict = evaluate_gates(analysis)
     write_verdict(verdict, root)
     append_history(analysis, bool(verdict.passed))
+    record_campaign_trends(analysis)
     if not quiet:
         print_verdict(verdict, out)
         tally = label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)

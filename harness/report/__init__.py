@@ -111,7 +111,7 @@ def build_context(
         images["swap"] = fig.swap_cost_figure(data, analysis, palette)
         if predicted is not None:
             predicted["png"] = fig.predicted_figure(predicted["rows"])
-    history = _history(root, analysis)
+    history = _history(root)
     if figures and history:
         images["history"] = fig.history_figure(history, palette)
     return {
@@ -164,20 +164,18 @@ def build_context(
     }
 
 
-def _history(root: Path, analysis: CampaignAnalysis) -> list[dict[str, Any]]:
-    """This campaign's trends from the results store (the gated metrics, else decode speed)."""
-    from harness.analyze.campaign import gated_metrics
-    from harness.card import RegressionGate
-    from harness.errors import HarnessError
-    from harness.history.trends import campaign_trends
+def _history(root: Path) -> list[dict[str, Any]]:
+    """The campaign's trends as its gate recorded them (``analysis/history.json``); none for a
+    campaign never gated, or gated before the file existed."""
+    from harness.formats.records import read_json
 
-    metrics = gated_metrics(analysis.card)
-    metrics += [g.metric for g in analysis.card.gates if isinstance(g, RegressionGate)]
-    metrics = list(dict.fromkeys(metrics)) or ["decode_tok_s"]
-    try:
-        return campaign_trends(root, analysis.card.campaign, metrics)
-    except HarnessError as exc:  # an unreadable store must not cost the campaign its report
-        return [{"error": exc.message}]
+    path = root / "analysis" / "history.json"
+    if not path.is_file():
+        return []
+    payload = read_json(path)
+    if payload.get("error"):
+        return [{"error": str(payload["error"])}]
+    return list(payload.get("trends") or [])
 
 
 def _read_text(path: Path) -> str:

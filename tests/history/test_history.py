@@ -105,3 +105,15 @@ def test_the_report_shows_the_campaigns_history(tmp_path: Path) -> None:
     _cli("gate", str(second), "--quiet")
     html = (second / "report.html").read_text(encoding="utf-8")
     assert "<h3>History</h3>" in html and 'alt="history per cell"' in html
+    # Computed once, when the gate recorded the campaign: analyze --json returns the same trends
+    # the report drew, and the first campaign's record keeps its own (no trend yet) on re-render.
+    code, text = _cli("analyze", str(second), "--json")
+    assert code == 0
+    trends = json.loads(text)["history"]["trends"]
+    assert trends and all(len(t["values"]) == 2 for t in trends)
+    assert {t["metric"] for t in trends} == {"decode_tok_s", "hit_rate"}  # the gated metrics
+    recorded = json.loads((second / "analysis" / "history.json").read_text(encoding="utf-8"))
+    assert recorded["trends"] == trends
+    assert _cli("report", str(first))[0] == 0
+    assert "<h3>History</h3>" not in (first / "report.html").read_text(encoding="utf-8")
+    assert json.loads(_cli("analyze", str(first), "--json")[1])["history"]["trends"] == []
