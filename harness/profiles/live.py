@@ -1,4 +1,5 @@
-"""How a running runtime takes knob changes: apply and reset by HTTP or a control file, washout."""
+"""How a running runtime takes knob changes: apply and reset by HTTP or a control file (polled, or
+read on a signal), washout."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ class LiveFile(Strict):
     )
     interval_s: float = Field(
         0.05, gt=0, le=60, allow_inf_nan=False, description="how often the log is read"
+    )
+    signal: Literal["HUP", "USR1", "USR2"] | None = Field(
+        None,
+        description="after the file is in place, send this signal to the runtime's process "
+        "group, for a runtime that reads its control file when signalled rather than by "
+        "polling; every process of the group gets it, so each must handle it",
     )
 
     @model_validator(mode="after")

@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="control file polled for knob changes and resets (JSON {seq, knobs, reset}); "
         "each is acknowledged in the log as 'refbox: control SEQ applied' or '... rejected: WHY'",
     )
+    out.add_argument(
+        "--control-signal",
+        choices=["HUP", "USR1", "USR2"],
+        default=None,
+        help="read the control file only when this signal arrives (once ready), not by polling",
+    )
     fault = p.add_argument_group("fault and drift injection")
     fault.add_argument(
         "--fail-after-tokens",

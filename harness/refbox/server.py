@@ -23,7 +23,8 @@ Endpoints
 With ``--control FILE`` the same changes arrive through a file the server polls (every 50 ms):
 ``{"seq": N, "knobs": {...}, "reset": true|false}``, acknowledged in the log as ``refbox: control
 N applied`` or ``refbox: control N rejected: WHY``, so a harness can drive a runtime that has no
-admin endpoint the way it drives one that has.
+admin endpoint the way it drives one that has. With ``--control-signal HUP`` (or USR1, USR2) it
+reads the file only when that signal arrives, as a runtime that reloads on a signal does.
 
 Generation: exactly ``max_tokens`` tokens (default 16), no stop condition (EOS is never
 generated). Greedy argmax when ``temperature`` is 0 or absent; otherwise a softmax sample from a
@@ -166,11 +167,16 @@ class Server:
         engine.reset(hot)
         return engine.set_knobs(changes) if changes else engine.knob_dict()
 
-    async def poll_control(self, path: str) -> None:
-        """Apply each new version of the control file and say so in the log."""
+    async def poll_control(self, path: str, woken: asyncio.Event | None = None) -> None:
+        """Apply each new version of the control file and say so in the log; with ``woken``
+        (set by the control signal), look only when it is set once the server is ready."""
         seen: tuple[int, int] | None = None
         while not self.stop.is_set():
-            await asyncio.sleep(0.05)
+            if woken is not None and self.ready:
+                await woken.wait()
+                woken.clear()
+            else:
+                await asyncio.sleep(0.05)
             try:
                 stat = os.stat(path)
             except OSError:
@@ -488,7 +494,11 @@ async def _serve(config: ServeConfig, sock: socket.socket) -> int:
     sys.stderr.flush()
     loader = asyncio.create_task(server.load())
     control = config.args.control
-    poller = asyncio.create_task(server.poll_control(control)) if control else None
+    woken: asyncio.Event | None = None
+    if control and config.args.control_signal:
+        woken = asyncio.Event()
+        loop.add_signal_handler(getattr(signal, "SIG" + config.args.control_signal), woken.set)
+    poller = asyncio.create_task(server.poll_control(control, woken)) if control else None
     await server.stop.wait()
     if not loader.done():
         loader.cancel()

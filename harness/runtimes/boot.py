@@ -321,6 +321,8 @@ class RunningRuntime:
             # Renamed into place, so the runtime never reads half a file.
             self.box.put_file(local, path + ".part")
         self.box.sh(shell_command(["mv", "-f", path + ".part", path]))
+        if spec.signal is not None:
+            self.box.signal_group(self.pgid, spec.signal)
         ack = re.compile(spec.ack_log_line.replace("{seq}", seq))
         reject = (
             re.compile(spec.reject_log_line.replace("{seq}", seq)) if spec.reject_log_line else None

@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -32,13 +33,22 @@ ACK = "refbox: control {seq} applied"
 REJECT = "refbox: control {seq} rejected: (.*)"
 
 
-def _file_profile(path: str = "{run_dir}/control.json", timeout_s: float = 10) -> RuntimeProfile:
+def _file_profile(
+    path: str = "{run_dir}/control.json",
+    timeout_s: float = 10,
+    signal: Literal["HUP", "USR1", "USR2"] | None = None,
+) -> RuntimeProfile:
     """refbox's profile with the control-file form of the same contract."""
 
     def action(body: str) -> LiveAction:
         return LiveAction(
             file=LiveFile(
-                path=path, body=body, ack_log_line=ACK, reject_log_line=REJECT, timeout_s=timeout_s
+                path=path,
+                body=body,
+                ack_log_line=ACK,
+                reject_log_line=REJECT,
+                timeout_s=timeout_s,
+                signal=signal,
             )
         )
 
@@ -155,3 +165,35 @@ def test_an_unacknowledged_change_times_out_with_the_log_tail(refbox: RunningRun
     )
     with pytest.raises(RuntimeBootError, match=r"not acknowledged within 0\.3 s.*log tail:\n"):
         runtime.post_live({"drain_every": 6})
+
+
+def test_a_runtime_that_reads_its_control_file_on_a_signal_gets_it(tmp_path: Path) -> None:
+    # refbox --control-signal HUP reads the file only when signalled: without the profile's
+    # `signal` nothing acknowledges the change; with it, the change applies.
+    box = LocalBox("local", BoxSpec())
+    command = [*PROFILE.boot.command, "--control-signal", "HUP"]
+    profile = PROFILE.model_copy(
+        update={"boot": PROFILE.boot.model_copy(update={"command": command})}
+    )
+    (tmp_path / "cache").mkdir()
+    spec = boot_spec(
+        profile,
+        Cell(env=dict(SMALL), knobs={"policy": "adaptive", "drain_every": 64}),
+        port=box.free_port(),
+        run_dir=str(tmp_path),
+        python=sys.executable,
+        bind_host=box.bind_host,
+        cache_dir=str(tmp_path / "cache"),
+        uploaded={},
+    )
+    runtime = boot(box, profile, spec)
+    try:
+        unsignalled = dataclasses.replace(runtime, profile=_file_profile(timeout_s=0.5))
+        with pytest.raises(RuntimeBootError, match="not acknowledged"):
+            unsignalled.post_live({"drain_every": 6})
+        signalled = dataclasses.replace(runtime, profile=_file_profile(signal="HUP"))
+        signalled.post_live({"drain_every": 7})
+        assert _knobs(runtime)["drain_every"] == 7
+        assert box.group_alive(runtime.pgid)  # the signal reloaded, it did not stop
+    finally:
+        assert runtime.stop()
