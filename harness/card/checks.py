@@ -262,6 +262,7 @@ def shared_boot_problems(card: Card, runtime: RuntimeProfile) -> list[tuple[Loc,
 
     base = card.cells[reference]
     base_knobs = defaults(base)
+    applied = {check.knob for check in runtime.telemetry.applied}
     for name, cell in card.cells.items():
         if name == reference:
             continue
@@ -282,6 +283,17 @@ def shared_boot_problems(card: Card, runtime: RuntimeProfile) -> list[tuple[Loc,
                     f"started with; set {knob} in every cell (design.boot: {design.boot})",
                 )
                 continue
+            if spec.live and knob in applied:
+                # The applied-policy line is printed at boot: on a shared boot it would describe
+                # the boot's first cell, and a build that ignored the change would pass.
+                add(
+                    ("cells", name if knob in cell.knobs else reference, "knobs", knob),
+                    f"{knob} differs between {name} and {reference} and the profile checks it "
+                    f"from the line the runtime logs at boot (telemetry.applied), which a live "
+                    f"change does not reprint: on a shared boot the check could not see it; "
+                    f"use design.boot: per-block",
+                )
+                continue
             if spec.live:
                 continue
             owner = name if knob in cell.knobs else reference
@@ -292,7 +304,17 @@ def shared_boot_problems(card: Card, runtime: RuntimeProfile) -> list[tuple[Loc,
                 f"key in the profile): {fix}, or declare it live",
             )
         for key in sorted(set(cell.files) | set(base.files)):
-            if key in live_files or cell.files.get(key) == base.files.get(key):
+            if cell.files.get(key) == base.files.get(key):
+                continue
+            if key in live_files and f"files.{key}" in applied:
+                add(
+                    ("cells", name if key in cell.files else reference, "files", key),
+                    f"file knob {key} differs from {reference}'s and the profile checks it from "
+                    f"the line the runtime logs at boot (telemetry.applied), which a live "
+                    f"change does not reprint; use design.boot: per-block",
+                )
+                continue
+            if key in live_files:
                 continue
             owner = name if key in cell.files else reference
             add(

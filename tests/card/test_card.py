@@ -10,8 +10,10 @@ import yaml
 from pydantic import ValidationError
 
 from harness.card import load_card
+from harness.card.checks import shared_boot_problems
 from harness.card.schema import Design
 from harness.errors import BadInput, CardError
+from harness.profiles.telemetry import AppliedCheck
 from tests.conftest import DATA, REPO, run_cli
 
 GGUF = REPO / "campaigns" / "models" / "tiny-moe.gguf"
@@ -185,3 +187,18 @@ def test_timing_cards_can_show_the_label_they_gate_on(card: str) -> None:
     design = yaml.safe_load((REPO / "campaigns" / f"{card}.yaml").read_text())["design"]
     assert design["cycles"] >= 3
     assert design.get("sequential") is True and design["max_cycles"] > design["cycles"]
+
+
+def test_shared_boot_refuses_a_live_knob_the_profile_checks_from_its_boot_line() -> None:
+    # telemetry.applied reads what the runtime printed at boot: after a live change that line
+    # still shows the boot's first cell, so a build ignoring the change would pass unseen.
+    loaded = load_card(DATA / "cards" / "e2e" / "same-boot.yaml")
+    assert shared_boot_problems(loaded.card, loaded.runtime) == []
+    check = AppliedCheck(
+        knob="drain_every", pattern=r"drain every (?P<applied>\d+)", expect={"*": "{value}"}
+    )
+    telemetry = loaded.runtime.telemetry.model_copy(update={"applied": [check]})
+    checked = loaded.runtime.model_copy(update={"telemetry": telemetry})
+    ((loc, message),) = shared_boot_problems(loaded.card, checked)
+    assert loc == ("cells", "fast", "knobs", "drain_every")
+    assert "telemetry.applied" in message and "use design.boot: per-block" in message

@@ -101,9 +101,11 @@ def test_a_live_knob_the_runtime_refuses_fails_its_block_with_the_log_tail(
 
 
 def test_sigkill_mid_boot_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    # One boot for the whole campaign (design.boot: per-campaign, the other shared design).
     reports = tmp_path / "reports"
     try:
-        _killed_mid_boot_resumes(_card(tmp_path), reports)
+        card = _card(tmp_path, {"boot: per-cycle": "boot: per-campaign"})
+        _killed_mid_boot_resumes(card, reports)
     finally:
         _stop_leftovers(reports)
 
@@ -138,6 +140,13 @@ def _killed_mid_boot_resumes(card: Path, reports: Path) -> None:
     assert len(done) == len(set(done)) == 8  # every run once, none twice
     for run_id in done_before:
         assert [e["event"] for e in events if e.get("run_id") == run_id].count("run_start") == 1
+    # Per campaign: the killed boot carried the first runs, one new boot carried all the rest.
+    boots = [e for e in events if e["event"] == "boot"]
+    assert len(boots) == 2
+    starts = [e for e in events if e["event"] == "run_start"]
+    (killed_boot,) = {e["boot_id"] for e in starts if e["run_id"] in done_before}
+    after = {e["boot_id"] for e in starts if e["run_id"] not in done_before} - {killed_boot}
+    assert len(after) == 1
     # The shared boot the killed harness left was stopped by the resume.
     assert any(e["event"] == "orphan_killed" for e in events)
     for boot in (e for e in events if e["event"] == "boot"):
