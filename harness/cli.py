@@ -12,55 +12,54 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import importlib
 import io
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO, cast
+from typing import TextIO, cast
 
 from harness import __version__
-from harness.analyze.commands import register as analyze_verbs
-from harness.benchmarks.commands import register as bench_verbs
 from harness.boxes.interrupts import describe, exit_code, stop_signals
 from harness.errors import EXIT_INFRASTRUCTURE, HarnessError
-from harness.execute.commands import register as execute_verbs
-from harness.formats.commands import register as ring_verbs
-from harness.gate.commands import register as gate_verbs
-from harness.history.commands import register as history_verbs
-from harness.importers.commands import register as import_verbs
-from harness.plan.commands import register as plan_verbs
-from harness.refbox.commands import register as refbox_verbs
-from harness.report.commands import register as report_verbs
-from harness.runtimes.ds4.commands import register as ds4_verbs
-from harness.runtimes.llamacpp.commands import register as llamacpp_verbs
-from harness.runtimes.vllm.commands import register as vllm_verbs
-from harness.sim.commands import register as sim_verbs
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
 
-# Each stage registers its own verbs, in pipeline order (the order ``--help`` lists them).
+# Each stage registers its own verbs (``<stage>/commands.py``'s ``register``), in pipeline order
+# (the order ``--help`` lists them), with the verbs each registers: a command line naming one
+# verb imports only its module, so ``harness validate`` pays for no other stage's parser
+# (tests/test_cli.py checks the names against what each module registers).
 # Registering imports no stage: each handler imports its stage when it runs.
-VERBS: tuple[Callable[[Any], None], ...] = (
-    plan_verbs,  # validate, plan
-    execute_verbs,  # run, box check, collect
-    analyze_verbs,  # analyze, compare
-    gate_verbs,
-    report_verbs,
-    history_verbs,
-    import_verbs,
-    sim_verbs,  # simulate, fit-map
-    llamacpp_verbs,
-    vllm_verbs,
-    ds4_verbs,
-    bench_verbs,
-    ring_verbs,
-    refbox_verbs,
+VERBS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("harness.plan.commands", ("validate", "plan")),
+    ("harness.execute.commands", ("run", "box", "collect")),
+    ("harness.analyze.commands", ("analyze", "compare")),
+    ("harness.gate.commands", ("gate",)),
+    ("harness.report.commands", ("report",)),
+    ("harness.history.commands", ("history",)),
+    ("harness.importers.commands", ("import",)),
+    ("harness.sim.commands", ("simulate", "fit-map")),
+    ("harness.runtimes.llamacpp.commands", ("make-gguf", "llama-trace")),
+    ("harness.runtimes.vllm.commands", ("make-vllm-model",)),
+    ("harness.runtimes.ds4.commands", ("make-ds4-model",)),
+    ("harness.benchmarks.commands", ("bench",)),
+    ("harness.formats.commands", ("ring",)),
+    ("harness.refbox.commands", ("refbox",)),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every verb."""
+def named_verb(arguments: Sequence[str]) -> str | None:
+    """The verb a command line names (its first word after the global options), if it is one."""
+    for word in arguments:
+        if word == "--debug":
+            continue
+        return word if any(word in names for _, names in VERBS) else None
+    return None
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every verb, or of ``verb`` alone."""
     parser = argparse.ArgumentParser(
         prog="harness",
         description="Benchmark and A/B campaigns for two-tier mixture-of-experts runtimes.",
@@ -69,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    for register in VERBS:
-        register(verbs)
+    for module, names in VERBS:
+        if verb is None or verb in names:
+            importlib.import_module(module).register(verbs)
     return parser
 
 
@@ -139,7 +139,7 @@ def _stderr(text: str) -> None:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting, so tests can call it."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(named_verb(arguments))
     try:
         args = parser.parse_args(arguments)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help

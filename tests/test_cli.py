@@ -99,6 +99,33 @@ def test_the_cli_starts_without_the_heavy_stages() -> None:
     assert done.stdout.splitlines() == ["", "0 "], done.stdout + done.stderr
 
 
+def test_a_named_verb_imports_only_its_own_registration() -> None:
+    # The router's table names each module's verbs: every one registers exactly those.
+    import argparse
+    import importlib
+
+    from harness.cli import VERBS, build_parser
+
+    for module, names in VERBS:
+        verbs = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).register(verbs)
+        assert tuple(verbs.choices) == names, module
+    assert set(build_parser().parse_args(["validate", VALID]).__dict__) >= {"cards", "handler"}
+    probe = (
+        "import io, sys, harness.cli\n"
+        "harness.cli.main(sys.argv[1:], out=io.StringIO())\n"
+        "print(sorted(m for m in sys.modules if m.endswith('.commands')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "--debug", "validate", VALID],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    assert done.stdout.strip() == "['harness.plan.commands']", done.stdout + done.stderr
+
+
 def test_the_terminal_counts_comparisons_and_says_when_none_was_decided() -> None:
     from harness.report.terminal import label_tally
 
