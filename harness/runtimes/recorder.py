@@ -74,11 +74,15 @@ def start_recording(runtime: RunningRuntime, spec: ExpertRecorderSpec, run_dir: 
 
 
 def finish_recording(
-    runtime: RunningRuntime, recording: Recording, local_dir: Path
+    runtime: RunningRuntime,
+    recording: Recording,
+    local_dir: Path,
+    counts_name: str = "route-counts.json",
 ) -> dict[str, float]:
     """Stop, dump, fetch the dump's new files into ``local_dir/expert-distribution``, write
-    ``route-counts.json`` and return the run's counters (``route_selections``, and ``hits`` /
-    ``misses`` when the dump holds GPU masks)."""
+    their counts summed over passes as ``counts_name`` (a route-count dump) and return the
+    run's counters (``route_selections``, and ``hits`` / ``misses`` when the dump holds GPU
+    masks)."""
     spec, box = recording.spec, runtime.box
     pattern = posixpath.join(recording.folder, spec.glob)
     _post(runtime, spec.stop_http, 30)
@@ -111,7 +115,7 @@ def finish_recording(
         dumps.append(read_dump(local))
     dist = combine_dumps(dumps, str(folder))
     counts = dist.counts.sum(axis=0)
-    write_count_dump(local_dir / "route-counts.json", np.asarray(counts), time.time())
+    write_count_dump(local_dir / counts_name, np.asarray(counts), time.time())
     counters: dict[str, float] = {ROUTE_COUNTER: float(counts.sum())}
     split = gpu_hits(dist)
     if split is not None:
