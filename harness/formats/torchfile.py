@@ -290,9 +290,9 @@ def _aligned(archive: zipfile.ZipFile, handle: Any, name: str, data: bytes) -> N
     archive.writestr(info, data)
 
 
-def write_torch_file(path: str | os.PathLike[str], obj: Mapping[str, Any]) -> None:
-    """Write ``obj`` (a dict of numpy arrays, numbers, strings, lists, tuples, dicts) as a torch
-    file, atomically (a temp file in the same folder, then ``os.replace``)."""
+def write_torch_file(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` (a numpy array, or dicts, lists and tuples of them, numbers, strings,
+    None) as a torch file, atomically (a temp file in the same folder, then ``os.replace``)."""
     writer = _Writer()
     writer.emit(obj)
     writer.out += b"."
