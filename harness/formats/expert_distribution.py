@@ -108,6 +108,11 @@ def _per_pass_counts(name: str, data: dict[str, Any]) -> I64:
     if not isinstance(records, list):
         raise BadInput(f"{name}: records must be a list")
     layers, physical = mapping.shape
+    if mapping.size and not (int(mapping.min()) >= 0 and int(mapping.max()) < physical):
+        raise BadInput(
+            f"{name}: last_physical_to_logical_map must hold logical ids 0..{physical - 1} "
+            "(there are never more logical experts than physical ones)"
+        )
     logical = int(mapping.max()) + 1 if mapping.size else 0
     out = np.zeros((len(records), layers, logical), dtype=np.int64)
     rows = np.arange(layers)[:, None].repeat(physical, axis=1)

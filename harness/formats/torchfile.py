@@ -56,6 +56,8 @@ _DTYPE_STORAGE = {np.dtype(code): name for name, code in _STORAGES.items()}
 # maps the file can view them in place).
 _ALIGN = 64
 _FORMAT_VERSION = b"3\n"
+# The most elements a tensor may hold beyond its storage's size (a stride-0 view).
+_MAX_EXPANDED = 1 << 24
 
 
 class TorchFileError(BadInput):
@@ -89,6 +91,13 @@ def _rebuild_tensor(
     if len(size) != len(stride):
         raise pickle.UnpicklingError("a tensor whose size and stride differ in length")
     native = storage.dtype.newbyteorder("=")
+    numel = int(np.prod(size, dtype=np.float64))
+    if numel > max(flat.size, _MAX_EXPANDED):
+        # Only stride-0 views (torch's expand) exceed their storage; a hostile file would ask
+        # for billions of elements from one.
+        raise pickle.UnpicklingError(
+            f"a tensor of {numel:.0f} elements over a storage of {flat.size}"
+        )
     if any(n == 0 for n in size):
         return np.zeros(size, dtype=native)
     if not size:  # a 0-d tensor: one element
@@ -115,6 +124,15 @@ class _StorageType:
         self.dtype = np.dtype(_STORAGES[name])
 
 
+def _fresh(target: Any) -> Any:
+    """A new callable forwarding to ``target``."""
+
+    def call(*args: Any) -> Any:
+        return target(*args)
+
+    return call
+
+
 class _Unpickler(pickle.Unpickler):
     """The allow-list unpickler: tensor rebuilds, storages, OrderedDict; nothing else."""
 
@@ -125,10 +143,12 @@ class _Unpickler(pickle.Unpickler):
         self._loaded: dict[str, _Storage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
+        # A fresh object per global named: a BUILD opcode aimed at it changes only that object,
+        # never this module's function or the OrderedDict class.
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _rebuild_tensor
+            return _fresh(_rebuild_tensor)
         if (module, name) == ("collections", "OrderedDict"):
-            return OrderedDict
+            return _fresh(OrderedDict)
         if module == "torch" and name in _STORAGES:
             return _StorageType(name)
         raise pickle.UnpicklingError(
@@ -182,17 +202,19 @@ def read_torch_file(path: str | os.PathLike[str]) -> Any:
             records = _records(name, archive)
     except FileNotFoundError:
         raise TorchFileError(f"{name}: no such file") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except TorchFileError:
+        raise
+    except Exception as exc:  # zipfile raises many kinds on damaged bytes; all are bad input
         raise TorchFileError(
             f"{name}: not a torch file (torch.save's zip format; legacy pickles are not read): "
-            f"{exc}"
+            f"{type(exc).__name__}: {exc}"
         ) from None
     order = records.get("byteorder", b"little").strip()
     if order not in (b"little", b"big"):
         raise TorchFileError(f"{name}: byteorder record {order!r} is neither little nor big")
     try:
         return _Unpickler(records["data.pkl"], records, order == b"big").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError) as exc:
+    except Exception as exc:  # any failure of a damaged or hostile pickle is bad input
         raise TorchFileError(f"{name}: refused as bad input: {exc}") from None
 
 
