@@ -100,9 +100,10 @@ def finish_recording(
             if now == sizes:
                 break
             sizes = now
-        elif time.monotonic() > deadline:
+        if time.monotonic() > deadline:
+            what = "still growing" if new else "not written"
             raise InfrastructureError(
-                f"POST {spec.dump_http} wrote no {spec.glob} into {recording.folder} within "
+                f"POST {spec.dump_http}: {spec.glob} in {recording.folder} {what} after "
                 f"{spec.timeout_s:g} s (is SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR that folder?)"
             )
         time.sleep(0.2)

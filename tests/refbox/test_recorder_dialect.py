@@ -1,19 +1,29 @@
 """The reference runtime's SGLang recorder dialect, on the engine (no HTTP): per-pass counts and
 KT's GPU masks, whose product is exactly the engine's own fast-tier lookups; and its flags.
-The HTTP endpoints and the adapter are run end to end in tests/execute/test_recorder_campaign.py.
+The HTTP endpoints and the adapter are run end to end in tests/execute/test_recorder_campaign.py;
+here only a runtime without the recorder, whose refusal must fail the run and name the flag.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
+from harness.boxes.local import LocalBox
+from harness.card import Cell, load_runtime_profile
+from harness.errors import InfrastructureError
 from harness.formats.expert_distribution import gpu_hits, read_dump
 from harness.policy.residency import PolicyKnobs
+from harness.profiles.box import BoxSpec
+from harness.profiles.telemetry import ExpertRecorderSpec
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import ModelConfig
 from harness.refbox.options import parse_serve_args
+from harness.runtimes.boot import boot, boot_spec
+from harness.runtimes.recorder import start_recording
+from tests.conftest import REPO
 
 SMALL = ModelConfig(layers=3, experts=16, top_k=2, d_model=16, d_ff=16, seed=7)
 
@@ -102,3 +112,29 @@ def test_the_kt_flag_implies_stat_mode() -> None:
     config = parse_serve_args(["--record-kt-gpu-expert-distribution"], {})
     assert not isinstance(config, int)
     assert config.options.expert_recorder == "stat" and config.options.expert_recorder_masks
+
+
+def test_a_runtime_without_the_recorder_fails_the_run_saying_which_flag(tmp_path: Path) -> None:
+    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / "refbox.yaml")
+    box = LocalBox("local", BoxSpec())
+    (tmp_path / "cache").mkdir()
+    cell = Cell(env={"REFBOX_LAYERS": "2", "REFBOX_EXPERTS": "8", "REFBOX_HOT_SLOTS": "4"})
+    spec = boot_spec(
+        profile,
+        cell,
+        port=box.free_port(),
+        run_dir=str(tmp_path),
+        python=sys.executable,
+        bind_host=box.bind_host,
+        cache_dir=str(tmp_path / "cache"),
+        uploaded={},
+    )
+    runtime = boot(box, profile, spec)
+    try:
+        recorder = ExpertRecorderSpec(dir="{run_dir}/expert-distribution")
+        with pytest.raises(InfrastructureError) as caught:
+            start_recording(runtime, recorder, str(tmp_path))
+        assert "HTTP 400" in str(caught.value)
+        assert "--expert-distribution-recorder-mode" in str(caught.value)
+    finally:
+        assert runtime.stop()
