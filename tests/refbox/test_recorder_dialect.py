@@ -1,7 +1,7 @@
-"""The reference runtime's SGLang recorder dialect, on the engine (no HTTP): per-pass counts and
-KT's GPU masks, whose product is exactly the engine's own fast-tier lookups; and its flags.
-The HTTP endpoints and the adapter are run end to end in tests/execute/test_recorder_campaign.py;
-here only a runtime without the recorder, whose refusal must fail the run and name the flag.
+"""The reference runtime's SGLang recorder dialect: on the engine, per-pass counts and KT's GPU
+masks whose product is exactly its own fast-tier lookups; its flags; and over HTTP, a runtime
+without the recorder refusing a start, which fails the run naming the flag. The endpoints with
+the adapter run end to end in tests/execute/test_recorder_campaign.py.
 """
 
 from __future__ import annotations
