@@ -180,7 +180,12 @@ class _Unpickler(pickle.Unpickler):
 
 def _records(path: str, archive: zipfile.ZipFile) -> dict[str, bytes]:
     """Entries by name below the archive's one folder prefix."""
-    names = [info.filename for info in archive.infolist() if not info.is_dir()]
+    infos = [info for info in archive.infolist() if not info.is_dir()]
+    packed = [info.filename for info in infos if info.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        # torch stores records uncompressed; a compressed one could inflate past memory.
+        raise TorchFileError(f"{path}: compressed records ({packed[0]}): not a torch file")
+    names = [info.filename for info in infos]
     pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pickles) != 1:
         raise TorchFileError(

@@ -205,3 +205,12 @@ def test_our_file_loads_in_real_torch_weights_only_with_equal_arrays(tmp_path: P
     assert got["f"] == ["torch.float32", [2], [0.5, 1.25]]
     assert got["rank"] == "0" and got["average_utilization_rate_over_window"] == "None"
     assert got["meta"] == repr({"list": [1, "a", 2.5], "tuple": (3, 4)})
+
+
+def test_a_compressed_record_is_refused_before_it_is_inflated(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({"x": 1}, protocol=2))
+        archive.writestr("archive/data/0", b"\0" * (1 << 20))
+    with pytest.raises(TorchFileError, match="compressed records"):
+        read_torch_file(path)
