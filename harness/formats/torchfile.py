@@ -327,6 +327,8 @@ def write_torch_file(path: str | os.PathLike[str], obj: Any) -> None:
     prefix = "archive"
     fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.")
     try:
+        # mkstemp makes the file 0600; an engine in a container may read it as another user.
+        os.chmod(tmp, 0o644)
         with os.fdopen(fd, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
             _aligned(archive, handle, f"{prefix}/data.pkl", bytes(writer.out))
             _aligned(archive, handle, f"{prefix}/byteorder", b"little")
