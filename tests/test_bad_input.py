@@ -35,6 +35,7 @@ from harness.analyze.campaign import analyze_campaign, write_analysis
 from harness.card import load_boxes_file, load_card, load_runtime_profile
 from harness.card.frozen import freeze_inputs, frozen_paths, load_frozen_card
 from harness.errors import EXIT_BAD_INPUT, HarnessError
+from harness.formats.expert_distribution import read_dump, read_logical_count, write_stat_dump
 from harness.formats.maps import read_count_snapshot, read_hotlist, read_rowmap, write_count_dump
 from harness.formats.prompts import load_pool
 from harness.formats.records import Journal
@@ -448,6 +449,9 @@ def _build_inputs(root: Path) -> dict[str, list[Input]]:
     generated = root / "generated"
     generated.mkdir()
     trace = _write_trace(generated)
+    dump = generated / "expert_distribution_recorder_1.pt"  # SGLang's recorder, KT's masks
+    counts = np.arange(2 * 3 * 4, dtype=np.int32).reshape(2, 3, 4)
+    write_stat_dump(dump, counts, counts % 3 == 0)
     loaded = load_trace(trace)
     np.save(generated / "trace.npy", loaded.experts.astype(np.int64))
     np.savez(
@@ -501,6 +505,12 @@ def _build_inputs(root: Path) -> dict[str, list[Input]]:
             Input("trace", generated / "trace.npz", "binary", _read_trace),
         ],
         "ring": [Input("ring", ring, "binary", _read_ring)],
+        "torch": [
+            Input(
+                "torch", campaigns / "maps" / "kt-frequency-refbox.pt", "binary", read_logical_count
+            ),
+            Input("torch", dump, "binary", read_dump),
+        ],
         "record": [
             Input("record", campaign / "plan.json", "json", read_campaign),
             Input("record", campaign / "card.yaml", "yaml", read_campaign),
@@ -571,6 +581,7 @@ KIND_EXAMPLES = {
     "counts": 40,
     "trace": 80,
     "ring": 60,
+    "torch": 60,
     "record": 24,
 }
 

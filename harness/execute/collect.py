@@ -2,8 +2,10 @@
 
 ``harness collect CARD --cell NAME --split fit -o DIR`` boots one cell on the card's box, sends
 the prompts of one split (the fit split by default, so maps are never fitted on what is scored),
-then saves the runtime's count dump (its ``dump_http`` endpoint) and, when the profile declares
-one, its route trace. ``harness fit-map DIR/counts.json --top K`` turns the dump into a map.
+then saves the runtime's count dump (its ``dump_http`` endpoint, its ``count_dump`` file, or
+SGLang's expert-distribution recorder started before the prompts and dumped after, its ``.pt``
+files kept under ``expert-distribution/``) and, when the profile declares one, its route trace.
+``harness fit-map DIR/counts.json --top K`` turns the dump into a map.
 With ``--as-run`` it sends what one run of the card sends instead, for ``harness simulate``.
 """
 
@@ -22,6 +24,7 @@ from harness.drive.client import PhasePlan, WorkItem, drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
 from harness.runtimes.boot import boot, boot_spec, http_json, render
+from harness.runtimes.recorder import finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, write_route_delta
 
 
@@ -70,10 +73,11 @@ def collect_counts(
     runtime_profile = loaded.runtime
     dump_path = runtime_profile.telemetry.dump_http
     dump_file = runtime_profile.telemetry.count_dump
-    if dump_path is None and dump_file is None:
+    recorder = runtime_profile.telemetry.expert_recorder
+    if dump_path is None and dump_file is None and recorder is None:
         raise BadInput(
-            f"runtime {runtime_profile.name!r} declares neither telemetry.dump_http nor "
-            "telemetry.count_dump: it cannot dump route counts"
+            f"runtime {runtime_profile.name!r} declares none of telemetry.dump_http, "
+            "telemetry.count_dump and telemetry.expert_recorder: it cannot dump route counts"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     box = open_box(loaded.box_name, loaded.box)
@@ -107,6 +111,9 @@ def collect_counts(
             # A dump file holds everything since boot: this collection's counts are the
             # difference of two snapshots (the lane's own way to count per phase).
             snapshot = read_route_snapshot(box, dump_file, remote) if dump_file else None
+            recording = None
+            if dump_path is None and dump_file is None and recorder is not None:
+                recording = start_recording(runtime, recorder, remote)
             if as_run:
                 phases = build_phases(loaded, warmup=True) + build_phases(loaded, warmup=False)
             else:
@@ -147,6 +154,8 @@ def collect_counts(
                 status, body = http_json(runtime.base_url + dump_path, {})
                 if status != 200 or not isinstance(body, dict):
                     raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
+            elif recording is not None:
+                finish_recording(runtime, recording, out_dir, counts_name="counts.json")
             elif dump_file is not None:
                 after = read_route_snapshot(box, dump_file, remote)
                 if not write_route_delta(out_dir / "counts.json", snapshot, after):

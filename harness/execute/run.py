@@ -81,6 +81,7 @@ from harness.runtimes.log_counters import (
     start_snapshot,
 )
 from harness.runtimes.orphans import journal_boot, kill_orphan
+from harness.runtimes.recorder import Recording, finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, route_counters, write_route_delta
 
 ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
@@ -444,6 +445,7 @@ class CampaignRunner(RunRecords):
         if state.monitor is not None:
             state.monitor.scored = True
         routes_before = self._route_snapshot(state.remote_dir)
+        recording = self._start_recorder(runtime, state.remote_dir)
         before = _with_log(_counters(runtime), runtime, start=True)
         if before is not None:
             before.update(route_counters(routes_before))
@@ -453,6 +455,12 @@ class CampaignRunner(RunRecords):
         if after is not None:
             after.update(route_counters(routes_after))
         write_route_delta(local_dir / "route-counts.json", routes_before, routes_after)
+        if recording is not None and self.box.group_alive(runtime.pgid):
+            # The record starts with the scored workload: its counts are the run's own, so
+            # they read 0 before it (and replace a runtime's own counters of the same name).
+            recorded = finish_recording(runtime, recording, local_dir)
+            before = {**(before or {}), **dict.fromkeys(recorded, 0.0)}
+            after = {**(after or {}), **recorded}
         swap_after = self.box.swapout_pages()
         self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
         failures = [r for r in state.results if not r.ok and not r.warmup]
@@ -527,6 +535,11 @@ class CampaignRunner(RunRecords):
         collect_result(command, local_dir)
         state.segments_planned = state.segments_done = 1
         return command.runtime
+
+    def _start_recorder(self, runtime: RunningRuntime, remote_dir: str) -> Recording | None:
+        """Start the runtime's expert-distribution recorder, when its profile declares one."""
+        spec = self.loaded.runtime.telemetry.expert_recorder
+        return start_recording(runtime, spec, remote_dir) if spec is not None else None
 
     def _route_snapshot(self, remote_dir: str) -> CountDump | None:
         spec = self.loaded.runtime.telemetry.count_dump

@@ -98,6 +98,31 @@ class CountDumpSpec(Strict):
     )
 
 
+class ExpertRecorderSpec(Strict):
+    """SGLang's expert-distribution recorder, driven around each run's scored workload: start
+    before it, stop and dump after; the dump's files (``.pt``, read without torch) become the
+    run's route counts, ``route_selections`` and, with KTransformers' GPU masks, ``hits`` and
+    ``misses``. The runtime needs ``--expert-distribution-recorder-mode`` (``stat``)."""
+
+    dir: str = Field(
+        description="folder template where the runtime writes its dumps (the profile sets "
+        "SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR to it), e.g. {run_dir}/expert-distribution"
+    )
+    start_http: str = Field(
+        "/start_expert_distribution_record", description="POST path that starts a record"
+    )
+    stop_http: str = Field(
+        "/stop_expert_distribution_record", description="POST path that stops it"
+    )
+    dump_http: str = Field(
+        "/dump_expert_distribution_record", description="POST path that writes the dump files"
+    )
+    glob: str = Field("expert_distribution_recorder_*.pt", description="dump file names")
+    timeout_s: float = Field(
+        120, gt=0, le=1e5, allow_inf_nan=False, description="wait this long for a dump's files"
+    )
+
+
 class AppliedCheck(Strict):
     """A log line where the runtime says what it applied for a knob: a run whose line disagrees
     with the knob (a build that ignores the knob) fails instead of measuring the wrong arm."""
@@ -158,3 +183,16 @@ class Telemetry(Strict):
     count_dump: CountDumpSpec | None = Field(
         None, description="route-count dump file read as counters (route_selections) per run"
     )
+    expert_recorder: ExpertRecorderSpec | None = Field(
+        None,
+        description="SGLang's expert-distribution recorder, started and dumped around each run",
+    )
+
+    @model_validator(mode="after")
+    def _one_route_source(self) -> Telemetry:
+        if self.count_dump is not None and self.expert_recorder is not None:
+            raise ValueError(
+                "give `count_dump` or `expert_recorder`, not both: each writes the run's "
+                "route-counts.json"
+            )
+        return self

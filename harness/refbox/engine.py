@@ -46,6 +46,7 @@ from harness.refbox.model import (
     ModelConfig,
     pick_token,
 )
+from harness.refbox.recorder import ExpertRecorder
 from harness.refbox.tiers import CacheTiers, RowmapTiers, SlowTier
 
 LIVE_KNOBS = (
@@ -78,6 +79,9 @@ class EngineOptions:
     drift_origin_s: float = 0.0
     carry_over_pct: float = 0.0  # this boot's carried-over slowdown (options.carried_over_pct)
     phase: int = 0
+    # SGLang's recorder dialect: None (off) or "stat"; masks: KT's GPU masks in each dump.
+    expert_recorder: str | None = None
+    expert_recorder_masks: bool = False
 
 
 COUNTER_NAMES = (
@@ -162,6 +166,11 @@ class Engine:
                 }
             )
         self._burn = np.ones((32, 32), dtype=np.float32)
+        self.recorder: ExpertRecorder | None = None
+        if opts.expert_recorder is not None:
+            self.recorder = ExpertRecorder(
+                cfg.layers, cfg.experts, masks=opts.expert_recorder_masks
+            )
 
     # -- knobs and counters -------------------------------------------------------------------
 
@@ -305,6 +314,13 @@ class Engine:
             applied: list[Swap] = []
             logits: F32 | None = None
             weight = 1.0 if prefill else GENERATED_CONTEXT_WEIGHT
+            recorder = self.recorder if self.recorder and self.recorder.recording else None
+            # The resident set the pass's lookups see: swaps land after the forward pass.
+            hot_at_start = (
+                self.source.hot_sets()
+                if recorder and recorder.masks and isinstance(self.source, RowmapTiers)
+                else None
+            )
             for token in tokens:
                 out = self.model.step(state, token, self.source, weight)
                 routes.append(out.experts)
@@ -312,6 +328,8 @@ class Engine:
                 if not prefill:
                     for layer in range(self.cfg.layers):
                         self.route_counts[layer, out.experts[layer]] += 1
+            if recorder is not None:
+                recorder.add(np.stack(routes), hot_at_start)
             drained = False
             if self.policy is not None:
                 # One policy call per host step: a prefill step is not counted, a decode step

@@ -147,6 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read the control file only when this signal arrives (once ready), not by polling",
     )
+    sgl = p.add_argument_group(
+        "SGLang recorder dialect (dumps into $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, /tmp)"
+    )
+    sgl.add_argument(
+        "--expert-distribution-recorder-mode",
+        default=None,
+        help="stat: serve /start_, /stop_ and /dump_expert_distribution_record as SGLang does "
+        "(per-pass counts, an infinite buffer)",
+    )
+    sgl.add_argument(
+        "--record-kt-gpu-expert-distribution",
+        action="store_true",
+        help="add KTransformers' gpu_expert_masks (the hot tier per pass) to each dump; "
+        "implies --expert-distribution-recorder-mode stat (rowmap mode only)",
+    )
     fault = p.add_argument_group("fault and drift injection")
     fault.add_argument(
         "--fail-after-tokens",
@@ -355,6 +370,19 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
             ExpertCache(a.cache_records, hotlist, priority, a.layers, a.experts)
         except (HarnessError, OSError) as exc:
             raise _UsageError(f"--hotlist: {error_message(exc)}") from exc
+    recorder_mode = a.expert_distribution_recorder_mode
+    if a.record_kt_gpu_expert_distribution and recorder_mode is None:
+        recorder_mode = "stat"  # as KTransformers' build sets it
+    need(
+        recorder_mode in (None, "stat"),
+        "--expert-distribution-recorder-mode",
+        f"{recorder_mode!r}: the reference runtime records mode stat only",
+    )
+    need(
+        not (a.record_kt_gpu_expert_distribution and a.cache_records > 0),
+        "--record-kt-gpu-expert-distribution",
+        "GPU masks are the rowmap's hot sets: not in cache mode (--cache-records)",
+    )
     for flag, path in (
         ("--ring", a.ring),
         ("--counters", a.counters),
@@ -387,6 +415,8 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         drift_origin_s=time.time() if a.drift_origin is None else a.drift_origin,
         carry_over_pct=carried_over_pct(a.carry_over_state, a.carry_over_tag, a.carry_over_pct),
         phase=a.phase,
+        expert_recorder=recorder_mode,
+        expert_recorder_masks=a.record_kt_gpu_expert_distribution,
     )
     return ServeConfig(
         args=a,

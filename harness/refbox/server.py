@@ -19,6 +19,10 @@ Endpoints
                                knobs applied after it, ``rowmap`` a map file to refill from
     ``POST /admin/dump``       route counts per layer and expert, in the route-count dump
                                format; body ``{"path": FILE}`` also writes the file
+    ``GET|POST /start_expert_distribution_record``, ``/stop_…``, ``/dump_…``
+                               SGLang's recorder (with ``--expert-distribution-recorder-mode
+                               stat``): the dump writes ``expert_distribution_recorder_<time>.pt``
+                               into ``$SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR`` (default /tmp)
 
 With ``--control FILE`` the same changes arrive through a file the server polls (every 50 ms):
 ``{"seq": N, "knobs": {...}, "reset": true|false}``, acknowledged in the log as ``refbox: control
@@ -89,6 +93,10 @@ class Server:
         app.router.add_post("/admin/knobs", self.post_knobs)
         app.router.add_post("/admin/reset", self.post_reset)
         app.router.add_post("/admin/dump", self.dump)
+        for action in ("start", "stop", "dump"):
+            path = f"/{action}_expert_distribution_record"
+            app.router.add_route("GET", path, self.expert_record)
+            app.router.add_route("POST", path, self.expert_record)
         return app
 
     # -- plain endpoints ----------------------------------------------------------------------
@@ -227,6 +235,35 @@ class Server:
                 return web.json_response({"error": error_message(exc)}, status=400)
         layers = {str(i): row for i, row in enumerate(counts.tolist())}
         return web.json_response({"layers": layers, "time": now_s})
+
+    async def expert_record(self, request: web.Request) -> web.Response:
+        """SGLang's three recorder endpoints, with its plain-text answers; without a recorder
+        mode, 400 with the flag to set (SGLang's recorder is a no-op that raises then)."""
+        engine = self._engine()
+        recorder = engine.recorder
+        if recorder is None:
+            return web.Response(
+                status=400,
+                text="Please set --expert-distribution-recorder-mode to use the expert "
+                "distribution recorder.\n",
+            )
+        action = request.path.split("_", 1)[0].lstrip("/")
+        if action == "start":
+            with engine.lock:
+                recorder.start()
+            return web.Response(text="Start recording the expert distribution.\n")
+        if action == "stop":
+            with engine.lock:
+                recorder.stop()
+            return web.Response(text="Stop recording the expert distribution.\n")
+        folder = os.environ.get("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", "/tmp")
+        try:
+            with engine.lock:
+                path = recorder.dump(folder)
+        except (HarnessError, OSError) as exc:
+            return web.Response(status=500, text=f"dump failed: {error_message(exc)}\n")
+        print(f"refbox: Write expert distribution to {path}", file=sys.stderr, flush=True)
+        return web.Response(text="Dump expert distribution record.\n")
 
     # -- completions --------------------------------------------------------------------------
 

@@ -100,25 +100,45 @@ def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
+    import numpy as np
+
+    from harness.formats.expert_distribution import read_logical_count, write_logical_count
     from harness.formats.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
     from harness.sim.fitmap import (
+        COUNT_FORMATS,
         check_held_out,
         coverage,
         fit_hotlist_entries,
         fit_top_k,
+        frequency_hot,
         load_counts,
     )
     from harness.sim.trace_files import file_sha256, load_trace
 
-    if (args.top is None) == (args.hotlist is None):
+    kind = args.format or ("hotlist" if args.hotlist is not None else "rowmap")
+    counts_file = kind in COUNT_FORMATS
+    if counts_file:
+        if args.hotlist is not None:
+            raise BadInput(f"--format {kind} writes counts: drop --hotlist (give --top K to score)")
+        if args.score and args.top is None:
+            raise BadInput(
+                f"--format {kind}: give --top K, the GPU experts per layer the runtime keeps "
+                "(--kt-num-gpu-experts), to score the placement the file leads to"
+            )
+    elif (args.top is None) == (args.hotlist is None):
         raise BadInput("give exactly one of --top K (a rowmap) or --hotlist N (a ds4 hotlist)")
+    elif (kind == "rowmap") != (args.top is not None):
+        needs = "--top K" if kind == "rowmap" else "--hotlist N"
+        raise BadInput(f"--format {kind} goes with {needs}")
     fitted_on: list[tuple[str, str]] = []
     hot: list[list[int]] | None = None
     records: list[tuple[int, int]] | None = None
     if args.map:
         if args.source:
             fitted_on.append((args.source, file_sha256(args.source)))
-        if args.top is not None:
+        if counts_file:
+            hot = frequency_hot(read_logical_count(args.map), args.top)
+        elif args.top is not None:
             rowmap = read_rowmap(args.map)
             hot = rowmap.hot
             source_sha = str(rowmap.meta.get("source_sha256", ""))
@@ -130,7 +150,10 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"scoring {args.map}\n")
     else:
         if not args.source:
-            raise BadInput("give SOURCE (a count dump .json or a trace) to fit, or --map FILE")
+            raise BadInput(
+                "give SOURCE (a count dump .json, an SGLang dump .pt or a trace) to fit, "
+                "or --map FILE"
+            )
         if not args.output:
             raise BadInput("give -o FILE for the fitted map")
         source = load_counts(
@@ -138,7 +161,17 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
         )
         fitted_on.append((source.path, source.sha256))
         layers, experts = source.counts.shape
-        if args.top is not None:
+        if counts_file:
+            _check_suffix(args.output, kind)
+            table = np.rint(source.counts).astype(np.int64)
+            write_logical_count(args.output, table)
+            if args.top is not None:
+                hot = frequency_hot(table, args.top)
+            out.write(
+                f"wrote {kind} {args.output}: logical_count [{layers}, {experts}], "
+                f"{int(table.sum()):,} selections, from {source.kind} {source.path}\n"
+            )
+        elif args.top is not None:
             hot = fit_top_k(source.counts, args.top)
             meta = {
                 "calibration": source.path,
@@ -165,6 +198,13 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
             result = coverage(trace, hot=hot, records=records, in_sample=in_sample)
             out.write(f"coverage {result.text()}\n")
     return EXIT_OK
+
+
+def _check_suffix(path: str, kind: str) -> None:
+    """SGLang picks the reader by suffix (.json parsed as JSON, .pt by torch.load)."""
+    want = ".json" if kind == "sglang-json" else ".pt"
+    if Path(path).suffix.lower() != want:
+        raise BadInput(f"-o {path}: --format {kind} writes a {want} file (SGLang reads by suffix)")
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -213,7 +253,19 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "fit-map",
         help="fit a rowmap (top K per layer) or hotlist from counts or a trace; score coverage",
     )
-    fit.add_argument("source", nargs="?", metavar="SOURCE", help="count dump .json or a trace")
+    fit.add_argument(
+        "source",
+        nargs="?",
+        metavar="SOURCE",
+        help="count dump .json, SGLang counts (.pt dump, logical_count .json/.pt) or a trace",
+    )
+    fit.add_argument(
+        "--format",
+        choices=["rowmap", "hotlist", "sglang-json", "sglang-pt", "kt-frequency"],
+        help="what to write or score: a rowmap (--top), a ds4 hotlist (--hotlist), SGLang's "
+        "--init-expert-location JSON or .pt, KTransformers' frequency file (.pt); counts files "
+        "are scored as KT's frequency placement of --top K per layer",
+    )
     fit.add_argument("--top", type=int, metavar="K", help="rowmap: keep the top K per layer")
     fit.add_argument("--hotlist", type=int, metavar="N", help="hotlist: the global top N records")
     fit.add_argument("-o", "--output", metavar="FILE", help="where to write the map")
@@ -227,6 +279,8 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     fit.add_argument(
         "--in-sample", action="store_true", help="allow scoring on the fit traces (labelled)"
     )
-    fit.add_argument("--map", metavar="FILE", help="score this existing rowmap/hotlist instead")
+    fit.add_argument(
+        "--map", metavar="FILE", help="score this existing rowmap/hotlist/counts file instead"
+    )
     fit.add_argument("--experts", type=int, help="experts per layer, for traces that omit it")
     fit.set_defaults(handler=_cmd_fit_map)

@@ -23,7 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import BadInput, MapError
+from harness.formats.expert_distribution import combine_dumps, read_dump, read_logical_count
 from harness.formats.maps import HotlistEntry, fit_hotlist, fit_rowmap, read_count_dump
+from harness.formats.textfile import read_text
 from harness.sim.trace_files import file_sha256, load_trace
 from harness.sim.traces import Trace, decode_counts
 
@@ -34,8 +36,13 @@ __all__ = [
     "coverage",
     "fit_hotlist_entries",
     "fit_top_k",
+    "frequency_hot",
     "load_counts",
 ]
+
+# fit-map --format values whose file holds counts, not a placement: SGLang's
+# --init-expert-location (JSON or .pt) and KTransformers' frequency file (the same .pt).
+COUNT_FORMATS = ("sglang-json", "sglang-pt", "kt-frequency")
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -56,21 +63,59 @@ def load_counts(
     half_life_steps: float | None = None,
     experts: int | None = None,
 ) -> FitSource:
-    """Counts from a count dump (``.json``) or a routing trace (any other trace format)."""
+    """Counts from a count dump (``.json``), SGLang's counts (a recorder dump ``.pt``, an
+    ``--init-expert-location`` ``.json``/``.pt``, a KT frequency file) or a routing trace (any
+    other trace format)."""
     name = os.fspath(path)
     if not os.path.isfile(name):
-        raise BadInput(f"{name}: no such file (give a count dump .json or a routing trace)")
+        raise BadInput(
+            f"{name}: no such file (give a count dump .json, an SGLang .pt/.json with "
+            "logical_count, or a routing trace)"
+        )
     digest = file_sha256(name)
-    if Path(name).suffix.lower() == ".json":
+    suffix = Path(name).suffix.lower()
+    if suffix in (".json", ".pt"):
         if half_life_steps is not None:
             raise BadInput(
                 f"{name}: --decay-half-life-steps applies to traces; a count dump is already "
                 "counted (the runtime's dump holds decayed counts by default)"
             )
+        if suffix == ".pt":
+            return FitSource(_pt_counts(name).astype(np.float64), "sglang counts", name, digest)
+        if '"logical_count"' in read_text(name, MapError, "counts"):
+            counts = read_logical_count(name).astype(np.float64)
+            return FitSource(counts, "sglang counts", name, digest)
         counts = read_count_dump(name).astype(np.float64)
         return FitSource(counts, "count dump", name, digest)
     trace = load_trace(name, experts=experts)
     return FitSource(decode_counts(trace, half_life_steps), "trace", name, digest)
+
+
+def _pt_counts(name: str) -> npt.NDArray[np.int64]:
+    """Counts ``[layers, experts]`` of a torch file: a recorder dump of any mode, or a
+    ``{"logical_count": ...}`` / bare-tensor location or frequency file."""
+    try:
+        return read_logical_count(name)
+    except BadInput:
+        dump = combine_dumps([read_dump(name)], name)
+        return np.asarray(dump.counts.sum(axis=0), dtype=np.int64)
+
+
+def frequency_hot(counts: npt.ArrayLike, per_layer: int) -> list[list[int]]:
+    """The experts KTransformers' ``frequency`` placement keeps on the GPU for
+    ``--kt-num-gpu-experts per_layer``: the global top ``per_layer x layers`` (layer, expert)
+    positions by count (ties: lower layer, then lower expert), so a layer may get more or fewer
+    than ``per_layer``. Ids ascending per layer."""
+    table = np.asarray(counts, dtype=np.float64)
+    layers, experts = table.shape
+    if not 0 <= per_layer <= experts:
+        raise MapError(f"--top {per_layer}: must be in 0..{experts} (GPU experts per layer)")
+    flat = table.reshape(-1)
+    order = np.lexsort((np.arange(flat.size), -flat))[: per_layer * layers]
+    hot: list[list[int]] = [[] for _ in range(layers)]
+    for position in sorted(int(p) for p in order):
+        hot[position // experts].append(position % experts)
+    return hot
 
 
 def fit_top_k(counts: npt.ArrayLike, top_k: int) -> list[list[int]]:

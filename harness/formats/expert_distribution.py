@@ -1,0 +1,228 @@
+"""SGLang's expert-distribution files: recorder dumps, ``--init-expert-location`` and KT frequency
+files, read without torch (:mod:`harness.formats.torchfile`).
+
+A recorder dump is what ``POST /dump_expert_distribution_record`` writes into
+``SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR`` as ``expert_distribution_recorder_<time>.pt``:
+
+* mode ``stat`` (and ``stat_approx``): ``{"rank": 0, "logical_count": int [steps, layers,
+  experts], "average_utilization_rate_over_window": float | None}``, one row per recorded
+  forward pass (a circular buffer of ``--expert-distribution-recorder-buffer-size`` rows unless
+  that is -1);
+* KTransformers' build with ``--record-kt-gpu-expert-distribution`` adds ``gpu_expert_masks``,
+  bool ``[steps, layers, experts]``: which experts were on the GPU in each pass (an earlier
+  build wrote the masks to a file of their own holding only that key);
+* modes ``per_pass`` / ``per_token`` write ``expert_distribution_recorder_<time>_<rank>.pt``:
+  ``{"records": [{"global_physical_count": int [layers, physical], ...}, ...],
+  "last_physical_to_logical_map": int [layers, physical]}``.
+
+Counts are expert selections (top-k per token, every token of every recorded forward pass, prefill
+included). GPU hits = Σ counts × masks over aligned passes; misses = the rest.
+
+``--init-expert-location`` takes a ``.pt`` or a ``.json`` holding ``{"logical_count": [layers,
+experts] or [steps, layers, experts]}``; KTransformers' frequency file (``--kt-expert-frequency-
+file``, or ``--init-expert-location`` with ``--kt-expert-placement-strategy frequency``) is the
+same ``.pt``, or a bare tensor. Multi-step counts are summed over steps, as both read them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.errors import BadInput, MapError
+from harness.formats.textfile import parse_json, read_text
+from harness.formats.torchfile import read_torch_file, write_torch_file
+
+__all__ = [
+    "DUMP_GLOB",
+    "ExpertDistribution",
+    "combine_dumps",
+    "read_dump",
+    "read_logical_count",
+    "write_logical_count",
+    "write_stat_dump",
+]
+
+DUMP_GLOB = "expert_distribution_recorder_*.pt"
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class ExpertDistribution:
+    """One dump's counts ``[steps, layers, experts]`` and GPU masks (same shape) if recorded."""
+
+    counts: I64
+    masks: npt.NDArray[np.bool_] | None
+    mode: str  # "stat", "per_pass" or "masks" (a masks-only file)
+
+
+def _array(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> npt.NDArray[Any]:
+    if not isinstance(value, np.ndarray) or value.ndim not in ndim:
+        dims = " or ".join(f"{n}-d" for n in ndim)
+        raise BadInput(f"{path}: {key} must be a {dims} tensor, not {type(value).__name__}")
+    return value
+
+
+def read_dump(path: str | os.PathLike[str]) -> ExpertDistribution:
+    """A recorder dump as counts (and masks); BadInput naming the file for any other shape."""
+    name = os.fspath(path)
+    data = read_torch_file(name)
+    if not isinstance(data, dict):
+        raise BadInput(f"{name}: a recorder dump is a dict, not {type(data).__name__}")
+    masks = None
+    if "gpu_expert_masks" in data:
+        masks = _array(name, data["gpu_expert_masks"], "gpu_expert_masks", (3,)).astype(bool)
+    if "logical_count" in data:
+        counts = _array(name, data["logical_count"], "logical_count", (2, 3)).astype(np.int64)
+        if counts.ndim == 2:
+            counts = counts[None]
+        if masks is not None and masks.shape[1:] != counts.shape[1:]:
+            raise BadInput(
+                f"{name}: gpu_expert_masks {list(masks.shape)} and logical_count "
+                f"{list(counts.shape)} differ in layers or experts"
+            )
+        return ExpertDistribution(counts, masks, "stat")
+    if "records" in data:
+        return ExpertDistribution(_per_pass_counts(name, data), masks, "per_pass")
+    if masks is not None:
+        return ExpertDistribution(np.zeros((0, *masks.shape[1:]), np.int64), masks, "masks")
+    raise BadInput(
+        f"{name}: not an expert-distribution dump (no logical_count, records or "
+        f"gpu_expert_masks; keys: {', '.join(sorted(map(str, data)))})"
+    )
+
+
+def _per_pass_counts(name: str, data: dict[str, Any]) -> I64:
+    """Per-pass physical counts mapped to logical experts with the dump's last map."""
+    mapping = _array(
+        name, data.get("last_physical_to_logical_map"), "last_physical_to_logical_map", (2,)
+    ).astype(np.int64)
+    records = data["records"]
+    if not isinstance(records, list):
+        raise BadInput(f"{name}: records must be a list")
+    layers, physical = mapping.shape
+    if mapping.size and not (int(mapping.min()) >= 0 and int(mapping.max()) < physical):
+        raise BadInput(
+            f"{name}: last_physical_to_logical_map must hold logical ids 0..{physical - 1} "
+            "(there are never more logical experts than physical ones)"
+        )
+    logical = int(mapping.max()) + 1 if mapping.size else 0
+    out = np.zeros((len(records), layers, logical), dtype=np.int64)
+    rows = np.arange(layers)[:, None].repeat(physical, axis=1)
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise BadInput(f"{name}: records[{index}] must be a dict")
+        where = f"records[{index}].global_physical_count"
+        count = _array(name, record.get("global_physical_count"), where, (2,))
+        if count.shape != mapping.shape:
+            raise BadInput(
+                f"{name}: records[{index}].global_physical_count {list(count.shape)} differs "
+                f"from last_physical_to_logical_map {list(mapping.shape)}"
+            )
+        np.add.at(out[index], (rows, mapping), count.astype(np.int64))
+    return out
+
+
+def combine_dumps(dumps: list[ExpertDistribution], where: str) -> ExpertDistribution:
+    """The dumps of one ``/dump_expert_distribution_record`` as one: count files summed (ranks of
+    a per-pass dump; steps concatenated if their step counts differ), masks from the file that
+    holds them. Masks pair with the last passes of the counts, as KTransformers' own hit-rate
+    script pairs them."""
+    counted = [d for d in dumps if d.mode != "masks"]
+    if not counted:
+        raise BadInput(f"{where}: the dump holds GPU masks but no counts")
+    shape = counted[0].counts.shape[1:]
+    if any(d.counts.shape[1:] != shape for d in counted):
+        raise BadInput(f"{where}: the dump's files differ in layers or experts")
+    steps = {d.counts.shape[0] for d in counted}
+    if len(steps) == 1:
+        counts = np.sum([d.counts for d in counted], axis=0)
+    else:
+        counts = np.concatenate([d.counts for d in counted])
+    masks = [d.masks for d in dumps if d.masks is not None]
+    if len(masks) > 1:
+        raise BadInput(f"{where}: more than one file of the dump holds gpu_expert_masks")
+    return ExpertDistribution(counts, masks[0] if masks else None, counted[0].mode)
+
+
+def gpu_hits(dist: ExpertDistribution) -> tuple[int, int] | None:
+    """(hits, misses): selections of experts on the GPU in their pass, and the rest; None
+    without masks. The last ``n`` passes of each are paired (n = the shorter)."""
+    if dist.masks is None:
+        return None
+    n = min(dist.counts.shape[0], dist.masks.shape[0])
+    if dist.masks.shape[1:] != dist.counts.shape[1:]:
+        raise BadInput("gpu_expert_masks and logical_count differ in layers or experts")
+    counts = dist.counts[dist.counts.shape[0] - n :]
+    masks = dist.masks[dist.masks.shape[0] - n :]
+    hits = int((counts * masks).sum())
+    return hits, int(counts.sum()) - hits
+
+
+def write_stat_dump(
+    path: str | os.PathLike[str],
+    counts: npt.ArrayLike,
+    masks: npt.ArrayLike | None = None,
+    *,
+    rank: int = 0,
+) -> None:
+    """A ``stat``-mode dump as SGLang writes it (int32 counts; bool masks when given)."""
+    data: dict[str, Any] = {
+        "rank": rank,
+        "logical_count": np.asarray(counts, dtype=np.int32),
+        "average_utilization_rate_over_window": None,
+    }
+    if masks is not None:
+        data["gpu_expert_masks"] = np.asarray(masks, dtype=bool)
+    write_torch_file(path, data)
+
+
+def read_logical_count(path: str | os.PathLike[str]) -> I64:
+    """Counts ``[layers, experts]`` from an ``--init-expert-location`` / KT frequency file
+    (``.pt``: a dict with ``logical_count`` or a bare tensor; ``.json``: ``{"logical_count":
+    ...}``), steps summed."""
+    name = os.fspath(path)
+    data: Any
+    if Path(name).suffix.lower() == ".json":
+        data = parse_json(read_text(name, MapError, "expert location"), name, MapError)
+        if isinstance(data, dict) and "logical_count" in data:
+            try:
+                data = {"logical_count": np.asarray(data["logical_count"], dtype=np.int64)}
+            except (ValueError, TypeError):
+                raise BadInput(
+                    f"{name}: logical_count must be a rectangular array of integers"
+                ) from None
+    else:
+        data = read_torch_file(name)
+    if isinstance(data, dict):
+        if "logical_count" not in data:
+            keys = ", ".join(sorted(map(str, data)))
+            raise BadInput(
+                f"{name}: no logical_count (keys: {keys}); give SGLang's "
+                '{"logical_count": [layers][experts]} or a recorder dump'
+            )
+        data = data["logical_count"]
+    counts = _array(name, data, "logical_count", (2, 3)).astype(np.int64)
+    if counts.ndim == 3:
+        counts = counts.sum(axis=0)
+    if (counts < 0).any():
+        raise BadInput(f"{name}: logical_count holds negative counts")
+    return counts
+
+
+def write_logical_count(path: str | os.PathLike[str], counts: npt.ArrayLike) -> None:
+    """Counts ``[layers, experts]`` as an ``--init-expert-location`` file: ``.json`` writes
+    ``{"logical_count": [[...]]}``, anything else a torch file ``{"logical_count": tensor}``
+    (what KTransformers' frequency placement reads)."""
+    table = np.asarray(counts, dtype=np.int64)
+    if Path(path).suffix.lower() == ".json":
+        Path(path).write_text(json.dumps({"logical_count": table.tolist()}) + "\n")
+    else:
+        write_torch_file(path, {"logical_count": table})

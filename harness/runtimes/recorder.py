@@ -1,0 +1,124 @@
+"""SGLang's expert-distribution recorder around a run's scored workload.
+
+A profile's ``telemetry.expert_recorder`` says the runtime records expert routing itself (SGLang
+with ``--expert-distribution-recorder-mode``, KTransformers inside it). Before the scored
+workload the runner POSTs ``/start_expert_distribution_record`` (which also clears what an
+earlier run left); after it, ``/stop_expert_distribution_record`` and
+``/dump_expert_distribution_record``, and takes the files that dump added to the recorder folder
+(``SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR``). They are kept under the run's
+``expert-distribution/`` and read without torch (:mod:`harness.formats.expert_distribution`):
+
+* the counts summed over passes become the run's ``route-counts.json`` (the route-count dump
+  format vLLM's and seed 000's runs keep, so ``harness fit-map`` fits from it alike) and its
+  ``route_selections`` counter;
+* with KTransformers' ``gpu_expert_masks``: ``hits`` = Σ counts × masks (selections of experts
+  on the GPU in their pass) and ``misses`` the rest, so the run has a ``hit_rate``.
+
+The recorder counts from its start, so these are the run's own counts; the counters before the
+workload read 0.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+import time
+import urllib.error
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import InfrastructureError
+from harness.formats.expert_distribution import combine_dumps, gpu_hits, read_dump
+from harness.formats.maps import write_count_dump
+from harness.profiles.telemetry import ExpertRecorderSpec
+from harness.runtimes.boot import RunningRuntime, http_request, render
+from harness.runtimes.routes import ROUTE_COUNTER
+
+__all__ = ["Recording", "finish_recording", "recorder_folder", "start_recording"]
+
+
+@dataclass
+class Recording:
+    """A record in progress on one runtime: where its dump files will appear."""
+
+    spec: ExpertRecorderSpec
+    folder: str
+
+
+def recorder_folder(spec: ExpertRecorderSpec, run_dir: str) -> str:
+    """The recorder folder on the box for a boot whose folder is ``run_dir``."""
+    return render(spec.dir, {"run_dir": run_dir})
+
+
+def _post(runtime: RunningRuntime, path: str, timeout_s: float) -> None:
+    url = runtime.base_url + path
+    try:
+        status, body = http_request(url, "POST", b"", timeout_s=timeout_s)
+    except (OSError, urllib.error.URLError) as exc:
+        raise InfrastructureError(f"POST {path}: the runtime did not answer: {exc}") from None
+    if status != 200:
+        raise InfrastructureError(
+            f"POST {path}: HTTP {status}: {body.strip()[:300]} (is the runtime started with "
+            "--expert-distribution-recorder-mode?)"
+        )
+
+
+def start_recording(runtime: RunningRuntime, spec: ExpertRecorderSpec, run_dir: str) -> Recording:
+    """Start a record (clearing any earlier one) before the scored workload."""
+    folder = recorder_folder(spec, run_dir)
+    runtime.box.mkdirs(folder)
+    _post(runtime, spec.start_http, 30)
+    return Recording(spec, folder)
+
+
+def finish_recording(
+    runtime: RunningRuntime,
+    recording: Recording,
+    local_dir: Path,
+    counts_name: str = "route-counts.json",
+) -> dict[str, float]:
+    """Stop, dump, fetch the dump's new files into ``local_dir/expert-distribution``, write
+    their counts summed over passes as ``counts_name`` (a route-count dump) and return the
+    run's counters (``route_selections``, and ``hits`` / ``misses`` when the dump holds GPU
+    masks)."""
+    spec, box = recording.spec, runtime.box
+    pattern = posixpath.join(recording.folder, spec.glob)
+    _post(runtime, spec.stop_http, 30)
+    before = set(box.glob([pattern]))
+    _post(runtime, spec.dump_http, spec.timeout_s)
+    # SGLang answers once its scheduler has written the files; a remote box's file system may
+    # show them a moment later, so wait (bounded) for new names whose sizes have settled.
+    deadline = time.monotonic() + spec.timeout_s
+    new: list[str] = []
+    sizes: dict[str, str] = {}
+    while True:
+        new = sorted(set(box.glob([pattern])) - before)
+        if new:
+            now = {name: box.sh(f"wc -c < {shlex.quote(name)}", check=False).stdout for name in new}
+            if now == sizes:
+                break
+            sizes = now
+        if time.monotonic() > deadline:
+            what = "still growing" if new else "not written"
+            raise InfrastructureError(
+                f"POST {spec.dump_http}: {spec.glob} in {recording.folder} {what} after "
+                f"{spec.timeout_s:g} s (is SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR that folder?)"
+            )
+        time.sleep(0.2)
+    folder = local_dir / "expert-distribution"
+    folder.mkdir(parents=True, exist_ok=True)
+    dumps = []
+    for remote in new:
+        local = folder / posixpath.basename(remote)
+        box.get_file(remote, local)
+        dumps.append(read_dump(local))
+    dist = combine_dumps(dumps, str(folder))
+    counts = dist.counts.sum(axis=0)
+    write_count_dump(local_dir / counts_name, np.asarray(counts), time.time())
+    counters: dict[str, float] = {ROUTE_COUNTER: float(counts.sum())}
+    split = gpu_hits(dist)
+    if split is not None:
+        counters["hits"], counters["misses"] = float(split[0]), float(split[1])
+    return counters

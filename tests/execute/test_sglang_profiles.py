@@ -1,0 +1,83 @@
+"""The sglang and sglang-kt profiles: what a cell of the shipped GPU card boots with (argv and
+env, the kt_* and recorder flags as SGLang and KTransformers spell them), and the recorder spec's
+rules. Booting them needs a CUDA GPU box; the recorder adapter itself runs end to end on the
+reference runtime in tests/execute/test_recorder_campaign.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.card import load_card
+from harness.errors import CardError
+from harness.profiles.telemetry import Telemetry
+from harness.runtimes.boot import boot_spec
+from tests.conftest import REPO
+
+CARD = REPO / "campaigns" / "sglang-kt-placement.yaml"
+
+
+def _flags(argv: list[str]) -> dict[str, str | None]:
+    """``--flag value`` pairs (None for a switch) after the fixed boot command."""
+    out: dict[str, str | None] = {}
+    for index, word in enumerate(argv):
+        if word.startswith("--"):
+            following = argv[index + 1] if index + 1 < len(argv) else "--"
+            out[word] = None if following.startswith("--") else following
+    return out
+
+
+def test_a_kt_cell_boots_sglang_with_the_kt_and_recorder_flags() -> None:
+    loaded = load_card(CARD)
+    assert loaded.runtime.name == "sglang-kt"
+    spec = boot_spec(
+        loaded.runtime,
+        loaded.card.cells["dynamic"],
+        port=30000,
+        run_dir="/runs/r0",
+        python="python3",
+        bind_host="127.0.0.1",
+        cache_dir="/runs/cache",
+        uploaded={"init_expert_location": "/runs/r0/files/init_expert_location.pt"},
+    )
+    assert spec.argv[:3] == ["sh", "-c", 'exec "${HARNESS_SGLANG_PYTHON:-python3}" '
+                             '-m sglang.launch_server "$@"']  # fmt: skip
+    flags = _flags(spec.argv)
+    assert flags["--model-path"] == "/models/Qwen3-30B-A3B"
+    assert flags["--kt-num-gpu-experts"] == "8"
+    assert flags["--kt-expert-placement-strategy"] == "frequency"
+    assert "--kt-enable-dynamic-expert-update" in flags
+    assert flags["--kt-gpu-prefill-token-threshold"] == "512"
+    assert flags["--init-expert-location"] == "/runs/r0/files/init_expert_location.pt"
+    # The recorder's flags by default: stat mode, every pass kept, KT's GPU masks on.
+    assert flags["--expert-distribution-recorder-mode"] == "stat"
+    assert flags["--expert-distribution-recorder-buffer-size"] == "-1"
+    assert "--record-kt-gpu-expert-distribution" in flags
+    assert flags["--enable-metrics"] is None and flags["--port"] == "30000"
+    assert spec.env["SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR"] == "/runs/r0/expert-distribution"
+    recorder = loaded.runtime.telemetry.expert_recorder
+    assert recorder is not None and recorder.dump_http == "/dump_expert_distribution_record"
+
+
+def test_a_runtime_gives_one_source_of_route_counts() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        Telemetry.model_validate(
+            {
+                "count_dump": {"path": "{run_dir}/c.json"},
+                "expert_recorder": {"dir": "{run_dir}/expert-distribution"},
+            }
+        )
+
+
+def test_every_cell_must_name_its_model(tmp_path: Path) -> None:
+    text = CARD.read_text(encoding="utf-8").replace("      model: /models/Qwen3-30B-A3B\n", "")
+    folder = tmp_path
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    (folder / "card.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(CardError) as caught:
+        load_card(folder / "card.yaml")
+    assert any("needs knob 'model' set" in line for line in caught.value.lines()), (
+        caught.value.lines()
+    )

@@ -1,0 +1,102 @@
+"""SGLang's expert-distribution files: recorder dumps of each mode, KT's GPU masks, and the
+``--init-expert-location`` / KT frequency files, pinned on small fixed tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.errors import BadInput
+from harness.formats.expert_distribution import (
+    combine_dumps,
+    gpu_hits,
+    read_dump,
+    read_logical_count,
+    write_logical_count,
+    write_stat_dump,
+)
+from harness.formats.torchfile import read_torch_file, write_torch_file
+
+# Two passes, two layers, three experts.
+COUNTS = np.array([[[4, 0, 1], [2, 2, 1]], [[0, 3, 2], [5, 0, 0]]], dtype=np.int32)
+MASKS = np.array([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=bool)
+
+
+def test_a_stat_dump_with_kt_masks_is_written_as_sglang_writes_it(tmp_path: Path) -> None:
+    path = tmp_path / "expert_distribution_recorder_1.pt"
+    write_stat_dump(path, COUNTS, MASKS)
+    raw = read_torch_file(path)
+    assert set(raw) == {
+        "rank",
+        "logical_count",
+        "average_utilization_rate_over_window",
+        "gpu_expert_masks",
+    }
+    assert raw["logical_count"].dtype == np.int32 and raw["gpu_expert_masks"].dtype == bool
+    dump = read_dump(path)
+    assert dump.mode == "stat" and dump.counts.shape == (2, 2, 3)
+    # GPU hits: pass 0: 4 (l0 e0) + 2 + 1 (l1 e1, e2) = 7; pass 1: 0 + 3 (l0 e0, e1) + 0 = 3.
+    assert gpu_hits(dump) == (10, 20 - 10)
+
+
+def test_masks_pair_with_the_last_passes_of_the_counts(tmp_path: Path) -> None:
+    # A separate masks file of fewer passes (an earlier KT build): the last passes pair up.
+    counts_path, masks_path = tmp_path / "c.pt", tmp_path / "m.pt"
+    write_stat_dump(counts_path, COUNTS)
+    write_torch_file(masks_path, {"gpu_expert_masks": MASKS[1:]})
+    dump = combine_dumps([read_dump(counts_path), read_dump(masks_path)], "d")
+    assert gpu_hits(dump) == (3, 10 - 3)  # only pass 1 is paired: 10 selections
+
+
+def test_a_per_pass_dump_maps_physical_experts_to_logical_ones(tmp_path: Path) -> None:
+    # Four physical slots for three logical experts: slot 3 is a replica of expert 0.
+    mapping = np.array([[0, 1, 2, 0], [0, 1, 2, 2]], dtype=np.int64)
+    records = [
+        {"forward_pass_id": 0, "rank": 0, "global_physical_count": np.array([[1, 2, 0, 3]] * 2)},
+        {"forward_pass_id": 1, "rank": 0, "global_physical_count": np.array([[0, 0, 1, 1]] * 2)},
+    ]
+    path = tmp_path / "expert_distribution_recorder_1_0.pt"
+    write_torch_file(path, {"records": records, "last_physical_to_logical_map": mapping})
+    dump = read_dump(path)
+    assert dump.mode == "per_pass"
+    assert dump.counts.tolist() == [[[4, 2, 0], [1, 2, 3]], [[1, 0, 1], [0, 0, 2]]]
+    assert gpu_hits(dump) is None
+
+
+def test_dumps_of_other_shapes_are_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.pt"
+    write_torch_file(path, {"something": 1})
+    with pytest.raises(BadInput, match=f"{path}: not an expert-distribution dump"):
+        read_dump(path)
+    write_stat_dump(path, COUNTS, MASKS[:, :, :2])
+    with pytest.raises(BadInput, match="differ in layers or experts"):
+        read_dump(path)
+
+
+@pytest.mark.parametrize("kind", ["json", "pt", "pt-bare", "pt-steps"])
+def test_location_and_frequency_files_give_counts_per_layer(tmp_path: Path, kind: str) -> None:
+    summed = COUNTS.sum(axis=0).astype(np.int64)
+    if kind == "json":
+        path = tmp_path / "loc.json"
+        write_logical_count(path, summed)
+        assert json.loads(path.read_text()) == {"logical_count": summed.tolist()}
+    elif kind == "pt":
+        path = tmp_path / "loc.pt"
+        write_logical_count(path, summed)
+    elif kind == "pt-bare":
+        path = tmp_path / "bare.pt"
+        write_torch_file(path, summed)  # torch.save(tensor): the tensor itself
+    else:
+        path = tmp_path / "dump.pt"
+        write_stat_dump(path, COUNTS)
+    assert read_logical_count(path).tolist() == summed.tolist()
+
+
+def test_a_location_file_without_logical_count_says_what_to_give(tmp_path: Path) -> None:
+    path = tmp_path / "loc.json"
+    path.write_text('{"physical_to_logical_map": [[0, 1]]}')
+    with pytest.raises(BadInput, match="no logical_count"):
+        read_logical_count(path)
