@@ -69,7 +69,8 @@ def _assert_exit_follows_verdict(code: int, root: Path, output: str) -> None:
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
     # The demo as `make demo` runs it: a sequential design that decides at its first look (3
-    # cycles) or its last (4), and passes.
+    # cycles) or its last (4), and passes. It is also the suite's sequential design stopping
+    # early on a real effect (tests/execute/test_sequential_e2e.py has the A/A).
     code, root, output = _run("demo.yaml", tmp_path, "1")
     assert code == 0, output
     assert "verdict: PASS" in output and "report:" in output
@@ -95,6 +96,14 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert ladder["directions"] == [["agent", "prose"]]
     assert [r["cell"] for r in ladder["rows"]] == ["stale", "seed"]
     assert summary["sequential"]["cycles"] in (3, 4)
+    # Every look is journalled with what it saw, at a nominal level below the fixed design's,
+    # and the plan grows to the cycles the last look used (the sequential design end to end).
+    events = [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()]
+    journalled = [e for e in events if e["event"] == "look"]
+    assert [e["cycles"] for e in journalled] == list(range(3, journalled[-1]["cycles"] + 1))
+    assert [e["decision"] for e in journalled][-1] == "stop"
+    assert all(e["nominal_alpha"] < 0.05 for e in journalled)
+    assert json.loads((root / "plan.json").read_text())["cycles"] == journalled[-1]["cycles"]
     html = (root / "report.html").read_text()
     assert 'id="recovery"' in html and 'id="frozen"' in html and 'id="looks"' in html
     assert (root / "verdict.junit.xml").is_file()
