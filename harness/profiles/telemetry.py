@@ -148,6 +148,11 @@ class Telemetry(Strict):
     applied: list[AppliedCheck] = Field(
         default_factory=list, description="log lines that must agree with a knob's value"
     )
+    identity_lines: list[str] = Field(
+        default_factory=list,
+        description="regexes of log lines that say how the runtime placed or sized itself "
+        "(llama.cpp's --fit plan): the matching lines are kept in the run's runtime identity",
+    )
 
     ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
     counters_http: str | None = Field(None, description="GET path returning counters as JSON")
@@ -158,3 +163,9 @@ class Telemetry(Strict):
     count_dump: CountDumpSpec | None = Field(
         None, description="route-count dump file read as counters (route_selections) per run"
     )
+
+    @model_validator(mode="after")
+    def _identity_regexes(self) -> Telemetry:
+        for pattern in self.identity_lines:
+            _check_regex(pattern, "identity_lines")
+        return self
