@@ -95,7 +95,8 @@ class CellSettings:
             out["hot_slots"] = len(self.hot[0]) if self.hot else 0
         elif self.mode == "lru":
             out.update(cache_bytes=self.cache_bytes, expert_bytes=self.record_bytes)
-            out["cached_layers"] = list(self.cached_layers) if self.cached_layers else "all"
+            layers = self.cached_layers
+            out["cached_layers"] = "all" if layers is None else list(layers)
         else:
             out.update(cache_records=self.cache_records, priority=self.priority)
             out["hotlist_entries"] = len(self.hotlist)

@@ -4,6 +4,7 @@ llama.cpp's expert cache per size, before a boot (the shipped llama-cpp-moe-offl
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +72,18 @@ def test_without_the_expert_size_the_command_says_how_to_give_it(tmp_path: Path)
     assert done.code == 2, done
     assert "needs the size of one expert in bytes" in done.stderr
     assert "give --expert-bytes N" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_simulated_campaign_counts_what_the_caches_exit_line_would(tmp_path: Path) -> None:
+    from harness.sim.simulate import simulate_card
+
+    loaded = load_card(CARD)
+    trace = load_trace(_trace(tmp_path / "t.npy"))
+    root, cells = simulate_card(loaded, [trace], out=tmp_path / "sim", expert_bytes=EXPERT_BYTES)
+    by_name = {c.name: c for c in cells}
+    assert by_name["cache"].settings.describe()["cached_layers"] == "all"
+    run = next(p for p in (root / "runs").iterdir() if "-cache-" in p.name)
+    delta = json.loads((run / "counters.json").read_text())["delta"]
+    # 8 GiB holds all 64 (layer, expert) pairs: only first uses miss, each one upload.
+    assert (delta["hits"], delta["misses"]) == (400 * 4 * 2 - 64, 64)
+    assert delta["bytes_read"] == 64 * EXPERT_BYTES
