@@ -89,7 +89,7 @@ def test_a_cell_placing_experts_without_pinning_fit_is_warned() -> None:
 
     (warning,) = knob_pin_warnings(replace(loaded, card=unpinned))
     assert "cells.cache.knobs: sets cpu_moe, n_gpu_layers but not fit" in warning
-    assert 'set `fit: "off"`' in warning
+    assert 'Set `fit: "off"`' in warning
 
 
 # ---- the built llama-server (slow: it needs `make llama-server`) ------------------------------
