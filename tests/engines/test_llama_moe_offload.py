@@ -67,6 +67,33 @@ def test_the_expert_cache_line_is_read_after_the_stop_as_hit_rate_and_loads() ->
     assert "hits" not in silent["delta"]
 
 
+# Lines a llama-cpp-python 0.3.36 llama-server printed here (built with
+# HARNESS_CACHE=/work/cache29b scripts/build-llama-server.sh): its timing lines carry a prefix.
+TIMINGS_0_3_36 = """\
+0.01.403.391 I slot print_timing: id  0 | task 3 | prompt eval time =      16.00 ms /   112 tokens (    0.14 ms per token,  7000.00 tokens per second)
+0.01.403.465 I slot print_timing: id  0 | task 3 |        eval time =      26.04 ms /     8 tokens (    3.72 ms per token,   268.87 tokens per second)
+"""  # noqa: E501
+# And what the 0.3.16 build `make llama-server` makes printed (the threads card's run here).
+TIMINGS_0_3_16 = """\
+prompt eval time =      23.62 ms /   112 tokens (    0.21 ms per token,  4742.35 tokens per second)
+       eval time =      57.23 ms /    16 tokens (    3.58 ms per token,   279.60 tokens per second)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(TIMINGS_0_3_36, (16.0, 112.0, 26.04, 8.0)), (TIMINGS_0_3_16, (23.62, 112.0, 57.23, 16.0))],
+    ids=["0.3.36", "0.3.16"],
+)
+def test_request_timings_are_read_from_old_and_new_builds(
+    text: str, expected: tuple[float, ...]
+) -> None:
+    specs = load_runtime_profile(PROFILE).telemetry.log_counters
+    got = log_snapshot(text, specs)
+    names = ("log_prompt_ms", "log_prompt_tokens", "log_eval_ms", "log_eval_tokens")
+    assert tuple(got[n] for n in names) == pytest.approx(expected)
+
+
 def test_the_fit_plan_is_kept_in_the_runs_identity() -> None:
     patterns = load_runtime_profile(PROFILE).telemetry.identity_lines
     kept = identity_lines(patterns, FIT_PLAN)
