@@ -46,6 +46,18 @@ def test_a_repeated_setting_is_two_blocks_of_one_model_load() -> None:
     assert first.metrics["prefill_tok_s"] == pytest.approx(2890.6)
 
 
+def test_a_real_llama_bench_file_splits_the_same_way() -> None:
+    # Real 0.3.36 output (this CPU): a repeated setting's tests follow each other, pp then tg.
+    real = FIXTURES / "llama-bench-ncmoe-cpu.json"
+    blocks = read_llama_bench_blocks(real, "n_cpu_moe")
+    assert [(value, load) for value, load, _ in blocks] == [("0", 0), ("2", 1), ("2", 1), ("0", 2)]
+    assert all(set(block.metrics) == {"prefill_tok_s", "decode_tok_s"} for _, _, block in blocks)
+    fixture = json.loads(NCMOE.read_text())[0]
+    first = json.loads(real.read_text())[0]
+    assert fixture.keys() == first.keys()  # the made-up file has the real one's fields
+    assert {k: type(v) for k, v in fixture.items()} == {k: type(v) for k, v in first.items()}
+
+
 def test_one_file_is_one_mirrored_cycle_and_its_placement_is_recorded(tmp_path: Path) -> None:
     out = tmp_path / "imported"
     code, text = _cli("import", "llama-bench", str(NCMOE), "--cells-by", "n_cpu_moe",
