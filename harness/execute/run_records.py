@@ -40,7 +40,12 @@ from harness.formats.records import (
 )
 from harness.formats.ring_read import read_ring, read_ring_since
 from harness.plan.build import Run
-from harness.runtimes.applied_policy import add_exit_counters, applied_problems, exit_specs
+from harness.runtimes.applied_policy import (
+    add_exit_counters,
+    applied_problems,
+    exit_specs,
+    identity_lines,
+)
 from harness.runtimes.boot import (
     RunningRuntime,
     render,
@@ -143,6 +148,7 @@ class RunRecords(GuardSteps):
         try:
             self._collect(local_dir, state, record)
             self._check_applied(local_dir, record)
+            self._keep_identity_lines(local_dir, record)
         except (HarnessError, OSError) as exc:
             if record.status == RUN_OK:
                 record.status = RUN_FAILED
@@ -235,6 +241,16 @@ class RunRecords(GuardSteps):
         if problems:
             record.status = RUN_FAILED
             record.reason = "; ".join(problems)
+
+    def _keep_identity_lines(self, local_dir: Path, record: RunRecord) -> None:
+        """The log lines that say how the runtime placed itself (llama.cpp's fit plan), in the
+        run's runtime identity, so two runs that placed tensors differently are told apart."""
+        patterns = self.loaded.runtime.telemetry.identity_lines
+        log = local_dir / "server.log"
+        if not patterns or not log.is_file():
+            return
+        text = log.read_text(encoding="utf-8", errors="replace")
+        record.runtime["log_identity"] = identity_lines(patterns, text)
 
     def _write_counters(
         self,

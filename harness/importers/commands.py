@@ -26,7 +26,11 @@ def _cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     from harness.importers.write import import_results
 
     result = import_results(
-        args.format, [Path(f) for f in args.files], Path(args.map), Path(args.out)
+        args.format,
+        [Path(f) for f in args.files],
+        Path(args.map),
+        Path(args.out),
+        cells_by=args.cells_by,
     )
     out.write(
         f"imported {result.runs} runs ({result.cycles} cycles"
@@ -50,4 +54,11 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     verb.add_argument("files", nargs="+", metavar="FILE")
     verb.add_argument("--map", required=True, metavar="MAPPING", help="the mapping YAML")
     verb.add_argument("-o", "--out", required=True, metavar="DIR", help="campaign folder to write")
+    verb.add_argument(
+        "--cells-by",
+        metavar="FIELD",
+        help="llama-bench: split each file's tests into cells at every change of FIELD "
+        "(e.g. n_cpu_moe: `llama-bench -ncmoe 0,16,16,0` is one A/B/B/A cycle; cells are "
+        "named FIELD-VALUE, the mapping gives no files/pattern)",
+    )
     verb.set_defaults(handler=_cmd_import)

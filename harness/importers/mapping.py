@@ -13,6 +13,9 @@ A small YAML file, validated like a card (pydantic with ``extra="forbid"``, ever
     analysis: {margin_pct: 2}
     gates: [{kind: better, metric: decode_tok_s}]
 
+With ``harness import --cells-by FIELD`` neither ``files`` nor ``pattern`` is given: the files'
+order places their blocks (see :func:`harness.importers.write.import_results`).
+
 A pattern fullmatches each file's name; its named groups are ``cell``, ``cycle`` and ``slot``,
 and optionally ``repeat``, ``state`` (warm/cold), ``comparison`` (which treatment a control block
 was run against, in a ladder) and ``boot`` (the boot identity; default: one boot per file).
@@ -92,7 +95,8 @@ class ImportMapping(Strict):
 
     @model_validator(mode="after")
     def _one_way(self) -> ImportMapping:
-        if (self.files is None) == (self.pattern is None):
+        # Neither is allowed: `harness import --cells-by FIELD` places rows by the files' order.
+        if self.files is not None and self.pattern is not None:
             raise ValueError("give `files` or `pattern` (one of them) to place the files")
         return self
 
@@ -160,6 +164,11 @@ def assign_files(mapping: ImportMapping, paths: list[Path], where: Path) -> list
     """Each file's place, by name in ``files`` or by ``pattern``; unplaced files are errors."""
     out: list[Assigned] = []
     problems: list[str] = []
+    if mapping.files is None and mapping.pattern is None:
+        raise CardError(
+            f"{where}: give `files` or `pattern` to place the files (or split llama-bench files "
+            "into cells with --cells-by FIELD)"
+        )
     if mapping.files is not None:
         by_name = {Path(k).name: v for k, v in mapping.files.items()}
         used: set[str] = set()

@@ -13,6 +13,7 @@ file) make it self-contained.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,9 +38,10 @@ from harness.importers.aiperf import read_aiperf
 from harness.importers.common import SourceBlock
 from harness.importers.ds4 import read_ds4
 from harness.importers.knee import read_knee
-from harness.importers.llamabench import read_llama_bench
+from harness.importers.llamabench import read_llama_bench, read_llama_bench_blocks
 from harness.importers.mapping import (
     Assigned,
+    FileEntry,
     ImportMapping,
     assign_files,
     gate_metrics,
@@ -200,8 +202,61 @@ def _card_text(mapping: ImportMapping, cells: list[str], fmt: str, cycles: int, 
     return header + yaml.safe_dump(card, sort_keys=False)
 
 
-def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -> ImportResult:
-    """Read ``files`` as ``fmt``, place them by the mapping, and write the campaign at ``out``."""
+def _cell_name(field: str, value: str) -> str:
+    """``n_cpu_moe-16``: a cell named by the field and its value, in a cell name's characters."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{field}-{value}")
+
+
+def _split_files(
+    mapping: ImportMapping, fmt: str, files: list[Path], field: str, where: Path
+) -> list[tuple[Assigned, SourceBlock]]:
+    """Every file's blocks by ``field``, in the files' order, four to a mirrored cycle: one file
+    of ``llama-bench -ncmoe 0,16,16,0``, or two of ``-ncmoe 0,16`` and ``-ncmoe 16,0``."""
+    if fmt != "llama-bench":
+        raise CardError(f"--cells-by splits llama-bench files; a {fmt} file holds one arm")
+    if mapping.files is not None or mapping.pattern is not None:
+        raise CardError(
+            f"{where}: with --cells-by the files' order places their blocks (four a cycle); "
+            "drop `files` and `pattern`"
+        )
+    blocks = [
+        (path, value, load, block)
+        for path in files
+        for value, load, block in read_llama_bench_blocks(path, field, mapping.select)
+    ]
+    if len(blocks) % 4:
+        values = ", ".join(value for _, value, _, _ in blocks)
+        raise CardError(
+            f"--cells-by {field}: {len(blocks)} blocks ({values}); a mirrored cycle is four, "
+            "e.g. llama-bench -ncmoe 0,16,16,0 (or -ncmoe 0,16 then 16,0), so give a multiple "
+            "of four"
+        )
+    out: list[tuple[Assigned, SourceBlock]] = []
+    for first in range(0, len(blocks), 4):
+        group = blocks[first : first + 4]
+        cells = [_cell_name(field, value) for _, value, _, _ in group]
+        others = [c for c in cells if c != mapping.control]
+        for slot, ((path, _, load, block), cell) in enumerate(zip(group, cells, strict=True)):
+            entry = FileEntry(
+                cell=cell,
+                cycle=first // 4,
+                slot=slot,
+                comparison=others[0] if cell == mapping.control and others else None,
+                boot=f"{fmt}:{block.sha256[:16]}:load{load}",
+            )
+            out.append((Assigned(path, entry), block))
+    return out
+
+
+def import_results(
+    fmt: str, files: list[Path], mapping_path: Path, out: Path, *, cells_by: str | None = None
+) -> ImportResult:
+    """Read ``files`` as ``fmt``, place them by the mapping, and write the campaign at ``out``.
+
+    With ``cells_by`` (llama-bench), each file's tests are split into blocks at every change of
+    that field; a block's cell is ``FIELD-VALUE`` and every four blocks, in the files' order,
+    are one mirrored cycle.
+    """
     mapping = load_mapping(mapping_path)
     if fmt not in FORMATS:
         raise ResultFileError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
@@ -210,13 +265,20 @@ def import_results(fmt: str, files: list[Path], mapping_path: Path, out: Path) -
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise CardError(f"files named alike ({', '.join(dupes)}): the mapping places by name")
-    assigned = assign_files(mapping, files, mapping_path)
+    split = _split_files(mapping, fmt, files, cells_by, mapping_path) if cells_by else None
+    if split is not None:
+        assigned = [item for item, _ in split]
+    else:
+        assigned = assign_files(mapping, files, mapping_path)
     cells = _cells(mapping, assigned, mapping_path)
     treatments = [c for c in cells if c != mapping.control]
     needed = gate_metrics(mapping)
     placed: list[_Placed] = []
-    for item in assigned:
-        block = read_source(fmt, item.path, mapping.select)
+    for index, item in enumerate(assigned):
+        if split is not None:
+            block = split[index][1]
+        else:
+            block = read_source(fmt, item.path, mapping.select)
         _check_magnitudes(block)
         for metric in needed:
             if not block.provides(metric):

@@ -16,6 +16,7 @@ __all__ = ["register"]
 
 def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_boxes_file, load_card, scale_workload
+    from harness.card.knob_pins import knob_pin_warnings
     from harness.card.phase_length import shift_phase_warnings
     from harness.card.resolve import load_runtime_profile
     from harness.formats.termtext import shown
@@ -53,7 +54,8 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
         plan = build_plan(loaded, scale=args.scale)
         cells = len(loaded.card.cells)
         out.write(f"ok: {path} ({cells} {'cell' if cells == 1 else 'cells'}, {runs_text(plan)})\n")
-        for warning in shift_phase_warnings(loaded, scale=args.scale):
+        warnings = shift_phase_warnings(loaded, scale=args.scale) + knob_pin_warnings(loaded)
+        for warning in warnings:
             out.write(f"warning: {shown(warning)}\n")
     if failed:
         # Every card's problems, not only the first card's: the last is raised for its exit code.
@@ -66,6 +68,7 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_card, scale_workload
+    from harness.card.knob_pins import knob_pin_warnings
     from harness.card.phase_length import shift_phase_warnings
     from harness.plan.build import build_plan, plan_json_text
     from harness.report.terminal import print_plan
@@ -81,7 +84,8 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
         print_design_costs(price_from(loaded, Path(args.from_dir), boot_s=args.boot_s), out)
     else:
-        print_plan(plan, out, warnings=shift_phase_warnings(loaded, scale=args.scale))
+        warnings = shift_phase_warnings(loaded, scale=args.scale) + knob_pin_warnings(loaded)
+        print_plan(plan, out, warnings=warnings)
         if args.boot_s is not None:
             from harness.report.terminal import print_boot_costs
 

@@ -129,6 +129,19 @@ class KnobSpec(Strict):
         return f"must be one of {allowed}" if self.choices else f"must be {allowed}"
 
 
+class KnobPin(Strict):
+    """A knob a cell must set (pin) when it sets any of ``when_set``, else a validation warning.
+
+    llama.cpp's ``--fit`` (on by default in builds that have it) rewrites the GPU layer count and
+    tensor placement it was not told to keep, so a cell that sets ``n_cpu_moe`` without pinning
+    ``fit`` may not run the placement it names.
+    """
+
+    knob: str = Field(description="the knob to pin")
+    when_set: list[str] = Field(min_length=1, description="knobs whose setting asks for the pin")
+    why: str = Field(description="what happens unpinned, ending with the fix")
+
+
 class Boot(Strict):
     """How to start the runtime.
 
@@ -250,6 +263,10 @@ class RuntimeProfile(Strict):
     stop: Stop = Field(default_factory=lambda: Stop())
     version: Version = Field(default_factory=lambda: Version())
     knobs: dict[str, KnobSpec] = Field(default_factory=dict, description="named cell knobs")
+    knob_pins: list[KnobPin] = Field(
+        default_factory=list,
+        description="knobs a cell should pin when it sets others (a validation warning if not)",
+    )
     files: dict[str, FileRoute] = Field(
         default_factory=dict,
         description="file knobs: name -> 'arg:--flag' or 'env:VAR' receiving the uploaded path",
@@ -321,6 +338,10 @@ class RuntimeProfile(Strict):
                     f"telemetry.applied names knob {check.knob!r}, not in `knobs` "
                     "(or files.NAME for a file in `files`)"
                 )
+        for pin in self.knob_pins:
+            unknown = sorted({pin.knob, *pin.when_set} - set(self.knobs))
+            if unknown:
+                raise ValueError(f"knob_pins names {', '.join(unknown)}, not in `knobs`")
         if self.live is not None:
             if self.live.apply is None and self.telemetry.live_knobs_http is None:
                 raise ValueError("`live` needs `apply` (or telemetry.live_knobs_http)")

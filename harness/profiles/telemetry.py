@@ -173,6 +173,11 @@ class Telemetry(Strict):
     applied: list[AppliedCheck] = Field(
         default_factory=list, description="log lines that must agree with a knob's value"
     )
+    identity_lines: list[str] = Field(
+        default_factory=list,
+        description="regexes of log lines that say how the runtime placed or sized itself "
+        "(llama.cpp's --fit plan): the matching lines are kept in the run's runtime identity",
+    )
 
     ring: RingSpec | None = Field(None, description="telemetry ring, if the runtime writes one")
     counters_http: str | None = Field(None, description="GET path returning counters as JSON")
@@ -189,10 +194,12 @@ class Telemetry(Strict):
     )
 
     @model_validator(mode="after")
-    def _one_route_source(self) -> Telemetry:
+    def _route_source_and_identity_lines(self) -> Telemetry:
         if self.count_dump is not None and self.expert_recorder is not None:
             raise ValueError(
                 "give `count_dump` or `expert_recorder`, not both: each writes the run's "
                 "route-counts.json"
             )
+        for pattern in self.identity_lines:
+            _check_regex(pattern, "identity_lines")
         return self

@@ -55,6 +55,21 @@ def applied_problems(
     return problems
 
 
+# Enough for a fit plan over several devices; a log that matches more is cut, and says so.
+_IDENTITY_LINES_MAX = 64
+
+
+def identity_lines(patterns: Sequence[str], text: str) -> list[str]:
+    """The log lines matching any of ``patterns``, in order, stripped; at most 64, then a line
+    saying how many more matched."""
+    compiled = [compile_pattern(p) for p in patterns]
+    kept = [line.strip() for line in text.splitlines() if any(c.search(line) for c in compiled)]
+    if len(kept) > _IDENTITY_LINES_MAX:
+        extra = len(kept) - _IDENTITY_LINES_MAX
+        kept = [*kept[:_IDENTITY_LINES_MAX], f"... {extra} more matching lines"]
+    return kept
+
+
 def exit_specs(specs: Sequence[LogCounter]) -> list[LogCounter]:
     """The log counters printed only when the process ends."""
     return [spec for spec in specs if spec.at == "exit"]

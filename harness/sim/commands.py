@@ -40,6 +40,12 @@ Replay routing traces through the reference runtime's own policy code.
 """
 
 
+def _positive_bytes(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a positive number of bytes: {text!r}")
+    return int(text)
+
+
 def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
     if args.lockstep:
         return _lockstep(args, out)
@@ -71,6 +77,7 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
         start=args.start,
         cost=cost,
         fast=not args.reference,
+        expert_bytes=args.expert_bytes,
     )
     rows = sum(t.rows for t in traces)
     out.write(f"simulated {len(cells)} cells over {rows:,} tokens of {len(traces)} trace(s)\n")
@@ -236,6 +243,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     sim.add_argument("--experts", type=int, help="experts per layer, for traces that omit it")
     sim.add_argument("--reference", action="store_true", help="use the plain step-by-step replay")
+    sim.add_argument(
+        "--expert-bytes",
+        type=_positive_bytes,
+        metavar="N",
+        help="bytes of one expert (gate+up+down) for llama.cpp's expert cache (moe_cache_mib)",
+    )
     defaults = CostModel()
     for flag, ns, what in (
         ("--step-ms", defaults.step_ns, "per host step"),

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import TraceError
+from harness.policy.lru import GlobalLruCache
 from harness.policy.residency import ExpertCache, PolicyKnobs, PolicyState, ResidencyPolicy, Swap
 from harness.sim.fastloop import drain_schedule, merge_block, replay_layers
 from harness.sim.results import ReplayResult, rowmap_result, step_result
@@ -317,6 +318,32 @@ def replay_cache(
         _, misses = cache.access_step(experts[row])
         cold_rows[row] = misses
     result = step_result(trace, "cache", _per_step(trace, cold_rows))
+    result.evictions = cache.evictions
+    result.final_hot = []
+    return result
+
+
+def replay_lru(
+    trace: Trace,
+    budget_bytes: int,
+    expert_bytes: int,
+    cached_layers: Sequence[int] | None = None,
+) -> ReplayResult:
+    """Replay through llama.cpp's expert cache (:class:`~harness.policy.lru.GlobalLruCache`):
+    host step by host step, each cached layer's distinct experts once per step. Lookups count
+    only the cached layers' fetches, as the cache's own hit rate does."""
+    cache = GlobalLruCache(
+        budget_bytes, expert_bytes, trace.layers, trace.experts_count, cached_layers
+    )
+    starts, _ = trace.step_bounds()
+    ends = np.r_[starts[1:], trace.rows]
+    lookups = np.zeros(len(starts), dtype=np.int64)
+    misses = np.zeros(len(starts), dtype=np.int64)
+    experts = trace.experts
+    for index, (first, last) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        lookups[index], misses[index] = cache.access_step(experts[first:last])
+    result = step_result(trace, "cache", misses)
+    result.step_lookups = lookups
     result.evictions = cache.evictions
     result.final_hot = []
     return result

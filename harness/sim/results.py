@@ -53,6 +53,9 @@ class ReplayResult:
     saturated: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per drain
     final_hot: list[list[int]] = field(default_factory=list)
     evictions: int = 0  # cache mode: records evicted over the whole replay
+    # Lookups per host step when not every selection is one (llama.cpp's expert cache looks up
+    # each distinct expert of a cached layer once per step); None: tokens x layers x top_k.
+    step_lookups: IntArray | None = None
 
     @property
     def hits(self) -> int:
@@ -67,6 +70,8 @@ class ReplayResult:
     @property
     def lookups(self) -> IntArray:
         """Expert lookups per host step."""
+        if self.step_lookups is not None:
+            return self.step_lookups
         return self.tokens * self.layers * self.top_k
 
     def decisions(self) -> dict[tuple[int, int], list[tuple[int, int]]]:

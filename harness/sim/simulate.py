@@ -34,15 +34,19 @@ from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs, parse_priority
-from harness.sim.replay import replay_cache, replay_fast, replay_reference
+from harness.sim.replay import replay_cache, replay_fast, replay_lru, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
 from harness.sim.traces import Trace, concat_traces, trace_from_arrays
 
 __all__ = ["CellSettings", "SimulatedCell", "cell_settings", "simulate_card"]
 
 _DEFAULT_HOT_SLOTS = 48  # the reference runtime's --hot-slots default
-_INT_KNOBS = ("drain_every", "swaps_per_layer", "hot_slots", "cache_records", "expert_bytes")
+_INT_KNOBS = ("drain_every", "swaps_per_layer", "hot_slots", "cache_records", "expert_bytes",
+              "n_cpu_moe")  # fmt: skip
 _FLOAT_KNOBS = ("decay_half_life_steps", "promote_threshold", "hysteresis")
+# llama.cpp's knobs that put experts in host memory (and cache them): a cell setting any of them
+# replays llama.cpp's expert cache (an empty budget without moe_cache_mib).
+_LLAMA_PLACEMENT = frozenset({"moe_cache_mib", "n_cpu_moe", "cpu_moe"})
 REQUEST_COLUMNS = {
     "request": "int64",
     "cell": "object",
@@ -71,7 +75,7 @@ CHUNK_COLUMNS = {"request": "int64", "chunk": "int64", "t_s": "float64", "chars"
 class CellSettings:
     """What a cell boots the reference runtime with, as far as the policy is concerned."""
 
-    mode: Literal["rowmap", "cache"]
+    mode: Literal["rowmap", "cache", "lru"]
     knobs: PolicyKnobs
     hot: list[list[int]] = field(default_factory=list)
     hotlist: list[tuple[int, int]] = field(default_factory=list)
@@ -79,6 +83,8 @@ class CellSettings:
     priority: Literal["legacy", "adaptive"] | int = "adaptive"
     record_bytes: int = DEFAULT_RECORD_BYTES
     start: str = "runtime default map"
+    cache_bytes: int = 0  # lru: llama.cpp's --moe-cache-mib in bytes
+    cached_layers: tuple[int, ...] | None = None  # lru: host-resident layers (None: all)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready settings for run.json."""
@@ -87,6 +93,10 @@ class CellSettings:
         if self.mode == "rowmap":
             out.update(self.knobs.__dict__)
             out["hot_slots"] = len(self.hot[0]) if self.hot else 0
+        elif self.mode == "lru":
+            out.update(cache_bytes=self.cache_bytes, expert_bytes=self.record_bytes)
+            layers = self.cached_layers
+            out["cached_layers"] = "all" if layers is None else list(layers)
         else:
             out.update(cache_records=self.cache_records, priority=self.priority)
             out["hotlist_entries"] = len(self.hotlist)
@@ -121,11 +131,16 @@ def cell_settings(
     trace: Trace,
     start: Literal["card", "empty"] = "card",
     cell: Cell | None = None,
+    *,
+    expert_bytes: int | None = None,
 ) -> CellSettings:
     """Resolve one cell's policy settings (raises KnobError/MapError naming the cell).
 
     ``cell`` replaces the card's cell of that name (a sweep point: the base cell with knobs or
     files changed); its relative file paths resolve beside the card as the card's own do.
+    A cell setting llama.cpp's ``moe_cache_mib``, ``n_cpu_moe`` or ``cpu_moe`` replays its
+    expert cache (a global LRU; no budget without ``moe_cache_mib``), with one expert of
+    ``expert_bytes`` (``--expert-bytes``; else the cell's ``expert_bytes`` knob).
     """
     cell = cell if cell is not None else loaded.card.cells[name]
     values = _cell_values(loaded, cell)
@@ -147,6 +162,8 @@ def cell_settings(
         knobs.validate()
     except KnobError as exc:
         raise KnobError(f"{where}: {exc.message}") from None
+    if _LLAMA_PLACEMENT & set(typed):
+        return _lru_settings(typed, trace, where, knobs, expert_bytes)
     record_bytes = max(int(typed.get("expert_bytes", DEFAULT_RECORD_BYTES)), 0)
     experts = trace.experts_count
     cache_records = int(typed.get("cache_records", 0))
@@ -182,6 +199,61 @@ def cell_settings(
     )
 
 
+def _lru_settings(
+    typed: dict[str, Any],
+    trace: Trace,
+    where: str,
+    knobs: PolicyKnobs,
+    expert_bytes: int | None,
+) -> CellSettings:
+    """llama.cpp's expert cache: budget from moe_cache_mib, layers from n_cpu_moe/cpu_moe."""
+    raw = str(typed.get("moe_cache_mib", "0"))  # no cache: every host-resident lookup misses
+    if not raw.isdigit():
+        raise KnobError(
+            f"{where}: moe_cache_mib={raw!r}: the simulator needs a number of MiB (llama.cpp "
+            "sizes `auto` from the free GPU memory at boot, which a replay cannot know)"
+        )
+    size = expert_bytes if expert_bytes is not None else typed.get("expert_bytes")
+    if size is None or int(size) < 1:
+        raise KnobError(
+            f"{where}: llama.cpp's expert placement (moe_cache_mib, n_cpu_moe, cpu_moe) needs "
+            "the size of one expert in bytes (its gate, up and down matrices: a GGUF's "
+            "ffn_*_exps tensor bytes / experts); give --expert-bytes N"
+        )
+    cached: tuple[int, ...] | None = None
+    cpu_moe = str(typed.get("cpu_moe", "")).lower()
+    if cpu_moe in ("1", "true"):
+        note = "every layer's experts in host memory (cpu_moe)"
+    elif "n_cpu_moe" in typed:
+        count = int(typed["n_cpu_moe"])
+        if count < 0:
+            raise KnobError(f"{where}: n_cpu_moe={count}: must not be negative")
+        cached = tuple(range(min(count, trace.layers)))
+        note = f"the experts of the first {len(cached)} layers in host memory (n_cpu_moe)"
+    elif cpu_moe in ("0", "false"):
+        cached = ()
+        note = "no experts in host memory (cpu_moe 0, no n_cpu_moe): nothing to cache"
+    else:
+        note = "every layer's experts taken to be in host memory (no placement knob set)"
+    return CellSettings(
+        "lru", knobs, record_bytes=int(size), start=note, cache_bytes=int(raw) * 2**20,
+        cached_layers=cached,
+    )  # fmt: skip
+
+
+def replay_settings(settings: CellSettings, trace: Trace, *, fast: bool = True,
+                    threads: int | None = None) -> ReplayResult:  # fmt: skip
+    """The replay a cell's settings ask for: the rowmap policy, ds4's cache or llama.cpp's."""
+    if settings.mode == "cache":
+        return replay_cache(trace, settings.cache_records, settings.hotlist, settings.priority)
+    if settings.mode == "lru":
+        cached = settings.cached_layers
+        return replay_lru(trace, settings.cache_bytes, settings.record_bytes, cached)
+    if fast:
+        return replay_fast(trace, settings.knobs, settings.hot, changes=[], threads=threads)
+    return replay_reference(trace, settings.knobs, settings.hot, changes=[])
+
+
 @dataclass
 class SimulatedCell:
     """One cell's replay and its settings."""
@@ -210,18 +282,13 @@ def simulate_cells(
     start: Literal["card", "empty"] = "card",
     *,
     fast: bool = True,
+    expert_bytes: int | None = None,
 ) -> list[SimulatedCell]:
     """Replay the (joined) trace under every cell's settings."""
     cells = []
     for name in loaded.card.cells:
-        settings = cell_settings(loaded, name, trace, start)
-        if settings.mode == "cache":
-            result = replay_cache(
-                trace, settings.cache_records, settings.hotlist, settings.priority
-            )
-        else:
-            replay = replay_fast if fast else replay_reference
-            result = replay(trace, settings.knobs, settings.hot, changes=[])
+        settings = cell_settings(loaded, name, trace, start, expert_bytes=expert_bytes)
+        result = replay_settings(settings, trace, fast=fast)
         cells.append(SimulatedCell(name, settings, result))
     return cells
 
@@ -255,6 +322,7 @@ def simulate_card(
     start: Literal["card", "empty"] = "card",
     cost: CostModel | None = None,
     fast: bool = True,
+    expert_bytes: int | None = None,
 ) -> tuple[Path, list[SimulatedCell]]:
     """Write a simulated campaign directory; returns it and the per-cell replays."""
     cost = cost or CostModel()
@@ -291,7 +359,9 @@ def simulate_card(
         if not warms and unwarmed is trace and True in replays:
             replays[False] = replays[True]
             continue
-        replayed = simulate_cells(loaded, trace if warms else unwarmed, start, fast=fast)
+        replayed = simulate_cells(
+            loaded, trace if warms else unwarmed, start, fast=fast, expert_bytes=expert_bytes
+        )
         replays[warms] = {c.name: c for c in replayed}
     frames: dict[int, pd.DataFrame] = {}  # one ring per replay, by its result's identity
     cells = replays.get(True) or replays[False]

@@ -353,8 +353,13 @@ def test_threads_card_runs_from_card_to_report(tiny_model: Path, tmp_path: Path)
         for row in scored.itertuples():
             outputs.setdefault(str(row.prompt_id), set()).add(str(row.output_sha256))
         # /metrics scraped before and after: every predicted token of the run counted.
-        delta = json.loads((folder / "counters.json").read_text())["delta"]
+        counters = json.loads((folder / "counters.json").read_text())
+        delta = counters["delta"]
         assert delta["llamacpp:tokens_predicted_total"] == scored["completion_tokens"].sum()
+        # This build has neither --fit nor the expert cache: no fit plan kept, and the cache's
+        # exit counters, read after the stop, missing with the reason (never 0).
+        assert record["runtime"]["log_identity"] == []
+        assert "after the stop" in counters["missing"]["hits"] and "hits" not in delta
         assert "server is listening" in (folder / "server.log").read_text()
     assert len(outputs) == 4 and all(len(shas) == 1 for shas in outputs.values())
     env = json.loads((root / "boxes" / "local.json").read_text())

@@ -14,6 +14,7 @@ from harness.card.resolve import load_runtime_profile
 from harness.errors import RecordError
 from harness.profiles.box import BoxSpec
 from harness.profiles.telemetry import LogCounter
+from harness.runtimes.applied_policy import live_specs
 from harness.runtimes.boot import boot, boot_spec, http_json
 from harness.runtimes.llamacpp import build
 from harness.runtimes.llamacpp.gguf_model import write_tiny_moe
@@ -111,7 +112,8 @@ def test_llama_server_timing_lines_count_the_tokens_of_the_requests_between(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     profile = load_runtime_profile(RUNTIMES / "llama-cpp.yaml")
-    specs = profile.telemetry.log_counters
+    # The lines printed while it serves (the expert cache's line comes at exit, after the stop).
+    specs = live_specs(profile.telemetry.log_counters)
     box = LocalBox("local", BoxSpec())
     cell = Cell(knobs={"threads": 1, "model": str(tiny_model)})
     spec = boot_spec(

@@ -37,8 +37,8 @@ def add_sweep_arguments(sim: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KNOB=V1,V2|LOW:HIGH",
         help="sweep a knob (drain_every, swaps_per_layer, promote_threshold, hysteresis, "
-        "decay_half_life_steps, hot_slots, cache_records, hotlist_priority) or a map (rowmap, "
-        "hotlist: files); repeat for a grid",
+        "decay_half_life_steps, hot_slots, cache_records, hotlist_priority; llama.cpp's "
+        "moe_cache_mib, n_cpu_moe) or a map (rowmap, hotlist: files); repeat for a grid",
     )
     sim.add_argument("--sample", type=int, metavar="N", help="N random points instead of the grid")
     sim.add_argument("--seed", type=int, help="seed of --sample (default: the card's design seed)")
@@ -108,6 +108,7 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
         jobs=jobs,
         scheduler=args.scheduler,
         progress=text_progress(sys.stderr),
+        expert_bytes=args.expert_bytes,
     )
     pick = pick_points(sweep, args.pick) if args.pick else None
     text = ladder_text(sweep, pick.front if pick else None, pick.chosen if pick else None)
@@ -128,7 +129,9 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     write_picked_card(sweep, pick, target)
     picked = load_card(target)  # the written card must validate, or this is our bug
     write_parquet(picked_frame(sweep, pick), root / "picked.parquet")
-    sim_root, _ = simulate_card(picked, traces, reports=Path(args.reports), cost=cost)
+    sim_root, _ = simulate_card(
+        picked, traces, reports=Path(args.reports), cost=cost, expert_bytes=args.expert_bytes
+    )
     out.write(
         f"picked {len(pick.chosen)} cells ({', '.join(pick.chosen)}): wrote {target}\n"
         f"its simulated campaign (what `harness run {target.name}` will be compared with): "

@@ -18,9 +18,8 @@ import numpy as np
 
 from harness.analyze.metrics import counter_metrics
 from harness.analyze.recovery import phase_recovery, ring_summary
-from harness.sim.replay import replay_cache, replay_fast
 from harness.sim.results import CostModel, ReplayResult
-from harness.sim.simulate import CellSettings
+from harness.sim.simulate import CellSettings, replay_settings
 from harness.sim.traces import Trace
 
 __all__ = ["PointTask", "evaluate", "replay_point"]
@@ -54,10 +53,7 @@ class PointTask:
 
 def replay_point(task: PointTask, trace: Trace) -> ReplayResult:
     """The replay of the task's settings over the trace (fast rowmap replay, or the cache)."""
-    s = task.settings
-    if s.mode == "cache":
-        return replay_cache(trace, s.cache_records, s.hotlist, s.priority)
-    return replay_fast(trace, s.knobs, s.hot, changes=[], threads=task.threads)
+    return replay_settings(task.settings, trace, threads=task.threads)
 
 
 def _phase_name(names: tuple[str, ...], index: int) -> str:

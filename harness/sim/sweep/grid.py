@@ -71,6 +71,8 @@ def control_name(loaded: LoadedCard) -> str:
 
 def _map_key(settings: CellSettings) -> str:
     """What a boot map is, by content: the hot sets or the hotlist, hashed."""
+    if settings.mode == "lru":
+        return "lru"  # llama.cpp's expert cache boots empty: no map to differ by
     if settings.mode == "cache":
         text = json.dumps([settings.cache_records, settings.hotlist])
     else:
@@ -79,7 +81,11 @@ def _map_key(settings: CellSettings) -> str:
 
 
 def map_warnings(
-    loaded: LoadedCard, point_settings: dict[str, CellSettings], points: list[Point], trace: Trace
+    loaded: LoadedCard,
+    point_settings: dict[str, CellSettings],
+    points: list[Point],
+    trace: Trace,
+    expert_bytes: int | None = None,
 ) -> list[str]:
     """One warning per boot map of the sweep that no cell of the card boots.
 
@@ -89,7 +95,7 @@ def map_warnings(
     """
     booted: dict[str, list[str]] = {}
     for name in loaded.card.cells:
-        settings = cell_settings(loaded, name, trace)
+        settings = cell_settings(loaded, name, trace, expert_bytes=expert_bytes)
         booted.setdefault(_map_key(settings), []).append(f"{name} ({settings.start})")
     strangers: dict[str, list[str]] = {}
     starts: dict[str, str] = {}
@@ -118,6 +124,7 @@ def plan_tasks(
     points: list[Point],
     base: str,
     cost: CostModel,
+    expert_bytes: int | None = None,
 ) -> tuple[list[PointTask], dict[str, CellSettings]]:
     """Every (point, trace) task, in point then trace order, and each point's settings on the
     first trace (for the map check and the report)."""
@@ -131,7 +138,7 @@ def plan_tasks(
     for point in points:
         swept = point_cell(cell, point)
         for index, trace in enumerate(traces):
-            settings = cell_settings(loaded, base, trace, cell=swept)
+            settings = cell_settings(loaded, base, trace, cell=swept, expert_bytes=expert_bytes)
             first.setdefault(point.id, settings)
             tasks.append(
                 PointTask(
@@ -197,11 +204,12 @@ def run_sweep(
     scheduler: str | None = None,
     progress: Progress | None = None,
     on_result: Any = None,
+    expert_bytes: int | None = None,
 ) -> Sweep:
     """Replay every point on every trace (locally in ``jobs`` processes, or on Dask)."""
     base = base or control_name(loaded)
-    tasks, settings = plan_tasks(loaded, traces, points, base, cost or CostModel())
-    warnings = map_warnings(loaded, settings, points, traces[0])
+    tasks, settings = plan_tasks(loaded, traces, points, base, cost or CostModel(), expert_bytes)
+    warnings = map_warnings(loaded, settings, points, traces[0], expert_bytes)
     found = run_tasks(
         tasks, traces, jobs=jobs, scheduler=scheduler, progress=progress, on_result=on_result
     )

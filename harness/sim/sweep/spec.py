@@ -29,7 +29,8 @@ __all__ = [
     "sample_points",
 ]
 
-INT_SWEEP = ("drain_every", "swaps_per_layer", "hot_slots", "cache_records")
+INT_SWEEP = ("drain_every", "swaps_per_layer", "hot_slots", "cache_records", "moe_cache_mib",
+             "n_cpu_moe")  # fmt: skip
 FLOAT_SWEEP = ("promote_threshold", "hysteresis", "decay_half_life_steps")
 TEXT_SWEEP = ("hotlist_priority",)
 FILE_KNOBS = ("rowmap", "hotlist")

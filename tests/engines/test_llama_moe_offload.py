@@ -1,0 +1,145 @@
+"""llama.cpp's MoE-offload knobs in the llama-cpp profile: the expert cache's exit line as
+counters, the --fit plan kept in the run's identity, the warning for an unpinned fit, and (slow)
+a build without a flag refusing its knob at boot.
+
+The cache line and the fit plan are printed only by builds this machine cannot run (the expert
+cache is a GPU feature of llama.cpp forks; --fit needs a build newer than the one `make
+llama-server` makes, and plans only for GPU devices), so their tests read fixture text in the
+format the sources print: `llama_moe_cache: … hits = N, misses = M, hit rate = X%, uploaded =
+Y MiB` (the format the issue quotes; no public source of it was found to check against), and
+common/fit.cpp's `"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld MiB free"`
+(llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older builds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.analyze.metrics import counter_metrics
+from harness.boxes.local import LocalBox
+from harness.card import load_card
+from harness.card.knob_pins import knob_pin_warnings
+from harness.card.resolve import load_runtime_profile
+from harness.errors import RuntimeBootError
+from harness.profiles.box import BoxSpec
+from harness.runtimes.applied_policy import add_exit_counters, identity_lines
+from harness.runtimes.boot import boot, boot_spec
+from harness.runtimes.llamacpp import build
+from harness.runtimes.log_counters import log_snapshot
+from tests.conftest import REPO
+
+PROFILE = REPO / "campaigns" / "runtimes" / "llama-cpp.yaml"
+CARD = REPO / "campaigns" / "llama-cpp-moe-offload.yaml"
+
+CACHE_LINE = (
+    "llama_moe_cache: destroyed: hits = 91234, misses = 8766, hit rate = 91.23%, "
+    "uploaded = 1534.50 MiB"
+)
+FIT_PLAN = """\
+common_params_fit_impl: projected to use 151234 MiB of device memory vs. 139264 MiB of free device memory
+common_params_fit_impl: filling dense layers back-to-front:
+common_params_fit_impl:   - CUDA0 (NVIDIA H200): 48 layers ( 6 overflowing), 137012 MiB used,   1204 MiB free
+common_fit_params: successfully fit params to free device memory
+llama_params_fit_impl:   - CUDA0 (NVIDIA RTX 6000 Ada Generation): 30 layers ( 1 overflowing),  47400 MiB used,   1108 MiB free
+main: server is listening on http://127.0.0.1:8080
+"""  # noqa: E501
+
+
+def test_the_expert_cache_line_is_read_after_the_stop_as_hit_rate_and_loads() -> None:
+    specs = load_runtime_profile(PROFILE).telemetry.log_counters
+    log = f"main: server is listening\nprompt eval time = 4.00 ms / 3 tokens\n{CACHE_LINE}\n"
+    # Read while the server runs, the line is not there yet; after the stop it is.
+    assert "hits" not in log_snapshot("main: server is listening\n", specs)
+    payload = {"before": {}, "after": {}, "delta": {}, "missing": {}}
+    done = add_exit_counters(payload, specs, log, where="server.log")
+    assert done["before"]["hits"] == 0.0
+    assert done["delta"]["hits"] == 91234 and done["delta"]["misses"] == 8766
+    assert done["delta"]["expert_loads"] == 8766
+    assert done["delta"]["bytes_read"] == pytest.approx(1534.5 * 2**20)
+    metrics = counter_metrics(done)
+    assert metrics["hit_rate"] == pytest.approx(91234 / (91234 + 8766))
+    assert metrics["expert_loads"] == 8766
+    # A build without the cache prints no line: the counters are missing, never 0.
+    silent = add_exit_counters(payload, specs, "main: server is listening\n", where="server.log")
+    assert {"hits", "misses", "bytes_read", "expert_loads"} <= set(silent["missing"])
+    assert "hits" not in silent["delta"]
+
+
+# Lines a llama-cpp-python 0.3.36 llama-server printed here (built with
+# HARNESS_CACHE=/work/cache29b scripts/build-llama-server.sh): its timing lines carry a prefix.
+TIMINGS_0_3_36 = """\
+0.01.403.391 I slot print_timing: id  0 | task 3 | prompt eval time =      16.00 ms /   112 tokens (    0.14 ms per token,  7000.00 tokens per second)
+0.01.403.465 I slot print_timing: id  0 | task 3 |        eval time =      26.04 ms /     8 tokens (    3.72 ms per token,   268.87 tokens per second)
+"""  # noqa: E501
+# And what the 0.3.16 build `make llama-server` makes printed (the threads card's run here).
+TIMINGS_0_3_16 = """\
+prompt eval time =      23.62 ms /   112 tokens (    0.21 ms per token,  4742.35 tokens per second)
+       eval time =      57.23 ms /    16 tokens (    3.58 ms per token,   279.60 tokens per second)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(TIMINGS_0_3_36, (16.0, 112.0, 26.04, 8.0)), (TIMINGS_0_3_16, (23.62, 112.0, 57.23, 16.0))],
+    ids=["0.3.36", "0.3.16"],
+)
+def test_request_timings_are_read_from_old_and_new_builds(
+    text: str, expected: tuple[float, ...]
+) -> None:
+    specs = load_runtime_profile(PROFILE).telemetry.log_counters
+    got = log_snapshot(text, specs)
+    names = ("log_prompt_ms", "log_prompt_tokens", "log_eval_ms", "log_eval_tokens")
+    assert tuple(got[n] for n in names) == pytest.approx(expected)
+
+
+def test_the_fit_plan_is_kept_in_the_runs_identity() -> None:
+    patterns = load_runtime_profile(PROFILE).telemetry.identity_lines
+    kept = identity_lines(patterns, FIT_PLAN)
+    assert len(kept) == 5 and "server is listening" not in " ".join(kept)
+    assert kept[2].startswith("common_params_fit_impl:   - CUDA0 (NVIDIA H200): 48 layers")
+    assert kept[4].startswith("llama_params_fit_impl:   - CUDA0")
+    many = "common_fit_params: x\n" * 70
+    cut = identity_lines(patterns, many)
+    assert len(cut) == 65 and cut[-1] == "... 6 more matching lines"
+
+
+def test_a_cell_placing_experts_without_pinning_fit_is_warned() -> None:
+    loaded = load_card(CARD)
+    assert knob_pin_warnings(loaded) == []  # the shipped card pins fit in both cells
+    cells = dict(loaded.card.cells)
+    knobs = {k: v for k, v in cells["cache"].knobs.items() if k != "fit"}
+    cells["cache"] = cells["cache"].model_copy(update={"knobs": knobs})
+    unpinned = loaded.card.model_copy(update={"cells": cells})
+    from dataclasses import replace
+
+    (warning,) = knob_pin_warnings(replace(loaded, card=unpinned))
+    assert "cells.cache.knobs: sets cpu_moe, n_gpu_layers but not fit" in warning
+    assert 'Set `fit: "off"`' in warning
+
+
+# ---- the built llama-server (slow: it needs `make llama-server`) ------------------------------
+
+
+@pytest.mark.slow
+def test_a_build_without_the_flag_refuses_the_knob_at_boot(tmp_path: Path) -> None:
+    # llama-cpp-python 0.3.16's llama.cpp has no --moe-cache-mib (nor --fit): the knob is a flag,
+    # so the server refuses it before loading anything, and the boot error shows why.
+    if not build.built():
+        pytest.skip("llama.cpp is not built; run `make llama-server`")
+    loaded = load_card(CARD)
+    cell = loaded.card.cells["cache"]
+    knobs = {"model": str(tmp_path / "none.gguf"), "moe_cache_mib": 64}
+    box = LocalBox("local", BoxSpec())
+    spec = boot_spec(
+        loaded.runtime, cell.model_copy(update={"knobs": knobs}), port=box.free_port(),
+        run_dir=str(tmp_path / "r"), python="python3", bind_host="127.0.0.1",
+        cache_dir=str(tmp_path), uploaded={},
+    )  # fmt: skip
+    assert "--moe-cache-mib" in spec.argv
+    with pytest.raises(RuntimeBootError) as caught:
+        boot(box, loaded.runtime, spec)
+    message = str(caught.value)
+    assert "exited during boot" in message
+    assert "error: invalid argument: --moe-cache-mib" in message
