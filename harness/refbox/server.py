@@ -177,12 +177,15 @@ class Server:
 
     async def poll_control(self, path: str, woken: asyncio.Event | None = None) -> None:
         """Apply each new version of the control file and say so in the log; with ``woken``
-        (set by the control signal), look only when it is set once the server is ready."""
+        (set by the control signal), look only when it is set, never by polling (a signal that
+        came before the server was ready is taken once it is)."""
         seen: tuple[int, int] | None = None
         while not self.stop.is_set():
-            if woken is not None and self.ready:
+            if woken is not None:
                 await woken.wait()
                 woken.clear()
+                while not self.ready and not self.stop.is_set():
+                    await asyncio.sleep(0.05)
             else:
                 await asyncio.sleep(0.05)
             try:
