@@ -60,14 +60,13 @@ def _file_profile(
     return PROFILE.model_copy(update={"live": live})
 
 
-@pytest.fixture(scope="module")
-def refbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRuntime]:
-    folder = tmp_path_factory.mktemp("live")
-    (folder / "cache").mkdir()
+def _boot(profile: RuntimeProfile, folder: Path) -> RunningRuntime:
+    """A reference runtime on ``profile``, booted in ``folder`` with the small cell."""
     box = LocalBox("local", BoxSpec())
+    (folder / "cache").mkdir()
     cell = Cell(env=dict(SMALL), knobs={"policy": "adaptive", "drain_every": 64})
     spec = boot_spec(
-        PROFILE,
+        profile,
         cell,
         port=box.free_port(),
         run_dir=str(folder),
@@ -76,7 +75,12 @@ def refbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRuntime]
         cache_dir=str(folder / "cache"),
         uploaded={},
     )
-    runtime = boot(box, PROFILE, spec)
+    return boot(box, profile, spec)
+
+
+@pytest.fixture(scope="module")
+def refbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRuntime]:
+    runtime = _boot(PROFILE, tmp_path_factory.mktemp("live"))
     try:
         yield runtime
     finally:
@@ -170,23 +174,11 @@ def test_an_unacknowledged_change_times_out_with_the_log_tail(refbox: RunningRun
 def test_a_runtime_that_reads_its_control_file_on_a_signal_gets_it(tmp_path: Path) -> None:
     # refbox --control-signal HUP reads the file only when signalled: without the profile's
     # `signal` nothing acknowledges the change; with it, the change applies.
-    box = LocalBox("local", BoxSpec())
     command = [*PROFILE.boot.command, "--control-signal", "HUP"]
     profile = PROFILE.model_copy(
         update={"boot": PROFILE.boot.model_copy(update={"command": command})}
     )
-    (tmp_path / "cache").mkdir()
-    spec = boot_spec(
-        profile,
-        Cell(env=dict(SMALL), knobs={"policy": "adaptive", "drain_every": 64}),
-        port=box.free_port(),
-        run_dir=str(tmp_path),
-        python=sys.executable,
-        bind_host=box.bind_host,
-        cache_dir=str(tmp_path / "cache"),
-        uploaded={},
-    )
-    runtime = boot(box, profile, spec)
+    runtime = _boot(profile, tmp_path)
     try:
         unsignalled = dataclasses.replace(runtime, profile=_file_profile(timeout_s=0.5))
         with pytest.raises(RuntimeBootError, match="not acknowledged"):
@@ -194,6 +186,6 @@ def test_a_runtime_that_reads_its_control_file_on_a_signal_gets_it(tmp_path: Pat
         signalled = dataclasses.replace(runtime, profile=_file_profile(signal="HUP"))
         signalled.post_live({"drain_every": 7})
         assert _knobs(runtime)["drain_every"] == 7
-        assert box.group_alive(runtime.pgid)  # the signal reloaded, it did not stop
+        assert runtime.box.group_alive(runtime.pgid)  # the signal reloaded, it did not stop
     finally:
         assert runtime.stop()
