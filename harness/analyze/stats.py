@@ -199,10 +199,19 @@ def drift_bias(cycles: Sequence[Cycle], flags: Sequence[Flag], weights: Sequence
     likewise. Linear drift βt has bias 0 but outer − inner = 2β, so the common trend is taken
     out first: ½|outer − inner − 2β̂₋ⱼ|, β̂₋ⱼ the mean slope of the OTHER cycles (0 with none),
     so a step in one cycle cannot pass itself off as trend. Charging the drift the order
-    already cancels would label a real effect under benign linear drift *confounded*. The bound
-    of D̄ is the weighted sum over the flagged cycles.
+    already cancels would label a real effect under benign linear drift *confounded*.
+
+    The other cycles' slope is a trend only when they are linear. A box that slows in steps (a
+    step between the first two blocks of one cycle, between the last two of the next) gives
+    every cycle the same outer change, so the trend term nearly vanishes while each cycle's bias
+    is half the step, in the same direction. A single step between an outer and an inner block
+    on top of any linear trend has bias exactly ½|r| (r = 3·inner − outer, free of the trend).
+    So when the trend is not established — a single other cycle, or another cycle flagged
+    NONLINEAR — a flagged cycle is charged the larger of the two. The bound of D̄ is the
+    weighted sum over the flagged cycles.
     """
     flagged = {f.cycle for f in flags}
+    nonlinear = {f.cycle for f in flags if f.kind == "NONLINEAR"}
     slopes = [cycle_slope(c) for c in cycles]
     total = sum(slopes)
     bound = 0.0
@@ -211,7 +220,9 @@ def drift_bias(cycles: Sequence[Cycle], flags: Sequence[Flag], weights: Sequence
             continue
         others = len(cycles) - 1
         trend = (total - slope) / others if others else 0.0
-        bound += w * 0.5 * abs(c.outer_change - c.inner_change - 2.0 * trend)
+        detrended = abs(c.outer_change - c.inner_change - 2.0 * trend)
+        established = others >= 2 and not (nonlinear - {c.index})
+        bound += w * 0.5 * (detrended if established else max(detrended, abs(c.nonlinearity)))
     return float(bound)
 
 

@@ -375,6 +375,21 @@ def test_a_step_confounds_only_the_effect_it_could_explain() -> None:
     assert not deterministic.confounded and deterministic.flags == cmp.flags
 
 
+def test_a_box_that_slows_in_steps_cannot_pass_its_steps_off_as_trend() -> None:
+    # An A/A whose box slows by 10% after the first block of an ABBA cycle and after the third
+    # of the next BAAB: both cycles see B 5% "faster", with the same outer change, so the other
+    # cycle's slope looks like a trend that explains most of it. With one other cycle the trend
+    # is not established and each cycle is charged ½|r|, the exact bias of such a step.
+    noise = np.array([0.003, -0.002, 0.001, -0.004, 0.002, 0.0, -0.001, 0.003])
+    first = 4.0 + np.array([0.0, 0.1, 0.1, 0.1]) + noise[:4]
+    second = 4.1 + np.array([0.0, 0.0, 0.0, 0.1]) + noise[4:]
+    cycles = [Cycle(0, "ABBA", tuple(first)), Cycle(1, "BAAB", tuple(second))]  # type: ignore[arg-type]
+    cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0)
+    assert cmp.raw_label == "better"  # the t-test alone would promote the steps
+    assert cmp.drift_bias == pytest.approx(0.05, abs=0.01)
+    assert cmp.label == "confounded"
+
+
 def test_simulated_drift_rarely_makes_a_false_better() -> None:
     # A/A campaigns under random-walk drift and, in half the cycles, a 15% step somewhere: the
     # flags fire often, and "better" must stay near the α/2 a one-sided false claim allows.
