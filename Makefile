@@ -34,13 +34,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist); tests/conftest.py groups the tests that must not run side by side.
+XDIST := -n 2 --dist loadgroup
+
 pytest: $(STAMP) sysdeps
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST)
 
 test: lint typecheck pytest
 
 pytest-fast: $(STAMP) sysdeps
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest $(XDIST) -m "not slow"
 
 check: lint typecheck pytest-fast
 

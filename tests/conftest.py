@@ -19,8 +19,44 @@ DATA = REPO / "tests" / "data"
 _KERNEL_SOURCES = ("harness/policy/kernels.py", "harness/sim/fastloop.py")
 
 
+# `make test` runs the suite on two xdist workers (the suite alone keeps one core of two busy:
+# most of its time is spent waiting on runtimes, boxes and schedulers). Tests run side by side
+# only where nothing they share can collide, so each test is put in a group that one worker runs:
+# - the real engines (vLLM, llama.cpp, ds4), whose profiles list each other as competing
+#   processes (a guard would refuse a cohort beside another worker's engine), and which build
+#   into one ~/.cache/harness folder when it is missing;
+# - the one-node Slurm clusters (one node name, one host);
+# - otherwise the test's file, so a module's fixture boots once.
+_ENGINE_FILES = ("tests/engines/", "tests/importers/test_import.py", "tests/execute/test_guards.py")
+
+
+def _xdist_group(path: Path) -> str:
+    name = path.relative_to(REPO).as_posix()
+    if name.startswith(_ENGINE_FILES):
+        return "engines"
+    if "tests.slurm" in path.read_text(encoding="utf-8"):
+        return "slurm"
+    return name
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its xdist group (above); without xdist the mark does nothing."""
+    groups: dict[Path, str] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if path not in groups:
+            groups[path] = _xdist_group(path)
+        item.add_marker(pytest.mark.xdist_group(groups[path]))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Drop numba's cached machine code when the kernel sources changed since it was built."""
+    """Drop numba's cached machine code when the kernel sources changed since it was built.
+
+    Only the controlling process does it: an xdist worker deleting files another worker is
+    compiling into would race it.
+    """
+    if hasattr(session.config, "workerinput"):
+        return
     digest = hashlib.sha256()
     for name in _KERNEL_SOURCES:
         digest.update((REPO / name).read_bytes())
