@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Two workers (pytest-xdist); tests/conftest.py groups the tests that must not run side by side.
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2 --dist loadscope
 
 pytest: $(STAMP) sysdeps
 	$(BIN)/pytest $(XDIST)

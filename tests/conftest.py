@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,32 +22,36 @@ _KERNEL_SOURCES = ("harness/policy/kernels.py", "harness/sim/fastloop.py")
 
 # `make test` runs the suite on two xdist workers (the suite alone keeps one core of two busy:
 # most of its time is spent waiting on runtimes, boxes and schedulers). Tests run side by side
-# only where nothing they share can collide, so each test is put in a group that one worker runs:
+# only where nothing they share can collide, so each test belongs to a group that one worker runs
+# whole:
 # - the real engines (vLLM, llama.cpp, ds4), whose profiles list each other as competing
 #   processes (a guard would refuse a cohort beside another worker's engine), and which build
 #   into one ~/.cache/harness folder when it is missing;
 # - the one-node Slurm clusters (one node name, one host);
 # - otherwise the test's file, so a module's fixture boots once.
+# (xdist's own `xdist_group` mark is read through Item._nodeid, which pytest 9.2 no longer uses.)
 _ENGINE_FILES = ("tests/engines/", "tests/importers/test_import.py", "tests/execute/test_guards.py")
 
 
-def _xdist_group(path: Path) -> str:
-    name = path.relative_to(REPO).as_posix()
-    if name.startswith(_ENGINE_FILES):
+def xdist_group(test_file: str) -> str:
+    """The group of the tests in ``test_file`` (a path relative to the repository)."""
+    if test_file.startswith(_ENGINE_FILES):
         return "engines"
-    if "tests.slurm" in path.read_text(encoding="utf-8"):
+    path = REPO / test_file
+    if path.is_file() and "tests.slurm" in path.read_text(encoding="utf-8"):
         return "slurm"
-    return name
+    return test_file
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group (above); without xdist the mark does nothing."""
-    groups: dict[Path, str] = {}
-    for item in items:
-        path = Path(str(item.fspath))
-        if path not in groups:
-            groups[path] = _xdist_group(path)
-        item.add_marker(pytest.mark.xdist_group(groups[path]))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Hand each worker whole groups (above), in collection order as workers free up."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::", 1)[0])
+
+    return GroupScheduling(config, log)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
