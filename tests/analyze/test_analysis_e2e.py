@@ -139,9 +139,9 @@ def test_drift_on_an_a_a_campaign_is_flagged_and_promotes_nothing(tmp_path: Path
 
 
 def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: Path) -> None:
-    # Identical cells, but a control boot right after a candidate boot on the box does 300% more
+    # Identical cells, but a control boot right after a candidate boot on the box does 600% more
     # work per step (REFBOX_CARRY_OVER_*: extra real work, as the drift knob does; the step is
-    # part of a token's time, so the control runs some tens of percent slower, far beyond the
+    # part of a token's time, so the control runs far slower, well beyond the
     # noise of a shared box). Three of every four control blocks follow a candidate block, so
     # D̄ says the candidate is faster; the crossover model sees a control-after-candidate
     # slowdown and no arm effect, so the claim is labelled carry-over and the gates fail on it.
@@ -152,7 +152,7 @@ def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: 
     state.write_text("second", encoding="utf-8")
     common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
     replace = {
-        "first:\n    env: {REFBOX_LAYERS": 'first:\n    env: {REFBOX_CARRY_OVER_PCT: "300", '
+        "first:\n    env: {REFBOX_LAYERS": 'first:\n    env: {REFBOX_CARRY_OVER_PCT: "600", '
         f"REFBOX_CARRY_OVER_TAG: first, {common}",
         "second:\n    env: {REFBOX_LAYERS": "second:\n    env: {REFBOX_CARRY_OVER_TAG: second, "
         f"{common}",
