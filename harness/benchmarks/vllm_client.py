@@ -3,9 +3,10 @@
 One vLLM server (the ``vllm`` profile, eager, no prefix caching, the tiny Qwen3-MoE
 ``make vllm`` writes) takes the same prompts at concurrency 1 and 4 from the harness's driver
 and from ``vllm bench serve`` (``--dataset-name custom`` over the very prompts,
-``--skip-chat-template``, ``--ignore-eos``, greedy, ``--save-detailed``), each run opened by
-``c`` warm-up requests on both sides (``--num-warmups c``), in rounds of ours,
-theirs, theirs, ours so slow drift cancels (one round with ``--quick``, three without). Each
+``--skip-chat-template``, ``--ignore-eos``, greedy, ``--save-detailed``; its parser and ``main``
+called once a run in one process of vLLM's venv, which imports vLLM while the server boots),
+each run opened by ``c`` warm-up requests on both sides (``--num-warmups c``), in rounds of
+ours, theirs, theirs, ours so slow drift cancels (one round with ``--quick``, three without). Each
 request's TTFT and TPOT are pooled per tool over its runs; the figures are the pooled medians'
 ratios ours ÷ theirs, each beside vLLM's client against itself (its second run of each pair ÷
 its first) and ours against itself (its last run of a round ÷ its first): the run-to-run noise
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import statistics
 import subprocess
 import tempfile
@@ -117,13 +119,85 @@ def _ours(runtime: RunningRuntime, prompts: list[str], tokens: int, c: int) -> l
     return out
 
 
+# Runs ``vllm bench serve`` (its parser, then its ``main``) for each JSON argv line on stdin and
+# answers one JSON line per run; vLLM's own printing goes to stderr, a log file.
+_CLIENT = """
+import contextlib, json, sys, traceback
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+answers = sys.stdout
+for line in sys.stdin:
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            main(parser.parse_args(json.loads(line)))
+        answer = {"ok": True}
+    except BaseException as error:
+        traceback.print_exc()
+        answer = {"ok": False, "error": repr(error)}
+    answers.write(json.dumps(answer) + "\\n")
+    answers.flush()
+"""
+
+
+class VllmClient:
+    """``vllm bench serve`` kept in one process of vLLM's venv: importing vLLM takes ~20 s of
+    CPU here, paid once rather than before each of the bench's runs (4 with ``--quick``, 12
+    without). Each run is vLLM's own argument parsing and ``main``, as the CLI calls them."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        with log.open("wb") as sink:
+            self.process = subprocess.Popen(
+                [str(build.venv_dir() / "bin" / "python"), "-c", _CLIENT],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink, text=True,
+            )  # fmt: skip
+
+    def run(self, argv: list[str], timeout_s: float = 900) -> None:
+        """One ``vllm bench serve ARGV``; raises with the log's tail when it fails."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        error = "its process exited"
+        try:
+            self.process.stdin.write(json.dumps(argv) + "\n")
+            self.process.stdin.flush()
+            ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+            line = self.process.stdout.readline() if ready else ""
+            if not ready:
+                error = f"no answer in {timeout_s:.0f} s"
+            elif line:
+                answer = json.loads(line)
+                if answer["ok"]:
+                    return
+                error = answer["error"]
+        except BrokenPipeError:
+            pass
+        tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+        raise InfrastructureError(f"vllm bench serve failed ({error}):\n{tail}")
+
+    def close(self) -> None:
+        """End the process (its stdin closed ends its loop), by force after 30 s."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 def _theirs(
-    runtime: RunningRuntime, dataset: Path, tokens: int, c: int, count: int, result: Path
+    runtime: RunningRuntime,
+    client: VllmClient,
+    dataset: Path,
+    tokens: int,
+    c: int,
+    count: int,
+    result: Path,
 ) -> list[Row]:
     """Per request (TTFT ms, TPOT ms) as vLLM's client timed them (``--save-detailed``)."""
-    vllm = build.venv_dir() / "bin" / "vllm"
     argv = [
-        str(vllm), "bench", "serve", "--backend", "vllm", "--base-url", runtime.base_url,
+        "--backend", "vllm", "--base-url", runtime.base_url,
         "--model", runtime.profile.api.model, "--tokenizer", str(build.model_dir()),
         "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
         "--custom-output-len", str(tokens), "--num-prompts", str(count), "--ignore-eos",
@@ -132,10 +206,9 @@ def _theirs(
         "--result-dir", str(result.parent), "--result-filename", result.name,
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
     ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
-    if done.returncode != 0 or not result.is_file():
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise InfrastructureError(f"vllm bench serve failed (exit {done.returncode}):\n{tail}")
+    client.run(argv)
+    if not result.is_file():
+        raise InfrastructureError(f"vllm bench serve wrote no result file {result}")
     data = json.loads(result.read_text())
     out = []
     # latency = TTFT + the sum of its inter-chunk gaps; TPOT = (latency - TTFT) / (n - 1).
@@ -257,7 +330,13 @@ def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]
             profile, Cell(knobs=knobs), port=box.free_port(), run_dir=str(work / "server"),
             python="python3", bind_host="127.0.0.1", cache_dir=str(work), uploaded={},
         )  # fmt: skip
-        runtime = boot(box, profile, spec)
+        # Started first: vLLM's client imports vLLM on the second core while the server boots.
+        client = VllmClient(work / "vllm-bench-serve.log")
+        try:
+            runtime = boot(box, profile, spec)
+        except BaseException:
+            client.close()
+            raise
         try:
             prompts = _prompts(count, chars)
             dataset = work / "prompts.jsonl"
@@ -272,11 +351,14 @@ def run_bench(quick: bool = False, keep_dir: Path | None = None) -> list[Figure]
                     ours.append(_timed(runtime, server["ours"], our_run))
                     for pair in range(2):
                         path = work / f"vllm-bench-c{c}-{turn}-{pair}.json"
-                        their_run = partial(_theirs, runtime, dataset, tokens, c, count, path)
+                        their_run = partial(
+                            _theirs, runtime, client, dataset, tokens, c, count, path
+                        )
                         theirs.append(_timed(runtime, server["theirs"], their_run))
                     ours.append(_timed(runtime, server["ours"], our_run))
                 figures += _figures(c, ours, theirs)
                 figures += _server_figures(c, ours, theirs, server)
         finally:
+            client.close()
             runtime.stop()
     return figures
