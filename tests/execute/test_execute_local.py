@@ -136,7 +136,8 @@ def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
     profile = tmp_path / "runtimes"
     profile.mkdir()
     text = (REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml").read_text()
-    (profile / "refbox.yaml").write_text(text.replace("timeout_s: 60", "timeout_s: 4"))
+    # Long enough for the hanging cell to boot on a loaded box (2 s quiet; 4 s was once short).
+    (profile / "refbox.yaml").write_text(text.replace("timeout_s: 60", "timeout_s: 10"))
     campaign, done, failed = _run(card, tmp_path / "reports")
     assert done == [] and len(failed) == 4
     reasons = {
@@ -145,7 +146,7 @@ def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
         )["reason"]
         for r in failed
     }
-    assert "not ready after 4 s" in reasons["control"]
+    assert "not ready after 10 s" in reasons["control"]
     # Hung in the warmup: one timed-out request, then nothing more is sent.
     assert reasons["wide"].startswith("runtime hung: request "), reasons["wide"]
     assert "(phase warmup) timed out after 3 s" in reasons["wide"]

@@ -37,7 +37,7 @@ def test_demo_sweep_picks_a_card_that_runs_and_is_compared_with_its_prediction(
     reports = tmp_path / "reports"
     swept = run_cli(
         "simulate", str(card), "--traces", str(tmp_path / "col" / "route-trace.jsonl"),
-        "--sweep", "drain_every=16,64,128", "--sweep", "swaps_per_layer=1,4", "--pick", "1",
+        "--sweep", "drain_every=16,64,128", "--sweep", "swaps_per_layer=1,4", "--pick", "2",
         "--reports", str(reports), timeout_s=300,
     )  # fmt: skip
     assert swept.code == 0, swept.stdout + swept.stderr
