@@ -170,10 +170,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    # Pydantic looks for plugins in every installed distribution's entry points the first time
-    # a model's schema is built: a tenth of `harness validate`'s start-up, for plugins the
-    # harness never uses. A user who wants one sets PYDANTIC_DISABLE_PLUGINS themselves.
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     code = main()
     try:
         sys.stdout.flush()
