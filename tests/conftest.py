@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -33,6 +34,7 @@ _KERNEL_SOURCES = ("harness/policy/kernels.py", "harness/sim/fastloop.py")
 _ENGINE_FILES = ("tests/engines/", "tests/importers/test_import.py", "tests/execute/test_guards.py")
 
 
+@functools.cache  # the scheduler asks once per test, the answer is per file
 def xdist_group(test_file: str) -> str:
     """The group of the tests in ``test_file`` (a path relative to the repository)."""
     if test_file.startswith(_ENGINE_FILES):
@@ -45,7 +47,7 @@ def xdist_group(test_file: str) -> str:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Hand each worker whole groups (above), in collection order as workers free up."""
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
@@ -73,6 +75,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             stale.unlink()
     marker.parent.mkdir(exist_ok=True)
     marker.write_text(digest.hexdigest())
+
+
+def shipped_card_variant(card: str, folder: Path, replace: dict[str, str]) -> Path:
+    """A copy of ``campaigns/CARD`` in ``folder`` with some text replaced (each piece must be
+    there), beside links to the shipped prompts and maps its paths name."""
+    text = (REPO / "campaigns" / card).read_text(encoding="utf-8")
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    (folder / card).write_text(text, encoding="utf-8")
+    return folder / card
 
 
 @dataclass

@@ -18,23 +18,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, shipped_card_variant
 
 pytestmark = pytest.mark.slow
 
 
 def _variant(card: str, tmp_path: Path, replace: dict[str, str]) -> str:
-    """A copy of a shipped card with some text replaced, beside links to its prompts and maps."""
-    text = (REPO / "campaigns" / card).read_text(encoding="utf-8")
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    folder = tmp_path / "cards"
-    folder.mkdir()
-    for name in ("prompts", "maps"):
-        (folder / name).symlink_to(REPO / "campaigns" / name)
-    (folder / card).write_text(text, encoding="utf-8")
-    return str(folder / card)
+    return str(shipped_card_variant(card, tmp_path / "cards", replace))
 
 
 # Test variants read a quarter of the card's bytes per cold expert: every stage still runs and

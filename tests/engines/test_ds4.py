@@ -36,7 +36,7 @@ from harness.runtimes.ds4 import build
 from harness.runtimes.ds4.flash_model import SPECIAL_TOKENS, FlashShape, byte_alphabet, vocabulary
 from harness.runtimes.ds4.flash_model import tensor_layout as flash_tensor_layout
 from harness.runtimes.ds4.gguf_writer import ARRAY, F32, STRING, U32, Region, Value, write_gguf
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, shipped_card_variant
 
 RUNTIMES = REPO / "harness" / "profiles" / "data" / "runtimes"
 SMOKE = REPO / "campaigns" / "ds4-cpu-smoke.yaml"
@@ -280,14 +280,10 @@ def smoke(ds4_ready: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     (each run is ~40 s of ds4's arithmetic; the mirrored order adds nothing these tests check):
     (campaign directory, output)."""
     work = tmp_path_factory.mktemp("ds4-card")
-    text = SMOKE.read_text(encoding="utf-8")
-    assert SMOKE_DESIGN in text
-    shutil.copytree(REPO / "campaigns" / "prompts", work / "prompts")
-    card = work / SMOKE.name
     # Without the competing-process guard (tests/execute/test_guards.py holds it): on a shared
     # test machine another test's runtime may run, which would rightly refuse the cohort.
-    text = text.replace(SMOKE_DESIGN, IN_SEQUENCE) + "guards: {competing: false}\n"
-    card.write_text(text, encoding="utf-8")
+    in_sequence = IN_SEQUENCE + "\nguards: {competing: false}"
+    card = shipped_card_variant(SMOKE.name, work, {SMOKE_DESIGN: in_sequence})
     reports = tmp_path_factory.mktemp("ds4-reports")
     result = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=900)
     (root,) = (reports / "ds4-cpu-smoke").iterdir()

@@ -40,7 +40,7 @@ from harness.runtimes.vllm.model import (
     vocabulary,
     write_tiny_qwen3_moe,
 )
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, shipped_card_variant
 
 CARD = REPO / "campaigns" / "vllm-moe.yaml"
 SHIPPED_DESIGN = "design: {order: abba, cycles: 1, repeats: 1, cache_states: [warm], seed: 16}"
@@ -278,11 +278,7 @@ def vllm_env() -> Path:
 def campaign(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """campaigns/vllm-moe.yaml run once, its runs in sequence: (campaign directory, output)."""
     work = tmp_path_factory.mktemp("vllm-card")
-    text = CARD.read_text(encoding="utf-8")
-    assert SHIPPED_DESIGN in text
-    shutil.copytree(REPO / "campaigns" / "prompts", work / "prompts")
-    card = work / CARD.name
-    card.write_text(text.replace(SHIPPED_DESIGN, IN_SEQUENCE), encoding="utf-8")
+    card = shipped_card_variant(CARD.name, work, {SHIPPED_DESIGN: IN_SEQUENCE})
     reports = tmp_path_factory.mktemp("reports")
     result = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=1500)
     (root,) = (reports / "vllm-moe").iterdir()
