@@ -25,7 +25,7 @@ from harness.card.checks import (
 from harness.card.inputs import PATH_ROLES, InputFile, Locator
 from harness.card.locate import pydantic_problems
 from harness.card.resolve import load_model
-from harness.card.schema import Card, Phase
+from harness.card.schema import Card, Phase, build_card_schema
 from harness.errors import BadInput, CardError
 from harness.formats.prompts import Prompt
 from harness.formats.yamlfile import YamlDoc, load_yaml
@@ -124,6 +124,7 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
         raise CardError(
             f"{doc.path}: a card is a YAML mapping", [f"{doc.path}:1: must be a mapping"]
         )
+    build_card_schema()
     try:
         card = Card.model_validate(doc.data)
     except ValidationError as exc:
@@ -199,4 +200,5 @@ def load_card(path: Path, where: Locator | None = None) -> LoadedCard:
 
 def read_card_schema(path: Path) -> Card:
     """The card of a campaign directory, schema-checked only (its files may live elsewhere)."""
+    build_card_schema()
     return load_model(path, Card, "card")

@@ -59,7 +59,9 @@ class PromptsSpec(Strict):
 
     pools: list[str] = Field(min_length=1, description="JSONL pools, paths relative to the card")
     fit: Split | None = Field(None, description="prompts a map or hotlist may be fitted on")
-    heldout: Split = Field(Split(split="heldout"), description="prompts that are scored")
+    heldout: Split = Field(
+        default_factory=lambda: Split(split="heldout"), description="prompts that are scored"
+    )
     quality: str | None = Field(None, description="JSONL quality suite with `check` per prompt")
 
 
@@ -461,3 +463,14 @@ class Card(Strict):
 # Fields a card may no longer set, and what to do instead. Pydantic alone would call them unknown
 # keys; saying they were removed tells the author the line is dead, not misspelt.
 REMOVED_FIELDS: dict[tuple[type[BaseModel], str], str] = {}
+
+
+def build_card_schema() -> None:
+    """Build Card's validator after those of the models it nests and validates on their own.
+
+    Pydantic reuses a nested model's finished schema, but a deferred one (``defer_build``) is
+    generated inline and then again when that model validates alone: a runtime profile file, a
+    boxes file, a section the card leaves to its default factory. Built first, each is built once.
+    """
+    for model in (RuntimeProfile, BoxSpec, Workload, Design, AnalysisSpec, Guards, Card):
+        model.model_rebuild()
