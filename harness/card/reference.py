@@ -83,7 +83,9 @@ def _default_text(info: FieldInfo) -> str:
         except TypeError:
             return "(computed)"
         if isinstance(value, BaseModel):
-            return "(its defaults)"
+            if not value.model_fields_set:
+                return "(its defaults)"
+            value = value.model_dump(include=value.model_fields_set)
     else:
         value = info.default
     if value is PydanticUndefined:

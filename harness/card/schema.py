@@ -59,8 +59,12 @@ class PromptsSpec(Strict):
 
     pools: list[str] = Field(min_length=1, description="JSONL pools, paths relative to the card")
     fit: Split | None = Field(None, description="prompts a map or hotlist may be fitted on")
+    # A factory, not an instance: an instance would build Split's validator at import, before
+    # build_card_schema can order the builds. The schema still shows editors the default.
     heldout: Split = Field(
-        default_factory=lambda: Split(split="heldout"), description="prompts that are scored"
+        default_factory=lambda: Split(split="heldout"),
+        description="prompts that are scored",
+        json_schema_extra={"default": {"split": "heldout"}},
     )
     quality: str | None = Field(None, description="JSONL quality suite with `check` per prompt")
 

@@ -166,7 +166,11 @@ class Version(Strict):
     """How to record which build ran."""
 
     command: list[str] | None = Field(None, description="argv printing the version")
-    binary: str | None = Field(None, description="file whose SHA-256 is recorded")
+    binary: str | None = Field(
+        None,
+        description="file whose SHA-256 is recorded; `~/` and `$VAR`, `${VAR:-default}` expand "
+        "in the box's shell",
+    )
 
 
 class CommandDriver(Strict):

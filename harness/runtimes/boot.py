@@ -406,6 +406,19 @@ def boot(
     return runtime
 
 
+def _box_shell_path(path: str) -> str:
+    """A profile's path quoted for the box's shell. ``~/`` expands there, and so does a path
+    with ``$`` (``${HARNESS_CACHE:-$HOME/.cache/harness}/…``, the cache a build script used),
+    inside double quotes: the profile's boot command already runs there, so this trusts nothing
+    new."""
+    if "$" not in path:
+        return quote_path(path)
+    if path.startswith("~/"):
+        path = "$HOME/" + path[2:]
+    escaped = path.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return f'"{escaped}"'
+
+
 def runtime_version(box: Box, profile: RuntimeProfile, python: str) -> dict[str, Any]:
     """The runtime's version text and binary SHA-256, as far as the profile says how."""
     out: dict[str, Any] = {"profile": profile.name}
@@ -414,12 +427,16 @@ def runtime_version(box: Box, profile: RuntimeProfile, python: str) -> dict[str,
         argv = [render(item, context) for item in profile.version.command]
         result = box.sh(shell_command(argv) + " 2>&1", check=False, timeout_s=60)
         out["version"] = result.stdout.strip()[:2000]
-    binary = profile.version.binary
-    if binary is None and profile.boot.command:
+    binary, path = profile.version.binary, ""
+    if binary is not None:
+        path = _box_shell_path(binary)
+    elif profile.boot.command:
         binary = render(profile.boot.command[0], context)
+        path = quote_path(binary)  # an argv item, never expanded at boot either
     if binary:
         resolved = (
-            box.sh(f"command -v {quote_path(binary)} || true", check=False).stdout.strip() or binary
+            box.sh(f"command -v {path} || printf '%s\\n' {path}", check=False).stdout.strip()
+            or binary
         )
         out["binary"] = resolved
         out["binary_sha256"] = box.sha256(resolved)

@@ -382,3 +382,27 @@ def test_a_box_with_no_way_to_guard_commands_is_refused_with_the_remedy(tmp_path
     message = str(caught.value)
     assert "cannot guard commands: neither timeout, gtimeout nor perl" in message
     assert "install coreutils (macOS: `brew install coreutils`) or perl on the box" in message
+
+
+def test_a_profiles_binary_is_found_in_the_cache_the_box_names(box: Box, tmp_path: Path) -> None:
+    # The llama.cpp profile's binary lives under ${HARNESS_CACHE:-~/.cache/harness}, as the
+    # build script puts it: a box whose env moves the cache records the binary it will boot.
+    from harness.card.resolve import PACKAGE_DATA, load_runtime_profile
+    from harness.runtimes.boot import runtime_version
+
+    server = tmp_path / "cache" / "llama.cpp" / "bin" / "llama-server"
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\necho 'version: 1 (test)'\n")
+    server.chmod(0o755)
+    spec = box.spec.model_copy(update={"env": {"HARNESS_CACHE": str(tmp_path / "cache")}})
+    with_env: Box = LocalBox("local", spec)
+    if isinstance(box, SshBox):
+        with_env = SshBox("env", spec, known_hosts=box.known_hosts)
+    profile = load_runtime_profile(PACKAGE_DATA / "runtimes" / "llama-cpp.yaml")
+    try:
+        found = runtime_version(with_env, profile, sys.executable)
+    finally:
+        with_env.close()
+    assert found["binary"] == str(server)
+    assert found["binary_sha256"] == hashlib.sha256(server.read_bytes()).hexdigest()
+    assert found["version"] == "version: 1 (test)"
