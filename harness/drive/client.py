@@ -100,7 +100,8 @@ class PhasePlan:
     duration_s: float | None = None
 
 
-def _body(spec: DriveSpec, item: WorkItem) -> tuple[str, dict[str, Any]]:
+def request_body(spec: DriveSpec, item: WorkItem) -> tuple[str, dict[str, Any]]:
+    """The path and streamed request body for one item (the driver sends exactly this)."""
     body: dict[str, Any] = {
         "model": spec.model,
         "max_tokens": item.max_tokens,
@@ -277,7 +278,7 @@ async def send_one(
     With a ``watch``, every content chunk counts as progress and a timeout asks it whether the
     runtime is hung.
     """
-    path, body = _body(spec, item)
+    path, body = request_body(spec, item)
     if result is None:
         result = _new_result(item)
     sent = body.get("prompt")

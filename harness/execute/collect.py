@@ -20,11 +20,12 @@ from pathlib import Path
 
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
-from harness.drive.client import PhasePlan, WorkItem, drive
+from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
 from harness.runtimes.boot import boot, boot_spec, http_json, render
 from harness.runtimes.recorder import finish_recording, start_recording
+from harness.runtimes.response_routes import RouteRows, collect_response_routes
 from harness.runtimes.routes import read_route_snapshot, write_route_delta
 
 
@@ -48,6 +49,7 @@ def collect_counts(
     domains: list[str] | None = None,
     max_tokens: int | None = None,
     as_run: bool = False,
+    routes_from_responses: bool = False,
 ) -> Collected:
     """Boot ``cell_name``, drive the prompts of ``split``, save the count dump and route trace.
 
@@ -55,7 +57,9 @@ def collect_counts(
     a map fitted on decode counts wants more decode steps than a timed run needs. ``as_run``
     sends exactly what one run of the card sends instead (its warmup, then its phases, the
     runtime's phase knob set as the runner sets it and to -1 during the warmup), so a trace for
-    ``harness simulate`` holds the very routing the box will see.
+    ``harness simulate`` holds the very routing the box will see. ``routes_from_responses``
+    takes the routing from the responses themselves (:mod:`harness.runtimes.response_routes`)
+    instead of a count dump, for a runtime whose profile declares ``telemetry.response_routes``.
     """
     card = loaded.card
     if cell_name not in card.cells:
@@ -74,7 +78,23 @@ def collect_counts(
     dump_path = runtime_profile.telemetry.dump_http
     dump_file = runtime_profile.telemetry.count_dump
     recorder = runtime_profile.telemetry.expert_recorder
-    if dump_path is None and dump_file is None and recorder is None:
+    response_routes = runtime_profile.telemetry.response_routes
+    cell = card.cells[cell_name]
+    if routes_from_responses:
+        if response_routes is None:
+            raise BadInput(
+                f"runtime {runtime_profile.name!r} declares no telemetry.response_routes: it "
+                "returns no routing in its responses (drop --routes-from-responses)"
+            )
+        if as_run:
+            raise BadInput(
+                "--routes-from-responses sends whole (not streamed) requests, one at a time: "
+                "it cannot send a run's workload (drop --as-run)"
+            )
+        # The switch that makes the runtime return routing, on for this boot only.
+        cell = cell.model_copy(update={"knobs": {**cell.knobs, response_routes.knob: "true"}})
+        dump_path = dump_file = recorder = None
+    elif dump_path is None and dump_file is None and recorder is None:
         raise BadInput(
             f"runtime {runtime_profile.name!r} declares none of telemetry.dump_http, "
             "telemetry.count_dump and telemetry.expert_recorder: it cannot dump route counts"
@@ -87,7 +107,6 @@ def collect_counts(
         else:
             remote = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
         box.mkdirs(remote)
-        cell = card.cells[cell_name]
         uploaded = {}
         for name, relative in cell.files.items():
             local = loaded.resolve(relative)
@@ -142,14 +161,21 @@ def collect_counts(
                 if as_run and phase_knob and phase.index != QUALITY_PHASE:
                     await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
 
-            results = asyncio.run(drive(drive_spec, phases, on_phase=on_phase))
-            failed = [r for r in results if not r.ok]
-            if failed:
-                raise RuntimeBootError(
-                    f"{len(failed)} of {len(results)} requests failed while collecting counts; "
-                    f"first: {failed[0].error}"
-                )
             body: object = None
+            results: list[RequestResult] = []
+            from_responses: RouteRows | None = None
+            if routes_from_responses and response_routes is not None:
+                whole = [item for phase in phases for item in phase.items]
+                from_responses, tokens = collect_response_routes(drive_spec, whole, response_routes)
+            else:
+                results = asyncio.run(drive(drive_spec, phases, on_phase=on_phase))
+                tokens = sum(r.completion_tokens or 0 for r in results)
+                failed = [r for r in results if not r.ok]
+                if failed:
+                    raise RuntimeBootError(
+                        f"{len(failed)} of {len(results)} requests failed while collecting "
+                        f"counts; first: {failed[0].error}"
+                    )
             if dump_path is not None:
                 status, body = http_json(runtime.base_url + dump_path, {})
                 if status != 200 or not isinstance(body, dict):
@@ -174,7 +200,10 @@ def collect_counts(
             if box.exists(remote_trace):
                 trace = out_dir / "route-trace.jsonl"
                 box.get_file(remote_trace, trace)
-        tokens = sum(r.completion_tokens or 0 for r in results)
+        if from_responses is not None:
+            # The runtime's own trace, if it writes one, stays beside (route-trace.jsonl).
+            counts, trace = from_responses.write(out_dir)
+            return Collected(counts=counts, trace=trace, requests=len(whole), tokens=tokens)
         return Collected(counts=counts, trace=trace, requests=len(results), tokens=tokens)
     finally:
         box.close()

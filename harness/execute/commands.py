@@ -167,6 +167,7 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
         domains=domains or None,
         max_tokens=args.max_tokens,
         as_run=args.as_run,
+        routes_from_responses=args.routes_from_responses,
     )
     sent = "one run's workload" if args.as_run else f"split {args.split!r}"
     out.write(
@@ -231,6 +232,12 @@ def register(verbs: Any) -> None:
         type=float,
         metavar="F",
         help="with --as-run: the workload of `harness run --scale F`",
+    )
+    collect.add_argument(
+        "--routes-from-responses",
+        action="store_true",
+        help="take the routing from whole (non-streamed) responses, for a runtime that returns "
+        "it (vLLM's --enable-return-routed-experts; the profile's telemetry.response_routes)",
     )
     collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
     collect.set_defaults(handler=_cmd_collect)

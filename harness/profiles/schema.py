@@ -342,6 +342,11 @@ class RuntimeProfile(Strict):
                     f"telemetry.applied names knob {check.knob!r}, not in `knobs` "
                     "(or files.NAME for a file in `files`)"
                 )
+        routes = self.telemetry.response_routes
+        if routes is not None and routes.knob not in self.knobs:
+            raise ValueError(
+                f"telemetry.response_routes names knob {routes.knob!r}, not in `knobs`"
+            )
         for pin in self.knob_pins:
             unknown = sorted({pin.knob, *pin.when_set} - set(self.knobs))
             if unknown:

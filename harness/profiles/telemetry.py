@@ -98,6 +98,23 @@ class CountDumpSpec(Strict):
     )
 
 
+class ResponseRoutesSpec(Strict):
+    """Routing a runtime returns in its whole (non-streamed) responses: vLLM's
+    ``--enable-return-routed-experts``. ``harness collect --routes-from-responses`` turns the knob
+    on, sends the split without streaming and keeps each response's routing as a trace."""
+
+    knob: str = Field(description="the switch knob that turns the routing on (set to true)")
+    field: str = Field(
+        "choices.0.routed_experts",
+        description="where in the response JSON the routing is, dotted (list indexes as numbers)",
+    )
+    encoding: Literal["npy-base64"] = Field(
+        "npy-base64",
+        description="npy-base64: base64 of .npy bytes, [prompt + completion tokens - 1, layers, "
+        "top_k] (vLLM's)",
+    )
+
+
 class ExpertRecorderSpec(Strict):
     """SGLang's expert-distribution recorder, driven around each run's scored workload: start
     before it, stop and dump after; the dump's files (``.pt``, read without torch) become the
@@ -191,6 +208,9 @@ class Telemetry(Strict):
     expert_recorder: ExpertRecorderSpec | None = Field(
         None,
         description="SGLang's expert-distribution recorder, started and dumped around each run",
+    )
+    response_routes: ResponseRoutesSpec | None = Field(
+        None, description="routing returned in whole responses (for harness collect)"
     )
 
     @model_validator(mode="after")

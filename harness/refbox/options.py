@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read the control file only when this signal arrives (once ready), not by polling",
     )
+    vllm = p.add_argument_group("vLLM dialect")
+    vllm.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="a whole (non-streamed) completion carries `routed_experts` in its choice, as vLLM's "
+        "does: base64 .npy bytes, [prompt + completion tokens - 1, layers, top_k]",
+    )
     sgl = p.add_argument_group(
         "SGLang recorder dialect (dumps into $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, /tmp)"
     )

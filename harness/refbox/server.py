@@ -24,6 +24,10 @@ Endpoints
                                stat``): the dump writes ``expert_distribution_recorder_<time>.pt``
                                into ``$SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR`` (default /tmp)
 
+With ``--enable-return-routed-experts`` (vLLM's flag), a non-streamed completion's choice carries
+``routed_experts``: base64 ``.npy`` bytes of ``[prompt + completion tokens - 1, layers, top_k]``,
+the prompt's tokens (BOS first), then each generated token but the last (never forwarded).
+
 With ``--control FILE`` the same changes arrive through a file the server polls (every 50 ms):
 ``{"seq": N, "knobs": {...}, "reset": true|false}``, acknowledged in the log as ``refbox: control
 N applied`` or ``refbox: control N rejected: WHY``, so a harness can drive a runtime that has no
@@ -42,8 +46,10 @@ worker thread, so ``/health`` and the admin endpoints stay responsive.
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import contextlib
+import io
 import json
 import os
 import signal
@@ -61,6 +67,7 @@ from aiohttp import web
 from harness.errors import HarnessError, KnobError
 from harness.formats.maps import read_rowmap, write_count_dump
 from harness.refbox.engine import Engine
+from harness.refbox.model import I64
 from harness.refbox.options import ServeConfig, error_message, parse_serve_args
 
 __all__ = ["serve_main"]
@@ -318,11 +325,15 @@ class Server:
             "completion_tokens": max_tokens,
             "total_tokens": len(prompt) + 1 + max_tokens,
         }
+        # vLLM's dialect: routing comes back only on a whole (non-streamed) response.
+        routes: list[I64] | None = None
+        if self.config.args.enable_return_routed_experts and not body.get("stream"):
+            routes = []
         async with self.serial:
-            tokens = self._tokens(engine, prompt, max_tokens, float(temperature), seed)
+            tokens = self._tokens(engine, prompt, max_tokens, float(temperature), seed, routes)
             if body.get("stream"):
                 return await self._stream(request, tokens, meta, usage, include_usage)
-            return await self._whole(tokens, meta, usage)
+            return await self._whole(tokens, meta, usage, routes)
 
     async def _stream(
         self,
@@ -352,7 +363,11 @@ class Server:
         return response
 
     async def _whole(
-        self, tokens: AsyncIterator[int], meta: _Meta, usage: dict[str, int]
+        self,
+        tokens: AsyncIterator[int],
+        meta: _Meta,
+        usage: dict[str, int],
+        routes: list[I64] | None = None,
     ) -> web.Response:
         out = bytearray()
         async for token in tokens:
@@ -360,7 +375,10 @@ class Server:
             if await self._after_token():
                 raise web.HTTPServiceUnavailable(text="shutting down")
         text = out.decode("utf-8", errors="replace")
-        return web.json_response(meta.whole(text, usage))
+        whole = meta.whole(text, usage)
+        if routes is not None:
+            whole["choices"][0]["routed_experts"] = routed_experts_npy(routes)
+        return web.json_response(whole)
 
     async def _after_token(self) -> bool:
         """Fault injection, checked after every token sent: crash or hang on cue.
@@ -381,7 +399,13 @@ class Server:
         return False
 
     async def _tokens(
-        self, engine: Engine, prompt: bytes, max_tokens: int, temperature: float, seed: int
+        self,
+        engine: Engine,
+        prompt: bytes,
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        routes: list[I64] | None = None,
     ) -> AsyncIterator[int]:
         """Run the engine's generator in a worker thread and hand its tokens to the loop."""
         loop = asyncio.get_running_loop()
@@ -390,7 +414,7 @@ class Server:
 
         def work() -> None:
             try:
-                for token in engine.generate(prompt, max_tokens, temperature, seed):
+                for token in engine.generate(prompt, max_tokens, temperature, seed, routes):
                     loop.call_soon_threadsafe(queue.put_nowait, token)
                     if cancel.is_set():
                         break
@@ -481,6 +505,17 @@ class _Meta:
             return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
         return {**self._base("text_completion"), "choices": [choice], "usage": usage}
+
+
+def routed_experts_npy(routes: list[I64]) -> str:
+    """Routing as vLLM returns it (``--enable-return-routed-experts``): base64 of ``.npy`` bytes,
+    shape ``[prompt + completion tokens - 1, layers, top_k]``, the narrowest of uint8, uint16
+    and int32 that holds the ids."""
+    array = np.stack(routes)
+    dtype = np.uint8 if array.max() < 2**8 else np.uint16 if array.max() < 2**16 else np.int32
+    buffer = io.BytesIO()
+    np.save(buffer, array.astype(dtype), allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def render_chat(messages: list[Any]) -> bytes:

@@ -1,0 +1,142 @@
+"""Routing returned in whole responses (vLLM's --enable-return-routed-experts), for real on the
+reference runtime: `harness collect --routes-from-responses` keeps each response's routing as a
+trace, which must hold exactly the rows the runtime's own route trace logged for the same
+requests; what a response that lacks or garbles its routing gets; and the bad inputs refused.
+The real vLLM reads the same dialect in tests/engines/test_vllm.py."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.errors import InfrastructureError
+from harness.formats.maps import read_count_dump
+from harness.profiles.telemetry import ResponseRoutesSpec
+from harness.runtimes.response_routes import RouteRows, decode_routes
+from harness.sim.trace_files import load_trace
+from tests.conftest import REPO, run_cli
+
+SPEC = ResponseRoutesSpec(knob="return_routed_experts")
+
+
+def _card(tmp_path: Path) -> Path:
+    """The demo card, on the refbox, with its prompts beside it."""
+    folder = tmp_path / "cards"
+    folder.mkdir()
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    card = folder / "demo.yaml"
+    card.write_text((REPO / "campaigns" / "demo.yaml").read_text(encoding="utf-8"))
+    return card
+
+
+def _engine_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The runtime's own route trace as rows: every forwarded token's experts, and prefill."""
+    rows: list[list[list[int]]] = []
+    prefill: list[bool] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record["kind"] != "step":
+            continue
+        tokens = record["experts"] if record["prefill"] else [record["experts"]]
+        rows += tokens
+        prefill += [record["prefill"]] * len(tokens)
+    return np.array(rows), np.array(prefill)
+
+
+@pytest.mark.slow
+def test_collected_routing_is_the_routing_the_runtime_ran(tmp_path: Path) -> None:
+    card, out = _card(tmp_path), tmp_path / "held"
+    result = run_cli(
+        "collect", str(card), "--split", "heldout", "--domains", "agent", "--max-tokens", "6",
+        "--routes-from-responses", "-o", str(out), timeout_s=300,
+    )  # fmt: skip
+    assert result.code == 0, result.stdout + result.stderr
+    assert f"route trace: {out / 'route-trace.npz'}" in result.stdout
+    with np.load(out / "route-trace.npz") as saved:
+        experts, prefill, steps = saved["routed_experts"], saved["prefill"], saved["step"]
+    engine_experts, engine_prefill = _engine_rows(out / "route-trace.jsonl")
+    assert np.array_equal(experts, engine_experts) and np.array_equal(prefill, engine_prefill)
+    # Each request: its prompt one step, then 5 decode steps (6 tokens, the last not forwarded).
+    requests = int(result.stdout.split()[0])
+    assert requests > 0 and steps[-1] == requests * 6 - 1
+    assert (np.diff(steps) >= 0).all() and (steps[~prefill].size == requests * 5)
+    counts = read_count_dump(out / "counts.json")
+    assert counts.sum() == experts.size  # every row, prefill included
+    assert (counts == np.stack([np.bincount(experts[:, i].ravel(), minlength=counts.shape[1])
+                                for i in range(experts.shape[1])])).all()  # fmt: skip
+    # What the simulator reads: the same rows, decode steps counted.
+    trace = load_trace(out / "route-trace.npz", experts=64)
+    assert trace.experts.shape == experts.shape and int((~trace.prefill).sum()) == requests * 5
+    scored = run_cli(
+        "fit-map", str(out / "counts.json"), "--top", "16", "--experts", "64",
+        "--score", str(out / "route-trace.npz"), "--in-sample", "-o", str(tmp_path / "m.json"),
+    )  # fmt: skip
+    assert scored.code == 0, scored.stdout + scored.stderr
+
+
+def test_a_runtime_that_returns_no_routing_is_refused_naming_the_profile(tmp_path: Path) -> None:
+    card = _card(tmp_path)
+    profile = (REPO / "harness/profiles/data/runtimes/refbox.yaml").read_text(encoding="utf-8")
+    assert "  response_routes: {knob: return_routed_experts}\n" in profile
+    plain = profile.replace("  response_routes: {knob: return_routed_experts}\n", "")
+    (card.parent / "runtimes").mkdir()
+    (card.parent / "runtimes" / "refbox-plain.yaml").write_text(
+        plain.replace("name: refbox\n", "name: refbox-plain\n"), encoding="utf-8"
+    )
+    text = card.read_text(encoding="utf-8")
+    card.write_text(text.replace("runtime: refbox", "runtime: refbox-plain"), encoding="utf-8")
+    result = run_cli("collect", str(card), "--routes-from-responses", "-o", str(tmp_path / "o"))
+    assert result.code == 2 and "declares no telemetry.response_routes" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_routes_from_responses_cannot_send_a_runs_workload(tmp_path: Path) -> None:
+    result = run_cli(
+        "collect", str(_card(tmp_path)), "--as-run", "--routes-from-responses", "-o",
+        str(tmp_path / "o"),
+    )  # fmt: skip
+    assert result.code == 2 and "drop --as-run" in result.stderr
+
+
+def _npy(array: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_response_without_routing_or_with_garbled_routing_says_which_and_why() -> None:
+    good = np.zeros((5, 2, 3), dtype=np.uint8)
+    cases = {
+        "has no `choices.0.routed_experts`": {"choices": [{"text": "x"}]},
+        "not base64": {"choices": [{"routed_experts": "%%%"}]},
+        "is list, not base64": {"choices": [{"routed_experts": [1, 2]}]},
+        "expected 5 integer rows": {"choices": [{"routed_experts": _npy(good[:4])}]},
+    }
+    for message, body in cases.items():
+        with pytest.raises(InfrastructureError, match="request 3") as caught:
+            decode_routes(body, SPEC, 5, "request 3")
+        assert message in str(caught.value)
+    floats = {"choices": [{"routed_experts": _npy(good.astype(np.float32))}]}
+    with pytest.raises(InfrastructureError, match="integer rows"):
+        decode_routes(floats, SPEC, 5, "request 3")
+    assert decode_routes({"choices": [{"routed_experts": _npy(good)}]}, SPEC, 5, "r").shape == (
+        5,
+        2,
+        3,
+    )
+
+
+def test_route_rows_number_one_prefill_step_then_one_step_per_decode_row(tmp_path: Path) -> None:
+    rows = RouteRows()
+    rows.add(np.ones((4, 1, 2), dtype=np.uint8), prompt_tokens=3)  # 3 prompt rows, 1 decode
+    rows.add(np.ones((1, 1, 2), dtype=np.uint8), prompt_tokens=2)  # nothing generated
+    _, trace = rows.write(tmp_path)
+    with np.load(trace) as saved:
+        assert saved["step"].tolist() == [0, 0, 0, 1, 2]
+        assert saved["prefill"].tolist() == [True, True, True, False, True]
