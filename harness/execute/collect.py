@@ -21,11 +21,11 @@ from pathlib import Path
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
 from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive
+from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
 from harness.runtimes.boot import boot, boot_spec, http_json, render
 from harness.runtimes.recorder import finish_recording, start_recording
-from harness.runtimes.response_routes import RouteRows, collect_response_routes
 from harness.runtimes.routes import read_route_snapshot, write_route_delta
 
 
@@ -58,7 +58,7 @@ def collect_counts(
     sends exactly what one run of the card sends instead (its warmup, then its phases, the
     runtime's phase knob set as the runner sets it and to -1 during the warmup), so a trace for
     ``harness simulate`` holds the very routing the box will see. ``routes_from_responses``
-    takes the routing from the responses themselves (:mod:`harness.runtimes.response_routes`)
+    takes the routing from the responses themselves (:mod:`harness.drive.response_routes`)
     instead of a count dump, for a runtime whose profile declares ``telemetry.response_routes``.
     """
     card = loaded.card

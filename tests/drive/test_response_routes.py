@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.drive.response_routes import RouteRows, decode_routes
 from harness.errors import InfrastructureError
 from harness.formats.maps import read_count_dump
 from harness.profiles.telemetry import ResponseRoutesSpec
-from harness.runtimes.response_routes import RouteRows, decode_routes
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO, run_cli
 
