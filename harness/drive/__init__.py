@@ -1,1 +1,2 @@
-"""The workload driver: the streaming client, what a run sends, and driving on a box."""
+"""The workload driver: the streaming client, what a run sends, driving on a box, and routing
+read from whole responses."""
