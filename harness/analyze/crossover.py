@@ -125,6 +125,9 @@ def design_matrix(cycles: Sequence[Cycle], *, carry_over: bool | None = None) ->
     return Design(x, m, slopes, (2 * m + 1, 2 * m + 2) if with_carry else None)
 
 
+ROUNDING = 1e-11  # on the log scale: a relative difference far below any clock's resolution
+
+
 def fit_crossover(
     cycles: Sequence[Cycle], *, carry_over: bool | None = None
 ) -> CrossoverFit | None:
@@ -150,6 +153,12 @@ def fit_crossover(
     beta = xtx_inv @ x.T @ y
     resid = y - x @ beta
     sigma = math.sqrt(float(resid @ resid) / df)
+    # Blocks the model fits exactly leave residuals of rounding size, whose values (and any p
+    # from them) depend on the CPU's float paths: below that size, exact is what they are.
+    rounding = ROUNDING * max(1.0, float(np.abs(y).max()))
+    if sigma < rounding:
+        sigma = 0.0
+        beta = np.where(np.abs(beta) < rounding, 0.0, beta)
 
     def term(col: int) -> Term:
         return Term(float(beta[col]), sigma * math.sqrt(float(xtx_inv[col, col])), df)

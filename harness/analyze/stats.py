@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from harness.analyze.crossover import CrossoverFit, fit_crossover
+from harness.analyze.crossover import ROUNDING, CrossoverFit, fit_crossover
 from harness.analyze.cycles import Cycle, margin_log, pct_change
 from harness.analyze.design_sim import stopping_distribution
 from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
@@ -309,6 +309,8 @@ def variance_components(
     block = max(0.0, total - (prompt or 0.0))
     levels = np.asarray(fit.cycle_levels, dtype=np.float64)
     cycle = max(0.0, float(levels.var(ddof=1)) - total / 4.0) if levels.size >= 2 else None
+    if cycle is not None and cycle < ROUNDING**2:
+        cycle = 0.0  # levels equal up to rounding (crossover.ROUNDING)
     advice = "prompts per block" if prompt is not None and prompt >= block else "cycles"
     return VarianceComponents(prompt, block, cycle, prompts_per_block, advice)
 

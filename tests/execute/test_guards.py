@@ -218,9 +218,9 @@ def test_a_binary_that_changes_within_a_cohort_invalidates_it(
     marker = tmp_path / "build.txt"
     marker.write_text("build 0\n", encoding="utf-8")
     profile = PROFILE.read_text(encoding="utf-8")
-    profile = profile.replace(
-        "binary: ~/.cache/harness/llama.cpp/bin/llama-bench", f"binary: {marker}"
-    )
+    binary = "binary: '${HARNESS_CACHE:-$HOME/.cache/harness}/llama.cpp/bin/llama-bench'"
+    assert binary in profile
+    profile = profile.replace(binary, f"binary: {marker}")
     command = """'exec "${HARNESS_CACHE:-$HOME/.cache/harness}/llama.cpp/bin/llama-bench" "$@"'"""
     assert command in profile
     # Each run changes the "binary" as it ends, so the next run of the cohort sees another one.
