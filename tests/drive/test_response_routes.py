@@ -2,7 +2,9 @@
 reference runtime: `harness collect --routes-from-responses` keeps each response's routing as a
 trace, which must hold exactly the rows the runtime's own route trace logged for the same
 requests; what a response that lacks or garbles its routing gets; and the bad inputs refused.
-The real vLLM reads the same dialect in tests/engines/test_vllm.py."""
+The reference runtime stands in for vLLM here: vLLM 0.32 returns routing only with Model Runner
+V2, which needs Triton, and its CPU build refuses to boot with it; the format is vLLM's own
+(vllm/entrypoints/openai/completion/serving.py: numpy2base64 of the .npy bytes)."""
 
 from __future__ import annotations
 
