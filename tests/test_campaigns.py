@@ -67,9 +67,14 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     # stale map's recovery): a sequential design that decides at its first look (3 cycles) or
     # its last (4), and passes. It is also the suite's sequential design stopping early on a
     # real effect (tests/execute/test_sequential_e2e.py has the A/A).
+    # The speed-up is the one timing gate: beside the suite's other worker on two cores a block
+    # can run ~1.5x faster when that worker idles, as large as the effect, and one such block
+    # at 4 cycles leaves it undecided (seen once in a fresh-clone run: a stale block at 949
+    # tok/s among 517-667, labelled carry-over). Then the demo must fail as undecided, at
+    # its last look, in the right direction, and nothing else may fail.
     code, root, output = _run("demo.yaml", tmp_path, "0.5")
-    assert code == 0, output
-    assert "verdict: PASS" in output and "report:" in output
+    _assert_exit_follows_verdict(code, root, output)
+    assert "report:" in output
     gates = _verdict(root)
     assert list(gates) == [
         "exact outputs all",
@@ -77,10 +82,14 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         "better decode_tok_s",
         "better hit_rate",
     ]
+    speed = gates.pop("better decode_tok_s")
     assert all(g["passed"] for g in gates.values()), gates
     looks = [line for line in output.splitlines() if line.startswith("look ")]
     assert 1 <= len(looks) <= 2 and "stop" in looks[-1], output
     comparisons = _comparisons(root).set_index("metric")
+    if not speed["passed"]:
+        assert comparisons.loc["decode_tok_s", "label"] in ("inconclusive", "carry-over"), speed
+        assert len(looks) == 2 and "max_cycles" in looks[-1], output
     assert comparisons.loc["hit_rate", "label"] == "better"
     assert comparisons.loc["expert_loads", "label"] == "better"
     assert comparisons.loc["expert_loads", "ratio"] < 0.5
