@@ -1,14 +1,17 @@
-"""Routing returned in whole responses (vLLM's ``--enable-return-routed-experts``), as a trace.
+"""Routing returned in whole responses (vLLM's and SGLang's ``--enable-return-routed-experts``),
+as a trace.
 
 ``harness collect --routes-from-responses`` boots the cell with the profile's switch knob on and
-sends the split's prompts one at a time, greedy and not streamed (vLLM returns the routing only
-in a whole response). Each response carries ``[prompt + completion tokens - 1, layers, top_k]``:
-the prompt's tokens, then every generated token but the last, which is never forwarded. Its
-prompt rows become one prefill step and each later row one decode step, in request order; the
-rows are written as ``route-trace.npz`` (``routed_experts``, ``prefill``, ``step``), the array
-trace ``harness simulate`` and ``fit-map --score`` read, and every row's selections counted as
-``counts.json`` for ``harness fit-map`` (prefill included, as vLLM's route plugin and SGLang's
-recorder count).
+sends the split's prompts one at a time, greedy and not streamed (the engines return the routing
+only in a whole response), each body carrying the profile's ``request_fields`` (SGLang asks per
+request). vLLM puts ``.npy`` bytes in each choice; SGLang flat int32 in the response's
+``sglext``, which ``--top-k`` reshapes. Both hold ``[prompt + completion tokens - 1, layers,
+top_k]``: the prompt's tokens, then every generated token but the last, which is never
+forwarded. The prompt rows become one prefill step and each later row one decode step, in
+request order. The rows are written as ``route-trace.npz`` (``routed_experts``, ``prefill``,
+``step``), the array trace ``harness simulate`` and ``fit-map --score`` read, and every row's
+selections counted as ``counts.json`` for ``harness fit-map`` (prefill included, as vLLM's
+route plugin and SGLang's recorder count).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.drive.client import DriveSpec, WorkItem, request_body
-from harness.errors import InfrastructureError
+from harness.errors import BadInput, InfrastructureError
 from harness.formats.maps import write_count_dump
 from harness.profiles.telemetry import ResponseRoutesSpec
 from harness.runtimes.boot import http_json
@@ -44,8 +47,14 @@ def field_value(body: Any, dotted: str) -> Any:
     return value
 
 
-def decode_routes(body: Any, spec: ResponseRoutesSpec, rows: int, where: str) -> npt.NDArray[Any]:
-    """The routing array of one response, checked to have ``rows`` rows of ``[layers, top_k]``."""
+def decode_routes(
+    body: Any, spec: ResponseRoutesSpec, rows: int, where: str, top_k: int | None = None
+) -> npt.NDArray[Any]:
+    """The routing array of one response, checked to have ``rows`` rows of ``[layers, top_k]``
+    and only real routing: ids >= 0, distinct within a token's layer.
+
+    ``top_k`` reshapes SGLang's flat int32 (required there) and is checked against vLLM's .npy.
+    """
     raw = field_value(body, spec.field)
     if raw is None:
         raise InfrastructureError(
@@ -55,18 +64,66 @@ def decode_routes(body: Any, spec: ResponseRoutesSpec, rows: int, where: str) ->
     if not isinstance(raw, str):
         raise InfrastructureError(f"{where}: `{spec.field}` is {type(raw).__name__}, not base64")
     try:
-        loaded = np.load(io.BytesIO(base64.b64decode(raw, validate=True)), allow_pickle=False)
-        array: npt.NDArray[Any] = np.asarray(loaded)
+        data = base64.b64decode(raw, validate=True)
+        if spec.encoding == "int32-base64":
+            array = _flat_int32(data, rows, top_k, f"{where}: `{spec.field}`")
+        else:
+            array = np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
     except (binascii.Error, ValueError, EOFError, OSError) as exc:
+        what = "flat int32" if spec.encoding == "int32-base64" else ".npy"
         raise InfrastructureError(
-            f"{where}: `{spec.field}` is not base64 of .npy bytes ({str(exc)[:120]})"
+            f"{where}: `{spec.field}` is not base64 of {what} bytes ({str(exc)[:160]})"
         ) from None
     if array.ndim != 3 or array.dtype.kind not in "iu" or array.shape[0] != rows:
         raise InfrastructureError(
             f"{where}: `{spec.field}` has shape {list(array.shape)} and dtype {array.dtype}; "
             f"expected {rows} integer rows (prompt + completion tokens - 1) of [layers, top_k]"
         )
+    if top_k is not None and array.shape[2] != top_k:
+        raise BadInput(
+            f"{where}: `{spec.field}` has {array.shape[2]} experts per token, not --top-k {top_k}"
+        )
+    _check_real_routing(array, f"{where}: `{spec.field}`")
     return array
+
+
+def _flat_int32(data: bytes, rows: int, top_k: int | None, where: str) -> npt.NDArray[Any]:
+    """SGLang's routing: ``rows × layers × top_k`` little-endian int32, token-major."""
+    if top_k is None:
+        raise ValueError("flat int32 routing needs --top-k to find its layers")
+    if len(data) % 4:
+        raise ValueError(f"{len(data)} bytes is not a whole number of int32")
+    flat = np.frombuffer(data, dtype="<i4")
+    if rows == 0 or flat.size % (rows * top_k):
+        raise BadInput(
+            f"{where}: {flat.size} ids do not split into {rows} rows (prompt + completion "
+            f"tokens - 1) of top_k {top_k}: is --top-k the model's num_experts_per_tok?"
+        )
+    return flat.reshape(rows, flat.size // (rows * top_k), top_k).astype(np.int32)
+
+
+def _check_real_routing(array: npt.NDArray[Any], where: str) -> None:
+    """Refuse placeholder rows: a negative id, or one id twice among a token's top-k (SGLang
+    leaves a dense layer's rows as zeros; real routing picks distinct experts)."""
+    if array.size and int(array.min()) < 0:
+        row, layer, _ = np.argwhere(array < 0)[0].tolist()
+        raise InfrastructureError(
+            f"{where}: row {row}, layer {layer} holds {array[row, layer].tolist()}: a negative "
+            "id is no routed expert (a dense layer's placeholder), which a trace cannot hold"
+        )
+    if array.shape[2] > 1:
+        ordered = np.sort(array, axis=2)
+        repeated = (ordered[:, :, 1:] == ordered[:, :, :-1]).any(axis=2)
+        if repeated.any():
+            row, layer = np.argwhere(repeated)[0].tolist()
+            layers = sorted(set(np.nonzero(repeated.any(axis=0))[0].tolist()))
+            raise InfrastructureError(
+                f"{where}: row {row}, layer {layer} picks {array[row, layer].tolist()}, an "
+                f"expert twice; layers {layers} repeat ids. Real routing picks distinct experts: "
+                "these are placeholder rows (SGLang leaves a dense layer's rows as zeros), and "
+                "a model with dense layers needs the recorder (`harness run` with the sglang "
+                "profile) instead"
+            )
 
 
 @dataclass
@@ -92,15 +149,19 @@ class RouteRows:
         )
         self.next_step += 1 + decode
 
-    def write(self, out_dir: Path) -> tuple[Path, Path]:
-        """``route-trace.npz`` and ``counts.json`` (every row; experts up to the highest id)."""
+    def write(self, out_dir: Path, width: int | None = None) -> tuple[Path, Path]:
+        """``route-trace.npz`` and ``counts.json`` (every row), ``width`` experts per layer
+        (the model's; None: up to the highest id seen)."""
         experts = np.concatenate(self.experts)
         prefill = np.concatenate(self.prefill)
+        highest = int(experts.max())
+        if width is not None and highest >= width:
+            raise BadInput(f"the responses route to expert {highest}, past --experts {width}")
         trace = out_dir / "route-trace.npz"
         np.savez_compressed(
             trace, routed_experts=experts, prefill=prefill, step=np.concatenate(self.steps)
         )
-        counts = np.zeros((experts.shape[1], int(experts.max()) + 1), dtype=np.int64)
+        counts = np.zeros((experts.shape[1], width or highest + 1), dtype=np.int64)
         for layer in range(experts.shape[1]):
             np.add.at(counts[layer], experts[:, layer, :].ravel(), 1)
         counts_path = out_dir / "counts.json"
@@ -109,16 +170,22 @@ class RouteRows:
 
 
 def collect_response_routes(
-    spec: DriveSpec, items: list[WorkItem], routes: ResponseRoutesSpec
+    spec: DriveSpec,
+    items: list[WorkItem],
+    routes: ResponseRoutesSpec,
+    top_k: int | None = None,
+    experts: int | None = None,
 ) -> tuple[RouteRows, int]:
-    """Send each item whole (not streamed), in order; returns the routing rows and the tokens
-    generated. A failed request or a response without routing stops the collection."""
+    """Send each item whole (not streamed), in order, with the profile's ``request_fields``;
+    returns the routing rows and the tokens generated. A failed request, a response without
+    routing, or an id past ``experts`` stops the collection at once."""
     rows = RouteRows()
     tokens = 0
     for index, item in enumerate(items):
         path, body = request_body(spec, item)
         body["stream"] = False
         body.pop("stream_options", None)
+        body.update(routes.request_fields)
         where = f"request {index + 1} of {len(items)} (prompt {item.prompt_id})"
         status, answer = http_json(spec.base_url + path, body, timeout_s=spec.timeout_s)
         if status != 200 or not isinstance(answer, dict):
@@ -127,7 +194,12 @@ def collect_response_routes(
         prompt_tokens, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if not isinstance(prompt_tokens, int) or not isinstance(completion, int):
             raise InfrastructureError(f"{where}: the response has no usage token counts")
-        array = decode_routes(answer, routes, prompt_tokens + completion - 1, where)
+        array = decode_routes(answer, routes, prompt_tokens + completion - 1, where, top_k)
+        if experts is not None and array.size and int(array.max()) >= experts:
+            raise BadInput(
+                f"{where}: the response routes to expert {int(array.max())}, past --experts "
+                f"{experts}: give the model's routed experts per layer"
+            )
         rows.add(array, prompt_tokens)
         tokens += completion
     return rows, tokens

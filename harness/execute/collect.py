@@ -50,6 +50,8 @@ def collect_counts(
     max_tokens: int | None = None,
     as_run: bool = False,
     routes_from_responses: bool = False,
+    top_k: int | None = None,
+    experts: int | None = None,
 ) -> Collected:
     """Boot ``cell_name``, drive the prompts of ``split``, save the count dump and route trace.
 
@@ -59,7 +61,10 @@ def collect_counts(
     runtime's phase knob set as the runner sets it and to -1 during the warmup), so a trace for
     ``harness simulate`` holds the very routing the box will see. ``routes_from_responses``
     takes the routing from the responses themselves (:mod:`harness.drive.response_routes`)
-    instead of a count dump, for a runtime whose profile declares ``telemetry.response_routes``.
+    instead of a count dump, for a runtime whose profile declares ``telemetry.response_routes``;
+    ``top_k`` reshapes (SGLang's flat int32) or checks (vLLM's .npy) each response's routing, and
+    ``experts`` is the width of its counts (the model's experts per layer; None: the highest id
+    seen).
     """
     card = loaded.card
     if cell_name not in card.cells:
@@ -91,6 +96,12 @@ def collect_counts(
                 "--routes-from-responses sends whole (not streamed) requests, one at a time: "
                 "it cannot send a run's workload (drop --as-run)"
             )
+        if response_routes.encoding == "int32-base64" and top_k is None:
+            raise BadInput(
+                f"runtime {runtime_profile.name!r} returns routing as flat int32 (SGLang's): "
+                "give --top-k, the model's experts per token (num_experts_per_tok in its "
+                "config.json), so its rows split into layers"
+            )
         # The switch that makes the runtime return routing, on for this boot only.
         cell = cell.model_copy(update={"knobs": {**cell.knobs, response_routes.knob: "true"}})
         dump_path = dump_file = recorder = None
@@ -98,6 +109,11 @@ def collect_counts(
         raise BadInput(
             f"runtime {runtime_profile.name!r} declares none of telemetry.dump_http, "
             "telemetry.count_dump and telemetry.expert_recorder: it cannot dump route counts"
+        )
+    if not routes_from_responses and (top_k is not None or experts is not None):
+        raise BadInput(
+            "--top-k and --experts shape the routing taken from responses: they need "
+            "--routes-from-responses (a count dump has the runtime's own shape)"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     box = open_box(loaded.box_name, loaded.box)
@@ -166,7 +182,9 @@ def collect_counts(
             from_responses: RouteRows | None = None
             if routes_from_responses and response_routes is not None:
                 whole = [item for phase in phases for item in phase.items]
-                from_responses, tokens = collect_response_routes(drive_spec, whole, response_routes)
+                from_responses, tokens = collect_response_routes(
+                    drive_spec, whole, response_routes, top_k, experts
+                )
             else:
                 results = asyncio.run(drive(drive_spec, phases, on_phase=on_phase))
                 tokens = sum(r.completion_tokens or 0 for r in results)
@@ -202,7 +220,7 @@ def collect_counts(
                 box.get_file(remote_trace, trace)
         if from_responses is not None:
             # The runtime's own trace, if it writes one, stays beside (route-trace.jsonl).
-            counts, trace = from_responses.write(out_dir)
+            counts, trace = from_responses.write(out_dir, experts)
             return Collected(counts=counts, trace=trace, requests=len(whole), tokens=tokens)
         return Collected(counts=counts, trace=trace, requests=len(results), tokens=tokens)
     finally:

@@ -147,6 +147,17 @@ def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if failed_boxes == 0 else EXIT_INFRASTRUCTURE
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_card, scale_workload
     from harness.execute.collect import collect_counts
@@ -168,6 +179,8 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
         max_tokens=args.max_tokens,
         as_run=args.as_run,
         routes_from_responses=args.routes_from_responses,
+        top_k=args.top_k,
+        experts=args.experts,
     )
     sent = "one run's workload" if args.as_run else f"split {args.split!r}"
     out.write(
@@ -237,7 +250,22 @@ def register(verbs: Any) -> None:
         "--routes-from-responses",
         action="store_true",
         help="take the routing from whole (non-streamed) responses, for a runtime that returns "
-        "it (vLLM's --enable-return-routed-experts; the profile's telemetry.response_routes)",
+        "it (vLLM's and SGLang's --enable-return-routed-experts; the profile's "
+        "telemetry.response_routes)",
+    )
+    collect.add_argument(
+        "--top-k",
+        type=_at_least_one,
+        metavar="K",
+        help="with --routes-from-responses: the model's experts per token (num_experts_per_tok); "
+        "SGLang returns flat int32 that needs it, vLLM's arrays are checked against it",
+    )
+    collect.add_argument(
+        "--experts",
+        type=_at_least_one,
+        metavar="N",
+        help="with --routes-from-responses: the model's routed experts per layer, the width of "
+        "counts.json (default: the highest id seen + 1)",
     )
     collect.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
     collect.set_defaults(handler=_cmd_collect)

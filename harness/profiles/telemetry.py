@@ -99,7 +99,7 @@ class CountDumpSpec(Strict):
 
 
 class ResponseRoutesSpec(Strict):
-    """Routing a runtime returns in its whole (non-streamed) responses: vLLM's
+    """Routing a runtime returns in its whole (non-streamed) responses: vLLM's and SGLang's
     ``--enable-return-routed-experts``. ``harness collect --routes-from-responses`` turns the knob
     on, sends the split without streaming and keeps each response's routing as a trace."""
 
@@ -108,10 +108,16 @@ class ResponseRoutesSpec(Strict):
         "choices.0.routed_experts",
         description="where in the response JSON the routing is, dotted (list indexes as numbers)",
     )
-    encoding: Literal["npy-base64"] = Field(
+    encoding: Literal["npy-base64", "int32-base64"] = Field(
         "npy-base64",
         description="npy-base64: base64 of .npy bytes, [prompt + completion tokens - 1, layers, "
-        "top_k] (vLLM's)",
+        "top_k] (vLLM's); int32-base64: base64 of the same rows as flat little-endian int32, "
+        "reshaped by `harness collect --top-k` (SGLang's)",
+    )
+    request_fields: dict[str, bool | int | str] = Field(
+        default_factory=dict,
+        description="fields every request body carries to ask for the routing (SGLang's "
+        "return_routed_experts: true)",
     )
 
 

@@ -154,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a whole (non-streamed) completion carries `routed_experts` in its choice, as vLLM's "
         "does: base64 .npy bytes, [prompt + completion tokens - 1, layers, top_k]",
     )
+    vllm.add_argument(
+        "--routed-experts-format",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="sglang: return the routing as SGLang does instead, only to a request asking "
+        "`return_routed_experts: true`, as the response's `sglext.routed_experts` (base64 of "
+        "flat little-endian int32)",
+    )
     sgl = p.add_argument_group(
         "SGLang recorder dialect (dumps into $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, /tmp)"
     )

@@ -26,7 +26,9 @@ Endpoints
 
 With ``--enable-return-routed-experts`` (vLLM's flag), a non-streamed completion's choice carries
 ``routed_experts``: base64 ``.npy`` bytes of ``[prompt + completion tokens - 1, layers, top_k]``,
-the prompt's tokens (BOS first), then each generated token but the last (never forwarded).
+the prompt's tokens (BOS first), then each generated token but the last (never forwarded). With
+``--routed-experts-format sglang`` as SGLang returns the same rows instead: only to a request
+with ``return_routed_experts: true``, as ``sglext.routed_experts`` (base64 of flat int32).
 
 With ``--control FILE`` the same changes arrive through a file the server polls (every 50 ms):
 ``{"seq": N, "knobs": {...}, "reset": true|false}``, acknowledged in the log as ``refbox: control
@@ -325,9 +327,12 @@ class Server:
             "completion_tokens": max_tokens,
             "total_tokens": len(prompt) + 1 + max_tokens,
         }
-        # vLLM's dialect: routing comes back only on a whole (non-streamed) response.
+        # Routing comes back only on a whole (non-streamed) response; SGLang's only to a
+        # request that asks for it.
         routes: list[I64] | None = None
-        if self.config.args.enable_return_routed_experts and not body.get("stream"):
+        args = self.config.args
+        asked = args.routed_experts_format == "vllm" or body.get("return_routed_experts") is True
+        if args.enable_return_routed_experts and asked and not body.get("stream"):
             routes = []
         async with self.serial:
             tokens = self._tokens(engine, prompt, max_tokens, float(temperature), seed, routes)
@@ -376,7 +381,11 @@ class Server:
                 raise web.HTTPServiceUnavailable(text="shutting down")
         text = out.decode("utf-8", errors="replace")
         whole = meta.whole(text, usage)
-        if routes is not None:
+        if routes is not None and self.config.args.routed_experts_format == "sglang":
+            flat = np.stack(routes).astype("<i4").tobytes()
+            routed = base64.b64encode(flat).decode("ascii")
+            whole["sglext"] = {"routed_experts": routed, "cached_tokens_details": None}
+        elif routes is not None:
             whole["choices"][0]["routed_experts"] = routed_experts_npy(routes)
         return web.json_response(whole)
 

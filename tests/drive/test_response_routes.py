@@ -1,10 +1,12 @@
-"""Routing returned in whole responses (vLLM's --enable-return-routed-experts), for real on the
-reference runtime: `harness collect --routes-from-responses` keeps each response's routing as a
-trace, which must hold exactly the rows the runtime's own route trace logged for the same
-requests; what a response that lacks or garbles its routing gets; and the bad inputs refused.
-The reference runtime stands in for vLLM here: vLLM 0.32 returns routing only with Model Runner
-V2, which needs Triton, and its CPU build refuses to boot with it; the format is vLLM's own
-(vllm/entrypoints/openai/completion/serving.py: numpy2base64 of the .npy bytes)."""
+"""Routing returned in whole responses (vLLM's and SGLang's --enable-return-routed-experts), for
+real on the reference runtime: `harness collect --routes-from-responses` keeps each response's
+routing as a trace, which must hold exactly the rows the runtime's own route trace logged for the
+same requests; what a response that lacks or garbles its routing gets; and the bad inputs
+refused. The reference runtime stands in for both engines here, in each one's format: vLLM 0.32
+returns routing only with Model Runner V2, which needs Triton, and its CPU build refuses to boot
+with it (vllm/entrypoints/openai/completion/serving.py: numpy2base64 of the .npy bytes, in each
+choice); SGLang needs a GPU (entrypoints/openai/serving_completions.py: the response's
+`sglext.routed_experts`, base64 of flat int32, only to a request with return_routed_experts)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from harness.drive.response_routes import RouteRows, decode_routes
-from harness.errors import InfrastructureError
+from harness.errors import BadInput, InfrastructureError
 from harness.formats.maps import read_count_dump
 from harness.profiles.telemetry import ResponseRoutesSpec
 from harness.sim.trace_files import load_trace
@@ -26,14 +28,14 @@ from tests.conftest import REPO, run_cli
 SPEC = ResponseRoutesSpec(knob="return_routed_experts")
 
 
-def _card(tmp_path: Path) -> Path:
-    """The demo card, on the refbox, with its prompts beside it."""
+def _card(tmp_path: Path, name: str = "demo.yaml") -> Path:
+    """A shipped card (the demo's, on the refbox), with its prompts beside it."""
     folder = tmp_path / "cards"
     folder.mkdir()
-    for name in ("prompts", "maps"):
-        (folder / name).symlink_to(REPO / "campaigns" / name)
-    card = folder / "demo.yaml"
-    card.write_text((REPO / "campaigns" / "demo.yaml").read_text(encoding="utf-8"))
+    for files in ("prompts", "maps"):
+        (folder / files).symlink_to(REPO / "campaigns" / files)
+    card = folder / name
+    card.write_text((REPO / "campaigns" / name).read_text(encoding="utf-8"))
     return card
 
 
@@ -112,8 +114,81 @@ def _npy(array: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+@pytest.mark.slow
+def test_sglangs_flat_routing_asked_per_request_is_the_routing_the_runtime_ran(
+    tmp_path: Path,
+) -> None:
+    # The reference runtime in SGLang's dialect answers only a request that asks, so the rows
+    # arriving at all shows the profile's request_fields were sent.
+    card, out = _card(tmp_path, "sglang-kt-refbox.yaml"), tmp_path / "held"
+    result = run_cli(
+        "collect", str(card), "--split", "heldout", "--domains", "agent", "--max-tokens", "4",
+        "--routes-from-responses", "--top-k", "4", "--experts", "64", "-o", str(out),
+        timeout_s=300,
+    )  # fmt: skip
+    assert result.code == 0, result.stdout + result.stderr
+    with np.load(out / "route-trace.npz") as saved:
+        experts, prefill = saved["routed_experts"], saved["prefill"]
+    engine_experts, engine_prefill = _engine_rows(out / "route-trace.jsonl")
+    assert np.array_equal(experts, engine_experts) and np.array_equal(prefill, engine_prefill)
+    counts = read_count_dump(out / "counts.json")
+    assert counts.shape == (8, 64) and counts.sum() == experts.size
+    # A --top-k that does not divide the rows is the user's to fix: exit 2, naming the flag.
+    wrong = run_cli(
+        "collect", str(card), "--split", "heldout", "--domains", "agent", "--max-tokens", "4",
+        "--routes-from-responses", "--top-k", "3", "-o", str(tmp_path / "wrong"), timeout_s=300,
+    )  # fmt: skip
+    assert wrong.code == 2 and "num_experts_per_tok" in wrong.stderr, wrong.stderr
+
+
+def test_flat_routing_needs_top_k_and_shapes_need_routes_from_responses(tmp_path: Path) -> None:
+    card = _card(tmp_path, "sglang-kt-refbox.yaml")
+    result = run_cli("collect", str(card), "--routes-from-responses", "-o", str(tmp_path / "o"))
+    assert result.code == 2 and "give --top-k" in result.stderr, result.stderr
+    result = run_cli("collect", str(card), "--experts", "64", "-o", str(tmp_path / "o"))
+    assert result.code == 2 and "need --routes-from-responses" in result.stderr, result.stderr
+    result = run_cli("collect", str(card), "--top-k", "0", "-o", str(tmp_path / "o"))
+    assert result.code == 2 and "must be 1 or more" in result.stderr, result.stderr
+
+
+SGLANG = ResponseRoutesSpec(
+    knob="return_routed_experts",
+    field="sglext.routed_experts",
+    encoding="int32-base64",
+    request_fields={"return_routed_experts": True},
+)
+
+
+def _flat(array: np.ndarray) -> dict[str, object]:
+    raw = base64.b64encode(array.astype("<i4").tobytes()).decode()
+    return {"sglext": {"routed_experts": raw}}
+
+
+def test_sglangs_flat_int32_splits_into_rows_layers_and_top_k() -> None:
+    routes = np.arange(5 * 3 * 2).reshape(5, 3, 2) % 17
+    got = decode_routes(_flat(routes), SGLANG, 5, "request 1", top_k=2)
+    assert got.shape == (5, 3, 2) and np.array_equal(got, routes)
+    with pytest.raises(BadInput, match="do not split into 5 rows"):
+        decode_routes(_flat(routes), SGLANG, 5, "request 1", top_k=4)
+    with pytest.raises(InfrastructureError, match="not a whole number of int32"):
+        decode_routes({"sglext": {"routed_experts": "AAAA"}}, SGLANG, 1, "r", top_k=1)
+    with pytest.raises(BadInput, match="2 experts per token, not --top-k 3"):
+        decode_routes({"choices": [{"routed_experts": _npy(routes)}]}, SPEC, 5, "r", top_k=3)
+
+
+def test_placeholder_rows_of_a_dense_layer_are_refused_naming_the_layers() -> None:
+    routes = np.arange(4 * 3 * 2).reshape(4, 3, 2) % 11
+    dense = routes.copy()
+    dense[:, 0, :] = 0  # SGLang's capture buffer is zeros where no MoE layer writes
+    with pytest.raises(InfrastructureError, match=r"layer 0 picks \[0, 0\].*layers \[0\]"):
+        decode_routes(_flat(dense), SGLANG, 4, "request 2", top_k=2)
+    dense[:, 0, :] = -1  # sglang-jax's placeholder
+    with pytest.raises(InfrastructureError, match="negative id is no routed expert"):
+        decode_routes(_flat(dense), SGLANG, 4, "request 2", top_k=2)
+
+
 def test_a_response_without_routing_or_with_garbled_routing_says_which_and_why() -> None:
-    good = np.zeros((5, 2, 3), dtype=np.uint8)
+    good = (np.arange(5 * 2 * 3).reshape(5, 2, 3) % 7).astype(np.uint8)
     cases = {
         "has no `choices.0.routed_experts`": {"choices": [{"text": "x"}]},
         "not base64": {"choices": [{"routed_experts": "%%%"}]},
