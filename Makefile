@@ -52,7 +52,7 @@ clean:
 	find harness -name '*.nbi' -delete -o -name '*.nbc' -delete
 
 # llama.cpp's llama-server, llama-bench and llama-eval-callback, built from the sources PyPI's
-# llama-cpp-python sdist bundles into ~/.cache/harness/llama.cpp (about 12 minutes on 2 cores,
+# llama-cpp-python sdist bundles into ~/.cache/harness/llama.cpp (about 5 minutes on 2 cores,
 # once; later calls reuse the build).
 .PHONY: llama-server
 llama-server: $(STAMP)

@@ -15,7 +15,7 @@
 # link $HARNESS_CACHE/llama.cpp/bin (which the llama-cpp runtime profile boots) at it.
 set -euo pipefail
 
-version="${HARNESS_LLAMA_CPP_PY_VERSION:-0.3.16}"
+version="${HARNESS_LLAMA_CPP_PY_VERSION:-0.3.36}"
 cache_root="${HARNESS_CACHE:-$HOME/.cache/harness}"
 jobs="${JOBS:-2}"
 python="${PYTHON:-python3}"
@@ -74,7 +74,7 @@ fi
 llama="$src/vendor/llama.cpp"
 
 echo "build-llama-server: building ${targets[*]} with $jobs jobs ($cpu CPU flags)." >&2
-echo "build-llama-server: this takes about 12 minutes on 2 cores; later runs reuse $bin_dir" >&2
+echo "build-llama-server: this takes about 5 minutes on 2 cores; later runs reuse $bin_dir" >&2
 start_s=$(date +%s)
 cmake -S "$llama" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_LLGUIDANCE=OFF -DGGML_CPU_KLEIDIAI=OFF \

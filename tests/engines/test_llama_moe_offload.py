@@ -1,18 +1,21 @@
 """llama.cpp's MoE-offload knobs in the llama-cpp profile: the expert cache's exit line as
 counters, the --fit plan kept in the run's identity, the warning for an unpinned fit, and (slow)
-a build without a flag refusing its knob at boot.
+every knob's flag in the built binaries' --help, and a build without a flag refusing its knob at
+boot.
 
 The cache line and the fit plan are printed only by builds this machine cannot run (the expert
-cache is a GPU feature of llama.cpp forks; --fit needs a build newer than the one `make
-llama-server` makes, and plans only for GPU devices), so their tests read fixture text in the
-format the sources print: `llama_moe_cache: … hits = N, misses = M, hit rate = X%, uploaded =
-Y MiB` (the format the issue quotes; no public source of it was found to check against), and
-common/fit.cpp's `"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld MiB free"`
-(llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older builds).
+cache is a GPU feature of llama.cpp forks; --fit plans only for GPU devices), so their tests read
+fixture text in the format the sources print: `llama_moe_cache: … hits = N, misses = M, hit rate
+= X%, uploaded = Y MiB` (the format the issue quotes; no public source of it was found to check
+against), and common/fit.cpp's `"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld
+MiB free"` (llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older
+builds). The threads card (tests/engines/test_llamacpp.py) runs with `fit: "off"` pinned.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,12 +125,51 @@ def test_a_cell_placing_experts_without_pinning_fit_is_warned() -> None:
 # ---- the built llama-server (slow: it needs `make llama-server`) ------------------------------
 
 
+def test_the_pinned_build_is_the_build_scripts_default() -> None:
+    script = build.BUILD_SCRIPT.read_text(encoding="utf-8")
+    assert f'version="${{HARNESS_LLAMA_CPP_PY_VERSION:-{build.PINNED_VERSION}}}"' in script
+
+
+# Knobs whose flag the pinned build lacks, and why: the fork's expert cache, and llama-bench's
+# -mmp (0.3.16's; 0.3.36 loads by -lm). Everything else must reach the binary.
+NOT_IN_THE_PINNED_BUILD = {
+    "llama-cpp": {"moe_cache_mib", "moe_cache_cpu_share", "mlock", "no_mmap"},
+    "llama-bench": {"mmap"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("profile", "binary"), [("llama-cpp", "llama-server"),
+                                                  ("llama-bench", "llama-bench")])  # fmt: skip
+def test_every_knob_of_the_profile_is_in_the_built_binarys_help(profile: str, binary: str) -> None:
+    build.ensure_built()
+    done = subprocess.run(
+        [str(build.binary(binary)), "--help"], capture_output=True, text=True, timeout=60
+    )
+    listed = done.stdout + done.stderr
+    flags = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", listed))
+    variables = set(re.findall(r"\(env: (LLAMA_ARG_\w+)\)", listed))
+    knobs = load_runtime_profile(REPO / f"campaigns/runtimes/{profile}.yaml").knobs
+    missing = {
+        name: knob.arg or knob.env
+        for name, knob in knobs.items()
+        if (knob.arg and knob.arg not in flags)
+        or (knob.env and knob.env.startswith("LLAMA_ARG_") and knob.env not in variables)
+    }
+    assert set(missing) == NOT_IN_THE_PINNED_BUILD[profile], missing
+    if binary == "llama-server":  # the MoE placement and fit knobs, by name
+        assert {"--fit", "--fit-target", "--fit-ctx", "--load-mode", "--n-cpu-moe"} <= flags
+        assert {"--cpu-moe", "--override-tensor"} <= flags
+    else:
+        assert {"-ncmoe", "-lm", "-ot", "-fitt"} <= flags
+
+
 @pytest.mark.slow
 def test_a_build_without_the_flag_refuses_the_knob_at_boot(tmp_path: Path) -> None:
-    # llama-cpp-python 0.3.16's llama.cpp has no --moe-cache-mib (nor --fit): the knob is a flag,
-    # so the server refuses it before loading anything, and the boot error shows why.
-    if not build.built():
-        pytest.skip("llama.cpp is not built; run `make llama-server`")
+    # The pinned llama.cpp (llama-cpp-python 0.3.36's) has no --moe-cache-mib, a fork's flag: the
+    # knob is a flag, so the server refuses it before loading anything, and the boot error
+    # shows why.
+    build.ensure_built()
     loaded = load_card(CARD)
     cell = loaded.card.cells["cache"]
     knobs = {"model": str(tmp_path / "none.gguf"), "moe_cache_mib": 64}

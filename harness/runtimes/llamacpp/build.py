@@ -13,6 +13,9 @@ from pathlib import Path
 from harness.errors import InfrastructureError
 from harness.runtimes.build_script import run_build_script
 
+# The llama-cpp-python release whose vendored llama.cpp `make llama-server` builds: the default
+# of scripts/build-llama-server.sh (a test checks they agree).
+PINNED_VERSION = "0.3.36"
 BINARIES = ("llama-server", "llama-bench", "llama-eval-callback")
 DEFAULT_VOCAB = "ggml-vocab-llama-spm.gguf"
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build-llama-server.sh"
@@ -28,9 +31,18 @@ def bin_dir() -> Path:
     return cache_root() / "llama.cpp" / "bin"
 
 
+def pinned_version() -> str:
+    """``$HARNESS_LLAMA_CPP_PY_VERSION`` or :data:`PINNED_VERSION`: the build to use."""
+    return os.environ.get("HARNESS_LLAMA_CPP_PY_VERSION") or PINNED_VERSION
+
+
 def built() -> bool:
-    """True when every binary of :data:`BINARIES` is there."""
-    return all((bin_dir() / name).is_file() for name in BINARIES)
+    """True when the stable link points at the pinned version's build and every binary of
+    :data:`BINARIES` is there (a cache of an older pin is rebuilt, not booted)."""
+    link = bin_dir()
+    return link.resolve().parent.name.startswith(f"{pinned_version()}-") and all(
+        (link / name).is_file() for name in BINARIES
+    )
 
 
 def binary(name: str) -> Path:
@@ -38,7 +50,7 @@ def binary(name: str) -> Path:
     path = bin_dir() / name
     if not path.is_file():
         raise InfrastructureError(
-            f"{path}: not built; run `make llama-server` (about 12 minutes on 2 cores, once)"
+            f"{path}: not built; run `make llama-server` (about 5 minutes on 2 cores, once)"
         )
     return path
 

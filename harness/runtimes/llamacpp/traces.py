@@ -26,8 +26,11 @@ from typing import Any
 
 from harness.errors import InfrastructureError, TraceError
 
-# ggml_debug:          ffn_moe_topk-3 = (i32)       VIEW(...) = {2, 1, 1, 1}
-_HEADER = re.compile(r"ggml_debug:\s+(?P<name>\S+)\s+=\s+\((?P<type>\w+)\)")
+# ggml_debug:          ffn_moe_topk-3 = (i32)       VIEW(...) = {2, 1, 1, 1}   (0.3.16's)
+# common_debug_cb_eval:           ffn_moe_topk-0 = (i32)       VIEW(...) = {2, 1, 1, 1}  (0.3.36's)
+_HEADER = re.compile(
+    r"^(?:ggml_debug|common_debug_cb_eval):\s+(?P<name>\S+)\s+=\s+\((?P<type>\w+)\)"
+)
 _TOPK = re.compile(r"ffn_moe_topk-(?P<layer>\d+)$")
 _ROW = re.compile(r"^\s*\[(?P<values>[^\[\]]*)\],?\s*$")
 
