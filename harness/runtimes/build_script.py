@@ -1,12 +1,19 @@
-"""Running one of the repository's build scripts (llama.cpp, vLLM) when its output is missing."""
+"""Running one of the repository's build scripts (llama.cpp, vLLM, ds4) when its output is
+missing, and the cache they build into."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import InfrastructureError
+
+
+def cache_root() -> Path:
+    """``$HARNESS_CACHE`` or ``~/.cache/harness``: where every engine build lives."""
+    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness")
 
 
 def run_build_script(

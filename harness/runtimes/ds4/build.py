@@ -9,21 +9,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from harness.errors import InfrastructureError
-from harness.runtimes.build_script import run_build_script
+from harness.runtimes.build_script import cache_root, run_build_script
 
 BINARIES = ("ds4", "ds4-server", "ds4-bench")
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build-ds4.sh"
 DEFAULT_MODEL = "ds4flash-random.gguf"
 DEFAULT_SEED = 1
-
-
-def cache_root() -> Path:
-    """``$HARNESS_CACHE`` or ``~/.cache/harness``."""
-    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness")
 
 
 def bin_dir() -> Path:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from harness.errors import InfrastructureError
-from harness.runtimes.build_script import run_build_script
+from harness.runtimes.build_script import cache_root, run_build_script
 
 # The llama-cpp-python release whose vendored llama.cpp `make llama-server` builds: the default
 # of scripts/build-llama-server.sh (a test checks they agree).
@@ -19,11 +19,6 @@ PINNED_VERSION = "0.3.36"
 BINARIES = ("llama-server", "llama-bench", "llama-eval-callback")
 DEFAULT_VOCAB = "ggml-vocab-llama-spm.gguf"
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build-llama-server.sh"
-
-
-def cache_root() -> Path:
-    """``$HARNESS_CACHE`` or ``~/.cache/harness``."""
-    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness")
 
 
 def bin_dir() -> Path:

@@ -9,21 +9,15 @@ that link's ``bin/vllm``. The tiny model the profile serves by default is writte
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from harness.runtimes.build_script import run_build_script
+from harness.runtimes.build_script import cache_root, run_build_script
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build-vllm.sh"
 PLUGIN = Path(__file__).resolve().parent / "plugin.py"
 DEFAULT_MODEL = "tiny-qwen3-moe"
 DEFAULT_SEED = 1
 BUILD_LEVEL = "2"  # scripts/build-vllm.sh's build_level: an older venv is rebuilt in place
-
-
-def cache_root() -> Path:
-    """``$HARNESS_CACHE`` or ``~/.cache/harness``."""
-    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness")
 
 
 def venv_dir() -> Path:
