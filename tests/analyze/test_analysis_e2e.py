@@ -147,7 +147,10 @@ def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: 
     # slowdown and no arm effect, so the claim is labelled carry-over and the gates fail on it.
     # The state file starts with the candidate's tag (the box ran it last), so every cycle
     # carries over alike; α = 0.01 keeps the chance that noise alone lets the model's effect
-    # exclude 0 at 0.5%.
+    # exclude 0 at 0.5%. Eight cycles: an ABBA cycle has both control blocks after a candidate
+    # block and a BAAB cycle one, so the cycles' D alternate between ln 7 and half of it; at five
+    # cycles the plain test sat near α (p 0.013, inconclusive, in a fresh-clone run beside the
+    # engine builds), at eight its t is about twice that.
     state = tmp_path / "last-boot"
     state.write_text("second", encoding="utf-8")
     common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
@@ -157,7 +160,7 @@ def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: 
         "second:\n    env: {REFBOX_LAYERS": "second:\n    env: {REFBOX_CARRY_OVER_TAG: second, "
         f"{common}",
         'REFBOX_HOT_SLOTS: "4"': 'REFBOX_HOT_SLOTS: "8"',
-        "cycles: 3": "cycles: 5",
+        "cycles: 3": "cycles: 8",
         "campaign: analysis-aa": "campaign: carry-over",
         "analysis: {window_s: 0.5": "analysis: {alpha: 0.01, window_s: 0.5",
     }
