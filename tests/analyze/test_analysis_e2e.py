@@ -128,8 +128,11 @@ def test_drift_on_an_a_a_campaign_is_flagged_and_promotes_nothing(tmp_path: Path
         # Drift this strong could explain any decided label, so none stands: a decided one is
         # reported confounded, an undecided one stays inconclusive.
         assert rows[metric]["label"] in ("confounded", "inconclusive"), rows[metric]
+    # The drift really slowed the box: the first two blocks against the last two (a pair each,
+    # as one block beside the suite's other worker can move by a quarter; the first against the
+    # last alone read 1.43x once, 1.5x or more otherwise).
     runs = analysis.runs.set_index("run_id")["decode_tok_s"]
-    assert runs.iloc[0] > 1.5 * runs.iloc[-1]  # the drift really slowed the box
+    assert runs.iloc[:2].mean() > 1.3 * runs.iloc[-2:].mean(), runs.tolist()
     better = [g for g in verdict.gates if g.kind == "better"]
     assert len(better) == 2 and not any(g.passed for g in better)
     for metric in TIMING:

@@ -84,11 +84,16 @@ def test_clients_read_the_schedule_back_at_c1(
     assert set(measured) == set(keys)
     for key, timing in measured.items():
         assert timing.tokens == SCHEDULE.tokens
-        # TTFT includes the connection and the request's trip: generous, one-sided bounds.
-        assert timing.ttft_s >= SCHEDULE.ttft_ms / 1e3
-        assert timing.ttft_s == pytest.approx(SCHEDULE.ttft_ms / 1e3, rel=0.2)
+        # TTFT includes the connection and the request's trip: never before the server sent it.
+        assert timing.ttft_s >= max(SCHEDULE.ttft_ms / 1e3, truth[key].first_s)
         assert timing.tpot_s == pytest.approx(SCHEDULE.tpot_ms / 1e3, rel=0.2)
         assert timing.tpot_s == pytest.approx(truth[key].tpot_s, rel=0.2)
+    # The client's own share of TTFT (connecting, the request's trip, reading the chunk): the
+    # least of the three stays under most of a token interval, so a client that counted from
+    # the wrong point or a token late fails; any one may be slowed by a busy box (61.8 ms
+    # against a 50 ms schedule once, beside the suite's other worker).
+    shares = [measured[k].ttft_s - truth[k].first_s for k in keys]
+    assert min(shares) < 0.75 * SCHEDULE.tpot_ms / 1e3, shares
     errors = tpot_errors_pct(measured, truth)
     expected = [abs(measured[k].tpot_s - truth[k].tpot_s) / truth[k].tpot_s * 100 for k in measured]
     np.testing.assert_allclose(errors, expected, rtol=1e-12)
