@@ -90,7 +90,7 @@ def decode_routes(
 def _flat_int32(data: bytes, rows: int, top_k: int | None, where: str) -> npt.NDArray[Any]:
     """SGLang's routing: ``rows × layers × top_k`` little-endian int32, token-major."""
     if top_k is None:
-        raise ValueError("flat int32 routing needs --top-k to find its layers")
+        raise BadInput(f"{where}: flat int32 routing needs --top-k to find its layers")
     if len(data) % 4:
         raise ValueError(f"{len(data)} bytes is not a whole number of int32")
     flat = np.frombuffer(data, dtype="<i4")
@@ -151,17 +151,15 @@ class RouteRows:
 
     def write(self, out_dir: Path, width: int | None = None) -> tuple[Path, Path]:
         """``route-trace.npz`` and ``counts.json`` (every row), ``width`` experts per layer
-        (the model's; None: up to the highest id seen)."""
+        (the model's, above every id: :func:`collect_response_routes` refused any past it;
+        None: up to the highest id seen)."""
         experts = np.concatenate(self.experts)
         prefill = np.concatenate(self.prefill)
-        highest = int(experts.max())
-        if width is not None and highest >= width:
-            raise BadInput(f"the responses route to expert {highest}, past --experts {width}")
         trace = out_dir / "route-trace.npz"
         np.savez_compressed(
             trace, routed_experts=experts, prefill=prefill, step=np.concatenate(self.steps)
         )
-        counts = np.zeros((experts.shape[1], width or highest + 1), dtype=np.int64)
+        counts = np.zeros((experts.shape[1], width or int(experts.max()) + 1), dtype=np.int64)
         for layer in range(experts.shape[1]):
             np.add.at(counts[layer], experts[:, layer, :].ravel(), 1)
         counts_path = out_dir / "counts.json"

@@ -382,9 +382,7 @@ class Server:
         text = out.decode("utf-8", errors="replace")
         whole = meta.whole(text, usage)
         if routes is not None and self.config.args.routed_experts_format == "sglang":
-            flat = np.stack(routes).astype("<i4").tobytes()
-            routed = base64.b64encode(flat).decode("ascii")
-            whole["sglext"] = {"routed_experts": routed, "cached_tokens_details": None}
+            whole["sglext"] = {"routed_experts": routed_experts_int32(routes)}
         elif routes is not None:
             whole["choices"][0]["routed_experts"] = routed_experts_npy(routes)
         return web.json_response(whole)
@@ -525,6 +523,12 @@ def routed_experts_npy(routes: list[I64]) -> str:
     buffer = io.BytesIO()
     np.save(buffer, array.astype(dtype), allow_pickle=False)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def routed_experts_int32(routes: list[I64]) -> str:
+    """Routing as SGLang returns it (``sglext.routed_experts``): base64 of the same rows as flat
+    little-endian int32, no shape."""
+    return base64.b64encode(np.stack(routes).astype("<i4").tobytes()).decode("ascii")
 
 
 def render_chat(messages: list[Any]) -> bytes:
