@@ -4,8 +4,9 @@ A loopback aiohttp server, in its own process so it never shares the client's ev
 ``/v1/completions`` with a stream on an exact schedule: the first token ``ttft_ms`` after the
 request arrives, then one chunk every ``tpot_ms``, each sent at an absolute deadline computed from
 the request's arrival (so a late wake-up never pushes the later tokens back), then a ``usage``
-chunk and ``[DONE]``. The server records when it actually put the first and the last token on the
-wire; that is the true TPOT each client measurement is compared with.
+chunk and ``[DONE]``. The server records when it handed the first and the last token to the socket;
+that is the true TPOT each client measurement is compared with, and no client can read a token
+before its stamp.
 
 At C1, C16 and C64 the same requests are timed by our driver (:func:`harness.drive.client.drive`)
 and by a plain aiohttp loop written the way vLLM's benchmark client times a stream (a session per
@@ -141,11 +142,13 @@ def _app(schedule: Schedule) -> web.Application:
         for k in range(tokens):
             # Absolute deadlines from the arrival: a late wake-up delays this token only.
             deadline = arrived + (schedule.ttft_ms + k * schedule.tpot_ms) / 1e3
-            delay = deadline - loop.time()
-            if delay > 0:
+            # The loop may wake a clock tick early: sleep again until the deadline has passed.
+            while (delay := deadline - loop.time()) > 0:
                 await asyncio.sleep(delay)
-            await response.write(token)  # small writes go to the socket at once
+            # Stamped as the chunk is handed to the socket, not after: the write reaches the
+            # kernel before it returns, so a client may read the token before a later stamp.
             sent = loop.time()
+            await response.write(token)  # small writes go to the socket at once
             late_max_s = max(late_max_s, sent - deadline)
             if k == 0:
                 first_s = sent - arrived
