@@ -7,6 +7,9 @@ SGLang's expert-distribution recorder started before the prompts and dumped afte
 files kept under ``expert-distribution/``) and, when the profile declares one, its route trace.
 ``harness fit-map DIR/counts.json --top K`` turns the dump into a map.
 With ``--as-run`` it sends what one run of the card sends instead, for ``harness simulate``.
+
+Each boot is journalled in ``DIR/collect.journal.jsonl``, so a collection killed with its runtime
+still up (SIGKILL, a lost terminal) leaves a runtime the next collection into ``DIR`` stops first.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +28,9 @@ from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
+from harness.formats.records import Journal
 from harness.runtimes.boot import boot, boot_spec, http_json, render
+from harness.runtimes.orphans import BOOT_MARK, journal_boot, stop_orphans
 from harness.runtimes.recorder import finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, write_route_delta
 
@@ -37,6 +43,10 @@ class Collected:
     trace: Path | None
     requests: int
     tokens: int
+    orphans_stopped: tuple[int, ...] = ()  # runtimes an earlier, killed collection left running
+
+
+COLLECT_JOURNAL = "collect.journal.jsonl"
 
 
 def collect_counts(
@@ -117,7 +127,9 @@ def collect_counts(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     box = open_box(loaded.box_name, loaded.box)
+    journal = Journal(out_dir / COLLECT_JOURNAL)
     try:
+        orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name))
         if loaded.box.kind == "local":
             remote = tempfile.mkdtemp(prefix="harness-collect-")
         else:
@@ -140,7 +152,15 @@ def collect_counts(
             cache_dir=cache_dir,
             uploaded=uploaded,
         )
-        runtime = boot(box, runtime_profile, spec)
+        boot_id = f"collect-{cell_name}-{time.time_ns()}"
+        spec.env[BOOT_MARK] = remote  # found by its mark if killed before its group is journalled
+        journal.append("boot_starting", run_id=boot_id, box=loaded.box_name, mark=remote)
+        runtime = boot(
+            box,
+            runtime_profile,
+            spec,
+            lambda pgid: journal_boot(journal, box, loaded.box_name, boot_id, pgid),
+        )
         try:
             runtime.post_live(spec.live)
             # A dump file holds everything since boot: this collection's counts are the
@@ -208,7 +228,8 @@ def collect_counts(
                         "(missing, or its counts went backwards: it restarted)"
                     )
         finally:
-            runtime.stop()
+            if runtime.stop():
+                journal.append("boot_stopped", run_id=boot_id, pgid=runtime.pgid)
         counts = out_dir / "counts.json"
         if body is not None:
             counts.write_text(json.dumps(body) + "\n", encoding="utf-8")
@@ -221,7 +242,7 @@ def collect_counts(
         if from_responses is not None:
             # The runtime's own trace, if it writes one, stays beside (route-trace.jsonl).
             counts, trace = from_responses.write(out_dir, experts)
-            return Collected(counts=counts, trace=trace, requests=len(whole), tokens=tokens)
-        return Collected(counts=counts, trace=trace, requests=len(results), tokens=tokens)
+            return Collected(counts, trace, len(whole), tokens, orphans)
+        return Collected(counts, trace, len(results), tokens, orphans)
     finally:
         box.close()

@@ -182,6 +182,12 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
         top_k=args.top_k,
         experts=args.experts,
     )
+    if collected.orphans_stopped:
+        groups = ", ".join(str(g) for g in collected.orphans_stopped)
+        out.write(
+            f"stopped what an earlier, killed collection into {args.out} left running "
+            f"(process group {groups})\n"
+        )
     sent = "one run's workload" if args.as_run else f"split {args.split!r}"
     out.write(
         f"{collected.requests} requests, {collected.tokens} tokens ({sent}) "

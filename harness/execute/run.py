@@ -80,7 +80,7 @@ from harness.runtimes.log_counters import (
     log_snapshot,
     start_snapshot,
 )
-from harness.runtimes.orphans import journal_boot, kill_orphan
+from harness.runtimes.orphans import journal_boot, stop_orphans
 from harness.runtimes.recorder import Recording, finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, route_counters, write_route_delta
 
@@ -564,35 +564,8 @@ class CampaignRunner(RunRecords):
 
     def _stop_orphans(self) -> None:
         """Stop runtimes a killed harness left running (on a GPU box one would hold the memory
-        the next boot needs): every journalled boot never journalled as stopped, if its PID
-        still names the same process."""
-        stopped = set()
-        booted = []
-        marks: dict[str, str] = {}  # boots started but never journalled with their group
-        for event in self.campaign.journal.events():
-            # A boot journalled before fleets named no box: it was the card's only box.
-            on_this_box = event.get("box", self.loaded.box_name) == self.box_name
-            if event.get("event") == "boot_starting" and on_this_box:
-                marks[str(event.get("run_id"))] = str(event.get("mark"))
-            if event.get("event") == "boot" and on_this_box:
-                booted.append(event)
-                marks.pop(str(event.get("run_id")), None)
-            elif event.get("event") == "boot_stopped":
-                stopped.add((event.get("run_id"), event.get("pgid")))
-        for run_id, mark in marks.items():
-            with contextlib.suppress(HarnessError, OSError):
-                for pgid in self.box.groups_marked(BOOT_MARK, mark):
-                    self.box.signal_group(pgid, "KILL")
-                    self.box.wait_group_gone(pgid, 5.0)
-                    self.campaign.journal.append("orphan_killed", run_id=run_id, pgid=pgid)
-        for event in booted:
-            if (event.get("run_id"), event.get("pgid")) in stopped:
-                continue
-            with contextlib.suppress(HarnessError, OSError):
-                if kill_orphan(self.box, int(event["pgid"]), str(event.get("identity", ""))):
-                    self.campaign.journal.append(
-                        "orphan_killed", run_id=event.get("run_id"), pgid=event["pgid"]
-                    )
+        the next boot needs)."""
+        stop_orphans(self.campaign.journal, self.box, self.box_name, self.loaded.box_name)
 
     def _start_monitor(self, runtime: RunningRuntime, state: BootState) -> None:
         """Start draining the ring and sampling memory; journal the boot for a later resume."""

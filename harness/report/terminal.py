@@ -56,7 +56,8 @@ def _console(out: TextIO, width: int) -> Console:
 
 def runs_text(plan: Plan) -> str:
     """Runs planned, and the most a sequential design may run (its last look)."""
-    text = f"{len(plan.runs)} runs"
+    count = len(plan.runs)
+    text = f"{count} run" if count == 1 else f"{count} runs"
     most = plan.max_runs()
     if most != len(plan.runs):
         text += f", up to {most} if the sequential design runs to its last look"

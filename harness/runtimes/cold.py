@@ -18,12 +18,9 @@ from harness.errors import InfrastructureError
 from harness.formats.records import Journal
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import BootSpec, boot, render
-from harness.runtimes.orphans import journal_boot
+from harness.runtimes.orphans import BOOT_MARK, journal_boot
 
 __all__ = ["BOOT_MARK", "evict_for_cold_run"]
-
-# The environment variable that marks a booted runtime with its run folder on the box.
-BOOT_MARK = "HARNESS_BOOT_DIR"
 
 
 def _prime(

@@ -1,7 +1,9 @@
 """Runtimes a killed harness left running: journalled at boot, stopped on resume if still theirs.
 
 A process group is identified by its PGID and the start time ``ps`` reports for it, so a resume
-never signals a recycled PID that now names another process.
+never signals a recycled PID that now names another process. A boot killed before its group
+was journalled is found by its mark instead: ``boot_starting`` journals the value of the
+``HARNESS_BOOT_DIR`` variable the runtime was started with (:data:`BOOT_MARK`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,48 @@ def journal_boot(journal: Journal, box: Box, box_name: str, run_id: str, pgid: i
     journal.append("boot", run_id=run_id, pgid=pgid, identity=identity, box=box_name)
 
 
+# The environment variable that marks a booted runtime with its run folder on the box.
+BOOT_MARK = "HARNESS_BOOT_DIR"
+
+
 def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
     """SIGKILL a runtime group left by a killed harness, if ``pgid`` still is that runtime."""
     if not identity or orphan_identity(box, pgid) != identity:
         return False
     box.signal_group(pgid, "KILL")
     return box.wait_group_gone(pgid, 5.0)
+
+
+def stop_orphans(journal: Journal, box: Box, box_name: str, default_box: str) -> list[int]:
+    """SIGKILL every runtime ``journal`` saw booted on ``box_name`` and never saw stopped: by
+    its group's identity, or by its mark when it was killed before its group was journalled.
+    Each is journalled ``orphan_killed``. ``default_box`` is the box of events that name none
+    (a journal written before fleets: the card's only box). Returns the groups it killed."""
+    killed: list[int] = []
+    stopped = set()
+    booted = []
+    marks: dict[str, str] = {}  # boots started but never journalled with their group
+    for event in journal.events():
+        on_this_box = event.get("box", default_box) == box_name
+        if event.get("event") == "boot_starting" and on_this_box:
+            marks[str(event.get("run_id"))] = str(event.get("mark"))
+        if event.get("event") == "boot" and on_this_box:
+            booted.append(event)
+            marks.pop(str(event.get("run_id")), None)
+        elif event.get("event") == "boot_stopped":
+            stopped.add((event.get("run_id"), event.get("pgid")))
+    for run_id, mark in marks.items():
+        with contextlib.suppress(HarnessError, OSError):
+            for pgid in box.groups_marked(BOOT_MARK, mark):
+                box.signal_group(pgid, "KILL")
+                box.wait_group_gone(pgid, 5.0)
+                journal.append("orphan_killed", run_id=run_id, pgid=pgid)
+                killed.append(pgid)
+    for event in booted:
+        if (event.get("run_id"), event.get("pgid")) in stopped:
+            continue
+        with contextlib.suppress(HarnessError, OSError):
+            if kill_orphan(box, int(event["pgid"]), str(event.get("identity", ""))):
+                journal.append("orphan_killed", run_id=event.get("run_id"), pgid=event["pgid"])
+                killed.append(int(event["pgid"]))
+    return killed
