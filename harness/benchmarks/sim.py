@@ -8,12 +8,10 @@ the shipped knobs (drain every 64, 2 swaps per layer) from domain 0's top-295 ma
 
 The headline is the speed-up on equal resources: the fast replay on one thread against the
 plain replay (one thread by nature), in CPU seconds of the process. Wall time on a shared
-machine includes the waits for a core: timed on every CPU, one busy core doubled the fast
-replay's wall time (single runs of 0.67 s and 1.5 s in one bench), and at a load average of 6
-on two cores even one-thread runs spread 0.9-2.3 s, while their CPU times stayed within a few
-percent. So the headline and its spread are CPU time, wall times are printed beside them, and
-the threaded replay is reported as its scaling over one thread, with the load average, not as
-the target. The floor is what no replay can beat, reading the trace once: its bytes over the
+machine includes the waits for a core (one busy core can double a threaded replay's), while CPU
+time stays within a few percent. So the headline and its spread are CPU time, wall times are
+printed beside them, and the threaded replay is reported as its scaling over one thread, with
+the load average, not as the target. The floor is what no replay can beat, reading the trace once: its bytes over the
 memory bandwidth measured here (a copy of a buffer of the trace's size, bytes read plus written
 per second, on as many threads as the replay uses).
 
