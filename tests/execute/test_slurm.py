@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from harness.boxes.interrupts import Interrupted, interrupt_worker
 from harness.boxes.local import LocalBox
 from harness.card import LoadedCard, load_boxes_file, load_card
+from harness.errors import SlurmError
 from harness.execute.campaign import new_campaign_dir
 from harness.execute.cohorts import CohortBook
 from harness.execute.slurm import (
@@ -33,6 +35,7 @@ from harness.execute.slurm import (
     submit_cohorts,
     wait_for_jobs,
 )
+from harness.execute.slurm import submit as slurm_submit
 from harness.execute.slurm.job import probe_node
 from harness.execute.slurm.latency import measure_overhead
 from harness.execute.slurm.states import parse_sacct, parse_squeue
@@ -257,7 +260,7 @@ def test_a_job_stops_its_own_runtime_where_slurm_cannot(tmp_path: Path) -> None:
         _, merged, pgid = _cancel_one_mid_run(loaded, campaign, cohorts)
         assert _group_gone(pgid), f"runtime group {pgid} survived scancel under linuxproc"
     lost = merged[cohorts[1].key].lost
-    assert set(lost) == set(cohorts[1].run_ids)
+    assert set(lost) == set(cohorts[1].run_ids), merged[cohorts[1].key]
     # The run the signal cut was recorded by the runner on the node before Slurm's SIGKILL.
     cut = [reason for reason in lost.values() if "(the run: interrupted (SIGTERM)" in reason]
     assert len(cut) == 1, lost
@@ -377,6 +380,26 @@ def test_an_interrupt_in_a_worker_thread_cancels_its_jobs(
     assert len(caught) == 1 and isinstance(caught[0], Interrupted), caught
     job_id = array.jobs[0].job_id
     assert read_states([job_id])[job_id].state == "CANCELLED"
+
+
+def test_a_cancel_the_controller_never_got_is_an_error_not_silence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scancel exits 0 for ended and unknown jobs, so its failure means the cancel did not
+    happen: a job left running whose runs would be resubmitted. A controller that refuses the
+    connection (nothing listens on its port) must surface, after the retries."""
+    if shutil.which("scancel") is None:
+        pytest.skip("scancel not installed (make sysdeps)")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=9\nMessageTimeout=2\n"
+        "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=debug Nodes=n1 Default=YES\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setattr(slurm_submit, "SCANCEL_RETRY_S", 0.1)
+    with pytest.raises(SlurmError, match=r"scancel 12_1 failed 3 times \(exit \d+: .*contact"):
+        cancel_jobs(["12_1"])
 
 
 # ---- what Slurm's tools print ----------------------------------------------------------------

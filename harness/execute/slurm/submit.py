@@ -38,6 +38,9 @@ from harness.profiles.box import BoxSpec
 _CAMPAIGN_FILES = ("card.yaml", "card.path", "plan.json", "quality.json", "cohorts.json")
 # Seconds an sbatch or scancel call may take.
 SUBMIT_TIMEOUT_S = 120.0
+# A scancel that fails is tried again this many times in all, this many seconds apart.
+SCANCEL_ATTEMPTS = 3
+SCANCEL_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -158,15 +161,31 @@ def cancel_jobs(job_ids: Sequence[str]) -> None:
 
 
 def _scancel(arguments: list[str]) -> None:
-    try:
-        subprocess.run(
-            ["scancel", *arguments],
-            capture_output=True,
-            timeout=SUBMIT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmError(f"scancel {' '.join(arguments)} failed: {exc}") from None
+    """Run scancel, again after a failure: it exits 0 for jobs already ended or unknown, so a
+    non-zero exit means the request did not reach the controller (a busy slurmctld answers
+    ``Socket timed out``), and a cancel that did not happen would leave a job running whose runs
+    the caller treats as lost and resubmits."""
+    failure = ""
+    for attempt in range(SCANCEL_ATTEMPTS):
+        if attempt:
+            time.sleep(SCANCEL_RETRY_S)
+        try:
+            done = subprocess.run(
+                ["scancel", *arguments],
+                capture_output=True,
+                text=True,
+                timeout=SUBMIT_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SlurmError(f"scancel {' '.join(arguments)} failed: {exc}") from None
+        if done.returncode == 0:
+            return
+        failure = f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
+    raise SlurmError(
+        f"scancel {' '.join(arguments)} failed {SCANCEL_ATTEMPTS} times ({failure}); the jobs "
+        "may still run: check with squeue and cancel them by hand"
+    )
 
 
 def submit_calls(
