@@ -11,9 +11,9 @@ plain replay (one thread by nature), in CPU seconds of the process. Wall time on
 machine includes the waits for a core (one busy core can double a threaded replay's), while CPU
 time stays within a few percent. So the headline and its spread are CPU time, wall times are
 printed beside them, and the threaded replay is reported as its scaling over one thread, with
-the load average, not as the target. The floor is what no replay can beat, reading the trace once: its bytes over the
-memory bandwidth measured here (a copy of a buffer of the trace's size, bytes read plus written
-per second, on as many threads as the replay uses).
+the load average, not as the target. The floor is what no replay can beat, reading the trace
+once: its bytes over the memory bandwidth measured here (a copy of a buffer of the trace's size,
+bytes read plus written per second, on as many threads as the replay uses).
 
 Both replays drive the same compiled policy kernels, loaded (or compiled) before any timing and
 reported apart. The fast replay is timed three times during the reference's single run, at its
