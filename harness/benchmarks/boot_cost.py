@@ -2,14 +2,25 @@
 per cycle.
 
 The seed's queue-rate ladder (``campaigns/queue-rate-ladder.yaml``) on the reference runtime,
-each boot slowed by ``--boot-delay-s`` (30 s, 1 s with ``--quick``) so the runtime costs what a
+each boot slowed by ``boot_delay_s`` (30 s, 2 s with ``--quick``) so the runtime costs what a
 real one does to start, run twice with the same seed: ``design.boot: per-block`` (every run
 boots) and ``per-cycle`` (a cycle's blocks on one boot, switched live). Each is a real
 ``harness run`` from start to verdict; the figure is the ratio of their wall times (target:
 per-cycle at least 3x faster), and the two campaigns' labels must agree, comparison for
-comparison, with the same verdict. Full size: 2 cycles, 1 repeat per block, every cell; quick:
-1 cycle of the control against B1 at a tenth of the workload and a 2 s boot delay, which shows
-the path works but is too small for the target (a run's drive is then as long as its boot).
+comparison, with the same verdict.
+
+Beside them: whether the *decisions* agree (*better*, *worse* and *within noise* the same;
+*inconclusive*, *confounded* and *carry-over* all count as no decision, and which of them an
+undecided comparison gets depends on block timing, which the designs change), and the seconds
+saved per boot avoided (boots counted from the journals), beside the boot delay: a boot costs the
+delay plus the runtime's own start and stop, and a shared boot pays live resets and washouts
+instead, so a saving below the delay means those cost more than the runtime's own start.
+The ratio itself moves with the machine: it is (boots + drive) / (fewer boots + the same
+drive), so a slower drive lowers it.
+
+Full size: 2 cycles, 1 repeat per block, every cell; quick: 1 cycle of the control against B1
+at a tenth of the workload and a 2 s boot delay, which shows the path works but is too small for
+the target (a run's drive is then as long as its boot).
 """
 
 from __future__ import annotations
@@ -25,10 +36,12 @@ from typing import Any
 
 import yaml
 
+from harness.analyze.stats import CARRY_OVER, CONFOUNDED
 from harness.benchmarks import Figure
 
 _CARD = Path(__file__).resolve().parents[2] / "campaigns" / "queue-rate-ladder.yaml"
 TARGET = 3.0
+_NO_DECISION = {"inconclusive", CONFOUNDED, CARRY_OVER}
 
 
 def _variant(
@@ -51,8 +64,9 @@ def _variant(
     return path
 
 
-def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any], list[str]]:
-    """Wall seconds of ``harness run`` to its verdict, the labels, and the gates that failed."""
+def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any], list[str], int]:
+    """Wall seconds of ``harness run`` to its verdict, the labels, the gates that failed, and
+    the boots its journal records."""
     argv = [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)]
     start = time.perf_counter()
     done = subprocess.run(
@@ -73,7 +87,13 @@ def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any]
     failed = [str(g["name"]) for g in verdict["gates"] if not g["passed"]]
     if not verdict["passed"] and not failed:
         failed = ["runs incomplete"]
-    return wall_s, labels, failed
+    journal = (root / "journal.jsonl").read_text(encoding="utf-8").splitlines()
+    boots = sum(json.loads(line).get("event") == "boot" for line in journal if line.strip())
+    return wall_s, labels, failed, boots
+
+
+def _decision(label: str | None) -> str | None:
+    return "no decision" if label in _NO_DECISION else label
 
 
 def run_bench(quick: bool = False) -> list[Figure]:
@@ -85,10 +105,8 @@ def run_bench(quick: bool = False) -> list[Figure]:
     for boot in ("per-block", "per-cycle"):
         card = _variant(root, boot, cycles=cycles, boot_delay_s=delay_s, cells=cells)
         results[boot] = _run(card, root / f"reports-{boot}", scale)
-    (block_s, block_labels, block_failed), (cycle_s, cycle_labels, cycle_failed) = (
-        results["per-block"],
-        results["per-cycle"],
-    )
+    block_s, block_labels, block_failed, block_boots = results["per-block"]
+    cycle_s, cycle_labels, cycle_failed, cycle_boots = results["per-cycle"]
     block_pass, cycle_pass = not block_failed, not cycle_failed
     ratio = block_s / cycle_s
     differ = sorted(
@@ -97,6 +115,16 @@ def run_bench(quick: bool = False) -> list[Figure]:
         if block_labels[k] != cycle_labels.get(k)
     )
     agree = not differ and block_labels.keys() == cycle_labels.keys() and block_pass == cycle_pass
+    decided_differ = [
+        k for k in block_labels if _decision(block_labels[k]) != _decision(cycle_labels.get(k))
+    ]
+    decisions_agree = (
+        not decided_differ
+        and block_labels.keys() == cycle_labels.keys()
+        and block_pass == cycle_pass
+    )
+    avoided = block_boots - cycle_boots
+    per_boot = (block_s - cycle_s) / avoided if avoided > 0 else float("nan")
     if agree:
         shutil.rmtree(root, ignore_errors=True)
     else:
@@ -126,5 +154,22 @@ def run_bench(quick: bool = False) -> list[Figure]:
             ),
             target="1",
             passed=agree,
+        ),
+        Figure(
+            name="decisions agree (undecided labels count alike)",
+            value=float(decisions_agree),
+            unit="(1 = all agree)",
+            baseline=(
+                f"{len(block_labels) - len(decided_differ)} of {len(block_labels)} comparisons"
+                + (f"; differ: {'; '.join(decided_differ)}" if decided_differ else "")
+            ),
+            target="1",
+            passed=decisions_agree,
+        ),
+        Figure(
+            name="wall time saved per boot avoided",
+            value=per_boot,
+            unit="s",
+            baseline=f"a {delay_s:g} s boot delay; {block_boots} boots vs {cycle_boots}",
         ),
     ]
