@@ -38,6 +38,7 @@ import yaml
 
 from harness.analyze.stats import CARRY_OVER, CONFOUNDED
 from harness.benchmarks import Figure
+from harness.formats.records import Journal
 
 _CARD = Path(__file__).resolve().parents[2] / "campaigns" / "queue-rate-ladder.yaml"
 TARGET = 3.0
@@ -87,13 +88,23 @@ def _run(card: Path, reports: Path, scale: float) -> tuple[float, dict[str, Any]
     failed = [str(g["name"]) for g in verdict["gates"] if not g["passed"]]
     if not verdict["passed"] and not failed:
         failed = ["runs incomplete"]
-    journal = (root / "journal.jsonl").read_text(encoding="utf-8").splitlines()
-    boots = sum(json.loads(line).get("event") == "boot" for line in journal if line.strip())
+    boots = sum(e["event"] == "boot" for e in Journal(root / "journal.jsonl").events())
     return wall_s, labels, failed, boots
 
 
 def _decision(label: str | None) -> str | None:
     return "no decision" if label in _NO_DECISION else label
+
+
+def _agreement(name: str, agree: bool, baseline: str) -> Figure:
+    return Figure(
+        name=name,
+        value=float(agree),
+        unit="(1 = all agree)",
+        baseline=baseline,
+        target="1",
+        passed=agree,
+    )
 
 
 def run_bench(quick: bool = False) -> list[Figure]:
@@ -114,15 +125,12 @@ def run_bench(quick: bool = False) -> list[Figure]:
         for k in block_labels
         if block_labels[k] != cycle_labels.get(k)
     )
-    agree = not differ and block_labels.keys() == cycle_labels.keys() and block_pass == cycle_pass
+    same_runs = block_labels.keys() == cycle_labels.keys() and block_pass == cycle_pass
+    agree = not differ and same_runs
     decided_differ = [
         k for k in block_labels if _decision(block_labels[k]) != _decision(cycle_labels.get(k))
     ]
-    decisions_agree = (
-        not decided_differ
-        and block_labels.keys() == cycle_labels.keys()
-        and block_pass == cycle_pass
-    )
+    decisions_agree = not decided_differ and same_runs
     avoided = block_boots - cycle_boots
     per_boot = (block_s - cycle_s) / avoided if avoided > 0 else float("nan")
     if agree:
@@ -143,28 +151,18 @@ def run_bench(quick: bool = False) -> list[Figure]:
             target="" if quick else f">= {TARGET:g}x",
             passed=None if quick else ratio >= TARGET,
         ),
-        Figure(
-            name="labels and verdict agree between the boot designs",
-            value=float(agree),
-            unit="(1 = all agree)",
-            baseline=(
-                f"{len(block_labels)} comparisons; verdict "
-                f"{'PASS' if block_pass else 'FAIL'} / {'PASS' if cycle_pass else 'FAIL'}"
-                + (f"; differ (per-block / per-cycle): {'; '.join(differ)}" if differ else "")
-            ),
-            target="1",
-            passed=agree,
+        _agreement(
+            "labels and verdict agree between the boot designs",
+            agree,
+            f"{len(block_labels)} comparisons; verdict "
+            f"{'PASS' if block_pass else 'FAIL'} / {'PASS' if cycle_pass else 'FAIL'}"
+            + (f"; differ (per-block / per-cycle): {'; '.join(differ)}" if differ else ""),
         ),
-        Figure(
-            name="decisions agree (undecided labels count alike)",
-            value=float(decisions_agree),
-            unit="(1 = all agree)",
-            baseline=(
-                f"{len(block_labels) - len(decided_differ)} of {len(block_labels)} comparisons"
-                + (f"; differ: {'; '.join(decided_differ)}" if decided_differ else "")
-            ),
-            target="1",
-            passed=decisions_agree,
+        _agreement(
+            "decisions agree (undecided labels count alike)",
+            decisions_agree,
+            f"{len(block_labels) - len(decided_differ)} of {len(block_labels)} comparisons"
+            + (f"; differ: {'; '.join(decided_differ)}" if decided_differ else ""),
         ),
         Figure(
             name="wall time saved per boot avoided",

@@ -59,7 +59,7 @@ def runs_text(plan: Plan) -> str:
     count = len(plan.runs)
     text = f"{count} run" if count == 1 else f"{count} runs"
     most = plan.max_runs()
-    if most != len(plan.runs):
+    if most != count:
         text += f", up to {most} if the sequential design runs to its last look"
     return text + (f", at --scale {plan.scale:g}" if plan.scale != 1 else "")
 

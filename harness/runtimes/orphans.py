@@ -14,6 +14,9 @@ from harness.boxes.base import Box
 from harness.errors import HarnessError
 from harness.formats.records import Journal
 
+# The environment variable that marks a booted runtime with its run folder on the box.
+BOOT_MARK = "HARNESS_BOOT_DIR"
+
 
 def orphan_identity(box: Box, pid: int) -> str:
     """The start time ``ps`` reports for ``pid`` ('' when gone): with the PID, an identity that a
@@ -28,10 +31,6 @@ def journal_boot(journal: Journal, box: Box, box_name: str, run_id: str, pgid: i
     with contextlib.suppress(HarnessError, OSError):
         identity = orphan_identity(box, pgid)
     journal.append("boot", run_id=run_id, pgid=pgid, identity=identity, box=box_name)
-
-
-# The environment variable that marks a booted runtime with its run folder on the box.
-BOOT_MARK = "HARNESS_BOOT_DIR"
 
 
 def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
