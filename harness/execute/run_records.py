@@ -39,6 +39,7 @@ from harness.formats.records import (
     write_parquet,
 )
 from harness.formats.ring_read import read_ring, read_ring_since
+from harness.formats.route_trace import slice_after_last_reset
 from harness.plan.build import Run
 from harness.runtimes.applied_policy import (
     add_exit_counters,
@@ -343,4 +344,7 @@ class RunRecords(GuardSteps):
         if telemetry.route_trace:
             trace_remote = render(telemetry.route_trace, context)
             if self.box.exists(trace_remote):
-                self.box.get_file(trace_remote, local_dir / "route-trace.jsonl")
+                local = local_dir / "route-trace.jsonl"
+                self.box.get_file(trace_remote, local)
+                # On a shared boot the file holds every run so far: keep this run's own part.
+                slice_after_last_reset(local)

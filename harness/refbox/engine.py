@@ -16,7 +16,8 @@ the policy saw, in order:
 * ``{"kind": "knobs", "step": n, "knobs": {...}}`` when live knobs change; they apply from step
   ``n`` (the next step to run) on;
 * ``{"kind": "reset", "step": n, "knobs": {...}, "hot": [...]}`` when the engine went back to its
-  boot state (``POST /admin/reset`` or the control file), possibly on a live map.
+  boot state (``POST /admin/reset`` or the control file), possibly on a live map. A run of
+  a shared boot keeps the part after its reset (:mod:`harness.formats.route_trace`).
 """
 
 from __future__ import annotations

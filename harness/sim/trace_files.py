@@ -227,6 +227,12 @@ def _refbox_trace(
             changes.append(KnobChange(step, new, phase, number))
         elif kind == "header":
             raise TraceError(f"{here}: a second header; one trace per runtime boot")
+        elif kind == "reset":
+            raise TraceError(
+                f"{here}: a reset: this is a whole shared boot's trace, its runs one after "
+                "another; replay one run's own (runs/<run>/route-trace.jsonl of the campaign "
+                "directory), which starts at its reset"
+            )
         else:
             raise TraceError(f"{here}: unknown record kind {kind!r} (step, drain, swap or knobs)")
     if not rows.blocks:

@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.errors import TraceError
+from harness.formats.maps import write_rowmap
 from harness.formats.ring_read import read_ring
+from harness.formats.route_trace import slice_after_last_reset
 from harness.policy.residency import PolicyKnobs
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.model import DOMAIN_SAMPLES, ModelConfig
@@ -110,8 +114,11 @@ def _post(port: int, path: str, body: dict[str, object]) -> object:
         return json.loads(response.read())
 
 
-def record_live(tmp: Path, name: str, *flags: str, shift: bool = False) -> Path:
-    """Boot the refbox with a route trace, drive several domains, change knobs live, SIGTERM."""
+def record_live(
+    tmp: Path, name: str, *flags: str, shift: bool = False, reset: Path | None = None
+) -> Path:
+    """Boot the refbox with a route trace, drive several domains, change knobs live, SIGTERM;
+    with ``reset`` (a map), a second run on the same boot after a reset onto that map."""
     trace = tmp / f"{name}.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.refbox", "serve", "--port", "0",
@@ -137,6 +144,14 @@ def record_live(tmp: Path, name: str, *flags: str, shift: bool = False) -> Path:
             _post(
                 port, "/v1/completions", {"prompt": DOMAIN_SAMPLES[domain][:80], "max_tokens": 48}
             )
+        if reset is not None:  # the next cell on a shared boot, as `harness run` switches it
+            _post(port, "/admin/reset", {"rowmap": str(reset), "drain_every": 4})
+            for domain in ("python", "english", "json"):
+                _post(
+                    port,
+                    "/v1/completions",
+                    {"prompt": DOMAIN_SAMPLES[domain][:80], "max_tokens": 48},
+                )
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -170,6 +185,29 @@ def test_lockstep_on_live_traces_has_no_divergence(live: dict[str, Path], name: 
         else:
             assert result.decisions > 0 and result.recorded_swaps > 0
     assert_same(replay_reference(trace), replay_fast(trace))
+
+
+def test_a_shared_boots_run_replays_from_its_reset(tmp_path: Path) -> None:
+    """A shared boot's trace holds its runs one after another: the whole file is refused with
+    the fix, and a run's own part (what `harness run` keeps) replays in lockstep from the reset's
+    map and knobs, as a boot of its own would."""
+    other_map = tmp_path / "map.json"
+    write_rowmap(other_map, [[8, 9, 10, 11, 12, 13, 14, 15]] * 4, experts=16)
+    whole = record_live(tmp_path, "shared", reset=other_map)
+    with pytest.raises(TraceError, match=r"a reset: this is a whole shared boot's trace"):
+        load_trace(whole)
+    run = tmp_path / "run.jsonl"
+    shutil.copy(whole, run)
+    step = slice_after_last_reset(run)
+    assert step is not None and step > 0
+    trace = load_trace(run)
+    assert trace.hot == [[8, 9, 10, 11, 12, 13, 14, 15]] * 4
+    assert trace.knobs.drain_every == 8  # the boot's; the cell's 4 comes as a live change
+    assert [c.knobs.drain_every for c in trace.knob_changes] == [4]
+    result = lockstep(trace)
+    assert result.divergent == 0 and result.recorded_swaps > 0
+    assert result.replayed_swaps == result.recorded_swaps
+    assert slice_after_last_reset(run) is None  # a run's part has no reset left to cut at
 
 
 def test_replay_reproduces_the_runtime_ring(live: dict[str, Path]) -> None:
