@@ -56,3 +56,19 @@ def test_benchmark_runs_and_prints_its_figures(name: str) -> None:
     result = run_cli("bench", name, "--quick", "--json", timeout_s=600)
     assert result.code == 0, result.stdout + result.stderr
     assert_figures(name, result.stdout)
+
+
+def test_boot_cost_counts_a_contradiction_only_where_a_design_rules_the_other_out() -> None:
+    from harness.benchmarks.boot_cost import _Campaign, _contradicts
+
+    def campaign(label: str, ratio: float, low: float | None, high: float | None) -> _Campaign:
+        return _Campaign(0.0, {"k": label}, {"k": (ratio, low, high)}, [], 1, 1, 0.0)
+
+    tight_worse = campaign("worse", 0.96, 0.95, 0.97)
+    wide = campaign("inconclusive", 0.87, 0.44, 1.72)
+    assert not _contradicts("k", tight_worse, wide)  # the tighter design decided; no conflict
+    assert not _contradicts("k", wide, tight_worse)  # an undecided label claims nothing
+    outside = campaign("carry-over", 1.0, 0.9, 1.1)  # undecided, but its interval excludes 0.8
+    assert _contradicts("k", campaign("worse", 0.80, 0.7, 0.9), outside)
+    assert _contradicts("k", tight_worse, campaign("better", 1.1, 1.05, 1.15))
+    assert not _contradicts("k", tight_worse, campaign("inconclusive", 0.9, None, None))

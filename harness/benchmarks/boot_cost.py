@@ -11,7 +11,10 @@ comparison, with the same verdict.
 
 Beside them: whether the *decisions* agree (*better*, *worse* and *within noise* the same;
 *inconclusive*, *confounded* and *carry-over* all count as no decision, and which of them an
-undecided comparison gets depends on block timing, which the designs change), and the seconds
+undecided comparison gets depends on block timing, which the designs change); whether either
+design contradicts the other (a different decision, or a decision whose estimate lies outside
+the undecided design's interval: the tighter design deciding what the other could not is no
+contradiction, two campaigns' noise near a boundary makes it common); and the seconds
 saved per boot avoided (boots counted from the journals), beside the boot delay: a boot costs the
 delay plus the runtime's own start and stop, and a shared boot pays live resets and washouts
 instead, so a saving below the delay means those cost more than the runtime's own start.
@@ -71,12 +74,16 @@ def _variant(
     return path
 
 
+_Estimate = tuple[float | None, float | None, float | None]
+
+
 @dataclass(frozen=True)
 class _Campaign:
     """What one boot design's ``harness run`` took and concluded."""
 
     wall_s: float
     labels: dict[str, str]
+    estimates: dict[str, _Estimate]  # ratio and its interval, per comparison
     failed: list[str]  # the gates that failed
     boots: int  # from the journal
     runs: int
@@ -84,7 +91,7 @@ class _Campaign:
 
 
 def _run(card: Path, reports: Path, scale: float) -> _Campaign:
-    """Run ``harness run`` to its verdict and read back its labels, gates, boots and rings."""
+    """Run ``harness run`` to its verdict and read its campaign directory."""
     argv = [sys.executable, "-m", "harness", "run", str(card), "--reports", str(reports)]
     start = time.perf_counter()
     done = subprocess.run(
@@ -96,11 +103,17 @@ def _run(card: Path, reports: Path, scale: float) -> _Campaign:
             f"{card.name}: harness run exited {done.returncode}: {done.stderr[-800:]}"
         )
     [root] = [p.parent for p in reports.glob("*/*/verdict.json")]
+    return _read(root, wall_s)
+
+
+def _read(root: Path, wall_s: float) -> _Campaign:
+    """A finished campaign directory's labels, gates, boots and rings."""
     summary = json.loads((root / "analysis" / "summary.json").read_text(encoding="utf-8"))
-    labels = {
-        f"{c['cell']} vs {c['vs']} {c['cache_state']} {c['metric']}": str(c["label"])
-        for c in summary["comparisons"]
-    }
+    labels, estimates = {}, {}
+    for c in summary["comparisons"]:
+        key = f"{c['cell']} vs {c['vs']} {c['cache_state']} {c['metric']}"
+        labels[key] = str(c["label"])
+        estimates[key] = (c.get("ratio"), c.get("ci_low"), c.get("ci_high"))
     verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
     failed = [str(g["name"]) for g in verdict["gates"] if not g["passed"]]
     if not verdict["passed"] and not failed:
@@ -108,11 +121,26 @@ def _run(card: Path, reports: Path, scale: float) -> _Campaign:
     boots = sum(e["event"] == "boot" for e in Journal(root / "journal.jsonl").events())
     rings = sorted((root / "runs").glob("*/ring.parquet"))
     step_ns = sum(int(pd.read_parquet(r, columns=["dur_ns"])["dur_ns"].sum()) for r in rings)
-    return _Campaign(wall_s, labels, failed, boots, len(rings), step_ns * 1e-9)
+    return _Campaign(wall_s, labels, estimates, failed, boots, len(rings), step_ns * 1e-9)
 
 
 def _decision(label: str | None) -> str | None:
     return "no decision" if label in _NO_DECISION else label
+
+
+def _contradicts(key: str, one: _Campaign, other: _Campaign) -> bool:
+    """Whether ``one`` decided ``key`` in a way ``other`` rules out: a different decision, or,
+    where ``other`` decided nothing, an estimate outside ``other``'s interval."""
+    mine, theirs = _decision(one.labels.get(key)), _decision(other.labels.get(key))
+    if mine in (None, "no decision"):
+        return False
+    if theirs != "no decision":
+        return mine != theirs
+    ratio = one.estimates[key][0]
+    _, low, high = other.estimates.get(key, (None, None, None))
+    if ratio is None or low is None or high is None:
+        return False  # no interval: the other design rules nothing out
+    return not low <= ratio <= high
 
 
 def _agreement(name: str, agree: bool, baseline: str) -> Figure:
@@ -151,6 +179,9 @@ def run_bench(quick: bool = False) -> list[Figure]:
         k for k in block_labels if _decision(block_labels[k]) != _decision(cycle_labels.get(k))
     ]
     decisions_agree = not decided_differ and same_runs
+    contradicted = sorted(
+        k for k in block_labels if _contradicts(k, block, cycle) or _contradicts(k, cycle, block)
+    )
     avoided = block.boots - cycle.boots
     per_boot = (block_s - cycle_s) / avoided if avoided > 0 else float("nan")
     steps_s = (block.step_s + cycle.step_s) / 2
@@ -185,6 +216,12 @@ def run_bench(quick: bool = False) -> list[Figure]:
             decisions_agree,
             f"{len(block_labels) - len(decided_differ)} of {len(block_labels)} comparisons"
             + (f"; differ: {'; '.join(decided_differ)}" if decided_differ else ""),
+        ),
+        _agreement(
+            "no contradictions (a decision the other design rules out)",
+            not contradicted and same_runs,
+            f"{len(block_labels) - len(contradicted)} of {len(block_labels)} comparisons"
+            + (f"; contradicted: {'; '.join(contradicted)}" if contradicted else ""),
         ),
         Figure(
             name="wall time saved per boot avoided",
