@@ -39,7 +39,7 @@ from harness.formats.records import (
     write_parquet,
 )
 from harness.formats.ring_read import read_ring, read_ring_since
-from harness.formats.route_trace import slice_after_last_reset
+from harness.formats.route_trace import slice_after_last_reset, write_run_part
 from harness.plan.build import Run
 from harness.runtimes.applied_policy import (
     add_exit_counters,
@@ -344,7 +344,12 @@ class RunRecords(GuardSteps):
         if telemetry.route_trace:
             trace_remote = render(telemetry.route_trace, context)
             if self.box.exists(trace_remote):
+                # On a shared boot the file holds every run so far: keep this run's own part,
+                # read where it lies on this machine rather than copying the whole boot first.
                 local = local_dir / "route-trace.jsonl"
-                self.box.get_file(trace_remote, local)
-                # On a shared boot the file holds every run so far: keep this run's own part.
-                slice_after_last_reset(local)
+                lying = self.box.local_path(trace_remote)
+                if lying is not None:
+                    write_run_part(lying, local)
+                else:
+                    self.box.get_file(trace_remote, local)
+                    slice_after_last_reset(local)

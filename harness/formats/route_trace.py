@@ -17,38 +17,49 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESET_PREFIX", "slice_after_last_reset"]
+__all__ = ["slice_after_last_reset", "write_run_part"]
 
-# How the engine writes a reset line (compact separators, "kind" first): found without parsing
-# every step line, which is most of a large file.
-RESET_PREFIX = b'{"kind":"reset"'
+# How the engine writes these lines (compact separators, "kind" first): a reset is found without
+# parsing every step line, which is most of a large file.
+_RESET_PREFIX = b'{"kind":"reset"'
 _HEADER_PREFIX = b'{"kind":"header"'
 
 
-def slice_after_last_reset(path: Path) -> int | None:
-    """Rewrite ``path`` to its header and the records after its last ``reset``; returns the
-    reset's step, or None (the file left as it is) when it has no reset or is not a reference
-    runtime trace."""
-    header: dict[str, Any] | None = None
+def write_run_part(source: Path, dest: Path) -> int | None:
+    """Write to ``dest`` what a run keeps of the boot's trace ``source``: the header (with the
+    last reset's knobs and hot sets) and the records after that reset. Returns the reset's step;
+    None when there is no reset or ``source`` is not a reference runtime trace, and then
+    ``dest`` is a plain copy."""
     reset: dict[str, Any] | None = None
     after = 0
-    with open(path, "rb") as handle:
+    with open(source, "rb") as handle:
         first = handle.readline()
-        if not first.startswith(_HEADER_PREFIX):
-            return None
-        header = json.loads(first)
-        for line in iter(handle.readline, b""):
-            if line.startswith(RESET_PREFIX) and line.endswith(b"\n"):
-                reset = json.loads(line)
-                after = handle.tell()
+        if first.startswith(_HEADER_PREFIX):
+            for line in iter(handle.readline, b""):
+                if line.startswith(_RESET_PREFIX) and line.endswith(b"\n"):
+                    reset = json.loads(line)
+                    after = handle.tell()
+    dest.parent.mkdir(parents=True, exist_ok=True)
     if reset is None:
+        shutil.copyfile(source, dest)
         return None
     step = int(reset["step"])
-    head = {**header, "knobs": reset["knobs"], "hot": reset["hot"], "after_reset_step": step}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(path, "rb") as source, open(tmp, "wb") as out:
+    head = {**json.loads(first), "knobs": reset["knobs"], "hot": reset["hot"]}
+    head["after_reset_step"] = step
+    with open(source, "rb") as handle, open(dest, "wb") as out:
         out.write(json.dumps(head, separators=(",", ":")).encode() + b"\n")
-        source.seek(after)
-        shutil.copyfileobj(source, out, 1 << 20)
+        handle.seek(after)
+        shutil.copyfileobj(handle, out, 1 << 20)
+    return step
+
+
+def slice_after_last_reset(path: Path) -> int | None:
+    """Cut ``path`` in place to what a run keeps of it (:func:`write_run_part`); a file with no
+    reset is left as it is."""
+    tmp = path.with_name(path.name + ".tmp")
+    step = write_run_part(path, tmp)
+    if step is None:
+        tmp.unlink()
+        return None
     os.replace(tmp, path)
     return step
