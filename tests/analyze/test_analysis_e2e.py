@@ -106,11 +106,11 @@ def test_a_a_campaign_is_better_on_no_timing_metric(tmp_path: Path) -> None:
 
 
 def test_drift_on_an_a_a_campaign_is_flagged_and_promotes_nothing(tmp_path: Path) -> None:
-    # Every boot reads one shared clock: a step at time t costs (1 + 10·t/min) times its work, so
+    # Every boot reads one shared clock: a step at time t costs (1 + 30·t/min) times its work, so
     # the box slows several-fold over the campaign and the outer blocks of each cycle differ by
     # far more than any noise. All experts hot keeps the work, and so the slowed campaign, short.
     origin = f"{time.time():.3f}"
-    drift = f'REFBOX_DRIFT_PCT_PER_MIN: "1000", REFBOX_DRIFT_ORIGIN: "{origin}", REFBOX_LAYERS'
+    drift = f'REFBOX_DRIFT_PCT_PER_MIN: "3000", REFBOX_DRIFT_ORIGIN: "{origin}", REFBOX_LAYERS'
     replace = {
         "REFBOX_LAYERS": drift,
         'REFBOX_HOT_SLOTS: "4"': 'REFBOX_HOT_SLOTS: "8"',
