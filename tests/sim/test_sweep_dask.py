@@ -4,6 +4,7 @@ started here and stopped by PID."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ DASK = Path(sys.executable).parent / "dask"
 
 
 def _free_port() -> int:
+    """A port nothing listens on (for the unreachable-scheduler case only)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -43,13 +45,36 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=20)
 
 
+def _logs(logs: Path) -> str:
+    return "\n".join(
+        f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+        for log in sorted(logs.iterdir())
+    )
+
+
+def _scheduler_address(scheduler: subprocess.Popen[bytes], scheduler_file: Path, logs: Path) -> str:
+    """The address the scheduler bound: it picks its own port (no race with a port chosen here
+    and taken by another test's server before the scheduler binds it) and writes it to a file."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if scheduler.poll() is not None:
+            pytest.fail(f"the dask scheduler exited ({scheduler.returncode}):\n{_logs(logs)}")
+        if scheduler_file.exists():
+            try:
+                return str(json.loads(scheduler_file.read_text())["address"])
+            except (ValueError, KeyError):
+                pass  # written but not yet whole
+        time.sleep(0.2)
+    pytest.fail(f"the dask scheduler wrote no address in 120 s:\n{_logs(logs)}")
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """A scheduler and two single-threaded workers (no nanny: a killed worker stays dead)."""
-    address = f"tcp://127.0.0.1:{_free_port()}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # workers import this checkout's harness
     logs = tmp_path / "dask-logs"
     logs.mkdir()
+    scheduler_file = tmp_path / "scheduler.json"
     started: list[subprocess.Popen[bytes]] = []
     files: list[IO[bytes]] = []
 
@@ -61,16 +86,22 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]
         return process
 
     try:
-        port = address.rsplit(":", 1)[1]
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", port, "--no-dashboard")
+        scheduler = start(
+            "scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0",
+            "--scheduler-file", str(scheduler_file), "--no-dashboard",
+        )  # fmt: skip
+        address = _scheduler_address(scheduler, scheduler_file, logs)
         flags = ("--host", "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard")
         workers = [
             start(f"worker{i}", "worker", address, *flags, "--name", f"w{i}") for i in range(2)
         ]
         from distributed import Client
 
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=90)
+        with Client(address, timeout=120) as client:
+            try:
+                client.wait_for_workers(2, timeout=180)
+            except TimeoutError:
+                pytest.fail(f"two dask workers did not join in 180 s:\n{_logs(logs)}")
         yield address, workers
     finally:
         for process in reversed(started):
