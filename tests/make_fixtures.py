@@ -41,8 +41,8 @@ FIXTURES = {
         {"cycles: 3\n  max_cycles: 10\n  sequential: true\n  look_every: 1\n": "cycles: 1\n"},
     ),
     # Made while the card had 1 cycle of 3 repeats (edited to 1) and 8-request shift phases; it
-    # has 2 cycles of 1 repeat and 10-request shift phases now.
-    "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"cycles: 2,": "cycles: 1,"}),
+    # has 3 cycles of 1 repeat, 10-request shift phases and a per-cycle boot now.
+    "ladder-shaped": Fixture("queue-rate-ladder.yaml", "0.3", {"cycles: 3,": "cycles: 1,"}),
 }
 DROPPED = (
     "route-trace.jsonl", "report.html", "record.md", "analysis", "box", "figures",

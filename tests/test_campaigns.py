@@ -162,10 +162,10 @@ def test_hotlist_priority_runs_end_to_end_warm_and_cold(tmp_path: Path) -> None:
 
 
 def test_queue_rate_ladder_runs_end_to_end(tmp_path: Path) -> None:
-    # One cycle (the card has two) at a fifth of the card: the ladder order, four cells and
+    # One cycle (the card has three) at a fifth of the card: the ladder order, four cells and
     # both shift directions; its table is pinned in test_seed_tables.py.
     card = _variant(
-        "queue-rate-ladder.yaml", tmp_path, {"cycles: 2,": "cycles: 1,", **SMALL_EXPERTS}
+        "queue-rate-ladder.yaml", tmp_path, {"cycles: 3,": "cycles: 1,", **SMALL_EXPERTS}
     )
     code, root, output = _run(card, tmp_path, "0.2")
     assert code == 0, output

@@ -189,6 +189,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             ring_lost=record.get("ring_lost") if has_ring else None,
             started_at=record.get("started_at"),
             ended_at=record.get("ended_at"),
+            boot_id=record.get("boot_id") or None,  # which runs shared a runtime
         )
         if record["status"] != "ok":
             rows.append(row)

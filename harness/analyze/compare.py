@@ -58,9 +58,12 @@ def cell_cycles(
         pattern = str(group["pattern"].iloc[0])
         blocks: list[float] = []
         logs: list[np.ndarray] = []
+        boots: list[set[str]] = []
         missing = ""
         for slot in range(4):
             block = group[group["slot"] == slot]
+            if "boot_id" in block:
+                boots.append({str(b) for b in block["boot_id"].dropna() if str(b)})
             values = block[metric].to_numpy(dtype=float) if metric in block else np.array([])
             ok = block["status"].eq("ok").all() and len(block) > 0
             if not ok or not np.all(np.isfinite(values)) or np.any(values <= 0):
@@ -84,9 +87,20 @@ def cell_cycles(
                 y=(blocks[0], blocks[1], blocks[2], blocks[3]),
                 prompt_logs=tuple(logs) if aligned else None,
                 prompts_aligned=aligned,
+                shared_boot=_shares_a_boot(boots),
             )
         )
     return cycles, dropped
+
+
+def _shares_a_boot(boots: Sequence[set[str]]) -> bool:
+    """Whether two slots of a cycle ran on one boot (their runs carry the same boot id)."""
+    seen: set[str] = set()
+    for slot in boots:
+        if slot & seen:
+            return True
+        seen |= slot
+    return False
 
 
 def compare_cells(

@@ -79,6 +79,8 @@ class Cycle:
     ``prompts_aligned`` says element i of every block is the same prompt (the plan's normal
     case); the bootstrap then resamples one prompt set per cycle so prompt effects cancel in D,
     and s_w comes from same-arm paired differences instead of raw within-block spread.
+    ``shared_boot`` says two or more of its blocks ran on one boot (``design.boot`` per-cycle or
+    per-campaign), where a block can inherit the state the block before it left.
     """
 
     index: int
@@ -86,6 +88,7 @@ class Cycle:
     y: tuple[float, float, float, float]
     prompt_logs: tuple[FloatArray, ...] | None = None
     prompts_aligned: bool = False
+    shared_boot: bool = False
 
     def __post_init__(self) -> None:
         where = f"cycle {self.index}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from harness.analyze.crossover import ROUNDING, CrossoverFit, fit_crossover
+from harness.analyze.crossover import MIN_CARRY_CYCLES, ROUNDING, CrossoverFit, fit_crossover
 from harness.analyze.cycles import Cycle, margin_log, pct_change
 from harness.analyze.design_sim import stopping_distribution
 from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
@@ -290,6 +290,34 @@ def carry_over_explains(raw_label: str, mean: float, model: CarryOver | None) ->
     return not (low > 0) if mean > 0 else not (high < 0)
 
 
+def carry_over_unchecked(
+    raw_label: str, model: CarryOver | None, cycles: Sequence[Cycle], exact: bool
+) -> bool:
+    """Whether a *better*/*worse* label on shared boots stands on carry-over nobody checked.
+
+    Blocks that share a boot invite carry-over (a cache, a queue or a map left by the block
+    before), and with fewer than MIN_CARRY_CYCLES cycles the model cannot estimate it, so such
+    a label fails closed. A deterministic (``exact``) metric can rule it out without the model:
+    when each arm's two blocks read the same in every cycle, whichever arm ran before them
+    (ABBA: A after the boot or another comparison, then after B; B after A, then after B),
+    a first-order carry-over of either arm onto the other is exactly zero.
+    """
+    if raw_label not in ("better", "worse") or not any(c.shared_boot for c in cycles):
+        return False
+    if model is not None and model.control is not None:
+        return False  # estimated: carry_over_explains decides
+    return not (exact and same_arm_blocks_equal(cycles))
+
+
+def same_arm_blocks_equal(cycles: Sequence[Cycle]) -> bool:
+    """Each arm's first and second block of every cycle read the same (to rounding)."""
+    for c in cycles:
+        a1, a2, b1, b2 = c.arms()
+        if abs(a1 - a2) > ROUNDING or abs(b1 - b2) > ROUNDING:
+            return False
+    return True
+
+
 def variance_components(
     fit: CrossoverFit, s_w: float | None, prompts_per_block: int | None
 ) -> VarianceComponents:
@@ -408,6 +436,8 @@ def compare_cycles(
     # Carry-over wins over a drift flag: a carry-over pattern (a slow block after each switch)
     # also moves the outer blocks and raises DRIFT, and the model names its cause.
     carried = carry_over_explains(raw_label, mean, model)
+    shared = any(c.shared_boot for c in cycles)
+    unchecked = carry_over_unchecked(raw_label, model, cycles, exact=not drift_sensitive)
     k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
     variance = variance_components(fit, s_w, k_min) if fit is not None else None
 
@@ -420,6 +450,13 @@ def compare_cycles(
     else:
         spread = None
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
+    if unchecked:
+        needed = max(needed or 0, MIN_CARRY_CYCLES)
+        warnings.append(
+            f"{metric}: the blocks shared a boot, so carry-over could explain the {raw_label} "
+            f"label, and {m} cycle(s) cannot estimate it ({MIN_CARRY_CYCLES} needed); add "
+            f"cycles ({remedy or RESUME_HINT})"
+        )
     if sequential is not None and raw_label == "inconclusive" and sd is not None:
         needed, advice = sequential_advice(metric, sequential, mean, sd, delta, seed, remedy)
         warnings.append(advice)
@@ -475,7 +512,11 @@ def compare_cycles(
                 f"{metric}: {kinds} flagged in cycle(s) {where}; the bias it could cause (up to "
                 f"{pct_change(bias)}) cannot explain the {raw_label} label"
             )
-    warnings.extend(model_warnings(metric, raw_label, model, m, carried, drift_sensitive))
+    unestimated = "fails closed" if unchecked else "exactly none" if shared else "assumed none"
+    warnings.extend(
+        model_warnings(metric, raw_label, model, m, carried, drift_sensitive, unestimated)
+    )
+    carried = carried or unchecked
     pairs = pair_effects(cycles)
     return Comparison(
         metric=metric,
@@ -540,8 +581,14 @@ def model_warnings(
     m: int,
     carried: bool,
     drift_sensitive: bool,
+    unestimated: str = "assumed none",
 ) -> list[str]:
-    """What the crossover model saw: drift it removed, carry-over, and terms it left out."""
+    """What the crossover model saw: drift it removed, carry-over, and terms it left out.
+
+    ``unestimated`` is what a decided label does about carry-over too few cycles to estimate:
+    "assumed none" (blocks on boots of their own), "exactly none" (shared boots, and
+    carry_over_unchecked found none) or "fails closed" (shared boots: said by the caller).
+    """
     if model is None:
         return []
     out: list[str] = []
@@ -567,8 +614,14 @@ def model_warnings(
             "cache drop between blocks) or add cycles"
         )
     elif model.control is None and raw_label in ("better", "worse") and m >= 1:
-        out.append(
-            f"{metric}: carry-over cannot be estimated from {m} cycle(s) (3 needed); the "
-            f"{raw_label} label assumes none"
-        )
+        if unestimated == "exactly none":
+            out.append(
+                f"{metric}: the blocks shared a boot and show no carry-over: each arm's two "
+                "blocks read the same in every cycle, whichever arm ran before them"
+            )
+        elif unestimated == "assumed none":
+            out.append(
+                f"{metric}: carry-over cannot be estimated from {m} cycle(s) "
+                f"({MIN_CARRY_CYCLES} needed); the {raw_label} label assumes none"
+            )
     return out

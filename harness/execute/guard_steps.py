@@ -77,10 +77,14 @@ class GuardSteps:
         self.campaign.journal.append("run_failed", run_id=run.run_id, reason=record.reason)
         self.progress("end", run, {"status": RUN_FAILED, "reason": record.reason})
 
-    def _start_watch(self, run: Run, pgid: int, record: RunRecord) -> RunWatch | None:
-        """Guards during the run: a broken rule stops the runtime and invalidates the cohort."""
+    def _check_binary(self, run: Run, record: RunRecord) -> None:
+        """Note the runtime binary the run uses; one that differs from its cohort's first run's
+        invalidates the cohort and fails the run. Taken before anything is measured (for a
+        command driver, before the command starts: a command that ends before a fingerprint
+        taken beside it could change the binary first, and the version command would compete
+        with the measured one)."""
         if not self.cohorts.enabled:
-            return None
+            return
         key = cohort_key(run)
         version = runtime_version(self.box, self.loaded.runtime, self.box_spec.python_path())
         record.runtime["binary_sha256"] = version.get("binary_sha256")
@@ -88,6 +92,11 @@ class GuardSteps:
         if changed is not None:
             self.cohorts.invalidate(key, changed)
             raise InfrastructureError(f"guard: {changed}")
+
+    def _start_watch(self, run: Run, pgid: int) -> RunWatch | None:
+        """Guards during the run: a broken rule stops the runtime and invalidates the cohort."""
+        if not self.cohorts.enabled:
+            return None
         signal = self.loaded.runtime.stop.signal
 
         def abort(box: Box, reason: str) -> None:

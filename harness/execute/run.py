@@ -367,7 +367,8 @@ class CampaignRunner(RunRecords):
                 shared.runs += 1
                 record.runtime["boot_shared"] = True
                 self._start_monitor(runtime, state)
-                state.watch = self._start_watch(run, runtime.pgid, record)
+                self._check_binary(run, record)
+                state.watch = self._start_watch(run, runtime.pgid)
                 self._check_idle(run, runtime)
                 # The next cell on the same boot: back to the boot state, its live settings,
                 # then the washout, so it is not measured on the previous cell's state.
@@ -393,7 +394,8 @@ class CampaignRunner(RunRecords):
                     )
                     record.runtime["boot_shared"] = True
                 self._start_monitor(runtime, state)
-                state.watch = self._start_watch(run, runtime.pgid, record)
+                self._check_binary(run, record)
+                state.watch = self._start_watch(run, runtime.pgid)
                 self._check_idle(run, runtime)
                 runtime.post_live(spec.live)
                 if group is not None:
@@ -511,12 +513,13 @@ class CampaignRunner(RunRecords):
         """
         profile = self.loaded.runtime
         assert profile.driver is not None
+        self._check_binary(run, record)
         command = start_command(
             self.box, profile, spec, lambda pgid: self._journal_boot(run, pgid, state)
         )
         state.origin_wall = time.time()
         self._start_monitor(command.runtime, state)
-        state.watch = self._start_watch(run, command.runtime.pgid, record)
+        state.watch = self._start_watch(run, command.runtime.pgid)
         if state.monitor is not None:
             state.monitor.scored = True
         try:

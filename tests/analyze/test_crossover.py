@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -85,3 +86,45 @@ def test_vectorised_labels_match_compare_cycles_campaign_by_campaign() -> None:
         c = compare_cycles(_cycles(blocks[row]), metric="decode_tok_s", bootstrap_resamples=0)
         carried = carry_over_explains(c.raw_label, c.mean_log_effect, c.model)
         assert (CARRY_OVER if carried else c.raw_label) == CODES[int(codes[row])]
+
+
+def _shared(cycles: list[Cycle]) -> list[Cycle]:
+    return [replace(c, shared_boot=True) for c in cycles]
+
+
+def test_on_a_shared_boot_a_label_carry_over_could_explain_unseen_fails_closed() -> None:
+    # Two cycles, B clearly 10% faster, each block ±0.5%: decided on boots of their own (with
+    # the warning that it assumes no carry-over); on shared boots the model cannot estimate the
+    # carry-over the design invites from 2 cycles, so the label is *carry-over*, and 3 needed.
+    rng = np.random.default_rng(5)
+    blocks = simulate_blocks(rng, 1, 2, Scenario(effect=math.log(1.1), block_sd=0.005))[0]
+    own = compare_cycles(_cycles(blocks), metric="decode_tok_s", bootstrap_resamples=0)
+    assert own.label == "better" and any("assumes none" in w for w in own.warnings)
+    shared = compare_cycles(_shared(_cycles(blocks)), metric="decode_tok_s", bootstrap_resamples=0)
+    assert shared.raw_label == "better" and shared.label == CARRY_OVER
+    assert shared.carry_over_explains and (shared.cycles_needed or 0) >= MIN_CARRY_CYCLES
+    assert any("shared a boot" in w and "cannot estimate" in w for w in shared.warnings)
+    assert not any("assumes none" in w for w in shared.warnings)
+    # From 3 cycles the model estimates it, finds none to speak of, and the label stands.
+    three = simulate_blocks(rng, 1, 3, Scenario(effect=math.log(1.1), block_sd=0.005))[0]
+    decided = compare_cycles(_shared(_cycles(three)), metric="decode_tok_s", bootstrap_resamples=0)
+    assert decided.label == "better", decided.warnings
+
+
+def test_a_deterministic_counter_on_a_shared_boot_rules_carry_over_out_exactly() -> None:
+    # A hit rate that each arm reads identically in both its blocks, whichever arm came first:
+    # no carry-over, exactly, and the label stands from 2 cycles.
+    a, b = math.log(0.80), math.log(0.88)
+    steady = [Cycle(0, "ABBA", (a, b, b, a)), Cycle(1, "BAAB", (b, a, a, b))]
+    ok = compare_cycles(
+        _shared(steady), metric="hit_rate", drift_sensitive=False, bootstrap_resamples=0
+    )
+    assert ok.label == "better", ok.warnings
+    assert any("show no carry-over" in w for w in ok.warnings)
+    # The control reads lower after a candidate block: carry-over, and it fails closed.
+    c = math.log(0.99)
+    carried = [Cycle(0, "ABBA", (a, b, b, a + c)), Cycle(1, "BAAB", (b, a + c, a, b))]
+    closed = compare_cycles(
+        _shared(carried), metric="hit_rate", drift_sensitive=False, bootstrap_resamples=0
+    )
+    assert closed.raw_label == "better" and closed.label == CARRY_OVER
