@@ -287,7 +287,14 @@ def _describe(row: dict[str, Any]) -> str:
     text += f" over {cycles} cycle{'' if cycles == 1 else 's'}: {row['label']}"
     if row["label"] == "confounded":
         text += f" (statistically {row['raw_label']}, but drift flagged)"
-    if row["label"] == "carry-over":
+    if row["label"] == "carry-over" and row.get("carry_control_ratio") is None:
+        # Shared boots, too few cycles for the model's carry-over terms (stats.py).
+        text += (
+            f" (statistically {row['raw_label']}, but the blocks shared a boot and "
+            f"{cycles} cycle{'' if cycles == 1 else 's'} cannot estimate the carry-over that "
+            f"could explain it: run {row.get('cycles_needed') or 3})"
+        )
+    elif row["label"] == "carry-over":
         low, high = row.get("adjusted_low"), row.get("adjusted_high")
         span = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
         text += (

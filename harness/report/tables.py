@@ -372,7 +372,12 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
         notes = []
         if row.get("confounded"):
             notes.append(f"statistically {row['raw_label']}, but a drift flag confounds it")
-        if row.get("carry_over"):
+        if row.get("carry_over") and row.get("carry_control_ratio") is None:
+            notes.append(
+                f"statistically {row['raw_label']}, but the blocks shared a boot and too few "
+                "cycles to estimate the carry-over that could explain it"
+            )
+        elif row.get("carry_over"):
             notes.append(
                 f"statistically {row['raw_label']}, but carry-over could explain it (ratio "
                 f"{fmt.ratio3(row.get('adjusted_ratio'))} with carry-over in the model)"

@@ -68,6 +68,7 @@ class Synth:
     ring: Callable[[Run], tuple[int, int, float] | None] = lambda run: None
     noise_sd: float = 0.003  # seeded per-request noise on the log scale
     extra: dict[str, Any] = field(default_factory=dict)
+    boot: Callable[[Run], str] | None = None  # the run's boot id; None: a boot of its own
 
 
 COUNTERS = {
@@ -199,7 +200,7 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
             comparison=run["comparison"],
             block=run["block"],
             box="local",
-            boot_id=f"{run['run_id']}-a1",
+            boot_id=synth.boot(run) if synth.boot else f"{run['run_id']}-a1",
             started_at=1_000.0 + 10 * index,
             ended_at=1_000.0 + 10 * index + 8,
             ring_lost=ring_lost,
@@ -474,6 +475,24 @@ def test_better_fails_when_worse(tmp_path: Path) -> None:
                              Synth(speed=faster(0.7)), cycles=2))  # fmt: skip
     assert not result.passed
     assert "ratio 0.700" in result.reason and result.reason.endswith(": worse")
+
+
+def test_better_on_shared_boots_needs_the_cycles_that_estimate_carry_over(
+    tmp_path: Path,
+) -> None:
+    # 1.5x faster on every block, each cycle's four blocks on one boot (design.boot: per-cycle).
+    # Two cycles would decide it on boots of their own, but cannot estimate the carry-over a
+    # shared boot invites: the gate fails and says how many cycles would.
+    gate = "  - {kind: better, metric: decode_tok_s}"
+    per_cycle = Synth(speed=faster(1.5), boot=lambda run: f"boot-{run['cycle']}")
+    result = only(verdict_of(tmp_path / "two", gate, per_cycle, cycles=2))
+    assert not result.passed
+    assert result.evidence["treat/warm"]["label"] == "carry-over"
+    assert "shared a boot and 2 cycles cannot estimate the carry-over" in result.reason
+    assert "run 3" in result.reason and "nan" not in result.reason
+    assert only(verdict_of(tmp_path / "own", gate, Synth(speed=faster(1.5)), cycles=2)).passed
+    three = only(verdict_of(tmp_path / "three", gate, per_cycle, cycles=3))
+    assert three.passed, three.reason
 
 
 def test_better_fails_within_noise_on_an_a_a_campaign(tmp_path: Path) -> None:
