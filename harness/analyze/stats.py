@@ -291,7 +291,7 @@ def carry_over_explains(raw_label: str, mean: float, model: CarryOver | None) ->
 
 
 def carry_over_unchecked(
-    raw_label: str, model: CarryOver | None, cycles: Sequence[Cycle], exact: bool
+    raw_label: str, model: CarryOver | None, cycles: Sequence[Cycle], *, shared: bool, exact: bool
 ) -> bool:
     """Whether a *better*/*worse* label on shared boots stands on carry-over nobody checked.
 
@@ -302,7 +302,7 @@ def carry_over_unchecked(
     (ABBA: A after the boot or another comparison, then after B; B after A, then after B),
     a first-order carry-over of either arm onto the other is exactly zero.
     """
-    if raw_label not in ("better", "worse") or not any(c.shared_boot for c in cycles):
+    if raw_label not in ("better", "worse") or not shared:
         return False
     if model is not None and model.control is not None:
         return False  # estimated: carry_over_explains decides
@@ -437,7 +437,9 @@ def compare_cycles(
     # also moves the outer blocks and raises DRIFT, and the model names its cause.
     carried = carry_over_explains(raw_label, mean, model)
     shared = any(c.shared_boot for c in cycles)
-    unchecked = carry_over_unchecked(raw_label, model, cycles, exact=not drift_sensitive)
+    unchecked = carry_over_unchecked(
+        raw_label, model, cycles, shared=shared, exact=not drift_sensitive
+    )
     k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
     variance = variance_components(fit, s_w, k_min) if fit is not None else None
 
