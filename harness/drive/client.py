@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from harness.boxes.interrupts import run_async
 from harness.boxes.tunnel import refusal
 from harness.errors import InfrastructureError
 
@@ -470,7 +471,7 @@ def run_drive(
     on_result: ProgressHook | None = None,
 ) -> list[RequestResult]:
     """Blocking wrapper over :func:`drive`."""
-    return asyncio.run(drive(spec, phases, on_phase=on_phase, on_result=on_result))
+    return run_async(drive(spec, phases, on_phase=on_phase, on_result=on_result))
 
 
 def long_prompt(prompt: str, context: Sequence[str], target_bytes: int, seed: str) -> str:

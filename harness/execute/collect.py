@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.boxes.boxes import open_box
+from harness.boxes.interrupts import run_async
 from harness.card import LoadedCard
 from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
@@ -206,7 +207,7 @@ def collect_counts(
                     drive_spec, whole, response_routes, top_k, experts
                 )
             else:
-                results = asyncio.run(drive(drive_spec, phases, on_phase=on_phase))
+                results = run_async(drive(drive_spec, phases, on_phase=on_phase))
                 tokens = sum(r.completion_tokens or 0 for r in results)
                 failed = [r for r in results if not r.ok]
                 if failed:

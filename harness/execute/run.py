@@ -30,7 +30,7 @@ from typing import Any
 from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
-from harness.boxes.interrupts import deferred, describe, exit_code
+from harness.boxes.interrupts import deferred, describe, exit_code, run_async
 from harness.card import Cell, LoadedCard
 from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.drive.remote import BoxDriver, prepare_drive
@@ -728,7 +728,7 @@ class CampaignRunner(RunRecords):
                 origin=origin,
                 mark_first=mark_first,
             )
-        return asyncio.run(
+        return run_async(
             drive(
                 spec,
                 phases,
