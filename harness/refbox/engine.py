@@ -338,13 +338,17 @@ class Engine:
                 if recorder and recorder.masks and isinstance(self.source, RowmapTiers)
                 else None
             )
-            for token in tokens:
-                out = self.model.step(state, token, self.source, weight)
-                step_routes.append(out.experts)
-                logits = out.logits
+            last = len(tokens) - 1
+            for i, token in enumerate(tokens):
+                if i < last:  # only the last token's logits pick the next one
+                    experts = self.model.route(state, token, self.source, weight)
+                else:
+                    out = self.model.step(state, token, self.source, weight)
+                    experts, logits = out.experts, out.logits
+                step_routes.append(experts)
                 if not prefill:
                     for layer in range(self.cfg.layers):
-                        self.route_counts[layer, out.experts[layer]] += 1
+                        self.route_counts[layer, experts[layer]] += 1
             if recorder is not None:
                 recorder.add(np.stack(step_routes), hot_at_start)
             drained = False

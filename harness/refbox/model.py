@@ -355,6 +355,26 @@ class Model:
         tokens; the engine feeds generated tokens at ``GENERATED_CONTEXT_WEIGHT``, so a long
         generation keeps routing like its prompt's domain instead of drifting with its output).
         """
+        experts, x, dom = self._forward(state, token, source, context_weight)
+        return StepRouting(experts=experts, logits=self._head(state, token, x, dom))
+
+    def route(
+        self, state: DecodeState, token: int, source: ExpertSource, context_weight: float = 1.0
+    ) -> I64:
+        """:meth:`step` without the output head, for a prompt token whose logits nobody reads
+        (every one but the last, as a real runtime's prefill): the same state and experts."""
+        return self._forward(state, token, source, context_weight)[0]
+
+    def _forward(
+        self, state: DecodeState, token: int, source: ExpertSource, context_weight: float
+    ) -> tuple[I64, F32, F32]:
+        """The layers: updates ``state``; the experts per layer, the last hidden state and the
+        domain weights.
+
+        Vector-matrix products go through ``np.dot``: the same BLAS call as ``@`` (bit for bit,
+        pinned by a digest in the tests) at a third of its dispatch cost, which dominates at
+        these sizes.
+        """
         cfg = self.cfg
         if token < 256:
             hist = state.domain_hist
@@ -364,37 +384,51 @@ class Model:
             state.recent = (state.recent + bytes((token,)))[-16:]
             state.pending_continuation = _next_pending(state.pending_continuation, token)
         dom = self.domain_weights(state.domain_hist)
-        x = self.embed[token] + dom @ self.domain_embed
-        experts = np.empty((cfg.layers, cfg.top_k), dtype=np.int64)
+        dot = np.dot
+        x = self.embed[token] + dot(dom, self.domain_embed)
+        top_k = cfg.top_k
+        experts = np.empty((cfg.layers, top_k), dtype=np.int64)
         d, f = cfg.d_model, cfg.d_ff
-        decay = np.float32(0.9)
+        split = d * f
         for layer in range(cfg.layers):
             ctx = state.ctx[layer]
-            ctx *= decay
-            ctx += np.float32(0.1) * x
-            u = x + ctx @ self.ctx_mix[layer]
-            u = u * np.float32(1.0 / np.sqrt(float(u @ u) / d + 1e-6))
-            logits = dom @ self.domain_pref[layer] + u @ self.router_w[layer]
-            top = np.argpartition(-logits, cfg.top_k - 1)[: cfg.top_k]
-            top = top[np.lexsort((top, -logits[top]))]  # by logit, ties by id: deterministic
+            ctx *= _CTX_DECAY
+            ctx += _CTX_MIX * x
+            u = x + dot(ctx, self.ctx_mix[layer])
+            u = u * np.float32(1.0 / np.sqrt(float(dot(u, u)) / d + 1e-6))
+            logits = dot(dom, self.domain_pref[layer]) + dot(u, self.router_w[layer])
+            # By logit, ties by id (a stable sort of the negated logits): deterministic.
+            top = np.argsort(-logits, kind="stable")[:top_k]
             experts[layer] = top
-            gate = np.exp(logits[top] - logits[top].max())
+            chosen = logits[top]
+            gate = np.exp(chosen - chosen.max())
             gate /= gate.sum()
             y = np.zeros(d, dtype=np.float32)
-            for j, e in enumerate(top):
-                row = source.fetch(layer, int(e))
-                hidden = np.maximum(u @ row[: d * f].reshape(d, f), np.float32(0.0))
-                y += gate[j] * (hidden @ row[d * f :].reshape(f, d))
+            for j, e in enumerate(top.tolist()):
+                row = source.fetch(layer, e)
+                hidden = np.maximum(dot(u, row[:split].reshape(d, f)), _ZERO)
+                y += gate[j] * dot(hidden, row[split:].reshape(f, d))
             x = x + y
-        xn = x * np.float32(1.0 / np.sqrt(float(x @ x) / d + 1e-6))
-        out = xn @ self.out_w + self.token_out[token] + dom @ self.domain_unigram
+        return experts, x, dom
+
+    def _head(self, state: DecodeState, token: int, x: F32, dom: F32) -> F32:
+        """Next-byte logits from the last hidden state."""
+        d = self.cfg.d_model
+        xn = x * np.float32(1.0 / np.sqrt(float(np.dot(x, x)) / d + 1e-6))
+        out = np.dot(xn, self.out_w) + self.token_out[token] + np.dot(dom, self.domain_unigram)
         # A repetition penalty on recent ASCII and continuation bytes keeps greedy text from
         # collapsing into a loop (which would drag the domain histogram off the prompt's domain).
         recent = np.frombuffer(state.recent[-_PENALTY_WINDOW:], dtype=np.uint8)
         recent = recent[recent < 0xC2]
         np.subtract.at(out, recent, np.float32(_REPEAT_PENALTY))
         out[_FORBIDDEN[min(state.pending_continuation, 1)]] = -np.inf
-        return StepRouting(experts=experts, logits=out.astype(np.float32))
+        logits: F32 = out.astype(np.float32)
+        return logits
+
+
+_CTX_DECAY = np.float32(0.9)
+_CTX_MIX = np.float32(0.1)
+_ZERO = np.float32(0.0)
 
 
 def _next_pending(pending: int, byte: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from harness.refbox.model import (
     ModelConfig,
     expert_weights,
 )
+from harness.refbox.options import ServeConfig, parse_serve_args
 from harness.refbox.tiers import SlowTier
 
 DEFAULT = ModelConfig()
@@ -230,3 +232,28 @@ def test_ring_and_route_trace_record_every_step(tmp_path: Path) -> None:
     assert len(swaps) == counters["swaps"]
     knob_lines = [x for x in lines if x["kind"] == "knobs"]
     assert knob_lines == [{"kind": "knobs", "step": 10, "knobs": engine.knob_dict()}]
+
+
+# Greedy bytes and per-token routes of every 7th prompt of campaigns/prompts/mixed.jsonl, 24
+# tokens each, from the stale map with swaps (184 of them), as the decoder computed them before
+# its speed-ups (np.dot for `@`, prompt tokens without an output head). A change here changes
+# every recorded refbox campaign's tokens and routing: make it on purpose, and say so.
+_OUTPUT_DIGEST = "9abed6732373a85ee82475299038e7633a6d219929fa7ac040919e2638c9cb7a"
+
+
+def test_the_decoders_tokens_and_routes_are_pinned_to_the_bit(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    argv = ["--rowmap", str(repo / "campaigns" / "maps" / "stale.json"), "--policy", "adaptive"]
+    argv += ["--drain-every", "16", "--expert-bytes", "0", "--cold-dir", str(tmp_path)]
+    config = parse_serve_args(argv, {})
+    assert isinstance(config, ServeConfig)
+    engine = config.build_engine()
+    lines = (repo / "campaigns" / "prompts" / "mixed.jsonl").read_text().splitlines()
+    digest = hashlib.sha256()
+    for line in lines[::7]:
+        routes: list[np.ndarray] = []
+        prompt = json.loads(line)["prompt"].encode()
+        digest.update(bytes(engine.generate(prompt, 24, routes=routes)))
+        digest.update(np.stack(routes).tobytes())
+    assert engine.counters()["swaps"] == 184
+    assert digest.hexdigest() == _OUTPUT_DIGEST
