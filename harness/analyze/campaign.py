@@ -190,6 +190,8 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             started_at=record.get("started_at"),
             ended_at=record.get("ended_at"),
             boot_id=record.get("boot_id") or None,  # which runs shared a runtime
+            # Requests of its own cell sent before it was measured (design.washout).
+            washout=int((record.get("runtime") or {}).get("washout_requests") or 0),
         )
         if record["status"] != "ok":
             rows.append(row)

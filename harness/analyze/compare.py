@@ -43,14 +43,61 @@ class CellComparison:
     dropped_cycles: tuple[str, ...]
 
 
+def runs_before(runs: pd.DataFrame) -> dict[str, str | None]:
+    """Each run's id -> the cell of the run that ran on its box right before it (None: first).
+
+    Read from the runs' start times on each box (run.json's ``box`` and ``started_at``), so
+    interleaved lanes, fleets and resumes are what they were; runs without start times (an
+    import stamps them all at once) keep the plan's order, the order they are mapped in.
+    """
+    if runs.empty or "box" not in runs.columns:
+        return {}
+    ran = runs[runs["status"].isin(RAN)].copy()
+    ran["_order"] = np.arange(len(ran))
+    starts = (
+        pd.to_numeric(ran["started_at"], errors="coerce")
+        if "started_at" in ran
+        else pd.Series(np.nan, index=ran.index)
+    )
+    timed = starts.notna().all() and starts.nunique() == len(starts) and len(starts) > 1
+    if timed and float(starts.max() - starts.min()) < 1.0:
+        timed = False  # stamped at import, not when they ran
+    ran["_start"] = starts if timed else ran["_order"]
+    out: dict[str, str | None] = {}
+    for _, on_box in ran.groupby(ran["box"].astype(str), sort=False):
+        previous: str | None = None
+        for _, row in on_box.sort_values(["_start", "_order"]).iterrows():
+            out[str(row["run_id"])] = previous
+            previous = str(row["cell"])
+    return out
+
+
+# Statuses of runs that occupied their box (a failed run left its state there too).
+RAN = ("ok", "failed", "interrupted", "invalid")
+
+
+def _before(previous: str | None, control: str, cell: str) -> str:
+    """What ran before a block, in the crossover model's terms (cycles.BEFORE)."""
+    if previous is None:
+        return "-"
+    return "A" if previous == control else "B" if previous == cell else "X"
+
+
 def cell_cycles(
     runs: pd.DataFrame,
     prompt_logs: dict[str, np.ndarray],
     cell: str,
     state: str,
     metric: str,
+    *,
+    control: str | None = None,
+    before: dict[str, str | None] | None = None,
 ) -> tuple[list[Cycle], list[str]]:
-    """The complete cycles of one comparison on one metric, and why the others were dropped."""
+    """The complete cycles of one comparison on one metric, and why the others were dropped.
+
+    With ``control`` and ``before`` (:func:`runs_before`), each cycle names what ran on the box
+    before each of its blocks, and whether every block followed a washout of its own arm.
+    """
     cycles: list[Cycle] = []
     dropped: list[str] = []
     subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
@@ -59,9 +106,16 @@ def cell_cycles(
         blocks: list[float] = []
         logs: list[np.ndarray] = []
         boots: list[set[str]] = []
+        came_before: list[str] = []
+        washed = True
         missing = ""
         for slot in range(4):
             block = group[group["slot"] == slot]
+            first = block.sort_values("repeat")["run_id"].iloc[0] if len(block) else None
+            if before is not None and control is not None and first is not None:
+                came_before.append(_before(before.get(str(first)), control, cell))
+            washouts = block["washout"] if "washout" in block else pd.Series(dtype=float)
+            washed = washed and len(block) > 0 and bool((washouts.fillna(0) > 0).all())
             if "boot_id" in block:
                 boots.append({str(b) for b in block["boot_id"].dropna() if str(b)})
             values = block[metric].to_numpy(dtype=float) if metric in block else np.array([])
@@ -88,6 +142,12 @@ def cell_cycles(
                 prompt_logs=tuple(logs) if aligned else None,
                 prompts_aligned=aligned,
                 shared_boot=_shares_a_boot(boots),
+                before=(
+                    (came_before[0], came_before[1], came_before[2], came_before[3])
+                    if len(came_before) == 4
+                    else None
+                ),
+                washed=washed,
             )
         )
     return cycles, dropped
@@ -126,12 +186,15 @@ def compare_cells(
     """
     del gated
     out: list[CellComparison] = []
+    before = runs_before(runs)
     for cell in cells:
         for state in cache_states:
             for metric in metrics:
                 if metric not in runs.columns or runs[metric].isna().all():
                     continue
-                cycles, dropped = cell_cycles(runs, prompt_logs, cell, state, metric)
+                cycles, dropped = cell_cycles(
+                    runs, prompt_logs, cell, state, metric, control=control, before=before
+                )
                 if not cycles:
                     continue
                 info = METRICS[metric]
@@ -196,6 +259,7 @@ def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, obj
                 "warnings": " | ".join(c.warnings + tuple(item.dropped_cycles)),
                 "deterministic": METRICS[c.metric].deterministic,
                 "carry_over": c.carry_over_explains,
+                "washed": c.washed,
                 **model_columns(c),
             }
         )
@@ -218,6 +282,7 @@ def model_columns(c: Comparison) -> dict[str, object]:
         return (None, None) if ci is None else (ratio(ci[0]), ratio(ci[1]))
 
     adj = interval(model.adjusted_ci if model else None)
+    dep = interval(model.deployed_ci if model else None)
     ctl = interval(model.control_ci if model else None)
     cand = interval(model.candidate_ci if model else None)
     return {
@@ -225,6 +290,9 @@ def model_columns(c: Comparison) -> dict[str, object]:
         "adjusted_ratio": ratio(model.adjusted if model else None),
         "adjusted_low": adj[0],
         "adjusted_high": adj[1],
+        "deployed_ratio": ratio(model.deployed if model else None),
+        "deployed_low": dep[0],
+        "deployed_high": dep[1],
         "carry_control_ratio": ratio(model.control if model else None),
         "carry_control_low": ctl[0],
         "carry_control_high": ctl[1],

@@ -17,11 +17,21 @@ observation y (ln block value). The model, fitted by least squares:
   (c_B) move when the block before them on the box was a candidate block. Two terms, not the
   textbook one λ·[after B]: a candidate that evicts the control's pages slows A-after-B and
   leaves B-after-B alone, which one common λ cannot describe, and that misfit alone biases τ by
-  half the carry-over. With both, τ is unbiased under any first-order carry-over.
+  half the carry-over.
 
-The block before slot 0 is the last block of the previous cycle of the same comparison when that
-cycle directly precedes it (the planner's order for one cell, one cache state, one box); for
-the first cycle there is none and the carry-over columns are 0 there.
+The four (arm, block before) cells are then saturated, and the **deployed effect** — the
+candidate after itself against the control after itself, E[B after B] − E[A after A], what a
+box running only the candidate shows against one running only the control — is τ + c_B. τ
+alone is the candidate after a control block: a control that leaves the next block faster, or a
+candidate that is fast on a cool box and heats whatever runs after it, itself included, moves τ
+and not the deployed effect.
+
+What ran before each block is read from the runs' start times on their box (``Cycle.before``):
+with two treatments or cache states the planner interleaves lanes, and a fleet deals
+consecutive cycles to different boxes, so the previous cycle index is not what ran before. A
+washed block's "before" is what ran before its washout: the model then estimates the carry-over
+the washout left, the evidence that it worked. Cycles without that information take the plan's
+back-to-back order (the previous cycle's last block when that cycle directly precedes it).
 
 In the ABBA/BAAB alternation the arm, trend and carry-over columns are not aliased (the tests
 check the rank for every m the planner can produce); carry-over costs 2 degrees of freedom and
@@ -73,7 +83,8 @@ class Term:
 class CrossoverFit:
     """The model fitted to one comparison's blocks; None terms were left out (too few cycles)."""
 
-    arm: Term
+    arm: Term  # τ: B after a control block against A after one
+    deployed: Term  # τ + c_B: B after a candidate block against A after a control block
     trend: Term  # mean of the cycles' β per slot (one block)
     carry_control: Term | None  # c_A: a control block after a candidate block
     carry_candidate: Term | None  # c_B: a candidate block after a candidate block
@@ -100,7 +111,11 @@ def blocks_in_time_order(cycles: Sequence[Cycle]) -> list[Cycle]:
 def design_matrix(cycles: Sequence[Cycle], *, carry_over: bool | None = None) -> Design:
     """The model matrix for ``cycles`` (sorted by index), rows in time order.
 
-    ``carry_over`` None: fitted when there are at least :data:`MIN_CARRY_CYCLES` cycles.
+    ``carry_over`` None: fitted when there are at least :data:`MIN_CARRY_CYCLES` cycles. A block
+    is "after a candidate" when what ran on its box right before it (``Cycle.before``; for a
+    washed block, what ran before its washout) was not the control: this cell or another one. A
+    cycle without ``before`` takes the plan's back-to-back order: the previous cycle's last
+    block when that cycle directly precedes it, else nothing.
     """
     ordered = blocks_in_time_order(cycles)
     m = len(ordered)
@@ -117,7 +132,8 @@ def design_matrix(cycles: Sequence[Cycle], *, carry_over: bool | None = None) ->
             x[row, j] = 1.0
             x[row, m] = 1.0 if arm == "B" else 0.0
             x[row, m + 1 + j] = SLOT_TIMES[s]
-            if with_carry and previous == "B":
+            before = c.before[s] if c.before is not None else previous
+            if with_carry and before in ("B", "X"):
                 x[row, 2 * m + 1 if arm == "A" else 2 * m + 2] = 1.0
             previous = arm
         last_index = c.index
@@ -167,8 +183,14 @@ def fit_crossover(
     slopes[list(design.slope_cols)] = 1.0 / len(design.slope_cols)
     trend = Term(float(slopes @ beta), sigma * math.sqrt(float(slopes @ xtx_inv @ slopes)), df)
     carry = design.carry_cols
+    deployed = term(design.arm_col)
+    if carry is not None:
+        both = np.zeros(p)
+        both[[design.arm_col, carry[1]]] = 1.0
+        deployed = Term(float(both @ beta), sigma * math.sqrt(float(both @ xtx_inv @ both)), df)
     return CrossoverFit(
         arm=term(design.arm_col),
+        deployed=deployed,
         trend=trend,
         carry_control=term(carry[0]) if carry else None,
         carry_candidate=term(carry[1]) if carry else None,
@@ -185,13 +207,17 @@ class ArmStatistic:
     estimate: FloatArray
     se: FloatArray
     df: int
+    with_carry: bool  # the carry-over terms were in the model (else τ̂ alone)
 
 
-def fit_arm_many(cycles_design: Sequence[Cycle], y: FloatArray) -> ArmStatistic | None:
-    """τ̂ and its SE for every row of ``y`` (campaigns × 4m blocks in time order), one design.
+def fit_arm_many(
+    cycles_design: Sequence[Cycle], y: FloatArray, *, deployed: bool = False
+) -> ArmStatistic | None:
+    """τ̂ (or with ``deployed`` τ̂ + ĉ_B) and its SE for every row of ``y`` (campaigns × 4m
+    blocks in time order), one design.
 
-    For simulation: the design (orders, indices) comes from ``cycles_design``; only the block
-    values differ. Same model and same column choice as :func:`fit_crossover`.
+    For simulation: the design (orders, indices, what ran before) comes from ``cycles_design``;
+    only the block values differ. Same model and same column choice as :func:`fit_crossover`.
     """
     design = design_matrix(cycles_design)
     x = design.matrix
@@ -206,8 +232,13 @@ def fit_arm_many(cycles_design: Sequence[Cycle], y: FloatArray) -> ArmStatistic 
     coef = y @ hat.T
     resid = y - coef @ x.T
     sigma = np.sqrt((resid * resid).sum(axis=1) / (n - p))
-    col = design.arm_col
-    return ArmStatistic(coef[:, col], sigma * math.sqrt(float(xtx_inv[col, col])), n - p)
+    contrast = np.zeros(p)
+    contrast[design.arm_col] = 1.0
+    if deployed and design.carry_cols is not None:
+        contrast[design.carry_cols[1]] = 1.0
+    scale = math.sqrt(float(contrast @ xtx_inv @ contrast))
+    with_carry = design.carry_cols is not None
+    return ArmStatistic(coef @ contrast, sigma * scale, n - p, with_carry)
 
 
 __all__ = [

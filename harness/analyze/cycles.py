@@ -28,6 +28,10 @@ from harness.errors import BadInput
 FloatArray = npt.NDArray[np.float64]
 
 ORDERS = ("ABBA", "BAAB")
+# What ran on the box right before a block: the control ("A"), this comparison's cell ("B"),
+# another cell ("X", a second treatment or a cache state's other lane), or nothing ("-": the
+# box's first run of the campaign).
+BEFORE = ("A", "B", "X", "-")
 
 
 def geomean(values: npt.ArrayLike) -> float:
@@ -81,6 +85,11 @@ class Cycle:
     and s_w comes from same-arm paired differences instead of raw within-block spread.
     ``shared_boot`` says two or more of its blocks ran on one boot (``design.boot`` per-cycle or
     per-campaign), where a block can inherit the state the block before it left.
+    ``before`` names, per block in time order, what ran on the box right before it (one of
+    :data:`BEFORE`, from the runs' start times on their box); None where the records do not say,
+    and the crossover model then takes the plan's back-to-back order. ``washed`` says every block
+    was preceded by a washout of its own arm (requests sent and not scored): the block before a
+    scored block is then its own arm, and ``before`` is what ran before the washout.
     """
 
     index: int
@@ -89,6 +98,8 @@ class Cycle:
     prompt_logs: tuple[FloatArray, ...] | None = None
     prompts_aligned: bool = False
     shared_boot: bool = False
+    before: tuple[str, str, str, str] | None = None
+    washed: bool = False
 
     def __post_init__(self) -> None:
         where = f"cycle {self.index}"
@@ -96,6 +107,10 @@ class Cycle:
             raise BadInput(f"{where}: order must be ABBA or BAAB, got {self.order!r}")
         if len(self.y) != 4 or not all(math.isfinite(v) for v in self.y):
             raise BadInput(f"{where}: y must be four finite block values in time order")
+        if self.before is not None and (
+            len(self.before) != 4 or any(b not in BEFORE for b in self.before)
+        ):
+            raise BadInput(f"{where}: before must name four of {BEFORE}, got {self.before!r}")
         if self.prompt_logs is None:
             if self.prompts_aligned:
                 raise BadInput(f"{where}: prompts_aligned needs prompt_logs")
@@ -166,7 +181,12 @@ class Cycle:
 
     def swapped(self) -> Cycle:
         """The same blocks with the arms' roles exchanged (cell becomes control): D → −D."""
-        return replace(self, order="BAAB" if self.order == "ABBA" else "ABBA")
+        flip = {"A": "B", "B": "A", "X": "X", "-": "-"}
+        before = None
+        if self.before is not None:
+            b0, b1, b2, b3 = (flip[b] for b in self.before)
+            before = (b0, b1, b2, b3)
+        return replace(self, order="BAAB" if self.order == "ABBA" else "ABBA", before=before)
 
 
 def cycle_from_prompt_values(

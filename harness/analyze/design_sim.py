@@ -1,12 +1,18 @@
 """Simulated campaigns of one design, decided the way the analysis decides them, vectorised.
 
-For ``harness bench sequential`` (10⁵ campaigns a case) and for the cycles a sequential design
-is likely to need (:func:`stopping_distribution`): block values are drawn for N campaigns at
-once (arm effect, block noise, linear drift, optional steps, and carry-over into the block after
-a candidate block, back to back as the planner runs one cell on one box), and every look applies
-the labels of
-:func:`harness.analyze.stats.compare_cycles` to all of them: the order-balanced D̄ and its
-t-interval, the margin, TOST, and the carry-over check on the crossover model's τ̂. Drift
+For ``harness bench sequential`` (10⁵ campaigns a case), for the cycles a design is likely to
+need (:func:`stopping_distribution`, fixed and sequential designs alike) and for pricing designs
+(harness.analyze.design_cost). A :class:`Layout` lays out the runs as the planner does — the
+ABBA/BAAB alternation, a washout before every block or none, interleaved lanes of other
+treatments, a fleet dealing cycles to boxes (harness.plan.build) — and a :class:`Scenario` says
+what each box does: the arm, block noise (normal or heavy-tailed), linear drift, steps, and
+carry-over of every first-order kind (into the control, into the candidate, heat after any
+candidate block) and of the second order, and a box × arm interaction. Each block's value
+depends on what ran before it on its box, washouts included.
+
+Every look applies the labels of :func:`harness.analyze.stats.compare_cycles` to all campaigns
+at once: the order-balanced D̄ and its t-interval, the margin, TOST, and for unwashed blocks the
+deployed-effect check on the crossover model (fail closed below MIN_CARRY_CYCLES cycles). Drift
 flags (*confounded*) are left out: they need the per-cycle thresholds of
 :mod:`harness.analyze.drift` and would only hold labels back. The tests check these labels
 against compare_cycles campaign by campaign.
@@ -14,7 +20,7 @@ against compare_cycles campaign by campaign.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +30,7 @@ from scipy import stats as sps
 from harness.analyze.crossover import MIN_CARRY_CYCLES, fit_arm_many
 from harness.analyze.cycles import Cycle, FloatArray
 from harness.analyze.sequential_t import balanced_t
+from harness.plan.build import cycle_pattern, fleet_box
 
 BETTER, WORSE, WITHIN, INCONCLUSIVE, CARRY = 0, 1, 2, 3, 4
 CODES = {BETTER: "better", WORSE: "worse", WITHIN: "within noise", INCONCLUSIVE: "inconclusive"}
@@ -33,41 +40,164 @@ DECIDED = (BETTER, WORSE, WITHIN)
 
 def order_of(cycle: int) -> str:
     """The planner's alternation: ABBA for even cycles, BAAB for odd ones."""
-    return "ABBA" if cycle % 2 == 0 else "BAAB"
+    return cycle_pattern(cycle)
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """What the simulated box does (log scale)."""
+    """What the simulated box does (log scale). The compared cell is "B", the control "A";
+    "a candidate block" is any cell's but the control's (another treatment's too)."""
 
-    effect: float = 0.0
+    effect: float = 0.0  # τ: a candidate block after a control block, against A after A
     block_sd: float = 0.06
-    drift_sd: float = 0.0  # SD of the per-campaign linear drift per slot
+    heavy_tails: bool = False  # block noise Student t on 3 df, scaled to block_sd
+    drift_sd: float = 0.0  # SD of each box's linear drift per block
     step: float = 0.0  # size of a step inside a cycle
     step_chance: float = 0.0  # chance of a step per cycle
-    carry_control: float = 0.0  # a control block after a candidate block moves by this
-    carry_candidate: float = 0.0  # a candidate block after a candidate block moves by this
+    carry_control: float = 0.0  # a control block right after a candidate block moves by this
+    carry_candidate: float = 0.0  # a candidate block right after a candidate block
+    carry_after_control: float = 0.0  # a candidate block right after a control block
+    heat: float = 0.0  # any block right after a candidate block, itself included
+    second_control: float = 0.0  # a control block two after a candidate block
+    interaction_sd: float = 0.0  # SD of each box's own arm effect (box × arm interaction)
+
+    @property
+    def deployed(self) -> float:
+        """The candidate after itself against the control after itself: what deploying it
+        changes (the estimand): τ + carry into a candidate after a candidate + heat."""
+        return self.effect + self.carry_candidate + self.heat
+
+    def null(self) -> Scenario:
+        """The same box with the arm set so the deployed effect is exactly 0."""
+        from dataclasses import replace
+
+        return replace(self, effect=self.effect - self.deployed)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the runs are laid out: the planner's order for one cell, cache state and box, with a
+    washout before every block (its share of a block; 0 for none), ``treatments`` lanes per
+    cycle (the compared cell's first) and ``boxes`` boxes dealt cycles as a fleet is."""
+
+    washout: float = 0.0
+    treatments: int = 1
+    boxes: int = 1
+
+    @property
+    def washed(self) -> bool:
+        """Every block follows a washout of its own arm."""
+        return self.washout > 0
+
+
+@dataclass(frozen=True)
+class _Unit:
+    box: int
+    cycle: int
+    lane: int
+    slot: int
+    cell: int  # 0 the control, 1.. the treatments (1 is the compared one)
+    scored: bool
+    length: float
+
+
+def _units(layout: Layout, cycles: int) -> list[_Unit]:
+    """Every block and washout in the planner's order (each box runs its share in this order)."""
+    boxes = [str(b) for b in range(layout.boxes)]
+    out: list[_Unit] = []
+    for j in range(cycles):
+        lanes = list(range(layout.treatments))
+        for lane in lanes if j % 2 == 0 else lanes[::-1]:
+            box = int(fleet_box(boxes, j, lane))
+            for slot, arm in enumerate(cycle_pattern(j)):
+                cell = 0 if arm == "A" else 1 + lane
+                if layout.washed:
+                    out.append(_Unit(box, j, lane, slot, cell, False, layout.washout))
+                out.append(_Unit(box, j, lane, slot, cell, True, 1.0))
+    return out
+
+
+def _label(cell: int | None) -> str:
+    return "-" if cell is None else "A" if cell == 0 else "B" if cell == 1 else "X"
+
+
+def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
+    """The compared lane's cycles as the analysis builds them: order, what ran on the box before
+    each block (before its washout, if washed) and whether it was washed; values 0."""
+    before: dict[tuple[int, int], str] = {}
+    last: dict[int, int] = {}
+    for unit in _units(layout, cycles):
+        # A washed block's "before" is what ran before its washout (the washout's own turn).
+        if unit.lane == 0 and unit.scored != layout.washed:
+            before[(unit.cycle, unit.slot)] = _label(last.get(unit.box))
+        last[unit.box] = unit.cell
+    out = []
+    for j in range(cycles):
+        b = tuple(before[(j, s)] for s in range(4))
+        out.append(
+            Cycle(j, order_of(j), (0.0, 0.0, 0.0, 0.0), before=(b[0], b[1], b[2], b[3]),
+                  washed=layout.washed)
+        )  # fmt: skip
+    return out
 
 
 def simulate_blocks(
-    rng: np.random.Generator, n: int, cycles: int, scenario: Scenario
+    rng: np.random.Generator,
+    n: int,
+    cycles: int,
+    scenario: Scenario,
+    layout: Layout | None = None,
 ) -> npt.NDArray[np.float64]:
-    """Block values (n campaigns × 4·cycles blocks in time order) of the planner's alternation."""
-    arms = np.array([a == "B" for j in range(cycles) for a in order_of(j)], dtype=bool)
-    slots = np.arange(4 * cycles, dtype=np.float64)
-    y = 4.0 + rng.normal(0.0, scenario.block_sd, (n, slots.size))
-    y += rng.normal(0.0, scenario.drift_sd, (n, 1)) * slots[None, :] if scenario.drift_sd else 0.0
-    y += scenario.effect * arms[None, :]
-    after_b = np.concatenate([[False], arms[:-1]])
-    y += scenario.carry_control * (after_b & ~arms)[None, :]
-    y += scenario.carry_candidate * (after_b & arms)[None, :]
-    if scenario.step and scenario.step_chance:
+    """The compared lane's block values: n campaigns × 4·cycles blocks in time order."""
+    layout = layout or Layout()
+    units = _units(layout, cycles)
+    cell = np.array([u.cell for u in units])
+    box = np.array([u.box for u in units])
+    # What ran right before, and two before, each unit on its box (-1: nothing).
+    prev = np.full(len(units), -1)
+    prev2 = np.full(len(units), -1)
+    clock = np.zeros(len(units))
+    seen: dict[int, list[int]] = {}
+    elapsed: dict[int, float] = {}
+    for i, u in enumerate(units):
+        history = seen.setdefault(u.box, [])
+        prev[i] = history[-1] if history else -1
+        prev2[i] = history[-2] if len(history) > 1 else -1
+        clock[i] = elapsed.get(u.box, 0.0)
+        elapsed[u.box] = clock[i] + u.length
+        history.append(u.cell)
+    keep = np.array([u.scored and u.lane == 0 for u in units])
+    is_b, is_a = cell == 1, cell == 0
+    after_cand, two_after = prev > 0, prev2 > 0
+    s = scenario
+    shift = (
+        s.effect * is_b
+        + s.carry_control * (is_a & after_cand)
+        + s.carry_candidate * (~is_a & after_cand)
+        + s.carry_after_control * (~is_a & (prev == 0))
+        + s.heat * after_cand
+        + s.second_control * (is_a & two_after)
+    )[keep]
+    width = int(keep.sum())
+    if s.heavy_tails:
+        noise = rng.standard_t(3, (n, width)) / np.sqrt(3.0)
+    else:
+        noise = rng.standard_normal((n, width))
+    y: npt.NDArray[np.float64] = 4.0 + s.block_sd * noise + shift[None, :]
+    on_box = box[keep]
+    if s.drift_sd:
+        slopes = rng.normal(0.0, s.drift_sd, (n, layout.boxes))
+        y += slopes[:, on_box] * clock[keep][None, :]
+    if s.interaction_sd:
+        own = rng.normal(0.0, s.interaction_sd, (n, layout.boxes))
+        y += own[:, on_box] * is_b[keep][None, :]
+    if s.step and s.step_chance:
         for j in range(cycles):
-            hit = rng.random(n) < scenario.step_chance
+            hit = rng.random(n) < s.step_chance
             sign = rng.choice([-1.0, 1.0], size=n)
             start = rng.integers(0, 3, size=n)  # the step lands after slot start
             after = np.arange(4)[None, :] > start[:, None]
-            y[:, 4 * j : 4 * j + 4] += (hit * sign * scenario.step)[:, None] * after
+            y[:, 4 * j : 4 * j + 4] += (hit * sign * s.step)[:, None] * after
     return y
 
 
@@ -82,26 +212,42 @@ def cycle_effects(blocks: npt.NDArray[np.float64]) -> FloatArray:
 
 
 def decide_many(
-    blocks: npt.NDArray[np.float64], margin: float, alpha: float, *, carry_check: bool = True
+    blocks: npt.NDArray[np.float64],
+    margin: float,
+    alpha: float,
+    *,
+    layout: Layout | None = None,
+    design: Sequence[Cycle] | None = None,
+    carry_check: bool = True,
 ) -> npt.NDArray[np.int8]:
-    """The label code of every campaign (rows of ``blocks``), higher is better."""
+    """The label code of every campaign (rows of ``blocks``), higher is better.
+
+    ``design`` gives the cycles' orders and what ran before each block (default: the
+    ``layout``'s, :func:`layout_cycles`); ``carry_check`` False decides on D̄ alone.
+    """
+    layout = layout or Layout()
     m = blocks.shape[1] // 4
     mean, se = balanced_t(cycle_effects(blocks))
-    t95 = float(sps.t.isf(alpha / 2.0, m - 1))
-    t90 = float(sps.t.isf(alpha, m - 1))
+    t95 = float(sps.t.isf(alpha / 2.0, m - 1)) if m > 1 else np.inf
+    t90 = float(sps.t.isf(alpha, m - 1)) if m > 1 else np.inf
     codes = np.full(mean.shape, INCONCLUSIVE, dtype=np.int8)
+    if m < 2:
+        return codes
     within = (mean - t90 * se > -margin) & (mean + t90 * se < margin)
     codes[within] = WITHIN
     significant = (np.abs(mean) > t95 * se) & (np.abs(mean) >= margin)
     codes[significant & (mean > 0)] = BETTER
     codes[significant & (mean < 0)] = WORSE
-    if carry_check and m >= MIN_CARRY_CYCLES:
-        design = [Cycle(j, order_of(j), (0.0, 0.0, 0.0, 0.0)) for j in range(m)]
-        arm = fit_arm_many(design, blocks)
-        if arm is not None:
-            half = float(sps.t.isf(alpha / 2.0, arm.df)) * arm.se
-            unsupported = np.where(mean > 0, arm.estimate - half <= 0, arm.estimate + half >= 0)
-            codes[significant & unsupported] = CARRY
+    cycles = list(design) if design is not None else layout_cycles(layout, m)
+    if not carry_check or all(c.washed for c in cycles):
+        return codes
+    deployed = fit_arm_many(cycles, blocks, deployed=True) if m >= MIN_CARRY_CYCLES else None
+    if deployed is None or not deployed.with_carry:
+        codes[significant] = CARRY  # nothing estimates the carry-over: fail closed
+        return codes
+    half = float(sps.t.isf(alpha / 2.0, deployed.df)) * deployed.se
+    unsupported = np.where(mean > 0, deployed.estimate - half <= 0, deployed.estimate + half >= 0)
+    codes[significant & unsupported] = CARRY
     return codes
 
 
@@ -111,6 +257,7 @@ def run_looks(
     level: Callable[[int], float],
     margin: float,
     *,
+    layout: Layout | None = None,
     carry_check: bool = True,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
     """The label each campaign stops on and the cycles it used, looking at ``looks``."""
@@ -119,7 +266,9 @@ def run_looks(
     used = np.full(n, looks[-1], dtype=np.int64)
     running = np.ones(n, dtype=bool)
     for m in looks:
-        codes = decide_many(blocks[:, : 4 * m], margin, level(m), carry_check=carry_check)
+        codes = decide_many(
+            blocks[:, : 4 * m], margin, level(m), layout=layout, carry_check=carry_check
+        )
         decided = running & np.isin(codes, DECIDED)
         final[decided] = codes[decided]
         used[decided] = m
@@ -128,30 +277,13 @@ def run_looks(
     return final, used
 
 
-__all__ = [
-    "BETTER",
-    "CARRY",
-    "CODES",
-    "INCONCLUSIVE",
-    "WITHIN",
-    "WORSE",
-    "Scenario",
-    "Stopping",
-    "cycle_effects",
-    "decide_many",
-    "run_looks",
-    "simulate_blocks",
-    "stopping_distribution",
-]
-
-
 @dataclass(frozen=True)
 class Stopping:
-    """How a sequential design would end if the effect and spread are as observed."""
+    """How a design would end if the effect and spread are as observed."""
 
-    decided_share: float  # campaigns decided (better, worse or within noise) by max_cycles
+    decided_share: float  # campaigns decided (better, worse or within noise) by the last look
     cycles_80: int | None  # cycles by which 80% of all campaigns are decided; None if never
-    mean_cycles: float  # mean cycles used, undecided campaigns counted at max_cycles
+    mean_cycles: float  # mean cycles used, undecided campaigns counted at the last look
 
 
 def stopping_distribution(
@@ -161,6 +293,7 @@ def stopping_distribution(
     spread: float,
     margin: float,
     *,
+    layout: Layout | None = None,
     campaigns: int = 2000,
     seed: int = 0,
 ) -> Stopping:
@@ -168,11 +301,70 @@ def stopping_distribution(
     (Var D = σ²_block for independent blocks), the labels as the analysis gives them."""
     rng = np.random.default_rng(seed)
     scenario = Scenario(effect=mean, block_sd=max(spread, 1e-12))
-    blocks = simulate_blocks(rng, campaigns, looks[-1], scenario)
-    codes, used = run_looks(blocks, looks, level, margin)
+    blocks = simulate_blocks(rng, campaigns, looks[-1], scenario, layout)
+    codes, used = run_looks(blocks, looks, level, margin, layout=layout)
     decided = np.isin(codes, DECIDED)
     share = float(decided.mean())
     cycles_80: int | None = None
     if share >= 0.8:
         cycles_80 = int(np.quantile(np.where(decided, used, looks[-1] + 1), 0.8, method="higher"))
     return Stopping(share, cycles_80, float(used.mean()))
+
+
+def fixed_cycles_needed(
+    mean: float,
+    spread: float,
+    margin: float,
+    alpha: float,
+    *,
+    layout: Layout | None = None,
+    start: int = 2,
+    most: int = 200,
+    campaigns: int = 2000,
+    seed: int = 0,
+) -> int | None:
+    """The fewest cycles at which a fixed design decides 80% of simulated campaigns at the
+    observed effect and spread, by the analysis's own rule (carry-over check included); None
+    when not even ``most`` cycles would. Searched by doubling, then bisection."""
+
+    def decides(m: int) -> bool:
+        stop = stopping_distribution(
+            [m], lambda _: alpha, mean, spread, margin,
+            layout=layout, campaigns=campaigns, seed=seed,
+        )  # fmt: skip
+        return stop.decided_share >= 0.8
+
+    if start > most:
+        return None
+    low, high = max(1, start - 1), max(2, start)
+    while not decides(high):
+        if high >= most:
+            return None
+        low, high = high, min(most, high * 2)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if decides(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+__all__ = [
+    "BETTER",
+    "CARRY",
+    "CODES",
+    "INCONCLUSIVE",
+    "WITHIN",
+    "WORSE",
+    "Layout",
+    "Scenario",
+    "Stopping",
+    "cycle_effects",
+    "decide_many",
+    "fixed_cycles_needed",
+    "layout_cycles",
+    "run_looks",
+    "simulate_blocks",
+    "stopping_distribution",
+]

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from harness.analyze.compare import CellComparison, cell_cycles
+from harness.analyze.compare import CellComparison, cell_cycles, runs_before
 from harness.analyze.stats import compare_cycles
 from harness.catalog import METRICS
 
@@ -125,13 +125,22 @@ def fleet_tables(
     box_rows: list[dict[str, Any]] = []
     interaction_rows: list[dict[str, Any]] = []
     flags: list[dict[str, str]] = []
+    before = runs_before(runs)
     for item in comparisons:
         c = item.comparison
         info = METRICS[c.metric]
         effects: dict[str, list[float]] = {}
         for box in boxes:
             mine = _cycles_on(runs, box, item.cell, item.cache_state)
-            cycles, _ = cell_cycles(mine, prompt_logs, item.cell, item.cache_state, c.metric)
+            cycles, _ = cell_cycles(
+                mine,
+                prompt_logs,
+                item.cell,
+                item.cache_state,
+                c.metric,
+                control=item.vs,
+                before=before,
+            )
             row: dict[str, Any] = {
                 "cell": item.cell,
                 "vs": item.vs,

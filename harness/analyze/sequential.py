@@ -37,7 +37,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
-from harness.analyze.sequential_t import t_nominal_levels
+from harness.analyze.sequential_t import Calibration, t_calibration
 from harness.errors import BadInput
 
 GRID_POINTS = 401  # Simpson grid over each look's continuation region (odd)
@@ -147,10 +147,18 @@ class SequentialPlan:
 
     def _levels(self, looks: tuple[int, ...]) -> tuple[float, ...]:
         """The t-calibrated two-sided nominal level of each look in ``looks``."""
+        return self._calibration(looks).levels
+
+    def _calibration(self, looks: tuple[int, ...]) -> Calibration:
         fractions = tuple(m / self.max_cycles for m in looks)
         normal = tuple(float(2.0 * sps.norm.sf(c)) for c in boundaries(fractions, self.alpha))
         spent_by = tuple(spent(t, self.alpha) for t in fractions)
-        return t_nominal_levels(looks, spent_by, normal)
+        return t_calibration(looks, spent_by, normal)
+
+    def reached_alpha(self) -> float:
+        """The two-sided level the scheduled looks reach together on fresh null campaigns
+        (not those they were solved on): α within Monte Carlo error when the levels hold."""
+        return self._calibration(tuple(self.scheduled())).reached
 
     def table(self) -> list[dict[str, float]]:
         """Every scheduled look: cycles, information fraction, α spent, boundaries, nominal p.

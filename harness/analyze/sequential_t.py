@@ -19,7 +19,13 @@ and the difference is below what the simulation could resolve. Results are cache
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +33,7 @@ from scipy import stats as sps
 
 from harness.analyze.cycles import FloatArray
 
-CALIBRATION_CAMPAIGNS = 200_000
+CALIBRATION_CAMPAIGNS = 2_000_000
 CALIBRATION_SEED = 26
 MIN_CROSSINGS = 100
 
@@ -58,46 +64,155 @@ def balanced_t(effects: npt.NDArray[np.float64]) -> tuple[FloatArray, FloatArray
     return mean, se
 
 
-@lru_cache(maxsize=64)
+@dataclass(frozen=True)
+class Calibration:
+    """A design's t-calibrated nominal levels and the two-sided level they reach."""
+
+    levels: tuple[float, ...]  # two-sided nominal level of each look
+    reached: float  # share of fresh null campaigns (another seed) that any look rejects
+
+
 def t_nominal_levels(
+    looks: tuple[int, ...],
+    spent_by_look: tuple[float, ...],
+    normal_levels: tuple[float, ...],
+) -> tuple[float, ...]:
+    """Two-sided nominal levels per look that spend ``spent_by_look`` for the t statistic."""
+    return t_calibration(looks, spent_by_look, normal_levels).levels
+
+
+@lru_cache(maxsize=64)
+def t_calibration(
     looks: tuple[int, ...],
     spent_by_look: tuple[float, ...],
     normal_levels: tuple[float, ...],
     campaigns: int = CALIBRATION_CAMPAIGNS,
     seed: int = CALIBRATION_SEED,
-) -> tuple[float, ...]:
-    """Two-sided nominal levels per look that spend ``spent_by_look`` for the t statistic.
+) -> Calibration:
+    """The levels that spend ``spent_by_look`` (cumulative two-sided α by look), and the level
+    they reach on as many fresh campaigns: cached in memory and on disk (a few seconds each).
 
-    ``looks`` are cycle counts (each ≥ 2), ``spent_by_look`` the cumulative two-sided α spent by
-    each, ``normal_levels`` the normal-theory nominal levels kept where the simulation cannot
-    resolve the tail (fewer than :data:`MIN_CROSSINGS` expected crossings).
+    ``looks`` are cycle counts, ``normal_levels`` the normal-theory nominal levels kept where
+    the simulation cannot resolve the tail (fewer than :data:`MIN_CROSSINGS` expected
+    crossings).
     """
+    key = json.dumps([CACHE_VERSION, looks, spent_by_look, normal_levels, campaigns, seed])
+    cached = _read_cache(key)
+    if cached is not None:
+        return cached
+    levels = _solve_levels(looks, spent_by_look, normal_levels, campaigns, seed)
+    crossed = _crossings(looks, levels, campaigns, seed + 1)
+    found = Calibration(levels, float(crossed.mean()))
+    _write_cache(key, found)
+    return found
+
+
+def _running_t(
+    rng: np.random.Generator, campaigns: int, looks: tuple[int, ...]
+) -> Iterator[tuple[int, FloatArray]]:
+    """|t| of the order-balanced mean at each look, for ``campaigns`` campaigns of standard
+    normal Dⱼ, from running sums (memory O(campaigns), whatever the number of cycles)."""
+    sums = np.zeros((2, campaigns))  # Σ D over ABBA cycles, over BAAB cycles
+    squares = np.zeros(campaigns)
+    counts = [0, 0]
+    wanted = set(looks)
+    for m in range(1, looks[-1] + 1):
+        d = rng.standard_normal(campaigns)
+        order = (m - 1) % 2
+        sums[order] += d
+        squares += d * d
+        counts[order] += 1
+        if m not in wanted or m < 2:
+            continue
+        w = balanced_weights(m)
+        weight = (float(w[0]), float(w[1]) if m > 1 else 0.0)
+        mean = weight[0] * sums[0] + weight[1] * sums[1]
+        # Σ(D − mean)² = ΣD² − 2·mean·ΣD + m·mean²
+        total = sums[0] + sums[1]
+        ss = np.maximum(squares - 2.0 * mean * total + m * mean * mean, 0.0)
+        sum_w2 = float(w @ w)
+        se = np.sqrt(ss / (m - 2 + m * sum_w2) * sum_w2)
+        yield m, np.abs(mean) / np.where(se > 0, se, np.inf)
+
+
+def _solve_levels(
+    looks: tuple[int, ...],
+    spent_by_look: tuple[float, ...],
+    normal_levels: tuple[float, ...],
+    campaigns: int,
+    seed: int,
+) -> tuple[float, ...]:
+    """Per look, the boundary c_k that the campaigns still running cross in a share
+    α(t_k) − α(t_{k−1}) of all; the first look's too (it is simulated like the rest)."""
     rng = np.random.default_rng(seed)
-    effects = rng.standard_normal((campaigns, looks[-1]))
     alive = np.ones(campaigns, dtype=bool)
-    out: list[float] = []
+    by_look = dict(zip(looks, zip(spent_by_look, normal_levels, strict=True), strict=True))
+    out: dict[int, float] = {m: normal for m, (_, normal) in by_look.items() if m < 2}
     previous = 0.0
-    for m, spent_k, normal in zip(looks, spent_by_look, normal_levels, strict=True):
+    for m, t_abs in _running_t(rng, campaigns, looks):
+        spent_k, normal = by_look[m]
         to_spend = spent_k - previous
         previous = spent_k
-        if m < 2:  # one cycle has no t statistic and decides nothing
-            out.append(normal)
-            continue
-        mean, se = balanced_t(effects[:, :m])
-        t_abs = np.abs(mean / se)
-        if alive.all():
-            # Nothing stopped before this look: its t statistic's own law gives c exactly.
-            c = float(sps.t.isf(to_spend / 2.0, m - 1))
-        elif to_spend * campaigns < MIN_CROSSINGS:
+        if to_spend * campaigns < MIN_CROSSINGS:
             c = float(sps.t.isf(normal / 2.0, m - 1))
         else:
-            # The boundary that the campaigns still running cross in a share to_spend of all.
             rank = round(to_spend * campaigns)
             survivors = np.sort(t_abs[alive])[::-1]
             c = float(survivors[min(rank, survivors.size - 1)])
         alive &= t_abs <= c  # a look rejects when p < p_k, i.e. |t| > c
-        out.append(float(2.0 * sps.t.sf(c, m - 1)))
-    return tuple(out)
+        out[m] = float(2.0 * sps.t.sf(c, m - 1))
+    # A look at one cycle has no t statistic and spends nothing of the running total.
+    return tuple(out[m] for m in looks)
 
 
-__all__ = ["CALIBRATION_CAMPAIGNS", "balanced_t", "balanced_weights", "t_nominal_levels"]
+def _crossings(
+    looks: tuple[int, ...], levels: tuple[float, ...], campaigns: int, seed: int
+) -> npt.NDArray[np.bool_]:
+    """Which of ``campaigns`` fresh null campaigns any look rejects at its level."""
+    rng = np.random.default_rng(seed)
+    crossed = np.zeros(campaigns, dtype=bool)
+    level = dict(zip(looks, levels, strict=True))
+    for m, t_abs in _running_t(rng, campaigns, looks):
+        crossed |= t_abs > float(sps.t.isf(level[m] / 2.0, m - 1))
+    return crossed
+
+
+CACHE_VERSION = 2
+
+
+def _cache_file(key: str) -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return root / "harness" / "look-levels" / f"{digest}.json"
+
+
+def _read_cache(key: str) -> Calibration | None:
+    try:
+        data = json.loads(_cache_file(key).read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        return Calibration(tuple(float(v) for v in data["levels"]), float(data["reached"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no cache, or a damaged one: computed again
+
+
+def _write_cache(key: str, found: Calibration) -> None:
+    path = _cache_file(key)
+    text = json.dumps({"key": key, "levels": found.levels, "reached": found.reached})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        scratch.write_text(text, encoding="utf-8")
+        os.replace(scratch, path)
+    except OSError:
+        pass  # a read-only home: the in-memory cache still holds it
+
+
+__all__ = [
+    "CALIBRATION_CAMPAIGNS",
+    "Calibration",
+    "balanced_t",
+    "balanced_weights",
+    "t_calibration",
+    "t_nominal_levels",
+]

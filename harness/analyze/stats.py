@@ -27,7 +27,7 @@ from scipy import stats as sps
 
 from harness.analyze.crossover import MIN_CARRY_CYCLES, ROUNDING, CrossoverFit, fit_crossover
 from harness.analyze.cycles import Cycle, margin_log, pct_change
-from harness.analyze.design_sim import stopping_distribution
+from harness.analyze.design_sim import Layout, fixed_cycles_needed, stopping_distribution
 from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
 from harness.analyze.intervals import (
     bootstrap_ratio_ci,
@@ -42,6 +42,9 @@ LABELS = ("better", "worse", "within noise", "inconclusive")
 CONFOUNDED = "confounded"
 CARRY_OVER = "carry-over"
 DEFAULT_MARGIN_PCT = 2.0
+# The washout share simulations assume for washed blocks (only its time matters there, and
+# the simulations that advise cycles carry no drift).
+WASHED_SHARE = 0.25
 # Wilcoxon's smallest two-sided p with m cycles is 2/2^m: below 6 cycles it can never reach 0.05.
 WILCOXON_MIN_CYCLES = 6
 
@@ -51,13 +54,17 @@ class CarryOver:
     """The crossover model's view of one comparison (log scale; None where a term was left out).
 
     ``adjusted`` is the arm effect with carry-over and trend in the model (τ̂, a block after a
-    control block), ``control``/``candidate`` the carry-over a candidate block leaves in the next
-    control (c_A) or candidate (c_B) block, each with its (1 − α) interval. ``trend`` is β̂ per
-    block; ``trend_per_min`` the same per minute of wall time when block times are known.
+    control block), ``deployed`` the candidate after itself against the control after itself
+    (τ̂ + ĉ_B, the effect a box running only the candidate would show),
+    ``control``/``candidate`` the carry-over a candidate block leaves in the next control (c_A)
+    or candidate (c_B) block, each with its (1 − α) interval. ``trend`` is β̂ per block;
+    ``trend_per_min`` the same per minute of wall time when block times are known.
     """
 
     adjusted: float
     adjusted_ci: tuple[float, float]
+    deployed: float
+    deployed_ci: tuple[float, float]
     df: int
     trend: float
     trend_ci: tuple[float, float]
@@ -123,6 +130,7 @@ class Comparison:
     drift_bias: float = 0.0  # bound on the bias unmodelled drift could put in D̄ (log scale)
     carry_over_explains: bool = False
     model: CarryOver | None = None  # None with too few blocks for the model
+    washed: bool = False  # every block followed a washout of its own arm
     variance: VarianceComponents | None = None
 
 
@@ -261,6 +269,8 @@ def model_view(fit: CrossoverFit, alpha: float, block_minutes: float | None) -> 
     return CarryOver(
         adjusted=fit.arm.estimate,
         adjusted_ci=fit.arm.interval(conf),
+        deployed=fit.deployed.estimate,
+        deployed_ci=fit.deployed.interval(conf),
         df=fit.df,
         trend=fit.trend.estimate,
         trend_ci=fit.trend.interval(conf),
@@ -276,37 +286,48 @@ def model_view(fit: CrossoverFit, alpha: float, block_minutes: float | None) -> 
 
 
 def carry_over_explains(raw_label: str, mean: float, model: CarryOver | None) -> bool:
-    """Whether carry-over could have produced a *better*/*worse* label (log scale).
+    """Whether carry-over could have produced a *better*/*worse* label of unwashed blocks.
 
     The label stands on D̄, which carry-over biases (by −¾·c_A + ¼·c_B in the planner's back-to-
-    back alternation, where three of four control blocks follow a candidate block). The model's
-    τ̂ is unbiased under any first-order carry-over; when its (1 − α) interval does not exclude 0
-    on the side of D̄, carry-over could explain the claim and the label is *carry-over*. Needs
-    the carry-over terms (MIN_CARRY_CYCLES cycles); without them nothing is claimed here.
+    back alternation, where three of four control blocks follow a candidate block) and which,
+    without a washout, measures neither the candidate after a control block nor the candidate
+    deployed. The claim must hold for the deployed effect τ̂ + ĉ_B (the candidate after itself
+    against the control after itself), unbiased under any first-order carry-over: when its
+    (1 − α) interval does not exclude 0 on the side of D̄, carry-over could explain the claim and
+    the label is *carry-over*. Needs the carry-over terms (MIN_CARRY_CYCLES cycles); without
+    them :func:`carry_over_unchecked` decides.
     """
     if raw_label not in ("better", "worse") or model is None or model.control is None:
         return False
-    low, high = model.adjusted_ci
+    low, high = model.deployed_ci
     return not (low > 0) if mean > 0 else not (high < 0)
 
 
 def carry_over_unchecked(
-    raw_label: str, model: CarryOver | None, cycles: Sequence[Cycle], *, shared: bool, exact: bool
+    raw_label: str, model: CarryOver | None, cycles: Sequence[Cycle], *, exact: bool
 ) -> bool:
-    """Whether a *better*/*worse* label on shared boots stands on carry-over nobody checked.
+    """Whether a *better*/*worse* label of unwashed blocks stands on carry-over nobody checked.
 
-    Blocks that share a boot invite carry-over (a cache, a queue or a map left by the block
-    before), and with fewer than MIN_CARRY_CYCLES cycles the model cannot estimate it, so such
-    a label fails closed. A deterministic (``exact``) metric can rule it out without the model:
-    when each arm's two blocks read the same in every cycle, whichever arm ran before them
-    (ABBA: A after the boot or another comparison, then after B; B after A, then after B),
-    a first-order carry-over of either arm onto the other is exactly zero.
+    Without a washout each block runs on the state the block before it left (a cache, a queue,
+    a map, heat or a dirtied page cache, on a boot of its own or a shared one), and with fewer
+    than MIN_CARRY_CYCLES cycles the model cannot estimate it, so such a label fails closed. A
+    deterministic (``exact``) metric can rule it out without the model: when each arm's two
+    blocks read the same in every cycle, whichever arm ran before them (ABBA: A after the boot
+    or another comparison, then after B; B after A, then after B), a first-order carry-over of
+    either arm onto the other is exactly zero.
     """
-    if raw_label not in ("better", "worse") or not shared:
+    if raw_label not in ("better", "worse"):
         return False
     if model is not None and model.control is not None:
         return False  # estimated: carry_over_explains decides
     return not (exact and same_arm_blocks_equal(cycles))
+
+
+def washout_left(model: CarryOver | None) -> bool:
+    """Whether washed blocks still show carry-over: c_A or c_B's (1 − α) interval excludes 0."""
+    if model is None or model.control_ci is None or model.candidate_ci is None:
+        return False
+    return any(lo > 0 or hi < 0 for lo, hi in (model.control_ci, model.candidate_ci))
 
 
 def same_arm_blocks_equal(cycles: Sequence[Cycle]) -> bool:
@@ -434,11 +455,13 @@ def compare_cycles(
     bias = drift_bias(cycles, flags, effect.weights) if drift_sensitive else 0.0
     confounded = is_confounded(raw_label, mean, ci95, ci90, delta, bias)
     # Carry-over wins over a drift flag: a carry-over pattern (a slow block after each switch)
-    # also moves the outer blocks and raises DRIFT, and the model names its cause.
-    carried = carry_over_explains(raw_label, mean, model)
-    shared = any(c.shared_boot for c in cycles)
-    unchecked = carry_over_unchecked(
-        raw_label, model, cycles, shared=shared, exact=not drift_sensitive
+    # also moves the outer blocks and raises DRIFT, and the model names its cause. Washed
+    # blocks each follow their own arm, so D̄ is the deployed effect by design and the model's
+    # carry-over terms are the evidence that the washout cleared the state.
+    washed = all(c.washed for c in cycles)
+    carried = not washed and carry_over_explains(raw_label, mean, model)
+    unchecked = not washed and carry_over_unchecked(
+        raw_label, model, cycles, exact=not drift_sensitive
     )
     k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
     variance = variance_components(fit, s_w, k_min) if fit is not None else None
@@ -451,16 +474,34 @@ def compare_cycles(
         spread = s_w / math.sqrt(k_min)
     else:
         spread = None
+    layout = Layout(washout=WASHED_SHARE if washed else 0.0)
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
+    undecided = raw_label == "inconclusive" or carried or unchecked
+    if needed is not None and spread is not None and m > 1 and sequential is None and undecided:
+        # What the rule itself needs (the margin and the carry-over check included), not the
+        # plain t-test's power: simulated from the t-test's count up.
+        simulated = fixed_cycles_needed(
+            mean, spread, delta, alpha, layout=layout, start=needed, seed=seed
+        )
+        needed = simulated or needed  # beyond the search: the t-test's, a lower bound
     if unchecked:
         needed = max(needed or 0, MIN_CARRY_CYCLES)
         warnings.append(
-            f"{metric}: the blocks shared a boot, so carry-over could explain the {raw_label} "
-            f"label, and {m} cycle(s) cannot estimate it ({MIN_CARRY_CYCLES} needed); add "
-            f"cycles ({remedy or RESUME_HINT})"
+            f"{metric}: no washout preceded the blocks, so carry-over could explain the "
+            f"{raw_label} label, and {m} cycle(s) cannot estimate it ({MIN_CARRY_CYCLES} "
+            f"needed); add cycles ({remedy or RESUME_HINT}) or declare design.washout"
+        )
+    if washed and washout_left(model) and model is not None:
+        warnings.append(
+            f"{metric}: the washout did not clear the carry-over: a control block after a "
+            f"candidate block still moves {pct_change(model.control or 0.0)}, a candidate block "
+            f"{pct_change(model.candidate or 0.0)} (beyond noise at α={alpha}); D̄ then misses "
+            "the deployed effect by up to that much: lengthen design.washout"
         )
     if sequential is not None and raw_label == "inconclusive" and sd is not None:
-        needed, advice = sequential_advice(metric, sequential, mean, sd, delta, seed, remedy)
+        needed, advice = sequential_advice(
+            metric, sequential, mean, sd, delta, seed, remedy, layout
+        )
         warnings.append(advice)
     else:
         warnings.extend(
@@ -514,7 +555,7 @@ def compare_cycles(
                 f"{metric}: {kinds} flagged in cycle(s) {where}; the bias it could cause (up to "
                 f"{pct_change(bias)}) cannot explain the {raw_label} label"
             )
-    unestimated = "fails closed" if unchecked else "exactly none" if shared else "assumed none"
+    unestimated = "fails closed" if unchecked else "washed out" if washed else "exactly none"
     warnings.extend(
         model_warnings(metric, raw_label, model, m, carried, drift_sensitive, unestimated)
     )
@@ -546,6 +587,7 @@ def compare_cycles(
         drift_bias=bias,
         carry_over_explains=carried,
         model=model,
+        washed=washed,
         variance=variance,
     )
 
@@ -558,10 +600,11 @@ def sequential_advice(
     delta: float,
     seed: int,
     remedy: str | None,
+    layout: Layout | None = None,
 ) -> tuple[int | None, str]:
     """Cycles a sequential design needs, from its simulated stopping distribution, and why."""
     stop = stopping_distribution(
-        design.scheduled(), design.nominal_alpha, mean, sd, delta, seed=seed
+        design.scheduled(), design.nominal_alpha, mean, sd, delta, layout=layout, seed=seed
     )
     basis = f"if the effect is as observed ({pct_change(mean)}, per-cycle SD {sd:.4f} log)"
     where = remedy or "run the next look"
@@ -588,8 +631,8 @@ def model_warnings(
     """What the crossover model saw: drift it removed, carry-over, and terms it left out.
 
     ``unestimated`` is what a decided label does about carry-over too few cycles to estimate:
-    "assumed none" (blocks on boots of their own), "exactly none" (shared boots, and
-    carry_over_unchecked found none) or "fails closed" (shared boots: said by the caller).
+    "washed out" (every block followed a washout of its own arm), "exactly none"
+    (carry_over_unchecked found none) or "fails closed" (said by the caller).
     """
     if model is None:
         return []
@@ -606,24 +649,29 @@ def model_warnings(
             "model removes it, so it does not bias the ratio, but the machine was not steady"
         )
     if carried:
-        lo, hi = model.adjusted_ci
-        out.append(
-            f"{metric}: carry-over could explain the {raw_label} label: the effect with "
-            f"carry-over in the model is {pct_change(model.adjusted)} "
-            f"[{pct_change(lo)}, {pct_change(hi)}] (a control block after a candidate block "
-            f"moves {pct_change(model.control or 0.0)}, a candidate block after one "
-            f"{pct_change(model.candidate or 0.0)}); separate the arms (a cool-down or a "
-            "cache drop between blocks) or add cycles"
-        )
+        out.append(carry_over_reason(metric, raw_label, model))
     elif model.control is None and raw_label in ("better", "worse") and m >= 1:
         if unestimated == "exactly none":
             out.append(
-                f"{metric}: the blocks shared a boot and show no carry-over: each arm's two "
-                "blocks read the same in every cycle, whichever arm ran before them"
+                f"{metric}: no carry-over: each arm's two blocks read the same in every cycle, "
+                "whichever arm ran before them"
             )
-        elif unestimated == "assumed none":
+        elif unestimated == "washed out":
             out.append(
-                f"{metric}: carry-over cannot be estimated from {m} cycle(s) "
-                f"({MIN_CARRY_CYCLES} needed); the {raw_label} label assumes none"
+                f"{metric}: every block followed a washout of its own arm; carry-over the "
+                f"washout did not clear is estimated from {MIN_CARRY_CYCLES} cycles on"
             )
     return out
+
+
+def carry_over_reason(metric: str, raw_label: str, model: CarryOver) -> str:
+    """Why a label is *carry-over*: the deployed effect and the carry-over, in one sentence."""
+    lo, hi = model.deployed_ci
+    return (
+        f"{metric}: carry-over could explain the {raw_label} label: deployed (the candidate "
+        f"after itself against the control after itself) it is {pct_change(model.deployed)} "
+        f"[{pct_change(lo)}, {pct_change(hi)}] (a control block after a candidate block moves "
+        f"{pct_change(model.control or 0.0)}, a candidate block after one "
+        f"{pct_change(model.candidate or 0.0)}); declare design.washout (requests of the "
+        "block's own arm before it is measured) or add cycles"
+    )

@@ -93,10 +93,34 @@ def shift_phase_warnings(loaded: LoadedCard, *, scale: float = 1.0) -> list[str]
     return out
 
 
+def scored_requests(loaded: LoadedCard) -> float:
+    """Requests a run scores: its phases' counts (a timed phase at the profile's expected
+    request time), or one pass over the held-out prompts per ``passes``."""
+    workload = loaded.card.workload
+    if not workload.phases:
+        return float(len(loaded.split("heldout")) * workload.passes)
+    total = 0.0
+    for phase in workload.phases:
+        estimate = estimate_phase(loaded, phase)
+        total += estimate.seconds / (estimate.per_request_s or request_s(loaded))
+    return total
+
+
+def washout_requests(loaded: LoadedCard) -> int:
+    """Requests of a block's own cell sent, and not scored, before it is measured
+    (``design.washout`` × the requests a run scores, at least one; 0 when the card sends none)."""
+    share = loaded.card.design.washout
+    if share <= 0:
+        return 0
+    return max(1, math.ceil(share * scored_requests(loaded)))
+
+
 __all__ = [
     "PhaseEstimate",
     "estimate_phase",
     "request_s",
+    "scored_requests",
     "shift_phase_warnings",
     "t90_min_phase_s",
+    "washout_requests",
 ]

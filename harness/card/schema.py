@@ -180,6 +180,17 @@ class Design(Strict):
         None, ge=1, le=1000, description="a sequential design's last look (its full size)"
     )
     look_every: int = Field(1, ge=1, le=1000, description="cycles added between sequential looks")
+    washout: float = Field(
+        0.25,
+        ge=0,
+        le=4,
+        allow_inf_nan=False,
+        description="before every warm block is measured, requests of its own cell sent and "
+        "not scored, as a share of a block's scored requests (0.25: a quarter block, at least "
+        "one request): each scored block then follows its own arm, so the comparison is the "
+        "effect deployed, not the cell after a control block; 0 sends none and leaves "
+        "carry-over to the crossover model, which costs power and fails closed below 3 cycles",
+    )
     boot: BootDesign = Field(
         "per-block",
         description="which runs share one boot: per-block (each run boots its own runtime), "

@@ -32,6 +32,7 @@ from harness.boxes.boxes import open_box
 from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
 from harness.boxes.interrupts import deferred, describe, exit_code, run_async
 from harness.card import Cell, LoadedCard
+from harness.card.phase_length import washout_requests
 from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, drive
 from harness.drive.remote import BoxDriver, prepare_drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
@@ -373,7 +374,7 @@ class CampaignRunner(RunRecords):
                 # The next cell on the same boot: back to the boot state, its live settings,
                 # then the washout, so it is not measured on the previous cell's state.
                 runtime.reset_live(live_settings(self.loaded.runtime, cell, uploaded))
-                self._washout(runtime, run)
+                self._washout(runtime, run, record)
                 self._measure(runtime, run, state, local_dir, swap_before, record)
             else:
                 # Marked, and journalled before it starts: a harness killed between the start and
@@ -401,7 +402,7 @@ class CampaignRunner(RunRecords):
                 if group is not None:
                     # The first run of a shared boot gets the washout too: every run of the
                     # group then starts alike, not the first one less adapted than the rest.
-                    self._washout(runtime, run)
+                    self._washout(runtime, run, record)
                 self._measure(runtime, run, state, local_dir, swap_before, record)
         except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
@@ -444,6 +445,13 @@ class CampaignRunner(RunRecords):
         warmups: list[RequestResult] = []
         if run.sends_warmup:
             warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+            # The design's washout (a warm block's own requests, sent and not scored): the
+            # block then follows its own arm whatever ran on the box before it. Sent once per
+            # run, not again on a resumed run's later segments.
+            washout = washout_requests(self.loaded)
+            if washout and previous is None:
+                self._drive(runtime, build_phases(self.loaded, True, washout), run)
+            record.runtime["washout_requests"] = record.runtime.get("washout_requests", 0) + washout
         if state.monitor is not None:
             state.monitor.scored = True
         routes_before = self._route_snapshot(state.remote_dir)
@@ -486,7 +494,7 @@ class CampaignRunner(RunRecords):
         else:
             record.status = RUN_OK
 
-    def _washout(self, runtime: RunningRuntime, run: Run) -> None:
+    def _washout(self, runtime: RunningRuntime, run: Run, record: RunRecord) -> None:
         """After a change on a shared boot: the profile's washout requests (sent, not kept)
         and seconds."""
         live = self.loaded.runtime.live
@@ -494,6 +502,7 @@ class CampaignRunner(RunRecords):
             return
         if live.washout_requests:
             self._drive(runtime, build_phases(self.loaded, True, live.washout_requests), run)
+            record.runtime["washout_requests"] = live.washout_requests
         if live.washout_s:
             time.sleep(live.washout_s)
 

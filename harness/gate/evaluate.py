@@ -288,20 +288,20 @@ def _describe(row: dict[str, Any]) -> str:
     if row["label"] == "confounded":
         text += f" (statistically {row['raw_label']}, but drift flagged)"
     if row["label"] == "carry-over" and row.get("carry_control_ratio") is None:
-        # Shared boots, too few cycles for the model's carry-over terms (stats.py).
+        # No washout, too few cycles for the model's carry-over terms (stats.py).
         text += (
-            f" (statistically {row['raw_label']}, but the blocks shared a boot and "
+            f" (statistically {row['raw_label']}, but no washout preceded the blocks and "
             f"{cycles} cycle{'' if cycles == 1 else 's'} cannot estimate the carry-over that "
-            f"could explain it: run {row.get('cycles_needed') or 3})"
+            f"could explain it: run {row.get('cycles_needed') or 3} or declare design.washout)"
         )
     elif row["label"] == "carry-over":
-        low, high = row.get("adjusted_low"), row.get("adjusted_high")
+        low, high = row.get("deployed_low"), row.get("deployed_high")
         span = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
         text += (
-            f" (statistically {row['raw_label']}, but carry-over could explain it: with "
-            f"carry-over in the model the ratio is {row.get('adjusted_ratio') or float('nan'):.3f}"
-            f"{span}; a control block after a candidate block moves by "
-            f"{row.get('carry_control_ratio') or float('nan'):.3f}x)"
+            f" (statistically {row['raw_label']}, but carry-over could explain it: deployed, "
+            f"the candidate after itself against the control after itself, the ratio is "
+            f"{row.get('deployed_ratio') or float('nan'):.3f}{span}; a control block after a "
+            f"candidate block moves by {row.get('carry_control_ratio') or float('nan'):.3f}x)"
         )
     return text
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.card import LoadedCard
-from harness.card.phase_length import estimate_phase, request_s
+from harness.card.phase_length import estimate_phase, request_s, washout_requests
 from harness.card.schema import BootDesign
 from harness.errors import PlanError
 
@@ -93,14 +93,15 @@ class Plan:
         return self.card.runtime.expected_boot_s + self.estimated_drive_s()
 
     def estimated_drive_s(self) -> float:
-        """Rough seconds of a run's requests, warm-up included (:meth:`estimated_run_s`)."""
+        """Rough seconds of a run's requests, warm-up and washout included
+        (:meth:`estimated_run_s`)."""
         workload = self.card.card.workload
         each = request_s(self.card)
         if workload.phases:
             seconds = sum(estimate_phase(self.card, phase).seconds for phase in workload.phases)
         else:
             seconds = len(self.card.split("heldout")) * workload.passes * each
-        seconds += workload.warmup_requests * each
+        seconds += (workload.warmup_requests + washout_requests(self.card)) * each
         return seconds
 
     def max_runs(self) -> int:

@@ -374,13 +374,14 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
             notes.append(f"statistically {row['raw_label']}, but a drift flag confounds it")
         if row.get("carry_over") and row.get("carry_control_ratio") is None:
             notes.append(
-                f"statistically {row['raw_label']}, but the blocks shared a boot and too few "
-                "cycles to estimate the carry-over that could explain it"
+                f"statistically {row['raw_label']}, but no washout preceded the blocks and too "
+                "few cycles to estimate the carry-over that could explain it"
             )
         elif row.get("carry_over"):
             notes.append(
-                f"statistically {row['raw_label']}, but carry-over could explain it (ratio "
-                f"{fmt.ratio3(row.get('adjusted_ratio'))} with carry-over in the model)"
+                f"statistically {row['raw_label']}, but carry-over could explain it (deployed "
+                f"ratio {fmt.ratio3(row.get('deployed_ratio'))}: the candidate after itself "
+                "against the control after itself)"
             )
         trend_p = fmt.finite(row.get("trend_p"))
         if row.get("trend_pct_per_block") is not None and trend_p is not None and trend_p < 0.05:
