@@ -111,7 +111,8 @@ def cell_cycles(
         missing = ""
         for slot in range(4):
             block = group[group["slot"] == slot]
-            first = block.sort_values("repeat")["run_id"].iloc[0] if len(block) else None
+            ordered = block.sort_values("repeat") if "repeat" in block else block
+            first = ordered["run_id"].iloc[0] if len(block) else None
             if before is not None and control is not None and first is not None:
                 came_before.append(_before(before.get(str(first)), control, cell))
             washouts = block["washout"] if "washout" in block else pd.Series(dtype=float)

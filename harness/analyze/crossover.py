@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import stats as sps
@@ -219,6 +220,25 @@ def fit_arm_many(
     For simulation: the design (orders, indices, what ran before) comes from ``cycles_design``;
     only the block values differ. Same model and same column choice as :func:`fit_crossover`.
     """
+    found = _projection(tuple((c.index, c.order, c.before) for c in cycles_design), deployed)
+    if found is None:
+        return None
+    weights, basis, scale, df, with_carry = found
+    # The residual sum of squares is |y|² less the squared length of y's projection on the
+    # model's columns (an orthonormal basis): no coefficients or residuals per campaign.
+    rss = np.maximum((y * y).sum(axis=1) - ((y @ basis) ** 2).sum(axis=1), 0.0)
+    sigma = np.sqrt(rss / df)
+    return ArmStatistic(y @ weights, sigma * scale, df, with_carry)
+
+
+@lru_cache(maxsize=256)
+def _projection(
+    key: tuple[tuple[int, str, tuple[str, str, str, str] | None], ...], deployed: bool
+) -> tuple[FloatArray, FloatArray, float, int, bool] | None:
+    """For one design (each cycle's index, order and what ran before its blocks): the weights
+    that give the contrast from y, an orthonormal basis of the model's columns, the contrast's
+    SE per unit σ, the residual df and whether carry-over is in the model."""
+    cycles_design = [Cycle(i, order, (0.0, 0.0, 0.0, 0.0), before=b) for i, order, b in key]
     design = design_matrix(cycles_design)
     x = design.matrix
     if design.carry_cols is not None and np.linalg.matrix_rank(x) < x.shape[1]:
@@ -228,17 +248,14 @@ def fit_arm_many(
     if np.linalg.matrix_rank(x) < p or n - p < 1:
         return None
     xtx_inv = np.linalg.inv(x.T @ x)
-    hat = xtx_inv @ x.T
-    coef = y @ hat.T
-    resid = y - coef @ x.T
-    sigma = np.sqrt((resid * resid).sum(axis=1) / (n - p))
     contrast = np.zeros(p)
     contrast[design.arm_col] = 1.0
     if deployed and design.carry_cols is not None:
         contrast[design.carry_cols[1]] = 1.0
+    weights = x @ (xtx_inv @ contrast)
+    basis, _ = np.linalg.qr(x)
     scale = math.sqrt(float(contrast @ xtx_inv @ contrast))
-    with_carry = design.carry_cols is not None
-    return ArmStatistic(coef @ contrast, sigma * scale, n - p, with_carry)
+    return weights, basis, scale, n - p, design.carry_cols is not None
 
 
 __all__ = [

@@ -29,7 +29,7 @@ import numpy as np
 
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, gated_metrics
 from harness.analyze.crossover import MIN_CARRY_CYCLES
-from harness.analyze.design_sim import DECIDED, Scenario, decide_many, simulate_blocks
+from harness.analyze.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
 from harness.analyze.power import cycles_to_decide
 from harness.card import LoadedCard
 from harness.card.schema import BootDesign
@@ -142,38 +142,39 @@ def decision_needs(analysis: CampaignAnalysis) -> list[Need]:
     return needs
 
 
-def cycles_for(needs: Sequence[Need], prompt_factor: int, *, floor: int = 2) -> tuple[int, str]:
+def cycles_for(
+    needs: Sequence[Need], prompt_factor: int, *, floor: int = 2, layout: Layout | None = None
+) -> tuple[int, str]:
     """Cycles to decide every comparison with ``prompt_factor``× the prompts, and which limits.
 
-    At least ``floor`` cycles (a shared boot needs the carry-over model's
+    At least ``floor`` cycles (unwashed blocks need the carry-over model's
     :data:`~harness.analyze.crossover.MIN_CARRY_CYCLES`).
     """
     worst, name = 0, ""
     for need in needs:
         share = need.prompt_share
         spread = need.spread * math.sqrt(1.0 - share + share / prompt_factor)
-        m = decided_by(spread, need, floor)
+        m = decided_by(spread, need, floor, layout)
         if m > worst:
             worst, name = m, need.name
     return worst, name
 
 
-def decided_by(spread: float, need: Need, floor: int) -> int:
+def decided_by(spread: float, need: Need, floor: int, layout: Layout | None = None) -> int:
     """The fewest cycles (≥ ``floor``) at which 80 % of simulated campaigns are decided.
 
     Starts from the t-test's own count (:func:`cycles_to_decide`) and simulates the labels the
-    analysis gives — the carry-over check on τ̂ included, which costs power at few cycles that
-    the plain count does not see (a large effect labelled carry-over on a noisy box at 3
-    cycles, say).
+    analysis gives for the ``layout`` (washed or not) — for unwashed blocks the deployed-effect
+    check included, which costs power that the plain count does not see.
     """
     start = max(floor, cycles_to_decide(spread, need.mean, need.margin, need.alpha))
     if spread == 0:
         return start
     rng = np.random.default_rng(0)
     scenario = Scenario(effect=need.mean, block_sd=spread)
-    blocks = simulate_blocks(rng, SIMULATED, MAX_SIMULATED_CYCLES, scenario)
+    blocks = simulate_blocks(rng, SIMULATED, MAX_SIMULATED_CYCLES, scenario, layout)
     for m in range(start, MAX_SIMULATED_CYCLES + 1):
-        codes = decide_many(blocks[:, : 4 * m], need.margin, need.alpha)
+        codes = decide_many(blocks[:, : 4 * m], need.margin, need.alpha, layout=layout)
         if float(np.isin(codes, DECIDED).mean()) >= POWER:
             return m
     return max(start, MAX_SIMULATED_CYCLES)
@@ -192,12 +193,12 @@ def design_costs(
     live = loaded.runtime.live
     boot_cost = costs.boot_s if boot_s is None else boot_s
     rows: list[DesignCost] = []
+    # Unwashed blocks, on any boot, need the carry-over model: MIN_CARRY_CYCLES at least.
+    layout = Layout(washout=card.design.washout)
+    floor = 2 if layout.washed else MIN_CARRY_CYCLES
     for factor in PROMPT_FACTORS:
         for design in BOOT_DESIGNS:
-            # Blocks sharing a boot invite carry-over, and the model that checks it needs
-            # MIN_CARRY_CYCLES: fewer would leave a same-boot campaign's claim unchecked.
-            floor = 2 if design == "per-block" else MIN_CARRY_CYCLES
-            m, limiting = cycles_for(needs, factor, floor=floor)
+            m, limiting = cycles_for(needs, factor, floor=floor, layout=layout)
             plan = build_plan(base, cycles=m)
             washout = 0.0
             if live is not None and design != "per-block":

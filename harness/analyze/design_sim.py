@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -121,6 +122,11 @@ def _label(cell: int | None) -> str:
     return "-" if cell is None else "A" if cell == 0 else "B" if cell == 1 else "X"
 
 
+@lru_cache(maxsize=256)
+def _layout_cycles(layout: Layout, cycles: int) -> tuple[Cycle, ...]:
+    return tuple(layout_cycles(layout, cycles))
+
+
 def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
     """The compared lane's cycles as the analysis builds them: order, what ran on the box before
     each block (before its washout, if washed) and whether it was washed; values 0."""
@@ -141,19 +147,23 @@ def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
     return out
 
 
-def simulate_blocks(
-    rng: np.random.Generator,
-    n: int,
-    cycles: int,
-    scenario: Scenario,
-    layout: Layout | None = None,
-) -> npt.NDArray[np.float64]:
-    """The compared lane's block values: n campaigns × 4·cycles blocks in time order."""
-    layout = layout or Layout()
+@dataclass(frozen=True)
+class _Sequence:
+    """A layout's units as arrays: each unit's cell, box, what ran one and two before it on
+    its box (-1: nothing), when it started on its box (in blocks), and the compared lane's
+    scored blocks (``keep``)."""
+
+    cell: npt.NDArray[np.int64]
+    box: npt.NDArray[np.int64]
+    prev: npt.NDArray[np.int64]
+    prev2: npt.NDArray[np.int64]
+    clock: FloatArray
+    keep: npt.NDArray[np.bool_]
+
+
+@lru_cache(maxsize=256)
+def _sequence(layout: Layout, cycles: int) -> _Sequence:
     units = _units(layout, cycles)
-    cell = np.array([u.cell for u in units])
-    box = np.array([u.box for u in units])
-    # What ran right before, and two before, each unit on its box (-1: nothing).
     prev = np.full(len(units), -1)
     prev2 = np.full(len(units), -1)
     clock = np.zeros(len(units))
@@ -166,7 +176,29 @@ def simulate_blocks(
         clock[i] = elapsed.get(u.box, 0.0)
         elapsed[u.box] = clock[i] + u.length
         history.append(u.cell)
-    keep = np.array([u.scored and u.lane == 0 for u in units])
+    return _Sequence(
+        np.array([u.cell for u in units]),
+        np.array([u.box for u in units]),
+        prev,
+        prev2,
+        clock,
+        np.array([u.scored and u.lane == 0 for u in units]),
+    )
+
+
+def simulate_blocks(
+    rng: np.random.Generator,
+    n: int,
+    cycles: int,
+    scenario: Scenario,
+    layout: Layout | None = None,
+) -> npt.NDArray[np.float64]:
+    """The compared lane's block values: n campaigns × 4·cycles blocks in time order."""
+    layout = layout or Layout()
+    seq = _sequence(layout, cycles)
+    cell, box, prev, prev2, clock, keep = (
+        seq.cell, seq.box, seq.prev, seq.prev2, seq.clock, seq.keep
+    )  # fmt: skip
     is_b, is_a = cell == 1, cell == 0
     after_cand, two_after = prev > 0, prev2 > 0
     s = scenario
@@ -238,7 +270,7 @@ def decide_many(
     significant = (np.abs(mean) > t95 * se) & (np.abs(mean) >= margin)
     codes[significant & (mean > 0)] = BETTER
     codes[significant & (mean < 0)] = WORSE
-    cycles = list(design) if design is not None else layout_cycles(layout, m)
+    cycles = tuple(design) if design is not None else _layout_cycles(layout, m)
     if not carry_check or all(c.washed for c in cycles):
         return codes
     deployed = fit_arm_many(cycles, blocks, deployed=True) if m >= MIN_CARRY_CYCLES else None
@@ -319,7 +351,7 @@ def fixed_cycles_needed(
     *,
     layout: Layout | None = None,
     start: int = 2,
-    most: int = 200,
+    most: int = 100,
     campaigns: int = 2000,
     seed: int = 0,
 ) -> int | None:

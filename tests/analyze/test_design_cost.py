@@ -12,7 +12,7 @@ import numpy as np
 
 from harness.analyze.crossover import MIN_CARRY_CYCLES
 from harness.analyze.design_cost import Need, cycles_for, decided_by
-from harness.analyze.design_sim import DECIDED, Scenario, decide_many, simulate_blocks
+from harness.analyze.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
 from harness.analyze.power import cycles_to_decide
 from tests.conftest import DATA, run_cli
 
@@ -41,9 +41,12 @@ def test_the_slowest_comparison_sets_the_cycles_and_is_named() -> None:
     assert limiting == "slow" and m == decided_by(0.05, needs[1], 2)
 
 
-def test_shared_boots_need_the_carry_over_models_cycles() -> None:
+def test_unwashed_blocks_need_the_carry_over_models_cycles() -> None:
+    # A huge effect decides in 2 washed cycles; unwashed, on any boot, the label fails closed
+    # until the carry-over model has its MIN_CARRY_CYCLES.
     big = [_need(1.0, 0.01, prompt_share=0.0)]
-    assert cycles_for(big, 1)[0] == 2
+    assert cycles_for(big, 1, layout=Layout(washout=0.25))[0] == 2
+    assert cycles_for(big, 1)[0] == MIN_CARRY_CYCLES
     assert cycles_for(big, 1, floor=MIN_CARRY_CYCLES)[0] == MIN_CARRY_CYCLES
 
 

@@ -383,7 +383,11 @@ def test_a_box_that_slows_in_steps_cannot_pass_its_steps_off_as_trend() -> None:
     noise = np.array([0.003, -0.002, 0.001, -0.004, 0.002, 0.0, -0.001, 0.003])
     first = 4.0 + np.array([0.0, 0.1, 0.1, 0.1]) + noise[:4]
     second = 4.1 + np.array([0.0, 0.0, 0.0, 0.1]) + noise[4:]
-    cycles = [Cycle(0, "ABBA", tuple(first)), Cycle(1, "BAAB", tuple(second))]  # type: ignore[arg-type]
+    # Washed blocks: drift, not carry-over, is the question here.
+    cycles = [
+        Cycle(0, "ABBA", tuple(first), washed=True),  # type: ignore[arg-type]
+        Cycle(1, "BAAB", tuple(second), washed=True),  # type: ignore[arg-type]
+    ]
     cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0)
     assert cmp.raw_label == "better"  # the t-test alone would promote the steps
     assert cmp.drift_bias == pytest.approx(0.05, abs=0.01)
