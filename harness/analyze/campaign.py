@@ -190,8 +190,12 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             started_at=record.get("started_at"),
             ended_at=record.get("ended_at"),
             boot_id=record.get("boot_id") or None,  # which runs shared a runtime
-            # Requests of its own cell sent before it was measured (design.washout).
+            # Requests of its own cell sent before it was measured (design.washout). A cold run
+            # boots after its files left the page cache (that eviction is its washout) and a
+            # simulated one starts from its boot state: nothing carries into either.
             washout=int((record.get("runtime") or {}).get("washout_requests") or 0),
+            independent=bool((record.get("runtime") or {}).get("simulated"))
+            or raw.get("cache_state") == "cold",
         )
         if record["status"] != "ok":
             rows.append(row)

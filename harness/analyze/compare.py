@@ -115,8 +115,13 @@ def cell_cycles(
             first = ordered["run_id"].iloc[0] if len(block) else None
             if before is not None and control is not None and first is not None:
                 came_before.append(_before(before.get(str(first)), control, cell))
-            washouts = block["washout"] if "washout" in block else pd.Series(dtype=float)
-            washed = washed and len(block) > 0 and bool((washouts.fillna(0) > 0).all())
+            washouts = block["washout"] if "washout" in block else pd.Series(0, index=block.index)
+            alone = (
+                block["independent"].fillna(False).astype(bool)
+                if "independent" in block
+                else pd.Series(False, index=block.index)
+            )
+            washed = washed and len(block) > 0 and bool(((washouts.fillna(0) > 0) | alone).all())
             if "boot_id" in block:
                 boots.append({str(b) for b in block["boot_id"].dropna() if str(b)})
             values = block[metric].to_numpy(dtype=float) if metric in block else np.array([])

@@ -215,29 +215,56 @@ def fit_arm_many(
     cycles_design: Sequence[Cycle], y: FloatArray, *, deployed: bool = False
 ) -> ArmStatistic | None:
     """τ̂ (or with ``deployed`` τ̂ + ĉ_B) and its SE for every row of ``y`` (campaigns × 4m
-    blocks in time order), one design.
+    blocks in time order), one design (:func:`fit_terms_many`)."""
+    terms = fit_terms_many(cycles_design, y)
+    if terms is None:
+        return None
+    name = "deployed" if deployed else "arm"
+    return ArmStatistic(terms.estimate[name], terms.se[name], terms.df, terms.with_carry)
+
+
+@dataclass(frozen=True)
+class TermsMany:
+    """The model's terms of many campaigns that share one design, fitted at once: "arm",
+    "deployed" and, with carry-over in the model, "carry_control" and "carry_candidate"."""
+
+    estimate: dict[str, FloatArray]
+    se: dict[str, FloatArray]
+    df: int
+    with_carry: bool
+
+
+def fit_terms_many(cycles_design: Sequence[Cycle], y: FloatArray) -> TermsMany | None:
+    """The model's terms and SEs for every row of ``y`` (campaigns × 4m blocks in time order).
 
     For simulation: the design (orders, indices, what ran before) comes from ``cycles_design``;
     only the block values differ. Same model and same column choice as :func:`fit_crossover`.
     """
-    found = _projection(tuple((c.index, c.order, c.before) for c in cycles_design), deployed)
+    found = _projection(tuple((c.index, c.order, c.before) for c in cycles_design))
     if found is None:
         return None
-    weights, basis, scale, df, with_carry = found
+    weights, scales, basis, df, with_carry = found
     # The residual sum of squares is |y|² less the squared length of y's projection on the
     # model's columns (an orthonormal basis): no coefficients or residuals per campaign.
     rss = np.maximum((y * y).sum(axis=1) - ((y @ basis) ** 2).sum(axis=1), 0.0)
     sigma = np.sqrt(rss / df)
-    return ArmStatistic(y @ weights, sigma * scale, df, with_carry)
+    estimates = y @ weights
+    names = list(scales)
+    return TermsMany(
+        {name: estimates[:, k] for k, name in enumerate(names)},
+        {name: sigma * scales[name] for name in names},
+        df,
+        with_carry,
+    )
 
 
 @lru_cache(maxsize=256)
 def _projection(
-    key: tuple[tuple[int, str, tuple[str, str, str, str] | None], ...], deployed: bool
-) -> tuple[FloatArray, FloatArray, float, int, bool] | None:
+    key: tuple[tuple[int, str, tuple[str, str, str, str] | None], ...],
+) -> tuple[FloatArray, dict[str, float], FloatArray, int, bool] | None:
     """For one design (each cycle's index, order and what ran before its blocks): the weights
-    that give the contrast from y, an orthonormal basis of the model's columns, the contrast's
-    SE per unit σ, the residual df and whether carry-over is in the model."""
+    that give each term from y (one column a term), each term's SE per unit σ, an orthonormal
+    basis of the model's columns, the residual df and whether carry-over is in the model."""
     cycles_design = [Cycle(i, order, (0.0, 0.0, 0.0, 0.0), before=b) for i, order, b in key]
     design = design_matrix(cycles_design)
     x = design.matrix
@@ -248,14 +275,18 @@ def _projection(
     if np.linalg.matrix_rank(x) < p or n - p < 1:
         return None
     xtx_inv = np.linalg.inv(x.T @ x)
-    contrast = np.zeros(p)
-    contrast[design.arm_col] = 1.0
-    if deployed and design.carry_cols is not None:
-        contrast[design.carry_cols[1]] = 1.0
-    weights = x @ (xtx_inv @ contrast)
+    contrasts: dict[str, FloatArray] = {"arm": np.zeros(p)}
+    contrasts["arm"][design.arm_col] = 1.0
+    contrasts["deployed"] = contrasts["arm"].copy()
+    if design.carry_cols is not None:
+        control, candidate = design.carry_cols
+        contrasts["deployed"][candidate] = 1.0
+        contrasts["carry_control"] = np.eye(p)[control]
+        contrasts["carry_candidate"] = np.eye(p)[candidate]
+    weights = np.stack([x @ (xtx_inv @ c) for c in contrasts.values()], axis=1)
+    scales = {name: math.sqrt(float(c @ xtx_inv @ c)) for name, c in contrasts.items()}
     basis, _ = np.linalg.qr(x)
-    scale = math.sqrt(float(contrast @ xtx_inv @ contrast))
-    return weights, basis, scale, n - p, design.carry_cols is not None
+    return weights, scales, basis, n - p, design.carry_cols is not None
 
 
 __all__ = [
@@ -264,7 +295,9 @@ __all__ = [
     "CrossoverFit",
     "Design",
     "Term",
+    "TermsMany",
     "design_matrix",
     "fit_arm_many",
     "fit_crossover",
+    "fit_terms_many",
 ]

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from harness.analyze.crossover import MIN_CARRY_CYCLES, fit_arm_many
+from harness.analyze.crossover import MIN_CARRY_CYCLES, fit_terms_many
 from harness.analyze.cycles import Cycle, FloatArray
 from harness.analyze.sequential_t import balanced_t
 from harness.plan.build import cycle_pattern, fleet_box
@@ -271,15 +271,28 @@ def decide_many(
     codes[significant & (mean > 0)] = BETTER
     codes[significant & (mean < 0)] = WORSE
     cycles = tuple(design) if design is not None else _layout_cycles(layout, m)
-    if not carry_check or all(c.washed for c in cycles):
+    if not carry_check:
         return codes
-    deployed = fit_arm_many(cycles, blocks, deployed=True) if m >= MIN_CARRY_CYCLES else None
-    if deployed is None or not deployed.with_carry:
-        codes[significant] = CARRY  # nothing estimates the carry-over: fail closed
+    washed = all(c.washed for c in cycles)
+    terms = fit_terms_many(cycles, blocks) if m >= MIN_CARRY_CYCLES else None
+    if terms is None or not terms.with_carry:
+        if not washed:
+            codes[significant] = CARRY  # nothing estimates the carry-over: fail closed
         return codes
-    half = float(sps.t.isf(alpha / 2.0, deployed.df)) * deployed.se
-    unsupported = np.where(mean > 0, deployed.estimate - half <= 0, deployed.estimate + half >= 0)
-    codes[significant & unsupported] = CARRY
+    level = float(sps.t.isf(alpha / 2.0, terms.df))
+    if washed:
+        # The washout's evidence: where carry-over it should have cleared is still beyond
+        # noise, the label needs the deployed effect too (it can only be withheld here).
+        left = np.zeros(mean.shape, dtype=bool)
+        for name in ("carry_control", "carry_candidate"):
+            estimate, se = terms.estimate[name], terms.se[name]
+            left |= np.abs(estimate) > level * se
+    else:
+        left = np.ones(mean.shape, dtype=bool)
+    half = level * terms.se["deployed"]
+    deployed = terms.estimate["deployed"]
+    unsupported = np.where(mean > 0, deployed - half <= 0, deployed + half >= 0)
+    codes[significant & left & unsupported] = CARRY
     return codes
 
 

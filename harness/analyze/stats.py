@@ -459,7 +459,10 @@ def compare_cycles(
     # blocks each follow their own arm, so D̄ is the deployed effect by design and the model's
     # carry-over terms are the evidence that the washout cleared the state.
     washed = all(c.washed for c in cycles)
-    carried = not washed and carry_over_explains(raw_label, mean, model)
+    # Evidence that the washout did not work withholds a label as if there had been none
+    # (it can only withhold, never grant: no preliminary test chooses the estimator).
+    leftover = washed and washout_left(model)
+    carried = (not washed or leftover) and carry_over_explains(raw_label, mean, model)
     unchecked = not washed and carry_over_unchecked(
         raw_label, model, cycles, exact=not drift_sensitive
     )
@@ -491,12 +494,12 @@ def compare_cycles(
             f"{raw_label} label, and {m} cycle(s) cannot estimate it ({MIN_CARRY_CYCLES} "
             f"needed); add cycles ({remedy or RESUME_HINT}) or declare design.washout"
         )
-    if washed and washout_left(model) and model is not None:
+    if leftover and model is not None:
         warnings.append(
             f"{metric}: the washout did not clear the carry-over: a control block after a "
             f"candidate block still moves {pct_change(model.control or 0.0)}, a candidate block "
-            f"{pct_change(model.candidate or 0.0)} (beyond noise at α={alpha}); D̄ then misses "
-            "the deployed effect by up to that much: lengthen design.washout"
+            f"{pct_change(model.candidate or 0.0)} (beyond noise at α={alpha:.3g}), so a label "
+            "must hold for the deployed effect from the model too; lengthen design.washout"
         )
     if sequential is not None and raw_label == "inconclusive" and sd is not None:
         needed, advice = sequential_advice(

@@ -121,6 +121,21 @@ class Plan:
             f"expected_tok_s of runtime profile {runtime.name})"
         )
 
+    def washout_text(self) -> str:
+        """What the design does about carry-over, in words (the plan's last line)."""
+        count = washout_requests(self.card)
+        if count:
+            share = self.card.card.design.washout
+            return (
+                f"washout: {count} request(s) of each warm block's own cell, sent and not "
+                f"scored, before it is measured (design.washout {share:g}): the comparison is "
+                "the effect deployed"
+            )
+        return (
+            "washout: none (design.washout 0): carry-over is left to the crossover model, "
+            "which needs 3 cycles before any label of timed metrics stands"
+        )
+
     def boots(self, boot: BootDesign | None = None) -> dict[str, int]:
         """Boots per box under ``boot`` (default: the card's ``design.boot``)."""
         design = boot or self.card.card.design.boot
@@ -184,6 +199,7 @@ class Plan:
             "max_runs": self.max_runs(),
             "scale": self.scale,
             "cycles": self.cycles,
+            "washout_requests": washout_requests(self.card),
             "runs": [
                 {
                     "run_id": r.run_id,

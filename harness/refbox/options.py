@@ -219,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the box (per --carry-over-state) had another --carry-over-tag: carry-over (0)",
     )
     fault.add_argument(
+        "--carry-over-leaves-pct",
+        type=_float,
+        default=0.0,
+        help="make the NEXT boot on the box P%% slower, whatever its tag (heat, a dirtied page "
+        "cache: carry-over a cell leaves behind, itself included), per --carry-over-state (0)",
+    )
+    fault.add_argument(
         "--carry-over-tag",
         default="",
         help="this boot's tag in the carry-over state file (e.g. the cell's name)",
@@ -226,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument(
         "--carry-over-state",
         default=None,
-        help="file holding the tag of the last boot on this box; read, then overwritten, at boot",
+        help="file holding the tag of the last boot on this box (and the percent it leaves); "
+        "read, then overwritten, at boot",
     )
     return p
 
@@ -325,13 +333,18 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         ("--boot-delay-s", a.boot_delay_s),
         ("--drift-pct-per-min", a.drift_pct_per_min),
         ("--carry-over-pct", a.carry_over_pct),
+        ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
     ):
         need(value >= 0, flag, f"must be >= 0, got {value}")
-    need(
-        a.carry_over_pct == 0 or a.carry_over_state is not None,
-        "--carry-over-pct",
-        "needs --carry-over-state (the file that says which boot ran before this one)",
-    )
+    for flag, value in (
+        ("--carry-over-pct", a.carry_over_pct),
+        ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
+    ):
+        need(
+            value == 0 or a.carry_over_state is not None,
+            flag,
+            "needs --carry-over-state (the file that says which boot ran before this one)",
+        )
     if a.cold_dir is not None:
         need(os.path.isdir(a.cold_dir), "--cold-dir", f"{a.cold_dir!r} is not a directory")
     knobs = PolicyKnobs(
@@ -428,7 +441,9 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         route_trace_path=a.route_trace,
         drift_pct_per_min=a.drift_pct_per_min,
         drift_origin_s=time.time() if a.drift_origin is None else a.drift_origin,
-        carry_over_pct=carried_over_pct(a.carry_over_state, a.carry_over_tag, a.carry_over_pct),
+        carry_over_pct=carried_over_pct(
+            a.carry_over_state, a.carry_over_tag, a.carry_over_pct, a.carry_over_leaves_pct
+        ),
         phase=a.phase,
         expert_recorder=recorder_mode,
         expert_recorder_masks=a.record_kt_gpu_expert_distribution,
@@ -448,13 +463,15 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
     )
 
 
-def carried_over_pct(state: str | None, tag: str, pct: float) -> float:
-    """The slowdown this boot carries over from the one before it, and record this boot's tag.
+def carried_over_pct(state: str | None, tag: str, pct: float, leaves_pct: float = 0.0) -> float:
+    """The slowdown this boot carries over from the one before it, and record this boot.
 
-    Carry-over injection: the state file holds the tag of the last boot on the box. This boot
-    is ``pct`` percent slower when that tag differs from its own (a candidate's pages evicted
-    the control's, say), not at all after a boot of its own tag or as the first boot. The tag
-    is written whatever ``pct`` is, so a cell without the slowdown still marks the box.
+    Carry-over injection: the state file holds the tag of the last boot on the box and, on a
+    second line, the percent it leaves behind. This boot is ``pct`` percent slower when that tag
+    differs from its own (a candidate's pages evicted the control's, say), not at all after a
+    boot of its own tag or as the first boot; and it is slower by whatever the boot before left
+    (``leaves_pct`` of that boot: heat, whatever this boot's tag, its own included). The tag is
+    written whatever ``pct`` is, so a cell without the slowdown still marks the box.
     """
     if state is None:
         return 0.0
@@ -465,13 +482,20 @@ def carried_over_pct(state: str | None, tag: str, pct: float) -> float:
         previous = None
     except OSError as exc:
         raise _UsageError(f"--carry-over-state: cannot read {state}: {exc.strerror}") from exc
+    left = 0.0
+    if previous is not None:
+        previous, _, rest = previous.partition("\n")
+        try:
+            left = max(0.0, float(rest)) if rest.strip() else 0.0
+        except ValueError:
+            left = 0.0  # not one of ours: nothing left behind
     try:
         scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        scratch.write_text(tag, encoding="utf-8")
+        scratch.write_text(f"{tag}\n{leaves_pct:g}" if leaves_pct else tag, encoding="utf-8")
         os.replace(scratch, path)
     except OSError as exc:
         raise _UsageError(f"--carry-over-state: cannot write {state}: {exc.strerror}") from exc
-    return pct if previous is not None and previous != tag else 0.0
+    return (pct if previous is not None and previous != tag else 0.0) + left
 
 
 def error_message(exc: BaseException) -> str:

@@ -98,6 +98,7 @@ def print_plan(plan: Plan, out: TextIO, *, warnings: Sequence[str] = ()) -> None
         f"{format_duration(plan.estimated_total_s())} in all{upto}; "
         f"assumed: {shown(plan.estimate_basis())}"
     )
+    console.print(shown(plan.washout_text()))
     for warning in warnings:
         console.print(f"warning: {shown(warning)}")
 

@@ -78,17 +78,26 @@ def test_fit_arm_many_matches_the_single_fit() -> None:
         assert many.df == one.df
 
 
+CARRY_3 = Scenario(block_sd=0.02, effect=0.03, carry_control=math.log(0.97))
+# Carry-over that outlasts the washout: the control block two after a candidate block.
+OUTLASTS = Scenario(block_sd=0.02, effect=0.03, second_control=math.log(0.95))
+
+
 @pytest.mark.parametrize(
-    ("m", "layout"),
-    [(6, Layout()), (2, Layout()), (6, Layout(washout=0.25)), (5, Layout(treatments=2))],
+    ("m", "layout", "scenario"),
+    [
+        (6, Layout(), CARRY_3),
+        (2, Layout(), CARRY_3),
+        (6, Layout(washout=0.25), CARRY_3),
+        (6, Layout(washout=0.25), OUTLASTS),
+        (5, Layout(treatments=2), CARRY_3),
+    ],
 )
 def test_vectorised_labels_match_compare_cycles_campaign_by_campaign(
-    m: int, layout: Layout
+    m: int, layout: Layout, scenario: Scenario
 ) -> None:
-    # 2% block noise, a real +3% effect, a control block after a candidate block 3% slower:
-    # both paths must give every campaign the same label, washed or not, with the blocks
-    # before each block as the layout ran them.
-    scenario = Scenario(block_sd=0.02, effect=0.03, carry_control=math.log(0.97))
+    # 2% block noise, a real +3% effect and carry-over: both paths must give every campaign the
+    # same label, washed or not, with the blocks before each block as the layout ran them.
     blocks = simulate_blocks(np.random.default_rng(3), 120, m, scenario, layout)
     codes = decide_many(blocks, math.log1p(0.02), 0.05, layout=layout)
     design = layout_cycles(layout, m)

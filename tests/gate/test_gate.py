@@ -23,6 +23,7 @@ import pytest
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.metrics import counter_metrics
 from harness.card import load_card
+from harness.card.phase_length import washout_requests
 from harness.drive.client import RequestResult
 from harness.errors import RecordError, VerificationError
 from harness.execute.campaign import new_campaign_dir
@@ -69,6 +70,7 @@ class Synth:
     noise_sd: float = 0.003  # seeded per-request noise on the log scale
     extra: dict[str, Any] = field(default_factory=dict)
     boot: Callable[[Run], str] | None = None  # the run's boot id; None: a boot of its own
+    washout: bool = True  # warm runs record the card's washout, as harness run does
 
 
 COUNTERS = {
@@ -187,8 +189,10 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
         ring_spec = synth.ring(run)
         if ring_spec is not None and status == RUN_OK:
             ring_lost = _write_ring(folder, *ring_spec)
+        warm_washout = synth.washout and run["cache_state"] == "warm"
         record = RunRecord(
             run_id=run["run_id"],
+            runtime={"washout_requests": washout_requests(loaded) if warm_washout else 0},
             status=status,
             reason="" if status == RUN_OK else "runtime refbox exited during boot",
             cell=run["cell"],
@@ -477,21 +481,26 @@ def test_better_fails_when_worse(tmp_path: Path) -> None:
     assert "ratio 0.700" in result.reason and result.reason.endswith(": worse")
 
 
-def test_better_on_shared_boots_needs_the_cycles_that_estimate_carry_over(
-    tmp_path: Path,
+@pytest.mark.parametrize("shared", [False, True])
+def test_better_without_a_washout_needs_the_cycles_that_estimate_carry_over(
+    tmp_path: Path, shared: bool
 ) -> None:
-    # 1.5x faster on every block, each cycle's four blocks on one boot (design.boot: per-cycle).
-    # Two cycles would decide it on boots of their own, but cannot estimate the carry-over a
-    # shared boot invites: the gate fails and says how many cycles would.
+    # 1.5x faster on every block, on boots of their own or each cycle's four blocks on one boot
+    # (design.boot: per-cycle). Washed, two cycles decide it; without a washout two cycles
+    # cannot estimate the carry-over the block before could leave (heat, a page cache, a
+    # queue): the gate fails and says how many cycles would, or to declare the washout.
     gate = "  - {kind: better, metric: decode_tok_s}"
-    per_cycle = Synth(speed=faster(1.5), boot=lambda run: f"boot-{run['cycle']}")
-    result = only(verdict_of(tmp_path / "two", gate, per_cycle, cycles=2))
+    boot = (lambda run: f"boot-{run['cycle']}") if shared else None
+    bare = Synth(speed=faster(1.5), boot=boot, washout=False)
+    result = only(verdict_of(tmp_path / "two", gate, bare, cycles=2))
     assert not result.passed
     assert result.evidence["treat/warm"]["label"] == "carry-over"
-    assert "shared a boot and 2 cycles cannot estimate the carry-over" in result.reason
-    assert "run 3" in result.reason and "nan" not in result.reason
-    assert only(verdict_of(tmp_path / "own", gate, Synth(speed=faster(1.5)), cycles=2)).passed
-    three = only(verdict_of(tmp_path / "three", gate, per_cycle, cycles=3))
+    assert "no washout preceded the blocks and 2 cycles cannot estimate" in result.reason
+    assert "run 3" in result.reason and "design.washout" in result.reason
+    assert "nan" not in result.reason
+    washed = Synth(speed=faster(1.5), boot=boot)
+    assert only(verdict_of(tmp_path / "washed", gate, washed, cycles=2)).passed
+    three = only(verdict_of(tmp_path / "three", gate, bare, cycles=3))
     assert three.passed, three.reason
 
 

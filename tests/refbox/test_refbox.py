@@ -323,3 +323,23 @@ def test_carry_over_knob_slows_a_boot_only_after_another_tag(tmp_path: Path) -> 
     assert boot("control") == 0.0  # after its own kind
     assert boot("candidate", pct="0") == 0.0  # a candidate marks the box without slowing
     assert boot("control") == 30.0  # a control right after a candidate carries it over
+
+
+def test_carry_over_a_boot_leaves_slows_the_next_boot_whatever_its_tag(tmp_path: Path) -> None:
+    """Heat: --carry-over-leaves-pct slows the next boot on the box, its own cell included."""
+    state = tmp_path / "last-boot"
+
+    def boot(tag: str, leaves: str = "0") -> float:
+        config = parse_serve_args(
+            [*SMALL, "--carry-over-leaves-pct", leaves, "--carry-over-tag", tag],
+            {"REFBOX_CARRY_OVER_STATE": str(state)},
+        )
+        assert not isinstance(config, int)
+        return config.options.carry_over_pct
+
+    assert boot("candidate", leaves="40") == 0.0  # the first boot follows nothing
+    assert boot("candidate", leaves="40") == 40.0  # after itself: heat it left
+    assert boot("control") == 40.0  # after the candidate, whatever the cell
+    assert boot("control") == 0.0  # after a control that leaves nothing
+    state.write_text("something else entirely\nnot a number")
+    assert boot("control") == 0.0  # a state file not of ours leaves nothing
