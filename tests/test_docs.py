@@ -96,6 +96,6 @@ def test_the_quick_start_validates_and_plans_a_card_of_your_own(tmp_path: Path) 
 
 
 def test_the_readme_shows_the_verdict_the_golden_file_pins() -> None:
-    golden = (REPO / "tests" / "data" / "golden" / "gate.demo-shaped.txt").read_text()
+    golden = (REPO / "tests" / "data" / "golden" / "gate.demo-washed.txt").read_text()
     shown = "\n".join(line.rstrip() for line in golden.splitlines())
-    assert shown in README, "update the README's verdict block from gate.demo-shaped.txt"
+    assert shown in README, "update the README's verdict block from gate.demo-washed.txt"

@@ -1,8 +1,10 @@
 """What the verbs print, pinned whole: ``plan``, ``analyze``, ``gate`` and ``compare`` in a
 terminal, the ``record.md`` a campaign leaves, and every invalid card's message.
 
-The campaign is the fixed demo-shaped record (``tests/data/campaigns/demo-shaped``), so a change
-to any table, label or wording shows up as a diff of its golden file (:mod:`tests.golden`).
+The campaigns are fixed demo records, so a change to any table, label or wording shows up as a
+diff of its golden file (:mod:`tests.golden`): ``demo-shaped``, run before washouts (its timing
+labels are *carry-over*: no washout, and the deployed effect does not support them), and
+``demo-washed``, the demo as the default design runs it now (the README's example verdict).
 Paths that depend on where the test runs are written as ``DIR`` and ``DATA``, and the time a
 record was written as ``TIME``.
 """
@@ -19,12 +21,13 @@ from tests.conftest import DATA, REPO, run_cli
 from tests.golden import assert_golden
 
 RECORDS = DATA / "campaigns" / "demo-shaped"
+WASHED = DATA / "campaigns" / "demo-washed"
 INVALID = sorted((DATA / "cards" / "invalid").glob("*.yaml"))
 
 
-def _copy(tmp_path: Path, name: str = "20261201T100919Z") -> Path:
+def _copy(tmp_path: Path, name: str = "20261201T100919Z", records: Path = RECORDS) -> Path:
     root = tmp_path / "demo" / name
-    shutil.copytree(RECORDS, root, ignore=shutil.ignore_patterns("README.md"))
+    shutil.copytree(records, root, ignore=shutil.ignore_patterns("README.md"))
     return root
 
 
@@ -64,6 +67,18 @@ def test_gate_prints_the_verdict_and_the_record_matches(tmp_path: Path) -> None:
     # The record is dated when it is written; everything else in it comes from the records.
     record = re.sub(r"recorded \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "recorded TIME", record)
     assert_golden("record.demo-shaped.md", record)
+
+
+def test_a_washed_demo_is_decided_on_the_deployed_effect(tmp_path: Path) -> None:
+    # The README's example: every block followed a washout of its own cell, so D̄ is the
+    # deployed effect and the speed-up stands.
+    root = _copy(tmp_path, "20261204T230934Z", WASHED)
+    analyzed = run_cli("analyze", str(root))
+    assert analyzed.code == 0, analyzed.stderr
+    assert_golden("analyze.demo-washed.txt", _relative(analyzed.stdout, DIR=root))
+    result = run_cli("gate", str(root))
+    assert result.code == 0, result.stderr
+    assert_golden("gate.demo-washed.txt", _relative(result.stdout, DIR=root))
 
 
 def test_compare_prints_two_builds_side_by_side(tmp_path: Path) -> None:

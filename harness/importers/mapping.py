@@ -70,6 +70,14 @@ class ImportMapping(Strict):
     files: dict[str, FileEntry] | None = Field(None, description="file name -> its place")
     pattern: str | None = Field(None, description="regex over file names, named groups")
     select: dict[str, Scalar] = Field(default_factory=dict, description="rows to keep")
+    washout_requests: int = Field(
+        0,
+        ge=0,
+        le=10**6,
+        description="requests of each block's own cell the tool sent and did not score before "
+        "it measured (declare it when every file's run began so): the blocks then read as "
+        "washed; 0 (none known) leaves carry-over to the crossover model",
+    )
     analysis: AnalysisSpec = Field(default_factory=lambda: AnalysisSpec())
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
 

@@ -194,6 +194,9 @@ def _card_text(mapping: ImportMapping, cells: list[str], fmt: str, cycles: int, 
             "cycles": cycles,
             "repeats": repeats,
             "cache_states": states,
+            # What the tool did, as the mapping declares it (a share of 1 when it washed out:
+            # the requests are not ours to count).
+            "washout": 1 if mapping.washout_requests else 0,
         },
         "analysis": mapping.analysis.model_dump(mode="json"),
         "gates": [g.model_dump(mode="json", exclude_none=True) for g in mapping.gates],
@@ -446,6 +449,7 @@ def _write(
                 "source": block.path.name,
                 "source_sha256": block.sha256,
                 "identity": block.identity,
+                "washout_requests": mapping.washout_requests,
             },
             started_at=mtime,
             ended_at=mtime,

@@ -366,8 +366,12 @@ def test_a_campaign_run_now_round_trips_through_vllm_files(tmp_path: Path) -> No
     assert outcome.failed == [] and len(outcome.done) == 8
     files = _export_demo(tmp_path / "vllm", detailed=True, source=campaign.root)
     mapping = tmp_path / "m.yaml"
+    # The harness sent each block's washout; the mapping says so, as a user would for a tool
+    # whose runs began with one.
+    washout = json.loads((campaign.root / "plan.json").read_text())["washout_requests"]
+    assert washout > 0
     mapping.write_text(
-        "campaign: tiny\ncontrol: control\n"
+        f"campaign: tiny\ncontrol: control\nwashout_requests: {washout}\n"
         "pattern: '(?P<cell>control|wide)-c(?P<cycle>\\d+)-s(?P<slot>\\d)\\.json'\n"
         "analysis: {window_s: 0.5, converged_span_s: 1, hold_s: 0}\n"
         "gates: [{kind: better, metric: decode_tok_s}]\n",
