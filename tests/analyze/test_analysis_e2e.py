@@ -182,3 +182,41 @@ def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: 
     assert better and not any(g.passed for g in better.values())
     assert "carry-over could explain it" in better["better decode_tok_s"].reason
     assert not verdict.passed
+
+
+def test_a_candidate_that_heats_the_box_is_not_called_better(tmp_path: Path) -> None:
+    # Carry-over injected by the candidate: the all-hot map is ~3x faster on a cool box, but
+    # every boot after one of its boots, itself included, does 300% more work per step
+    # (REFBOX_CARRY_OVER_LEAVES_PCT: heat a washout cannot clear, since it lasts the boot).
+    # Deployed — the candidate after itself against the control after itself — it is at best
+    # even. The candidate after a control block (τ, what the model's check read before) is the
+    # full speed-up, and D̄ more still; the washout's evidence (carry-over after it) holds the
+    # label back, and the deployed effect does not support it: not *better*.
+    state = tmp_path / "last-boot"
+    common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
+    replace = {
+        "stale:\n    description: half the experts hot, the default (stale) rowmap, frozen\n"
+        "    env: {REFBOX_LAYERS": "stale:\n    description: half the experts hot, frozen\n"
+        f"    env: {{REFBOX_CARRY_OVER_TAG: stale, {common}",
+        "allhot:\n    description: every expert hot\n    env: {REFBOX_LAYERS": "allhot:\n"
+        "    description: every expert hot, and it heats the box\n"
+        f'    env: {{REFBOX_CARRY_OVER_LEAVES_PCT: "300", REFBOX_CARRY_OVER_TAG: allhot, {common}',
+        "max_tokens: 256": "max_tokens: 128",
+        "passes: 2": "passes: 1",
+        "campaign: analysis-map": "campaign: heat",
+    }
+    card = _card_with(tmp_path, CARDS / "map.yaml", replace)
+    analysis, verdict = _campaign(card, tmp_path / "reports")
+    decode = _rows(analysis)["decode_tok_s"]
+    assert decode["washed"], decode  # every warm block followed its washout
+    assert decode["label"] != "better", decode
+    # D̄ alone promoted it on a quiet box (3.0x [1.66, 5.47], deployed 0.47x [0.24, 0.92]); a
+    # loaded one (the suite's other worker beside it) can leave even D̄ undecided.
+    assert decode["raw_label"] in ("better", "inconclusive"), decode
+    # The model sees where the heat went: blocks after a candidate block run slower, and the
+    # deployed ratio is nowhere near the cool-box speed-up.
+    assert float(str(decode["carry_control_ratio"])) < 1.0, decode
+    assert float(str(decode["deployed_ratio"])) < float(str(decode["adjusted_ratio"])), decode
+    better = {g.name: g for g in verdict.gates if g.kind == "better"}
+    assert not better["better decode_tok_s"].passed
+    assert not verdict.passed
