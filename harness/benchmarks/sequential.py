@@ -1,6 +1,6 @@
 """``harness bench sequential``: the decision rule's error rates and power, over a scenario bank.
 
-Simulates mirrored campaigns (100,000 a case for false *better*, 20,000 for power; a tenth with
+Simulates mirrored campaigns (100,000 a case; 10,000 and 5,000 with
 ``quick``; seeded) of the design four shipped cards use — sequential, looks at 3…8 cycles, α
 0.05, 2% margin — and decides each at every look with the analysis's labels applied to all
 campaigns at once (:mod:`harness.analyze.design_sim`, whose labels the tests check against
@@ -85,7 +85,7 @@ POWER = (
 def run_bench(quick: bool = False) -> list[Figure]:
     """Every scenario × design: false *better*, then power and mean cycles."""
     n_null = 10_000 if quick else 100_000
-    n_power = 2_000 if quick else 20_000
+    n_power = 5_000 if quick else 100_000
     plan = SequentialPlan(FIRST, MAX, 1, ALPHA)
     looks = plan.scheduled()
     half = ALPHA / 2
