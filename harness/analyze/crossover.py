@@ -48,8 +48,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats as sps
 
 from harness.analyze.cycles import Cycle, FloatArray
@@ -92,6 +94,9 @@ class CrossoverFit:
     residual_sd: float  # block-to-block SD after the model, log scale
     df: int
     cycle_levels: tuple[float, ...]  # fitted α per cycle, in the order given
+    # E[sample variance of the fitted levels] = cycle variance + level_noise·σ² (the levels'
+    # own estimation noise, from (XᵀX)⁻¹: not σ²/4 once slopes and carry-over are fitted)
+    level_noise: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -198,7 +203,16 @@ def fit_crossover(
         residual_sd=sigma,
         df=df,
         cycle_levels=tuple(float(v) for v in beta[: len(ordered)]),
+        level_noise=_level_noise(xtx_inv[: len(ordered), : len(ordered)]),
     )
+
+
+def _level_noise(levels_cov: npt.NDArray[np.floating[Any]]) -> float:
+    """E[s²(α̂)]/σ² for fitted levels with covariance V·σ²: (tr V − 1ᵀV1/m)/(m − 1)."""
+    m = levels_cov.shape[0]
+    if m < 2:
+        return 0.0
+    return float((np.trace(levels_cov) - levels_cov.sum() / m) / (m - 1))
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,16 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
     return m
 
 
+def nct_sf(t: float, df: int, nc: float) -> float:
+    """P(T > t), T ~ nct(df, nc); scipy returns NaN beyond |nc| ≈ 1e10 (a deterministic
+    metric's effect over a rounding-size SD), where the answer is 1 or 0 to 1e-9 and is given
+    as such (tost_power once returned NaN there, and the search ran to 100,000 cycles)."""
+    value = float(sps.nct.sf(t, df, nc))
+    if math.isnan(value):
+        return 1.0 if nc > t else 0.0
+    return value
+
+
 def two_sided_power(m: int, effect_over_sd: float, alpha: float) -> float:
     """P(|T| > t_{1−α/2, m−1}), T ~ nct(m − 1, √m·effect/sd): both tails by ``nct.sf``.
 
@@ -66,7 +76,7 @@ def two_sided_power(m: int, effect_over_sd: float, alpha: float) -> float:
     """
     tc = float(sps.t.ppf(1 - alpha / 2, m - 1))
     nc = math.sqrt(m) * effect_over_sd
-    return float(sps.nct.sf(tc, m - 1, nc) + sps.nct.sf(tc, m - 1, -nc))
+    return nct_sf(tc, m - 1, nc) + nct_sf(tc, m - 1, -nc)
 
 
 def tost_power(
@@ -83,8 +93,8 @@ def tost_power(
         return 1.0 if min(distance_low, distance_high) > 0 else 0.0
     tc = float(sps.t.ppf(1 - alpha, m - 1))
     root = math.sqrt(m) / s_d
-    low = float(sps.nct.sf(tc, m - 1, root * distance_low))
-    high = float(sps.nct.sf(tc, m - 1, root * distance_high))
+    low = nct_sf(tc, m - 1, root * distance_low)
+    high = nct_sf(tc, m - 1, root * distance_high)
     return max(0.0, low + high - 1.0)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as sps
@@ -345,8 +345,10 @@ def variance_components(
     """Prompt, block and cycle variances of a block's ln value, and the cheapest lever.
 
     The model's residual variance σ̂² is one block's noise: the prompt part s_w²/k plus the
-    boot-to-boot rest. Cycle levels absorb what moves between cycles; their spread beyond σ̂²/4
-    (the noise in a level fitted from four blocks) is the cycle component. D and τ̂ contrast
+    boot-to-boot rest. Cycle levels absorb what moves between cycles; their spread beyond the
+    levels' own estimation noise (``fit.level_noise``·σ̂², from the model matrix: more than σ̂²/4
+    once the slopes and carry-over are fitted, which left it biased upward) is the cycle
+    component. D and τ̂ contrast
     blocks within cycles, so the cycle component never reaches them: their variance is
     (σ²_block + σ²_prompt/k)/m·const. Following Kalibera & Jones, the lever is the level whose
     variance dominates what reaches the effect: prompts per block when the prompt part is at
@@ -357,7 +359,8 @@ def variance_components(
     prompt = s_w * s_w / prompts_per_block if s_w is not None and prompts_per_block else None
     block = max(0.0, total - (prompt or 0.0))
     levels = np.asarray(fit.cycle_levels, dtype=np.float64)
-    cycle = max(0.0, float(levels.var(ddof=1)) - total / 4.0) if levels.size >= 2 else None
+    noise = fit.level_noise * total
+    cycle = max(0.0, float(levels.var(ddof=1)) - noise) if levels.size >= 2 else None
     if cycle is not None and cycle < ROUNDING**2:
         cycle = 0.0  # levels equal up to rounding (crossover.ROUNDING)
     advice = "prompts per block" if prompt is not None and prompt >= block else "cycles"
@@ -443,6 +446,9 @@ def compare_cycles(
     s_w = pooled_within_sd(cycles)
     flags = drift_flags(cycles, delta, s_w)
     warnings: list[str] = []
+    k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
+    if drift_sensitive:
+        effect = _spread_floor(metric, effect, s_w, k_min, warnings)
 
     ci95 = effect.interval(1 - alpha)
     ci90 = effect.interval(1 - 2 * alpha)
@@ -450,8 +456,16 @@ def compare_cycles(
     sd = effect.sd
     wil_p = wilcoxon_p(d) if m >= WILCOXON_MIN_CYCLES else None
     raw_label = decide_label(mean, ci95, ci90, delta, higher_is_better=higher_is_better)
-    fit = fit_crossover(cycles)
-    model = model_view(fit, alpha, block_minutes) if fit is not None else None
+    # One cycle leaves the model one df: no interval worth printing beside "no interval".
+    fit = fit_crossover(cycles) if m >= 2 else None
+    # A trend per minute only where the blocks span a minute: four blocks seconds apart once
+    # extrapolated 471%/min.
+    spans_a_minute = block_minutes is not None and block_minutes * (4 * m - 1) >= 1.0
+    model = (
+        model_view(fit, alpha, block_minutes if spans_a_minute else None)
+        if fit is not None
+        else None
+    )
     bias = drift_bias(cycles, flags, effect.weights) if drift_sensitive else 0.0
     confounded = is_confounded(raw_label, mean, ci95, ci90, delta, bias)
     # Carry-over wins over a drift flag: a carry-over pattern (a slow block after each switch)
@@ -466,7 +480,6 @@ def compare_cycles(
     unchecked = not washed and carry_over_unchecked(
         raw_label, model, cycles, exact=not drift_sensitive
     )
-    k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
     variance = variance_components(fit, s_w, k_min) if fit is not None else None
 
     # Spread per cycle for the power calculation: observed s_D, or with one cycle the
@@ -593,6 +606,34 @@ def compare_cycles(
         washed=washed,
         variance=variance,
     )
+
+
+def _spread_floor(
+    metric: str, effect: Effect, s_w: float | None, k: int | None, warnings: list[str]
+) -> Effect:
+    """A timed metric's cycle effects cannot agree more closely than the prompts inside a block
+    allow: Var(D) ≥ s_w²/k (four blocks of k prompts). Identical Dⱼ once gave a zero-width
+    interval. Below that floor the SD is raised to it; with no within-block spread to floor it
+    (summary-only records), an SD of rounding size leaves no interval at all."""
+    if effect.sd is None or effect.se is None:
+        return effect
+    scale = math.sqrt(sum(w * w for w in effect.weights))
+    if s_w is not None and s_w > 0 and k:
+        floor = s_w / math.sqrt(k)
+        if effect.sd < floor:
+            warnings.append(
+                f"{metric}: the cycles agree more closely (per-cycle SD {effect.sd:.2g}) than "
+                f"the prompts inside a block allow ({floor:.2g}); the interval uses the latter"
+            )
+            return replace(effect, sd=floor, se=floor * scale)
+        return effect
+    if effect.sd <= ROUNDING * max(1.0, abs(effect.mean)):
+        warnings.append(
+            f"{metric}: every cycle's effect is identical on a timed metric and no per-prompt "
+            "values say how much a block varies: no interval"
+        )
+        return replace(effect, sd=None, se=None)
+    return effect
 
 
 def sequential_advice(
