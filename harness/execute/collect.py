@@ -25,6 +25,7 @@ from pathlib import Path
 from harness.boxes.boxes import open_box
 from harness.boxes.interrupts import run_async
 from harness.card import LoadedCard
+from harness.card.phase_length import washout_requests
 from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
@@ -68,8 +69,9 @@ def collect_counts(
 
     ``domains`` keeps only prompts of those domains; ``max_tokens`` overrides the card's, since
     a map fitted on decode counts wants more decode steps than a timed run needs. ``as_run``
-    sends exactly what one run of the card sends instead (its warmup, then its phases, the
-    runtime's phase knob set as the runner sets it and to -1 during the warmup), so a trace for
+    sends exactly what one run of the card sends instead (its warmup and washout, then its
+    phases, the runtime's phase knob set as the runner sets it and to -1 before the phases), so
+    a trace for
     ``harness simulate`` holds the very routing the box will see. ``routes_from_responses``
     takes the routing from the responses themselves (:mod:`harness.drive.response_routes`)
     instead of a count dump, for a runtime whose profile declares ``telemetry.response_routes``;
@@ -171,7 +173,14 @@ def collect_counts(
             if dump_path is None and dump_file is None and recorder is not None:
                 recording = start_recording(runtime, recorder, remote)
             if as_run:
-                phases = build_phases(loaded, warmup=True) + build_phases(loaded, warmup=False)
+                # A warm run's warm-up, then its washout (sent and not scored, phase -1 like
+                # the warm-up), then its phases: the trace replays as the run ran.
+                washout = washout_requests(loaded)
+                phases = (
+                    build_phases(loaded, warmup=True)
+                    + (build_phases(loaded, True, washout) if washout else [])
+                    + build_phases(loaded, warmup=False)
+                )
             else:
                 items = tuple(
                     WorkItem(

@@ -63,7 +63,7 @@ cells:
       REFBOX_HOT_SLOTS: "32"
       REFBOX_EXPERT_BYTES: "4096"
 # retries: 1 rides over a rare boot race outside this feature (a group probed before setsid).
-design: {{order: sequential, cycles: 1, repeats: 1, cache_states: [warm], retries: 1}}
+design: {{order: sequential, cycles: 1, repeats: 1, cache_states: [warm], retries: 1, washout: 0}}
 gates:
   - {{kind: soak, min_duration_s: 1, max_lost_records: 0, rss_growth_pct_max: 50}}
 """

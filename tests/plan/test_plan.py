@@ -156,8 +156,8 @@ def test_extending_keeps_the_plan_at_the_same_count_and_refuses_to_shrink() -> N
 def test_plan_states_its_estimate_basis_and_a_sequential_designs_most_runs() -> None:
     plan = build_plan(load_card(REPO / "campaigns" / "demo.yaml"))
     design = plan.card.card.design
-    assert design.sequential and design.max_cycles == 4
-    assert plan.max_runs() == len(plan.runs) // design.cycles * 4
+    assert design.sequential and design.max_cycles == 6
+    assert plan.max_runs() == len(plan.runs) // design.cycles * 6
     assert "expected_ttft_s" in plan.estimate_basis()
     data = plan.to_json()
     assert data["max_runs"] == plan.max_runs() and data["estimate_basis"]
