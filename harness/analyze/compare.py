@@ -43,6 +43,10 @@ class CellComparison:
     dropped_cycles: tuple[str, ...]
 
 
+# Statuses of runs that occupied their box (a failed run left its state there too).
+RAN = ("ok", "failed", "interrupted", "invalid")
+
+
 def runs_before(runs: pd.DataFrame) -> dict[str, str | None]:
     """Each run's id -> the cell of the run that ran on its box right before it (None: first).
 
@@ -72,8 +76,15 @@ def runs_before(runs: pd.DataFrame) -> dict[str, str | None]:
     return out
 
 
-# Statuses of runs that occupied their box (a failed run left its state there too).
-RAN = ("ok", "failed", "interrupted", "invalid")
+def _washed(block: pd.DataFrame) -> bool:
+    """Every run of a block followed a washout of its own cell, or nothing could carry into it
+    (load_runs' ``washout`` and ``independent`` columns; frames without them: unwashed)."""
+    if block.empty:
+        return False
+    none = pd.Series(False, index=block.index)
+    washout = block["washout"].fillna(0) > 0 if "washout" in block else none
+    alone = block["independent"].fillna(False).astype(bool) if "independent" in block else none
+    return bool((washout | alone).all())
 
 
 def _before(previous: str | None, control: str, cell: str) -> str:
@@ -115,13 +126,7 @@ def cell_cycles(
             first = ordered["run_id"].iloc[0] if len(block) else None
             if before is not None and control is not None and first is not None:
                 came_before.append(_before(before.get(str(first)), control, cell))
-            washouts = block["washout"] if "washout" in block else pd.Series(0, index=block.index)
-            alone = (
-                block["independent"].fillna(False).astype(bool)
-                if "independent" in block
-                else pd.Series(False, index=block.index)
-            )
-            washed = washed and len(block) > 0 and bool(((washouts.fillna(0) > 0) | alone).all())
+            washed = washed and _washed(block)
             if "boot_id" in block:
                 boots.append({str(b) for b in block["boot_id"].dropna() if str(b)})
             values = block[metric].to_numpy(dtype=float) if metric in block else np.array([])

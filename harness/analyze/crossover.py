@@ -182,18 +182,19 @@ def fit_crossover(
         sigma = 0.0
         beta = np.where(np.abs(beta) < rounding, 0.0, beta)
 
-    def term(col: int) -> Term:
-        return Term(float(beta[col]), sigma * math.sqrt(float(xtx_inv[col, col])), df)
+    def combination(weights: dict[int, float]) -> Term:
+        """The term Σ wᵢβᵢ over the columns named, with its standard error."""
+        c = np.zeros(p)
+        for col, weight in weights.items():
+            c[col] = weight
+        return Term(float(c @ beta), sigma * math.sqrt(float(c @ xtx_inv @ c)), df)
 
-    slopes = np.zeros(p)
-    slopes[list(design.slope_cols)] = 1.0 / len(design.slope_cols)
-    trend = Term(float(slopes @ beta), sigma * math.sqrt(float(slopes @ xtx_inv @ slopes)), df)
+    def term(col: int) -> Term:
+        return combination({col: 1.0})
+
+    trend = combination(dict.fromkeys(design.slope_cols, 1.0 / len(design.slope_cols)))
     carry = design.carry_cols
-    deployed = term(design.arm_col)
-    if carry is not None:
-        both = np.zeros(p)
-        both[[design.arm_col, carry[1]]] = 1.0
-        deployed = Term(float(both @ beta), sigma * math.sqrt(float(both @ xtx_inv @ both)), df)
+    deployed = combination({design.arm_col: 1.0, **({carry[1]: 1.0} if carry else {})})
     return CrossoverFit(
         arm=term(design.arm_col),
         deployed=deployed,

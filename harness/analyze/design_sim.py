@@ -21,7 +21,7 @@ against compare_cycles campaign by campaign.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -70,8 +70,6 @@ class Scenario:
 
     def null(self) -> Scenario:
         """The same box with the arm set so the deployed effect is exactly 0."""
-        from dataclasses import replace
-
         return replace(self, effect=self.effect - self.deployed)
 
 
@@ -122,31 +120,6 @@ def _label(cell: int | None) -> str:
     return "-" if cell is None else "A" if cell == 0 else "B" if cell == 1 else "X"
 
 
-@lru_cache(maxsize=256)
-def _layout_cycles(layout: Layout, cycles: int) -> tuple[Cycle, ...]:
-    return tuple(layout_cycles(layout, cycles))
-
-
-def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
-    """The compared lane's cycles as the analysis builds them: order, what ran on the box before
-    each block (before its washout, if washed) and whether it was washed; values 0."""
-    before: dict[tuple[int, int], str] = {}
-    last: dict[int, int] = {}
-    for unit in _units(layout, cycles):
-        # A washed block's "before" is what ran before its washout (the washout's own turn).
-        if unit.lane == 0 and unit.scored != layout.washed:
-            before[(unit.cycle, unit.slot)] = _label(last.get(unit.box))
-        last[unit.box] = unit.cell
-    out = []
-    for j in range(cycles):
-        b = tuple(before[(j, s)] for s in range(4))
-        out.append(
-            Cycle(j, order_of(j), (0.0, 0.0, 0.0, 0.0), before=(b[0], b[1], b[2], b[3]),
-                  washed=layout.washed)
-        )  # fmt: skip
-    return out
-
-
 @dataclass(frozen=True)
 class _Sequence:
     """A layout's units as arrays: each unit's cell, box, what ran one and two before it on
@@ -184,6 +157,30 @@ def _sequence(layout: Layout, cycles: int) -> _Sequence:
         clock,
         np.array([u.scored and u.lane == 0 for u in units]),
     )
+
+
+@lru_cache(maxsize=256)
+def _layout_cycles(layout: Layout, cycles: int) -> tuple[Cycle, ...]:
+    return tuple(layout_cycles(layout, cycles))
+
+
+def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
+    """The compared lane's cycles as the analysis builds them: order, what ran on the box before
+    each block (before its washout, if washed) and whether it was washed; values 0."""
+    seq = _sequence(layout, cycles)
+    scored = np.flatnonzero(seq.keep)
+    # A washout runs on the same box right before its block: what ran before the block's
+    # washout is what ran before the washout's own turn.
+    ran = seq.prev[scored - 1 if layout.washed else scored]
+    labels = [_label(None if int(c) < 0 else int(c)) for c in ran]
+    out = []
+    for j in range(cycles):
+        b0, b1, b2, b3 = labels[4 * j : 4 * j + 4]
+        out.append(
+            Cycle(j, order_of(j), (0.0, 0.0, 0.0, 0.0), before=(b0, b1, b2, b3),
+                  washed=layout.washed)
+        )  # fmt: skip
+    return out
 
 
 def simulate_blocks(

@@ -286,7 +286,8 @@ def model_view(fit: CrossoverFit, alpha: float, block_minutes: float | None) -> 
 
 
 def carry_over_explains(raw_label: str, mean: float, model: CarryOver | None) -> bool:
-    """Whether carry-over could have produced a *better*/*worse* label of unwashed blocks.
+    """Whether carry-over could have produced a *better*/*worse* label of unwashed blocks (or of
+    washed ones whose washout left carry-over: :func:`washout_left`).
 
     The label stands on D̄, which carry-over biases (by −¾·c_A + ¼·c_B in the planner's back-to-
     back alternation, where three of four control blocks follow a candidate block) and which,
@@ -670,7 +671,7 @@ def model_warnings(
     m: int,
     carried: bool,
     drift_sensitive: bool,
-    unestimated: str = "assumed none",
+    unestimated: str = "exactly none",
 ) -> list[str]:
     """What the crossover model saw: drift it removed, carry-over, and terms it left out.
 
