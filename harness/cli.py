@@ -20,9 +20,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TextIO, cast
 
-from harness import __version__
 from harness.boxes.interrupts import describe, exit_code, stop_signals
 from harness.errors import EXIT_INFRASTRUCTURE, HarnessError
+from harness.version import __version__
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
 

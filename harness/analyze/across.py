@@ -25,11 +25,11 @@ from scipy import stats as sps
 
 from harness.analyze.campaign import CampaignAnalysis
 from harness.analyze.cell_values import finite
-from harness.analyze.cycles import margin_log
-from harness.analyze.stats import decide_label
 from harness.catalog import METRICS
 from harness.errors import BadInput
 from harness.formats.records import read_json
+from harness.stats.cycles import margin_log
+from harness.stats.decision import decide_label
 
 __all__ = ["box_identity", "compare_campaigns", "welch_interval"]
 

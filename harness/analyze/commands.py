@@ -13,14 +13,11 @@ __all__ = ["register"]
 
 
 def _cmd_analyze(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.analyze.campaign import analyze_campaign, summary_text, write_analysis
-    from harness.formats.lock import locked_campaign
-    from harness.report.terminal import note_unsealed, print_comparisons
+    from harness.analyze.campaign import summary_text
+    from harness.report.terminal import print_comparisons
+    from harness.spine import analyze_only
 
-    with locked_campaign(Path(args.dir)):
-        analysis = analyze_campaign(Path(args.dir))
-        note_unsealed(analysis)
-        folder = write_analysis(analysis)
+    analysis, folder = analyze_only(Path(args.dir))
     if args.json:
         out.write(summary_text(analysis, with_history=True) + "\n")
     else:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from harness.analyze.cycles import Cycle
-from harness.analyze.sequential import SequentialPlan
-from harness.analyze.stats import Comparison, compare_cycles
 from harness.catalog import METRICS
+from harness.stats.cycles import Cycle
+from harness.stats.decision import Comparison, compare_cycles
+from harness.stats.sequential import SequentialPlan
 
 # Metrics compared by default for every cell (gates may add others from the catalog).
 DEFAULT_METRICS = (

@@ -13,7 +13,7 @@ cost in seconds. Three levers trade against each other at equal power:
   only shrink when blocks share a boot, so shared-boot rows are upper bounds on the cycles.
 
 For every combination the cycles to a decision are those of the analysis's own power rule
-(:func:`~harness.analyze.power.cycles_to_decide`, 80 %), the largest over the gated comparisons
+(:func:`~harness.stats.power.cycles_to_decide`, 80 %), the largest over the gated comparisons
 (a verdict needs them all); the wall time is the busiest box's boots and blocks at the measured
 costs. Pure but for reading the campaign's run records.
 """
@@ -28,14 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign, gated_metrics
-from harness.analyze.crossover import MIN_CARRY_CYCLES
-from harness.analyze.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
-from harness.analyze.power import cycles_to_decide
 from harness.card import LoadedCard
 from harness.card.schema import BootDesign
 from harness.errors import BadInput
 from harness.formats.records import read_json
 from harness.plan.build import BOOT_DESIGNS, build_plan
+from harness.stats.crossover import MIN_CARRY_CYCLES
+from harness.stats.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
+from harness.stats.power import cycles_to_decide
 
 # Prompts per block tried, as multiples of what the campaign ran (passes over the pool).
 PROMPT_FACTORS = (1, 2, 4)
@@ -148,7 +148,7 @@ def cycles_for(
     """Cycles to decide every comparison with ``prompt_factor``× the prompts, and which limits.
 
     At least ``floor`` cycles (unwashed blocks need the carry-over model's
-    :data:`~harness.analyze.crossover.MIN_CARRY_CYCLES`).
+    :data:`~harness.stats.crossover.MIN_CARRY_CYCLES`).
     """
     worst, name = 0, ""
     for need in needs:

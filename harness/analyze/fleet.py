@@ -26,8 +26,8 @@ import pandas as pd
 from scipy import stats
 
 from harness.analyze.compare import CellComparison, cell_cycles, runs_before
-from harness.analyze.stats import compare_cycles
 from harness.catalog import METRICS
+from harness.stats.decision import compare_cycles
 
 # Fewest cycles a box needs for its Dⱼ to enter the interaction test: a variance needs two,
 # but at two a box Welch's test rejects a true "same effect" in 7.6-10.3% of 2-box fleets at

@@ -1,7 +1,7 @@
 """Where a campaign stands in its sequential design: this look, its level, and the looks so far.
 
 docs/design.md#sequential-designs. The analysis of a sequential campaign decides at the
-nominal level of the look it is at (:class:`harness.analyze.sequential.SequentialPlan`); the
+nominal level of the look it is at (:class:`harness.stats.sequential.SequentialPlan`); the
 looks already taken are read from the journal, where the sequential loop records each one with
 the statistics it saw, so the report can show them and the spending follows the looks really
 made. A fixed design extended after a look is flagged: its labels do not account for the look.
@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analyze.sequential import SequentialPlan, spent
 from harness.card import Card
+from harness.stats.sequential import SequentialPlan, spent
 
 LOOK_EVENT = "look"
 EXTENDED_EVENT = "campaign_extended"

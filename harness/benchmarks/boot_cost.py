@@ -46,9 +46,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from harness.analyze.stats import CARRY_OVER, CONFOUNDED
 from harness.benchmarks import Figure
 from harness.formats.records import Journal
+from harness.stats.decision import CARRY_OVER, CONFOUNDED
 
 _CARD = Path(__file__).resolve().parents[2] / "campaigns" / "queue-rate-ladder.yaml"
 TARGET = 3.0

@@ -3,8 +3,8 @@
 Simulates mirrored campaigns (100,000 a case; 10,000 and 5,000 with
 ``quick``; seeded) of the design four shipped cards use — sequential, looks at 3…8 cycles, α
 0.05, 2% margin — and decides each at every look with the analysis's labels applied to all
-campaigns at once (:mod:`harness.analyze.design_sim`, whose labels the tests check against
-:func:`harness.analyze.stats.compare_cycles`). Every design ``design:`` offers is run on the
+campaigns at once (:mod:`harness.stats.design_sim`, whose labels the tests check against
+:func:`harness.stats.decision.compare_cycles`). Every design ``design:`` offers is run on the
 same bank: ABBA/BAAB with a quarter-block washout before every block (the default; D̄ is the
 deployed effect by design) and without one (``washout: 0``; the deployed effect from the
 crossover model, fail closed below 3 cycles). Beside them, for the record, D̄ without washout
@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.analyze.cycles import margin_log
-from harness.analyze.design_sim import BETTER, Layout, Scenario, run_looks, simulate_blocks
-from harness.analyze.sequential import SequentialPlan
 from harness.benchmarks import Figure
+from harness.stats.cycles import margin_log
+from harness.stats.design_sim import BETTER, Layout, Scenario, run_looks, simulate_blocks
+from harness.stats.sequential import SequentialPlan
 
 FIRST, MAX = 3, 8
 ALPHA = 0.05

@@ -14,26 +14,20 @@ Code that must not be cut in two either (starting a runtime and journalling its 
 runs under :func:`deferred`: a signal arriving inside it is raised when it ends. A signal that is
 ignored when the command starts (``nohup``, a background job's SIGINT) stays ignored.
 
-An asyncio drive runs under :func:`run_async`: there the signal cancels the drive's task, and
-:class:`Interrupted` is raised once the event loop has wound down. Raised where it lands, it
-would land in whichever task's callback was running (an HTTP client's body writer) and end up
-in that task, printed at exit as "Task exception was never retrieved".
+An asyncio drive runs under :func:`harness.boxes.async_interrupts.run_async`, where the signal
+cancels the drive's task instead (registered in :data:`CANCELLERS`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
 import signal
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, TypeVar
-
-T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -229,54 +223,14 @@ def deferred() -> Iterator[None]:
             raise Interrupted(signum)
 
 
-class _Drive:
-    """An event loop :func:`run_async` runs in one thread, its main task, and the stop it got."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-        self.loop = loop
-        self.task = task
-        self.signum: int | None = None
-
-
+# Thread id -> how to cancel the asyncio drive running there (registered by
+# harness.boxes.async_interrupts, so a command that drives nothing never imports asyncio).
 # Plain dict operations, no lock: the signal handler reads it in the thread that may be
 # registering, and a lock it waited on there would never be released.
-_DRIVES: dict[int, _Drive] = {}
+CANCELLERS: dict[int, Callable[[int], bool]] = {}
 
 
 def _cancel_drive(ident: int, signum: int) -> bool:
     """Cancel the asyncio drive running in thread ``ident``, if any; whether there was one."""
-    running = _DRIVES.get(ident)
-    if running is None:
-        return False
-    running.signum = signum
-    # Thread-safe and signal-safe: it queues the cancel and wakes the loop through its pipe.
-    with contextlib.suppress(RuntimeError):  # the loop closed already: run_async raises it
-        running.loop.call_soon_threadsafe(running.task.cancel)
-    return True
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)``, where a stop signal cancels ``coro`` and then raises
-    :class:`Interrupted` (in a fleet's worker thread, the interrupt :func:`interrupt_worker`
-    forwards does the same)."""
-    ident = threading.get_ident()
-
-    async def main() -> T:
-        task = asyncio.current_task()
-        assert task is not None
-        _DRIVES[ident] = _Drive(asyncio.get_running_loop(), task)
-        return await coro
-
-    try:
-        try:
-            result = asyncio.run(main())
-        except asyncio.CancelledError:
-            running = _DRIVES.get(ident)
-            if running is not None and running.signum is not None:
-                raise Interrupted(running.signum) from None
-            raise
-    finally:
-        running = _DRIVES.pop(ident, None)
-    if running is not None and running.signum is not None:
-        raise Interrupted(running.signum)  # it came as the drive finished
-    return result
+    cancel = CANCELLERS.get(ident)
+    return cancel is not None and cancel(signum)

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from harness.boxes.interrupts import run_async
+from harness.boxes.async_interrupts import run_async
 from harness.boxes.tunnel import refusal
 from harness.errors import InfrastructureError
 

@@ -55,14 +55,14 @@ def main() -> int:
     except ImportError as exc:
         emit({"error": f"cannot import aiohttp: {exc}", "missing": "aiohttp"})
         return EXIT_MISSING
-    import harness
+    from harness.version import PACKAGE_DIR
 
     hello = {
         "pid": os.getpid(),
         "pgid": os.getpgid(0),
         "python": sys.version.split()[0],
         "aiohttp": aiohttp.__version__,
-        "harness": harness.__file__,
+        "harness": str(PACKAGE_DIR / "__init__.py"),
     }
     emit({"hello": hello})
     stdin = sys.stdin.buffer

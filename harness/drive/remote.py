@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import harness
 from harness.boxes.base import Box, shell_command
 from harness.boxes.ssh import SshBox
 from harness.drive.client import DriveSpec, PhasePlan, RequestResult, RuntimeHung
 from harness.errors import BoxError, RuntimeBootError
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import RunningRuntime
+from harness.version import PACKAGE_DIR
 
 _MAIN = """\
 import sys
@@ -60,7 +60,7 @@ OnResult = Callable[[RequestResult], None]
 
 def driver_archive() -> tuple[bytes, str]:
     """The harness package as a runnable zip, and its SHA-256 (the same code, the same bytes)."""
-    package = Path(harness.__file__).parent
+    package = PACKAGE_DIR
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         entries = [("__main__.py", _MAIN.encode())]

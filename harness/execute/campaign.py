@@ -1,13 +1,11 @@
 """A campaign as a whole: its directory made, its runs executed, the outcome for the caller.
 
-:func:`run_campaign` is the library's way to run a card (``harness.run_campaign``);
-``harness run`` makes the same calls with a progress bar and then analyses and gates the
-directory (:func:`harness.gate.commands.analyze_and_gate`).
+``harness run`` and the library's ``harness.run_campaign`` make these calls through the spine
+(:func:`harness.spine.run_campaign`), which then gates the directory.
 """
 
 from __future__ import annotations
 
-import io
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -18,7 +16,7 @@ from harness.execute.run import CampaignOutcome
 from harness.formats.records import CampaignDir, write_json_atomic, write_text_atomic
 from harness.plan.build import Plan, plan_json_text
 
-__all__ = ["CampaignOutcome", "execute_campaign", "new_campaign_dir", "run_campaign"]
+__all__ = ["CampaignOutcome", "execute_campaign", "new_campaign_dir"]
 
 
 def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> CampaignDir:
@@ -67,24 +65,3 @@ def execute_campaign(
     if not outcome.interrupted:
         release_cache(loaded, campaign.root)
     return outcome
-
-
-def run_campaign(
-    card: Path | str,
-    *,
-    reports: Path | str = "reports",
-    scale: float = 1.0,
-    out: TextIO | None = None,
-) -> CampaignOutcome:
-    """Run the card at ``card`` as a new campaign under ``reports`` and return how its runs went
-    (``outcome.directory`` is the campaign directory to analyse). ``scale`` scales every phase's
-    requests and duration, as ``harness run --scale`` does. Progress lines go to ``out``."""
-    from harness.card import load_card, scale_workload
-    from harness.formats.lock import campaign_lock
-    from harness.plan.build import build_plan
-
-    loaded = scale_workload(load_card(Path(card)), scale)
-    plan = build_plan(loaded, scale=scale)
-    campaign = new_campaign_dir(loaded, plan, Path(reports))
-    with campaign_lock(campaign.root):
-        return execute_campaign(loaded, plan, campaign, quiet=True, out=out or io.StringIO())

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.boxes.async_interrupts import run_async
 from harness.boxes.boxes import open_box
-from harness.boxes.interrupts import run_async
 from harness.card import LoadedCard
 from harness.card.phase_length import washout_requests
 from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive

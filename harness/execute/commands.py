@@ -1,7 +1,7 @@
 """``harness run`` (a campaign, new or resumed), and the verbs that reach a box outside one.
 
 ``run`` executes a plan's runs not yet done under the campaign directory's lock, then analyses
-and gates it (:func:`harness.gate.commands.analyze_and_gate`). ``box check`` preflights one box,
+and gates it, all through :func:`harness.spine.run_campaign`. ``box check`` preflights one box,
 or every box of a card's fleet, and prints each check with its fix; ``collect`` boots one cell
 and sends a prompt split (or one run's workload), saving the route counts ``fit-map`` reads and
 the route trace ``simulate`` replays.
@@ -10,100 +10,43 @@ the route trace ``simulate`` replays.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK, BadInput
+from harness.errors import EXIT_INFRASTRUCTURE, EXIT_OK, BadInput
 
 if TYPE_CHECKING:
-    from harness.card import LoadedCard
-    from harness.formats.records import CampaignDir
-    from harness.plan.build import Plan
+    pass
 
 __all__ = ["register"]
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.card import load_card, scale_workload
-    from harness.execute.campaign import new_campaign_dir
-    from harness.execute.reopen import reopen_campaign
-    from harness.formats.lock import campaign_lock
-    from harness.formats.records import open_campaign
-    from harness.plan.build import build_plan
+    from harness.gate.commands import print_conclusion
+    from harness.spine import run_campaign
 
-    # Held from before the first write of a resume to the last write of the run's records.
-    with contextlib.ExitStack() as held:
-        if args.resume:
-            root = Path(args.resume)
-            open_campaign(root)  # not a campaign directory: said before a lock file is made in it
-            held.enter_context(campaign_lock(root))
-            reopened = reopen_campaign(root, cycles=args.cycles)
-            campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
-            for note in reopened.notes:
-                out.write(note + "\n")
-            if reopened.extended_from is not None:
-                out.write(
-                    f"extended: {reopened.extended_from} → {plan.cycles} cycles "
-                    f"({len(plan.runs)} runs planned)\n"
-                )
-            campaign.journal.append("campaign_resume")
-        else:
-            if args.card is None:
-                raise BadInput("give a CARD to run, or --resume DIR")
-            if args.cycles is not None:
-                raise BadInput(
-                    "--cycles extends a campaign: give it with --resume DIR "
-                    "(for a new campaign, set design.cycles on the card)"
-                )
-            loaded = scale_workload(load_card(Path(args.card)), args.scale)
-            plan = build_plan(loaded, scale=args.scale)
-            campaign = new_campaign_dir(loaded, plan, Path(args.reports))
-            held.enter_context(campaign_lock(campaign.root))
-        return _execute(args, campaign, loaded, plan, out)
-
-
-def _execute(
-    args: argparse.Namespace,
-    campaign: CampaignDir,
-    loaded: LoadedCard,
-    plan: Plan,
-    out: TextIO,
-) -> int:
-    """Run a campaign's runs not yet done (under its lock), then analyse and gate it."""
-    from harness.execute.campaign import execute_campaign
-
-    out.write(f"campaign directory: {campaign.root}\n")
-    out.flush()
-    outcome = execute_campaign(loaded, plan, campaign, quiet=args.quiet, out=out)
-    if outcome.interrupted:
+    result = run_campaign(
+        args.card,
+        resume=args.resume,
+        cycles=args.cycles,
+        reports=args.reports,
+        scale=args.scale,
+        quiet=args.quiet,
+        out=out,
+    )
+    if result.concluded is None:
         out.write(
-            f"interrupted ({outcome.interrupted_by}); "
-            f"resume with: harness run --resume {campaign.root}\n"
+            f"interrupted ({result.outcome.interrupted_by}); "
+            f"resume with: harness run --resume {result.directory}\n"
         )
-        return outcome.exit_code
-    out.write(f"runs: {len(outcome.done)} done, {len(outcome.failed)} failed\n")
-    return _after_run(args, campaign.root, outcome.failed, out)
-
-
-def _after_run(args: argparse.Namespace, root: Path, failed: list[str], out: TextIO) -> int:
-    """Analysis, gates and the report after a campaign; the exit code of the whole job.
-
-    Runs that could not complete make it 3, unless a gate failed on complete data: that is a
-    verdict a retry cannot change, and a pipeline that retries on 3 must not hide it.
-    """
-    from harness.gate.commands import analyze_and_gate
-
-    verdict = analyze_and_gate(root, out, quiet=False)
-    if failed:
+        return result.exit_code
+    print_conclusion(result.concluded, out, quiet=False)
+    if result.outcome.failed:
         out.write(
-            f"{len(failed)} runs could not be completed (see their run.json for reasons); "
-            f"retry them with: harness run --resume {root}\n"
+            f"{len(result.outcome.failed)} runs could not be completed (see their run.json for "
+            f"reasons); retry them with: harness run --resume {result.directory}\n"
         )
-        if any(not g.passed and not g.incomplete for g in verdict.gates):
-            return EXIT_GATE_FAILED
-        return EXIT_INFRASTRUCTURE
-    return verdict.exit_code()
+    return result.exit_code
 
 
 def _cmd_box_check(args: argparse.Namespace, out: TextIO) -> int:

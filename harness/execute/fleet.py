@@ -37,8 +37,9 @@ from harness.execute.resume import CHECKPOINT_S
 from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallback
 from harness.execute.soak import MonitorSettings
 from harness.formats.records import CampaignDir
-from harness.plan.build import Plan, Run, cohort_lane, fleet_box
+from harness.plan.build import Plan, Run, cohort_lane
 from harness.profiles.box import BoxSpec
+from harness.stats.layout import fleet_box
 
 # Seconds between the main thread's looks at its workers: how soon a signal is forwarded.
 _JOIN_POLL_S = 0.2

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import __version__
 from harness.boxes.base import Box, quote_path, shell_command
 from harness.boxes.boxes import open_box
 from harness.boxes.checks import MIN_PYTHON, Check, uses_python
@@ -24,6 +23,7 @@ from harness.errors import BoxError, KnobError
 from harness.profiles.box import BoxSpec
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import render
+from harness.version import __version__
 
 MIN_FREE_BYTES = 5 * 1024**3
 MAX_CLOCK_SKEW_S = 2.0

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.boxes.async_interrupts import run_async
 from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
-from harness.boxes.interrupts import deferred, describe, exit_code, run_async
+from harness.boxes.interrupts import deferred, describe, exit_code
 from harness.card import Cell, LoadedCard
 from harness.card.phase_length import washout_requests
 from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, drive

@@ -16,7 +16,6 @@ already planned (docs/design.md#plan).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from harness.card import LoadedCard
 from harness.card.phase_length import estimate_phase, request_s, washout_requests
 from harness.card.schema import BootDesign
 from harness.errors import PlanError
+from harness.stats.layout import cycle_pattern, fleet_box
 
 # 1: first version (later with `cycles`, absent from older plans, where it is design.cycles)
 SCHEMA_VERSION = 1
@@ -233,25 +233,9 @@ def boot_group(run: Run, boot: BootDesign) -> str | None:
     return None
 
 
-def cycle_pattern(cycle: int) -> str:
-    """ABBA for even cycles, BAAB for odd ones: each pair cancels linear and quadratic drift."""
-    return "ABBA" if cycle % 2 == 0 else "BAAB"
-
-
 def _mirrored(items: list[str], cycle: int) -> list[str]:
     """Card order on even cycles, reversed on odd ones, so no item is always first."""
     return list(items) if cycle % 2 == 0 else list(reversed(items))
-
-
-def fleet_box(boxes: Sequence[str], cycle: int, lane: int) -> str:
-    """The box a cohort is planned on: consecutive cycles on different boxes, so the whole
-    fleet works from the first cycles, and every box gets ABBA and BAAB cycles alike (so drift
-    cancels within each box): with an odd number of boxes round robin alternates the order by
-    itself; with an even one each round of n cycles starts one box further on. Lanes (a
-    comparison in a cache state) start one box apart."""
-    n = len(boxes)
-    shift = cycle // n if n % 2 == 0 else 0
-    return boxes[(cycle + shift + lane) % n]
 
 
 def cohort_lane(loaded: LoadedCard, comparison: str, cache_state: str) -> int:

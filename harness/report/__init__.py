@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import __version__
+from harness.version import __version__
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
@@ -119,7 +119,7 @@ def build_context(
         "campaign": card.campaign,
         "stamp": root.name,
         "description": card.description,
-        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "recorded_at": _recorded_at(analysis),
         "harness_version": __version__,
         "simulated": analysis.simulated,
         "verdict": ctx.verdict_context(analysis, verdict),
@@ -162,6 +162,17 @@ def build_context(
         "links": ctx.raw_links(analysis),
         "palette": palette,
     }
+
+
+def _recorded_at(analysis: CampaignAnalysis) -> str:
+    """When the last run's records were written (UTC): the report is a function of the records,
+    so rendering it again on the same records gives the same bytes."""
+    runs = analysis.runs
+    column: list[Any] = list(runs["ended_at"].dropna()) if "ended_at" in runs.columns else []
+    ended = [float(t) for t in column if float(t) > 0]
+    if not ended:
+        return "no run recorded"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(max(ended)))
 
 
 def _history(root: Path) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""``harness report DIR``: a campaign directory analysed, gated and rendered; nothing is rerun."""
+"""``harness report DIR``: a campaign directory analysed, gated and rendered (:mod:`harness.spine`);
+nothing is rerun, and the verdict and the results store are left as ``harness gate`` wrote them."""
 
 from __future__ import annotations
 
@@ -22,18 +23,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.analyze.campaign import analyze_campaign
-    from harness.gate.evaluate import evaluate_gates
-    from harness.report import copy_path, render_report
-    from harness.report.terminal import note_unsealed
+    from harness.report import copy_path
+    from harness.spine import report_campaign
 
     root = Path(args.dir)
-    analysis = analyze_campaign(root)
-    note_unsealed(analysis)
-    verdict = evaluate_gates(analysis)
-    path = render_report(root, analysis, verdict, figures=not args.no_figures)
-    out.write(f"verdict: {verdict.word}\nreport: {path}\n")
-    copy = copy_path(root, analysis.card.campaign)
+    concluded = report_campaign(root, figures=not args.no_figures)
+    out.write(f"verdict: {concluded.decision.verdict.word}\nreport: {concluded.report}\n")
+    copy = copy_path(root, concluded.decision.analysis.card.campaign)
     if copy is not None:
         out.write(f"copy: {copy}\n")
     return EXIT_OK

@@ -289,6 +289,15 @@ def cell_palette(card: Card) -> dict[str, str]:
     return {name: CELL_COLORS[i % len(CELL_COLORS)] for i, name in enumerate(names)}
 
 
+def _shown_path(path: Path, root: Path) -> str:
+    """A path inside the campaign directory relative to it (the report is the same wherever
+    the directory is copied); others in full."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def pools_context(root: Path, analysis: CampaignAnalysis) -> dict[str, Any]:
     """Fit/held-out prompt counts per domain: from the pools when reachable, else the outputs."""
     card = analysis.card
@@ -319,7 +328,7 @@ def pools_context(root: Path, analysis: CampaignAnalysis) -> dict[str, Any]:
             ]
             return {
                 "source": "the prompt pools named on the card ("
-                + ", ".join(str(p) for p in pool_paths)
+                + ", ".join(_shown_path(p, root) for p in pool_paths)
                 + ")",
                 "rows": rows,
                 "texts": {p.id: p.text for p in prompts},

@@ -128,7 +128,7 @@ def render_record(context: dict[str, Any]) -> str:
         "",
         f"Campaign directory `{_code(context['stamp'])}`, runtime "
         f"`{_code(context['runtime_name'])}`, "
-        f"harness {context['harness_version']}, recorded {context['generated_at']}."
+        f"harness {context['harness_version']}, last run ended {context['recorded_at']}."
         + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
         "",
         "## Machine and binary",

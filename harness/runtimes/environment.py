@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from harness import __version__
 from harness.boxes.base import Box, quote_path
 from harness.boxes.ssh import SshBox
 from harness.card import LoadedCard
 from harness.errors import BoxError
 from harness.runtimes.boot import runtime_version
+from harness.version import __version__
 
 
 def capture_environment(box: Box, loaded: LoadedCard) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The crossover model (harness.analyze.crossover) and the vectorised labels that simulate it."""
+"""The crossover model (harness.stats.crossover) and the vectorised labels that simulate it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.analyze.crossover import MIN_CARRY_CYCLES, design_matrix, fit_arm_many, fit_crossover
-from harness.analyze.cycles import Cycle
-from harness.analyze.design_sim import (
+from harness.stats.crossover import MIN_CARRY_CYCLES, design_matrix, fit_arm_many, fit_crossover
+from harness.stats.cycles import Cycle
+from harness.stats.decision import CARRY_OVER, compare_cycles
+from harness.stats.design_sim import (
     CODES,
     DECIDED,
     Layout,
@@ -20,7 +21,6 @@ from harness.analyze.design_sim import (
     order_of,
     simulate_blocks,
 )
-from harness.analyze.stats import CARRY_OVER, compare_cycles
 
 
 def _cycles(blocks: np.ndarray) -> list[Cycle]:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.analyze.crossover import MIN_CARRY_CYCLES
 from harness.analyze.design_cost import Need, cycles_for, decided_by
-from harness.analyze.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
-from harness.analyze.power import cycles_to_decide
+from harness.stats.crossover import MIN_CARRY_CYCLES
+from harness.stats.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
+from harness.stats.power import cycles_to_decide
 from tests.conftest import DATA, run_cli
 
 DELTA = float(np.log1p(0.02))

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from harness.analyze.compare import compare_cells
-from harness.analyze.crossover import fit_crossover
-from harness.analyze.cycles import (
+from harness.errors import BadInput
+from harness.stats.crossover import fit_crossover
+from harness.stats.cycles import (
     Cycle,
     block_value,
     cycle_from_prompt_values,
@@ -23,12 +24,11 @@ from harness.analyze.cycles import (
     margin_log,
     raw_effect,
 )
-from harness.analyze.drift import FLAG_ALPHA
-from harness.analyze.intervals import holm, t_interval, wilcoxon_p
-from harness.analyze.power import cycles_needed, cycles_to_decide, tost_power
-from harness.analyze.sequential import SequentialPlan
-from harness.analyze.stats import Comparison, balanced_effect, compare_cycles
-from harness.errors import BadInput
+from harness.stats.decision import Comparison, balanced_effect, compare_cycles
+from harness.stats.drift import FLAG_ALPHA
+from harness.stats.intervals import holm, t_interval, wilcoxon_p
+from harness.stats.power import cycles_needed, cycles_to_decide, tost_power
+from harness.stats.sequential import SequentialPlan
 
 SEED_004 = (160.0, 141.0, 122.0, 103.0)  # A1, B1, B2, A2 prefill t/s: pure drift, no effect
 

@@ -95,10 +95,11 @@ def make_tiny_campaign(base: Path) -> Path:
     cards.mkdir(parents=True, exist_ok=True)
     (cards / "pool.jsonl").write_text("\n".join(json.dumps(p) for p in POOL) + "\n")
     (cards / "tiny.yaml").write_text(CARD)
-    outcome = harness.run_campaign(cards / "tiny.yaml", reports=base / "reports")
+    result = harness.run_campaign(cards / "tiny.yaml", reports=base / "reports")
+    outcome = result.outcome
     assert not outcome.failed and not outcome.interrupted, f"tiny runs failed: {outcome.failed}"
-    _CACHE["root"] = outcome.directory
-    return outcome.directory
+    _CACHE["root"] = result.directory
+    return result.directory
 
 
 @pytest.fixture(scope="session")

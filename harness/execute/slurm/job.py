@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import __version__
 from harness.boxes.interrupts import STOP_SIGNALS, describe, stop_signals
 from harness.formats.records import write_json_atomic
 from harness.plan.build import Run
 from harness.profiles.box import BoxSpec
+from harness.version import __version__
 
 # SIGUSR2 is how Slurm (through submitit's --signal) warns a job its time is nearly up.
 JOB_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR2)

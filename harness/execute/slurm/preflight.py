@@ -18,7 +18,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import __version__
 from harness.boxes.checks import MIN_PYTHON, Check, uses_python
 from harness.errors import KnobError, SlurmError
 from harness.execute.slurm.states import QUERY_TIMEOUT_S
@@ -27,6 +26,7 @@ from harness.execute.slurm.wait import JobEnd, wait_for_jobs
 from harness.profiles.box import BoxSpec
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import render
+from harness.version import __version__
 
 # Seconds the trivial job may take from sbatch to its end (pending included).
 PROBE_TIMEOUT_S = 180.0

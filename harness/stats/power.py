@@ -13,8 +13,8 @@ import math
 
 from scipy import stats as sps
 
-from harness.analyze.cycles import pct_change
 from harness.errors import BadInput
+from harness.stats.cycles import pct_change
 
 # The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
 RESUME_HINT = (

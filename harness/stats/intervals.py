@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from harness.analyze.cycles import ORDERS, Cycle, FloatArray
 from harness.errors import BadInput
+from harness.stats.cycles import ORDERS, Cycle, FloatArray
 
 __all__ = [
     "bootstrap_ratio_ci",

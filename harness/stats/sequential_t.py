@@ -1,7 +1,7 @@
 """Small-sample sequential boundaries for the campaign's t statistic, by seeded simulation.
 
 docs/design.md#sequential-designs. The O'Brien–Fleming-type spending of
-:mod:`harness.analyze.sequential` solves its equations for a statistic that is exactly normal
+:mod:`harness.stats.sequential` solves its equations for a statistic that is exactly normal
 at every look. The campaign's statistic is a t statistic on m − 1 degrees of freedom whose
 variance estimate grows with the looks, and deciding each look at the normal boundary's
 nominal level overspends: 5.5–5.7% two-sided instead of 5% for the bench's 3…12-cycle design.
@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from harness.analyze.cycles import FloatArray
+from harness.stats.cycles import FloatArray
 
 CALIBRATION_CAMPAIGNS = 2_000_000
 CALIBRATION_SEED = 26
@@ -56,7 +56,7 @@ def balanced_weights(m: int) -> FloatArray:
 def balanced_t(effects: npt.NDArray[np.float64]) -> tuple[FloatArray, FloatArray]:
     """Order-balanced mean and its SE per row of ``effects`` (campaigns × m cycles).
 
-    The same estimator as :func:`harness.analyze.stats.balanced_effect`, vectorised.
+    The same estimator as :func:`harness.stats.decision.balanced_effect`, vectorised.
     """
     m = effects.shape[1]
     w = balanced_weights(m)

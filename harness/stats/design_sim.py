@@ -10,11 +10,11 @@ carry-over of every first-order kind (into the control, into the candidate, heat
 candidate block) and of the second order, and a box × arm interaction. Each block's value
 depends on what ran before it on its box, washouts included.
 
-Every look applies the labels of :func:`harness.analyze.stats.compare_cycles` to all campaigns
+Every look applies the labels of :func:`harness.stats.decision.compare_cycles` to all campaigns
 at once: the order-balanced D̄ and its t-interval, the margin, TOST, and for unwashed blocks the
 deployed-effect check on the crossover model (fail closed below MIN_CARRY_CYCLES cycles). Drift
 flags (*confounded*) are left out: they need the per-cycle thresholds of
-:mod:`harness.analyze.drift` and would only hold labels back. The tests check these labels
+:mod:`harness.stats.drift` and would only hold labels back. The tests check these labels
 against compare_cycles campaign by campaign.
 """
 
@@ -28,10 +28,10 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from harness.analyze.crossover import MIN_CARRY_CYCLES, fit_terms_many
-from harness.analyze.cycles import Cycle, FloatArray
-from harness.analyze.sequential_t import balanced_t
-from harness.plan.build import cycle_pattern, fleet_box
+from harness.stats.crossover import MIN_CARRY_CYCLES, fit_terms_many
+from harness.stats.cycles import Cycle, FloatArray
+from harness.stats.layout import cycle_pattern, fleet_box
+from harness.stats.sequential_t import balanced_t
 
 BETTER, WORSE, WITHIN, INCONCLUSIVE, CARRY = 0, 1, 2, 3, 4
 CODES = {BETTER: "better", WORSE: "worse", WITHIN: "within noise", INCONCLUSIVE: "inconclusive"}

@@ -1,14 +1,14 @@
 """Statistics of mirrored A/B campaigns: intervals, tests, labels and the comparison.
 
 Formulas are docs/design.md#statistics, adopted exactly (block values and cycle effects Dⱼ are
-in harness.analyze.cycles, drift flags in harness.analyze.drift, cycles needed in
-harness.analyze.power):
+in harness.stats.cycles, drift flags in harness.stats.drift, cycles needed in
+harness.stats.power):
 
 - ratio R = exp(D̄) over the m cycle effects Dⱼ;
   95% CI exp(D̄ ± t₀.₉₇₅,ₘ₋₁·s_D/√m) (the one-sample t-interval of the m cycle effects);
 - labels with margin Δ = ln(1 + δ): *better*/*worse* when the CI excludes 0 and |D̄| ≥ Δ;
   *within noise* when the 90 % CI lies inside (−Δ, Δ) (TOST); *inconclusive* otherwise;
-- the crossover model (harness.analyze.crossover) beside it: the drift it removes, the
+- the crossover model (harness.stats.crossover) beside it: the drift it removes, the
   carry-over it estimates (a *better*/*worse* label the carry-over-adjusted effect does not
   support is labelled *carry-over*) and the variance components.
 
@@ -25,18 +25,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats as sps
 
-from harness.analyze.crossover import MIN_CARRY_CYCLES, ROUNDING, CrossoverFit, fit_crossover
-from harness.analyze.cycles import Cycle, margin_log, pct_change
-from harness.analyze.design_sim import Layout, fixed_cycles_needed, stopping_distribution
-from harness.analyze.drift import Flag, drift_flags, pooled_within_sd
-from harness.analyze.intervals import (
+from harness.errors import BadInput
+from harness.stats.crossover import MIN_CARRY_CYCLES, ROUNDING, CrossoverFit, fit_crossover
+from harness.stats.cycles import Cycle, margin_log, pct_change
+from harness.stats.design_sim import Layout, fixed_cycles_needed, stopping_distribution
+from harness.stats.drift import Flag, drift_flags, pooled_within_sd
+from harness.stats.intervals import (
     bootstrap_ratio_ci,
     pair_effects,
     wilcoxon_p,
 )
-from harness.analyze.power import RESUME_HINT, cycles_to_decide, power_warnings
-from harness.analyze.sequential import SequentialPlan
-from harness.errors import BadInput
+from harness.stats.power import RESUME_HINT, cycles_to_decide, power_warnings
+from harness.stats.sequential import SequentialPlan
 
 LABELS = ("better", "worse", "within noise", "inconclusive")
 CONFOUNDED = "confounded"
@@ -424,8 +424,8 @@ def compare_cycles(
     interval make the comparison confounded: its ``label`` becomes "confounded" and
     ``raw_label`` keeps the statistical one. Deterministic evidence (hit counts, bytes read) is
     drift-proof: pass ``drift_sensitive=False`` and flags are only reported. ``alpha`` is the
-    level of this look: a sequential design passes its nominal level (harness.analyze.sequential).
-    The crossover model (harness.analyze.crossover) runs beside D̄: its trend is reported (per
+    level of this look: a sequential design passes its nominal level (harness.stats.sequential).
+    The crossover model (harness.stats.crossover) runs beside D̄: its trend is reported (per
     block, and per minute given ``block_minutes``, the time from one block's start to the next)
     and taken out of the drift bound; a *better*/*worse* label its carry-over-adjusted effect
     does not support becomes "carry-over". For a ``sequential`` design the cycles an

@@ -20,7 +20,7 @@ multivariate normal.
 The campaign's statistic is a t-statistic with few degrees of freedom: deciding it at the normal
 boundary's level 2(1 − Φ(c_k)) overspends (5.5–5.7% two-sided for 3…12 cycles). The spending is
 therefore solved again for the t statistic by seeded simulation
-(:mod:`harness.analyze.sequential_t`), and each look decides at that nominal two-sided level p_k:
+(:mod:`harness.stats.sequential_t`), and each look decides at that nominal two-sided level p_k:
 the comparison at look k is the fixed analysis run at α = p_k (its intervals are then repeated
 confidence intervals).
 """
@@ -37,8 +37,8 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
-from harness.analyze.sequential_t import Calibration, t_calibration
 from harness.errors import BadInput
+from harness.stats.sequential_t import Calibration, t_calibration
 
 GRID_POINTS = 401  # Simpson grid over each look's continuation region (odd)
 _MAX_Z = 12.0  # boundaries beyond this spend nothing measurable

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from scipy import stats as sps
 
-from harness.analyze.cycles import Cycle, pct_change
+from harness.stats.cycles import Cycle, pct_change
 
 
 @dataclass(frozen=True)

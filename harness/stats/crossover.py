@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from harness.analyze.cycles import Cycle, FloatArray
+from harness.stats.cycles import Cycle, FloatArray
 
 # Below three cycles the two carry-over terms would leave at most two residual degrees of
 # freedom (t₀.₉₇₅ = 4.3): the model keeps arm and trend only and says so.

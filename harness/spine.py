@@ -1,0 +1,233 @@
+"""The back half, one path: a campaign directory → analysis → verdict → its records → the report.
+
+Every verb that ends a campaign walks this module, and so does the library API, so a notebook
+and the CLI produce the same directory from the same records:
+
+- :func:`decide` — the analysis and the card's gates over it (reads only);
+- :func:`record` — the analysis files, ``verdict.json``, JUnit, the results-store row and the
+  campaign's trends (``analysis/history.json``);
+- :func:`render` — ``report.html`` and ``record.md``;
+- :func:`gate_campaign` (``harness gate``), :func:`report_campaign` (``harness report``),
+  :func:`analyze_only` (``harness analyze``) and :func:`run_campaign` (``harness run``): the
+  same steps under the campaign lock, taken once per call.
+
+Nothing here prints but the progress ``run_campaign`` is given ``out`` for; the verbs print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, BadInput
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
+    from harness.execute.run import CampaignOutcome
+    from harness.gate.evaluate import Verdict
+
+__all__ = [
+    "Concluded",
+    "Decision",
+    "RunResult",
+    "analyze_only",
+    "decide",
+    "gate_campaign",
+    "record",
+    "render",
+    "report_campaign",
+    "run_campaign",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A campaign directory read and judged: its analysis and the verdict of its card's gates."""
+
+    analysis: CampaignAnalysis
+    verdict: Verdict
+
+    @property
+    def root(self) -> Path:
+        """The campaign directory."""
+        return self.analysis.campaign.root
+
+
+@dataclass(frozen=True)
+class Concluded:
+    """A decision recorded and rendered: what ``harness gate`` leaves behind."""
+
+    decision: Decision
+    report: Path
+
+    @property
+    def exit_code(self) -> int:
+        """0 every gate passed, 1 a gate failed, 3 the runs are incomplete."""
+        return self.decision.verdict.exit_code()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A campaign run, new or resumed: how its runs went and, unless it was interrupted, its
+    conclusion. ``notes`` are what a resume found (extensions, repaired records)."""
+
+    directory: Path
+    outcome: CampaignOutcome
+    concluded: Concluded | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code of the whole job. Runs that could not complete make it 3, unless a
+        gate failed on complete data: that is a verdict a retry cannot change, and a pipeline
+        that retries on 3 must not hide it."""
+        if self.concluded is None:
+            return self.outcome.exit_code
+        verdict = self.concluded.decision.verdict
+        if self.outcome.failed:
+            if any(not g.passed and not g.incomplete for g in verdict.gates):
+                return EXIT_GATE_FAILED
+            return EXIT_INFRASTRUCTURE
+        return verdict.exit_code()
+
+
+def decide(root: Path) -> Decision:
+    """Analyse ``root`` and evaluate its card's gates; writes nothing (the caller holds the
+    lock where a run may be writing)."""
+    from harness.analyze.campaign import analyze_campaign
+    from harness.gate.evaluate import evaluate_gates
+    from harness.report.terminal import note_unsealed
+
+    analysis = analyze_campaign(root)
+    note_unsealed(analysis)
+    return Decision(analysis, evaluate_gates(analysis))
+
+
+def record(decision: Decision) -> Path:
+    """Write what the decision leaves: the analysis files, ``verdict.json`` and JUnit, the
+    results-store row and the campaign's trends. Returns the analysis folder."""
+    from harness.analyze.campaign import write_analysis
+    from harness.gate.evaluate import write_verdict
+    from harness.history.store import append_history
+    from harness.history.trends import record_campaign_trends
+
+    folder = write_analysis(decision.analysis)
+    write_verdict(decision.verdict, decision.root)
+    append_history(decision.analysis, bool(decision.verdict.passed))
+    record_campaign_trends(decision.analysis)
+    return folder
+
+
+def render(decision: Decision, *, figures: bool = True) -> Path:
+    """``report.html`` and ``record.md`` of the decision; returns the report's path."""
+    from harness.report import render_report
+
+    return render_report(decision.root, decision.analysis, decision.verdict, figures=figures)
+
+
+@contextlib.contextmanager
+def _held(root: Path, locked: bool) -> Iterator[None]:
+    if locked:
+        yield
+        return
+    from harness.formats.lock import locked_campaign
+
+    with locked_campaign(root):
+        yield
+
+
+def gate_campaign(root: Path | str, *, figures: bool = True, locked: bool = False) -> Concluded:
+    """``harness gate DIR``: decide, record and render under the campaign lock (``locked``:
+    the caller already holds it)."""
+    root = Path(root)
+    with _held(root, locked):
+        decision = decide(root)
+        record(decision)
+        return Concluded(decision, render(decision, figures=figures))
+
+
+def report_campaign(root: Path | str, *, figures: bool = True) -> Concluded:
+    """``harness report DIR``: decide and render under the lock; the verdict and the results
+    store are left as ``harness gate`` last wrote them."""
+    root = Path(root)
+    with _held(root, False):
+        decision = decide(root)
+        return Concluded(decision, render(decision, figures=figures))
+
+
+def analyze_only(root: Path | str) -> tuple[CampaignAnalysis, Path]:
+    """``harness analyze DIR``: the analysis files written under the lock, no gates."""
+    from harness.analyze.campaign import analyze_campaign, write_analysis
+    from harness.report.terminal import note_unsealed
+
+    root = Path(root)
+    with _held(root, False):
+        analysis = analyze_campaign(root)
+        note_unsealed(analysis)
+        return analysis, write_analysis(analysis)
+
+
+def run_campaign(
+    card: Path | str | None = None,
+    *,
+    resume: Path | str | None = None,
+    cycles: int | None = None,
+    reports: Path | str = "reports",
+    scale: float = 1.0,
+    quiet: bool = True,
+    out: TextIO | None = None,
+) -> RunResult:
+    """``harness run``: a new campaign of ``card`` under ``reports`` (or the one at ``resume``,
+    extended to ``cycles``), its runs not yet done executed and, unless interrupted, gated —
+    all under one hold of the campaign lock. Progress lines go to ``out``."""
+    from harness.card import load_card, scale_workload
+    from harness.execute.campaign import execute_campaign, new_campaign_dir
+    from harness.execute.reopen import reopen_campaign
+    from harness.formats.lock import campaign_lock
+    from harness.formats.records import open_campaign
+    from harness.plan.build import build_plan
+
+    out = out if out is not None else io.StringIO()
+    notes: list[str] = []
+    # Held from before the first write of a resume to the last write of the verdict.
+    with contextlib.ExitStack() as held:
+        if resume is not None:
+            root = Path(resume)
+            open_campaign(root)  # not a campaign directory: said before a lock file is made in it
+            held.enter_context(campaign_lock(root))
+            reopened = reopen_campaign(root, cycles=cycles)
+            campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
+            notes.extend(reopened.notes)
+            if reopened.extended_from is not None:
+                notes.append(
+                    f"extended: {reopened.extended_from} → {plan.cycles} cycles "
+                    f"({len(plan.runs)} runs planned)"
+                )
+            campaign.journal.append("campaign_resume")
+        else:
+            if card is None:
+                raise BadInput("give a CARD to run, or --resume DIR")
+            if cycles is not None:
+                raise BadInput(
+                    "--cycles extends a campaign: give it with --resume DIR "
+                    "(for a new campaign, set design.cycles on the card)"
+                )
+            loaded = scale_workload(load_card(Path(card)), scale)
+            plan = build_plan(loaded, scale=scale)
+            campaign = new_campaign_dir(loaded, plan, Path(reports))
+            held.enter_context(campaign_lock(campaign.root))
+        for note in notes:
+            out.write(note + "\n")
+        out.write(f"campaign directory: {campaign.root}\n")
+        out.flush()
+        outcome = execute_campaign(loaded, plan, campaign, quiet=quiet, out=out)
+        if outcome.interrupted:
+            return RunResult(campaign.root, outcome, None, notes)
+        out.write(f"runs: {len(outcome.done)} done, {len(outcome.failed)} failed\n")
+        out.flush()
+        concluded = gate_campaign(campaign.root, locked=True)
+        return RunResult(campaign.root, outcome, concluded, notes)
