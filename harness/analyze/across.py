@@ -29,7 +29,7 @@ from harness.catalog import METRICS
 from harness.errors import BadInput
 from harness.formats.records import read_json
 from harness.stats.cycles import margin_log
-from harness.stats.decision import decide_label
+from harness.stats.labels import decide_label
 
 __all__ = ["box_identity", "compare_campaigns", "welch_interval"]
 

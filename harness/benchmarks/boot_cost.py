@@ -48,11 +48,11 @@ import yaml
 
 from harness.benchmarks import Figure
 from harness.formats.records import Journal
-from harness.stats.decision import CARRY_OVER, CONFOUNDED
+from harness.stats.labels import Label
 
 _CARD = Path(__file__).resolve().parents[2] / "campaigns" / "queue-rate-ladder.yaml"
 TARGET = 3.0
-_NO_DECISION = {"inconclusive", CONFOUNDED, CARRY_OVER}
+_NO_DECISION = {Label.INCONCLUSIVE, Label.CONFOUNDED, Label.CARRY_OVER}
 
 
 def _variant(

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.campaign import CampaignAnalysis
+from harness.analyze.compare import CellComparison
 from harness.card import (
     BetterGate,
     CounterGate,
@@ -44,6 +45,8 @@ from harness.gate.result import (
     required_count,
 )
 from harness.gate.soak import lockstep_gate, soak_gate
+from harness.stats.decision import Comparison
+from harness.stats.labels import Label
 
 
 @dataclass
@@ -252,57 +255,38 @@ def _counter(gate: CounterGate, analysis: CampaignAnalysis) -> GateResult:
     )
 
 
-def _comparison_row(
+def _comparison(
     analysis: CampaignAnalysis, cell: str, state: str, metric: str
-) -> dict[str, Any] | None:
-    table = analysis.comparison_table()
-    if table.empty:
-        return None
-    hit = table[
-        (table["cell"] == cell) & (table["cache_state"] == state) & (table["metric"] == metric)
-    ]
-    if hit.empty:
-        return None
-    # A pandas row turns None into NaN and ints into numpy scalars; give callers plain values,
-    # so "no interval" stays None and verdict.json holds valid JSON numbers.
-    return {str(k): _plain(v) for k, v in hit.iloc[0].items()}
+) -> CellComparison | None:
+    for item in analysis.comparisons:
+        if (item.cell, item.cache_state, item.comparison.metric) == (cell, state, metric):
+            return item
+    return None
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(float(value)) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
+def _finite(value: float | None) -> float | None:
+    """verdict.json holds valid JSON numbers: a value that is not finite is no value."""
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
-def _describe(row: dict[str, Any]) -> str:
-    ratio = row["ratio"]
+def _evidence(c: Comparison) -> dict[str, Any]:
+    return {
+        "ratio": _finite(c.ratio),
+        "ci_low": _finite(c.ci_low),
+        "ci_high": _finite(c.ci_high),
+        "label": str(c.label),
+        "n_cycles": c.n_cycles,
+    }
+
+
+def _describe(c: Comparison) -> str:
+    ratio = _finite(c.ratio)
     text = f"ratio {ratio:.3f}" if ratio is not None else "no ratio"
-    if row.get("ci_low") is not None and row.get("ci_high") is not None:
-        text += f" [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
-    cycles = int(row["n_cycles"])
-    text += f" over {cycles} cycle{'' if cycles == 1 else 's'}: {row['label']}"
-    if row["label"] == "confounded":
-        text += f" (statistically {row['raw_label']}, but drift flagged)"
-    if row["label"] == "carry-over" and row.get("carry_control_ratio") is None:
-        # No washout, too few cycles for the model's carry-over terms (stats.py).
-        text += (
-            f" (statistically {row['raw_label']}, but no washout preceded the blocks and "
-            f"{cycles} cycle{'' if cycles == 1 else 's'} cannot estimate the carry-over that "
-            f"could explain it: run {row.get('cycles_needed') or 3} or declare design.washout)"
-        )
-    elif row["label"] == "carry-over":
-        low, high = row.get("deployed_low"), row.get("deployed_high")
-        span = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
-        text += (
-            f" (statistically {row['raw_label']}, but carry-over could explain it: deployed, "
-            f"the candidate after itself against the control after itself, the ratio is "
-            f"{row.get('deployed_ratio') or float('nan'):.3f}{span}; a control block after a "
-            f"candidate block moves by {row.get('carry_control_ratio') or float('nan'):.3f}x)"
-        )
+    if c.ci_low is not None and c.ci_high is not None:
+        text += f" [{c.ci_low:.3f}, {c.ci_high:.3f}]"
+    text += f" over {c.n_cycles} cycle{'' if c.n_cycles == 1 else 's'}: {c.label}"
+    if c.reason:
+        text += f" ({c.reason})"
     return text
 
 
@@ -331,7 +315,7 @@ def _better_in(
         incomplete = incomplete_runs(analysis.runs, [cell])
         for state in states:
             key = f"{cell}/{state}"
-            row = _comparison_row(analysis, cell, state, metric)
+            item = _comparison(analysis, cell, state, metric)
             if incomplete:
                 ok = False
                 reasons.append(f"{key}: runs not complete ({', '.join(incomplete[:3])})")
@@ -348,27 +332,28 @@ def _better_in(
                     " the run), so the cell cannot be compared on it"
                 )
                 continue
-            if row is None:
+            if item is None:
                 ok, on_data, decided = False, True, True
                 reasons.append(f"{key}: no comparison on {metric} (no complete cycle)")
                 continue
-            evidence[key] = {k: row[k] for k in ("ratio", "ci_low", "ci_high", "label", "n_cycles")}
-            if row["label"] != "better":
+            c = item.comparison
+            evidence[key] = _evidence(c)
+            if c.label != Label.BETTER:
                 ok, on_data = False, True
-                decided |= row["label"] != "inconclusive"
+                decided |= c.label != Label.INCONCLUSIVE
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
-                if row["raw_label"] == "inconclusive" and row.get("cycles_needed"):
-                    needed = int(row["cycles_needed"])
+                if c.raw_label == Label.INCONCLUSIVE and c.cycles_needed:
+                    needed = c.cycles_needed
                     look = analysis.look
                     more = "; " + (
                         look.more_cycles(needed)
                         if look is not None
                         else f"about {needed} cycles would be needed"
                     )
-                reasons.append(f"{key}: {_describe(row)}{more}")
+                reasons.append(f"{key}: {_describe(c)}{more}")
             else:
-                reasons.append(f"{key}: {_describe(row)}")
+                reasons.append(f"{key}: {_describe(c)}")
     return ok, reasons, evidence, on_data, decided
 
 

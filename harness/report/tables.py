@@ -20,6 +20,7 @@ from harness.analyze.seed_tables import T90
 from harness.catalog import METRICS
 from harness.report import fmt
 from harness.report.labels import adaptation
+from harness.stats.labels import Label
 
 # Labels of the statistics, in the order a reviewer weighs them, with their CSS class.
 LABEL_CLASS = {
@@ -360,78 +361,64 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
 def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
     """Every comparison row, formatted, with its warnings attached to it."""
     out = []
-    for row in frame_records(analysis.comparison_table()):
-        metric = str(row["metric"])
+    for item in analysis.comparisons:
+        c, state = item.comparison, item.cache_state
+        metric = c.metric
         info = METRICS.get(metric)
         unit = info.unit if info else ""
-        control_value = _cell_value(analysis, str(row["vs"]), str(row["cache_state"]), metric)
-        cell_value = _cell_value(analysis, str(row["cell"]), str(row["cache_state"]), metric)
-        lo, hi = fmt.finite(row.get("ci_low")), fmt.finite(row.get("ci_high"))
-        label = str(row["label"])
-        warnings = [w for w in str(row.get("warnings") or "").split(" | ") if w]
-        notes = []
-        if row.get("confounded"):
-            notes.append(f"statistically {row['raw_label']}, but a drift flag confounds it")
-        if row.get("carry_over") and row.get("carry_control_ratio") is None:
+        control_value = _cell_value(analysis, item.vs, state, metric)
+        cell_value = _cell_value(analysis, item.cell, state, metric)
+        lo, hi = fmt.finite(c.ci_low), fmt.finite(c.ci_high)
+        warnings = [w for w in (*c.warnings, *item.dropped_cycles) if w]
+        notes = [c.reason] if c.reason else []
+        model = c.model
+        per_block = model.trend_pct_per_block if model else None
+        if model is not None and per_block is not None and model.trend_p < 0.05:
+            per_min = model.trend_pct_per_min
             notes.append(
-                f"statistically {row['raw_label']}, but no washout preceded the blocks and too "
-                "few cycles to estimate the carry-over that could explain it"
-            )
-        elif row.get("carry_over"):
-            notes.append(
-                f"statistically {row['raw_label']}, but carry-over could explain it (deployed "
-                f"ratio {fmt.ratio3(row.get('deployed_ratio'))}: the candidate after itself "
-                "against the control after itself)"
-            )
-        trend_p = fmt.finite(row.get("trend_p"))
-        if row.get("trend_pct_per_block") is not None and trend_p is not None and trend_p < 0.05:
-            per_min = row.get("trend_pct_per_min")
-            notes.append(
-                f"drift {row['trend_pct_per_block']:+.2f}% per block"
+                f"drift {per_block:+.2f}% per block"
                 + (f" ({per_min:+.2f}%/min)" if per_min is not None else "")
                 + " removed by the model"
             )
-        if row.get("more_buys_most"):
-            notes.append(f"more {row['more_buys_most']} would narrow it most")
-        needed = fmt.finite(row.get("cycles_needed"))
-        if label in ("inconclusive", "confounded") and needed:
+        if c.variance is not None:
+            notes.append(f"more {c.variance.advice} would narrow it most")
+        needed = c.cycles_needed
+        if c.label in (Label.INCONCLUSIVE, Label.CONFOUNDED) and needed:
             look = analysis.look
             notes.append(
-                look.more_cycles(int(needed))
+                look.more_cycles(needed)
                 if look is not None
-                else f"about {int(needed)} cycles would be needed"
+                else f"about {needed} cycles would be needed"
             )
         if lo is None:
             notes.append("no interval (one cycle)")
         flags = [
             f
             for f in analysis.flags
-            if f["cell"] == row["cell"]
-            and f["cache_state"] == row["cache_state"]
-            and f["metric"] == metric
+            if f["cell"] == item.cell and f["cache_state"] == state and f["metric"] == metric
         ]
         out.append(
             {
-                "cell": str(row["cell"]),
-                "vs": str(row["vs"]),
-                "state": str(row["cache_state"]),
+                "cell": item.cell,
+                "vs": item.vs,
+                "state": state,
                 "metric": metric,
                 "unit": unit,
                 "direction": "higher is better"
                 if info and info.higher_is_better
                 else "lower is better",
-                "deterministic": bool(row.get("deterministic")),
+                "deterministic": bool(info and info.deterministic),
                 "control_text": fmt.metric(metric, control_value, unit),
                 "cell_text": fmt.metric(metric, cell_value, unit),
-                "ratio": fmt.finite(row.get("ratio")),
-                "ratio_text": fmt.ratio3(row.get("ratio")),
+                "ratio": fmt.finite(c.ratio),
+                "ratio_text": fmt.ratio3(c.ratio),
                 "ci_low": lo,
                 "ci_high": hi,
                 "ci_text": f"[{fmt.ratio3(lo)}, {fmt.ratio3(hi)}]" if lo is not None else "none",
-                "label": label,
-                "label_class": LABEL_CLASS.get(label, "warn"),
-                "n_cycles": int(row["n_cycles"]),
-                "carry_over": bool(row.get("carry_over")),
+                "label": str(c.label),
+                "label_class": LABEL_CLASS.get(c.label, "warn"),
+                "n_cycles": c.n_cycles,
+                "carry_over": c.carry_over_explains,
                 "notes": notes,
                 "warnings": warnings,
                 "flags": flags,

@@ -250,15 +250,21 @@ def print_comparisons(analysis: CampaignAnalysis, folder: Path, out: TextIO) -> 
     table = Table(title="comparisons (cell / control)", title_justify="left")
     for column in ("cell", "state", "metric", "ratio", "95% CI", "label", "cycles"):
         table.add_column(column)
-    for row in analysis.comparison_table().to_dict("records"):
+    for item in analysis.comparisons:
+        c = item.comparison
+        interval = (
+            f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
+            if c.ci_low is not None and c.ci_high is not None
+            else "no interval"
+        )
         table.add_row(
-            shown(row["cell"]),
-            str(row["cache_state"]),
-            shown(row["metric"]),
-            f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
-            shown(_interval(row)),
-            str(row["label"]),
-            str(row["n_cycles"]),
+            shown(item.cell),
+            item.cache_state,
+            shown(c.metric),
+            f"{c.ratio:.3f}" if math.isfinite(c.ratio) else "-",
+            shown(interval),
+            str(c.label),
+            str(c.n_cycles),
         )
     console.print(table)
     for flag in analysis.flags:

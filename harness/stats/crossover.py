@@ -304,9 +304,78 @@ def _projection(
     return weights, scales, basis, n - p, design.carry_cols is not None
 
 
+@dataclass(frozen=True)
+class CarryOver:
+    """The crossover model's view of one comparison (log scale; None where a term was left out).
+
+    ``adjusted`` is the arm effect with carry-over and trend in the model (τ̂, a block after a
+    control block), ``deployed`` the candidate after itself against the control after itself
+    (τ̂ + ĉ_B, the effect a box running only the candidate would show),
+    ``control``/``candidate`` the carry-over a candidate block leaves in the next control (c_A)
+    or candidate (c_B) block, each with its (1 − α) interval. ``trend`` is β̂ per block;
+    ``trend_per_min`` the same per minute of wall time when block times are known.
+    """
+
+    adjusted: float
+    adjusted_ci: tuple[float, float]
+    deployed: float
+    deployed_ci: tuple[float, float]
+    df: int
+    trend: float
+    trend_ci: tuple[float, float]
+    trend_p: float
+    control: float | None = None
+    control_ci: tuple[float, float] | None = None
+    candidate: float | None = None
+    candidate_ci: tuple[float, float] | None = None
+    trend_per_min: float | None = None
+
+    @property
+    def trend_pct_per_block(self) -> float | None:
+        """The trend as a percent change per block (None beyond a finite ratio)."""
+        return log_to_pct(self.trend)
+
+    @property
+    def trend_pct_per_min(self) -> float | None:
+        """The trend as a percent change per minute, where block times are known."""
+        return log_to_pct(self.trend_per_min)
+
+
+def log_to_pct(value: float | None) -> float | None:
+    """A log change as a percent; None for none, and for one beyond ±700 (a trend per minute
+    over blocks milliseconds apart, say), which has no finite ratio."""
+    if value is None or not math.isfinite(value) or abs(value) > 700:
+        return None
+    return math.expm1(value) * 100.0
+
+
+def model_view(fit: CrossoverFit, alpha: float, block_minutes: float | None) -> CarryOver:
+    """The fitted model's effect, trend and carry-over with their (1 − α) intervals."""
+    conf = 1.0 - alpha
+    control, candidate = fit.carry_control, fit.carry_candidate
+    return CarryOver(
+        adjusted=fit.arm.estimate,
+        adjusted_ci=fit.arm.interval(conf),
+        deployed=fit.deployed.estimate,
+        deployed_ci=fit.deployed.interval(conf),
+        df=fit.df,
+        trend=fit.trend.estimate,
+        trend_ci=fit.trend.interval(conf),
+        trend_p=fit.trend.p_value(),
+        control=control.estimate if control else None,
+        control_ci=control.interval(conf) if control else None,
+        candidate=candidate.estimate if candidate else None,
+        candidate_ci=candidate.interval(conf) if candidate else None,
+        trend_per_min=(
+            fit.trend.estimate / block_minutes if block_minutes and block_minutes > 0 else None
+        ),
+    )
+
+
 __all__ = [
     "MIN_CARRY_CYCLES",
     "ArmStatistic",
+    "CarryOver",
     "CrossoverFit",
     "Design",
     "Term",
@@ -315,4 +384,6 @@ __all__ = [
     "fit_arm_many",
     "fit_crossover",
     "fit_terms_many",
+    "log_to_pct",
+    "model_view",
 ]

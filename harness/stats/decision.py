@@ -26,54 +26,38 @@ import numpy as np
 from scipy import stats as sps
 
 from harness.errors import BadInput
-from harness.stats.crossover import MIN_CARRY_CYCLES, ROUNDING, CrossoverFit, fit_crossover
+from harness.stats.crossover import (
+    MIN_CARRY_CYCLES,
+    ROUNDING,
+    CarryOver,
+    CrossoverFit,
+    fit_crossover,
+    model_view,
+)
 from harness.stats.cycles import Cycle, margin_log, pct_change
 from harness.stats.design_sim import Layout, fixed_cycles_needed, stopping_distribution
 from harness.stats.drift import Flag, drift_flags, pooled_within_sd
-from harness.stats.intervals import (
-    bootstrap_ratio_ci,
-    pair_effects,
-    wilcoxon_p,
+from harness.stats.intervals import bootstrap_ratio_ci, pair_effects, wilcoxon_p
+from harness.stats.labels import (
+    Label,
+    carry_over_explains,
+    carry_over_reason,
+    carry_over_unchecked,
+    decide_label,
+    final_label,
+    is_confounded,
+    label_reason,
+    washout_left,
 )
 from harness.stats.power import RESUME_HINT, cycles_to_decide, power_warnings
 from harness.stats.sequential import SequentialPlan
 
-LABELS = ("better", "worse", "within noise", "inconclusive")
-CONFOUNDED = "confounded"
-CARRY_OVER = "carry-over"
 DEFAULT_MARGIN_PCT = 2.0
 # The washout share simulations assume for washed blocks (only its time matters there, and
 # the simulations that advise cycles carry no drift).
 WASHED_SHARE = 0.25
 # Wilcoxon's smallest two-sided p with m cycles is 2/2^m: below 6 cycles it can never reach 0.05.
 WILCOXON_MIN_CYCLES = 6
-
-
-@dataclass(frozen=True)
-class CarryOver:
-    """The crossover model's view of one comparison (log scale; None where a term was left out).
-
-    ``adjusted`` is the arm effect with carry-over and trend in the model (τ̂, a block after a
-    control block), ``deployed`` the candidate after itself against the control after itself
-    (τ̂ + ĉ_B, the effect a box running only the candidate would show),
-    ``control``/``candidate`` the carry-over a candidate block leaves in the next control (c_A)
-    or candidate (c_B) block, each with its (1 − α) interval. ``trend`` is β̂ per block;
-    ``trend_per_min`` the same per minute of wall time when block times are known.
-    """
-
-    adjusted: float
-    adjusted_ci: tuple[float, float]
-    deployed: float
-    deployed_ci: tuple[float, float]
-    df: int
-    trend: float
-    trend_ci: tuple[float, float]
-    trend_p: float
-    control: float | None = None
-    control_ci: tuple[float, float] | None = None
-    candidate: float | None = None
-    candidate_ci: tuple[float, float] | None = None
-    trend_per_min: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +94,7 @@ class Comparison:
     ci_low: float | None
     ci_high: float | None
     p_value: float | None
-    label: str
+    label: Label
     n_cycles: int
     confounded: bool
     flags: tuple[Flag, ...]
@@ -118,7 +102,7 @@ class Comparison:
     pair_ratio: float | None
     bootstrap_ci: tuple[float, float] | None
     cycles_needed: int | None
-    raw_label: str
+    raw_label: Label
     mean_log_effect: float
     sd_log_effect: float | None
     margin_log: float
@@ -132,6 +116,11 @@ class Comparison:
     model: CarryOver | None = None  # None with too few blocks for the model
     washed: bool = False  # every block followed a washout of its own arm
     variance: VarianceComponents | None = None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the label is not the statistical one, in one clause (None when it is)."""
+        return label_reason(self.label, self.raw_label, self.model, self.n_cycles, self.drift_bias)
 
 
 # --- t-statistics -------------------------------------------------------------------------
@@ -234,110 +223,7 @@ def drift_bias(cycles: Sequence[Cycle], flags: Sequence[Flag], weights: Sequence
     return float(bound)
 
 
-def is_confounded(
-    raw_label: str,
-    mean: float,
-    ci: tuple[float, float] | None,
-    tost_ci: tuple[float, float] | None,
-    margin: float,
-    bias: float,
-) -> bool:
-    """Whether drift of size ``bias`` could have produced the label (log scale).
-
-    *better*/*worse* is confounded when the interval moved towards 0 by the bias touches 0, or
-    the effect less the bias falls short of the margin; *within noise* when the 90% interval
-    widened by the bias leaves (−Δ, Δ). An inconclusive label claims nothing to confound.
-    """
-    if bias <= 0:
-        return False
-    if raw_label in ("better", "worse") and ci is not None:
-        if mean > 0:
-            return ci[0] - bias <= 0 or mean - bias < margin
-        return ci[1] + bias >= 0 or -mean - bias < margin
-    if raw_label == "within noise" and tost_ci is not None:
-        return tost_ci[0] - bias <= -margin or tost_ci[1] + bias >= margin
-    return False
-
-
 # --- the crossover model ---------------------------------------------------------------------
-
-
-def model_view(fit: CrossoverFit, alpha: float, block_minutes: float | None) -> CarryOver:
-    """The fitted model's effect, trend and carry-over with their (1 − α) intervals."""
-    conf = 1.0 - alpha
-    control, candidate = fit.carry_control, fit.carry_candidate
-    return CarryOver(
-        adjusted=fit.arm.estimate,
-        adjusted_ci=fit.arm.interval(conf),
-        deployed=fit.deployed.estimate,
-        deployed_ci=fit.deployed.interval(conf),
-        df=fit.df,
-        trend=fit.trend.estimate,
-        trend_ci=fit.trend.interval(conf),
-        trend_p=fit.trend.p_value(),
-        control=control.estimate if control else None,
-        control_ci=control.interval(conf) if control else None,
-        candidate=candidate.estimate if candidate else None,
-        candidate_ci=candidate.interval(conf) if candidate else None,
-        trend_per_min=(
-            fit.trend.estimate / block_minutes if block_minutes and block_minutes > 0 else None
-        ),
-    )
-
-
-def carry_over_explains(raw_label: str, mean: float, model: CarryOver | None) -> bool:
-    """Whether carry-over could have produced a *better*/*worse* label of unwashed blocks (or of
-    washed ones whose washout left carry-over: :func:`washout_left`).
-
-    The label stands on D̄, which carry-over biases (by −¾·c_A + ¼·c_B in the planner's back-to-
-    back alternation, where three of four control blocks follow a candidate block) and which,
-    without a washout, measures neither the candidate after a control block nor the candidate
-    deployed. The claim must hold for the deployed effect τ̂ + ĉ_B (the candidate after itself
-    against the control after itself), unbiased under any first-order carry-over: when its
-    (1 − α) interval does not exclude 0 on the side of D̄, carry-over could explain the claim and
-    the label is *carry-over*. Needs the carry-over terms (MIN_CARRY_CYCLES cycles); without
-    them :func:`carry_over_unchecked` decides.
-    """
-    if raw_label not in ("better", "worse") or model is None or model.control is None:
-        return False
-    low, high = model.deployed_ci
-    return not (low > 0) if mean > 0 else not (high < 0)
-
-
-def carry_over_unchecked(
-    raw_label: str, model: CarryOver | None, cycles: Sequence[Cycle], *, exact: bool
-) -> bool:
-    """Whether a *better*/*worse* label of unwashed blocks stands on carry-over nobody checked.
-
-    Without a washout each block runs on the state the block before it left (a cache, a queue,
-    a map, heat or a dirtied page cache, on a boot of its own or a shared one), and with fewer
-    than MIN_CARRY_CYCLES cycles the model cannot estimate it, so such a label fails closed. A
-    deterministic (``exact``) metric can rule it out without the model: when each arm's two
-    blocks read the same in every cycle, whichever arm ran before them (ABBA: A after the boot
-    or another comparison, then after B; B after A, then after B), a first-order carry-over of
-    either arm onto the other is exactly zero.
-    """
-    if raw_label not in ("better", "worse"):
-        return False
-    if model is not None and model.control is not None:
-        return False  # estimated: carry_over_explains decides
-    return not (exact and same_arm_blocks_equal(cycles))
-
-
-def washout_left(model: CarryOver | None) -> bool:
-    """Whether washed blocks still show carry-over: c_A or c_B's (1 − α) interval excludes 0."""
-    if model is None or model.control_ci is None or model.candidate_ci is None:
-        return False
-    return any(lo > 0 or hi < 0 for lo, hi in (model.control_ci, model.candidate_ci))
-
-
-def same_arm_blocks_equal(cycles: Sequence[Cycle]) -> bool:
-    """Each arm's first and second block of every cycle read the same (to rounding)."""
-    for c in cycles:
-        a1, a2, b1, b2 = c.arms()
-        if abs(a1 - a2) > ROUNDING or abs(b1 - b2) > ROUNDING:
-            return False
-    return True
 
 
 def variance_components(
@@ -371,35 +257,213 @@ def variance_components(
 # --- labels -------------------------------------------------------------------------------
 
 
-def decide_label(
-    mean: float,
-    ci95: tuple[float, float] | None,
-    ci90: tuple[float, float] | None,
-    margin: float,
-    *,
-    higher_is_better: bool,
-    p_value: float | None = None,
-    alpha: float = 0.05,
-) -> str:
-    """The labels of docs/design.md#statistics, on the log scale.
-
-    *better*/*worse*: the (1−α) CI excludes 0 and |D̄| ≥ Δ, the sign read through
-    ``higher_is_better``; when ``p_value`` is given (e.g. Holm-adjusted) "excludes 0" is taken
-    as p < α, which for the unadjusted t-test is the same statement. *within noise*: the
-    (1−2α) CI lies inside (−Δ, Δ) (TOST). *inconclusive*: anything else, or no interval.
-    """
-    if ci95 is None or ci90 is None:
-        return "inconclusive"
-    excludes_zero = (p_value < alpha) if p_value is not None else (ci95[0] > 0 or ci95[1] < 0)
-    if excludes_zero and abs(mean) >= margin:
-        improved = (mean > 0) == higher_is_better
-        return "better" if improved else "worse"
-    if -margin < ci90[0] and ci90[1] < margin:
-        return "within noise"
-    return "inconclusive"
-
-
 # --- pairs and bootstrap ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Step 1 of :func:`compare_cycles`: D̄ and its intervals, the statistical label, the drift
+    flags and the within-block spread (log scale)."""
+
+    effect: Effect
+    s_w: float | None  # pooled within-block SD of the per-prompt logs
+    k_min: int | None  # fewest prompts in a block
+    ci95: tuple[float, float] | None  # the (1 − α) interval
+    ci90: tuple[float, float] | None  # the (1 − 2α) interval (TOST)
+    p_value: float | None
+    wilcoxon_p: float | None
+    raw_label: Label
+    flags: tuple[Flag, ...]
+    notes: tuple[str, ...]  # what the spread floor did
+
+    @property
+    def mean(self) -> float:
+        """D̄."""
+        return self.effect.mean
+
+    @property
+    def spread(self) -> float | None:
+        """Spread per cycle for power: the observed s_D, or with one cycle the within-block
+        Var(D) = s_w²/k (a lower bound: it misses boot-to-boot noise)."""
+        if self.effect.sd is not None:
+            return self.effect.sd
+        if self.s_w is not None and self.k_min:
+            return self.s_w / math.sqrt(self.k_min)
+        return None
+
+
+@dataclass(frozen=True)
+class CarryCheck:
+    """Step 2: the crossover model beside D̄ and what it says of carry-over."""
+
+    model: CarryOver | None
+    variance: VarianceComponents | None
+    washed: bool  # every block followed a washout of its own arm
+    leftover: bool  # washed, but the model still sees carry-over beyond noise
+    carried: bool  # an estimated carry-over could explain the claim
+    unchecked: bool  # unwashed, and too few cycles to estimate carry-over: fail closed
+
+
+@dataclass(frozen=True)
+class DriftCheck:
+    """Step 3: the bias flagged drift could put in D̄ and whether it could explain the label."""
+
+    bias: float
+    confounded: bool
+
+
+def estimate(
+    cycles: Sequence[Cycle], metric: str, delta: float, alpha: float, *,
+    higher_is_better: bool, drift_sensitive: bool,
+) -> Estimate:  # fmt: skip
+    """D̄, its intervals and the statistical label; a timed metric's spread floored."""
+    d = np.asarray([c.effect for c in cycles], dtype=np.float64)
+    effect = balanced_effect(cycles)
+    s_w = pooled_within_sd(cycles)
+    flags = drift_flags(cycles, delta, s_w)
+    notes: list[str] = []
+    k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
+    if drift_sensitive:
+        effect = _spread_floor(metric, effect, s_w, k_min, notes)
+    ci95 = effect.interval(1 - alpha)
+    ci90 = effect.interval(1 - 2 * alpha)
+    return Estimate(
+        effect=effect, s_w=s_w, k_min=k_min, ci95=ci95, ci90=ci90, p_value=effect.p_value(),
+        wilcoxon_p=wilcoxon_p(d) if d.size >= WILCOXON_MIN_CYCLES else None,
+        raw_label=decide_label(effect.mean, ci95, ci90, delta, higher_is_better=higher_is_better),
+        flags=tuple(flags), notes=tuple(notes),
+    )  # fmt: skip
+
+
+def check_carry_over(
+    cycles: Sequence[Cycle], est: Estimate, alpha: float, *,
+    exact: bool, block_minutes: float | None,
+) -> CarryCheck:  # fmt: skip
+    """Fit the crossover model and apply the carry-over rules (harness.stats.labels).
+
+    Washed blocks each follow their own arm, so D̄ is the deployed effect by design and the
+    model's carry-over terms are the evidence that the washout cleared the state; evidence that
+    it did not withholds a label as if there had been none (it can only withhold, never grant:
+    no preliminary test chooses the estimator).
+    """
+    m = len(cycles)
+    # One cycle leaves the model one df: no interval worth printing beside "no interval".
+    fit = fit_crossover(cycles) if m >= 2 else None
+    # A trend per minute only where the blocks span a minute: four blocks seconds apart once
+    # extrapolated 471%/min.
+    spans_a_minute = block_minutes is not None and block_minutes * (4 * m - 1) >= 1.0
+    model = model_view(fit, alpha, block_minutes if spans_a_minute else None) if fit else None
+    washed = all(c.washed for c in cycles)
+    leftover = washed and washout_left(model)
+    carried = (not washed or leftover) and carry_over_explains(est.raw_label, est.mean, model)
+    unchecked = not washed and carry_over_unchecked(est.raw_label, model, cycles, exact=exact)
+    variance = variance_components(fit, est.s_w, est.k_min) if fit is not None else None
+    return CarryCheck(model, variance, washed, leftover, carried, unchecked)
+
+
+def check_drift(
+    cycles: Sequence[Cycle], est: Estimate, delta: float, *, drift_sensitive: bool
+) -> DriftCheck:
+    """Deterministic evidence (hit counts, bytes read) is drift-proof: flags are only reported;
+    on a timed metric their bias can confound the label."""
+    bias = drift_bias(cycles, est.flags, est.effect.weights) if drift_sensitive else 0.0
+    confounded = is_confounded(est.raw_label, est.mean, est.ci95, est.ci90, delta, bias)
+    return DriftCheck(bias, confounded)
+
+
+def cycles_needed(
+    est: Estimate, carry: CarryCheck, metric: str, m: int, delta: float, alpha: float, *,
+    margin_pct: float, seed: int, remedy: str | None, sequential: SequentialPlan | None,
+) -> tuple[int | None, list[str]]:  # fmt: skip
+    """The cycles an undecided comparison needs, by the decision rule itself, and the advice."""
+    mean, spread, sd, raw = est.mean, est.spread, est.effect.sd, est.raw_label
+    warnings: list[str] = []
+    layout = Layout(washout=WASHED_SHARE if carry.washed else 0.0)
+    needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
+    undecided = raw == Label.INCONCLUSIVE or carry.carried or carry.unchecked
+    if needed is not None and spread is not None and m > 1 and sequential is None and undecided:
+        # What the rule itself needs (the margin and the carry-over check included), not the
+        # plain t-test's power: simulated from the t-test's count up.
+        simulated = fixed_cycles_needed(
+            mean, spread, delta, alpha, layout=layout, start=needed, seed=seed
+        )
+        needed = simulated or needed  # beyond the search: the t-test's, a lower bound
+    if carry.unchecked:
+        needed = max(needed or 0, MIN_CARRY_CYCLES)
+        warnings.append(f"{metric}: {carry_over_reason(raw, None, m)} ({remedy or RESUME_HINT})")
+    if carry.leftover and carry.model is not None:
+        model = carry.model
+        warnings.append(
+            f"{metric}: the washout did not clear the carry-over: a control block after a "
+            f"candidate block still moves {pct_change(model.control or 0.0)}, a candidate block "
+            f"{pct_change(model.candidate or 0.0)} (beyond noise at α={alpha:.3g}), so a label "
+            "must hold for the deployed effect from the model too; lengthen design.washout"
+        )
+    if sequential is not None and raw == Label.INCONCLUSIVE and sd is not None:
+        needed, advice = sequential_advice(
+            metric, sequential, mean, sd, delta, seed, remedy, layout
+        )
+        warnings.append(advice)
+    else:
+        advice_lines = power_warnings(
+            metric, m, raw, mean, sd, needed, delta, alpha, margin_pct,
+            spread is not None, remedy,
+        )  # fmt: skip
+        warnings.extend(advice_lines)
+    return needed, warnings
+
+
+def cross_checks(
+    cycles: Sequence[Cycle], est: Estimate, metric: str, alpha: float, *,
+    resamples: int, seed: int, remedy: str | None,
+) -> tuple[tuple[float, float] | None, list[str]]:  # fmt: skip
+    """The two-level bootstrap interval, and where Wilcoxon or the bootstrap disagree with t."""
+    warnings: list[str] = []
+    p, wil_p, ci95 = est.p_value, est.wilcoxon_p, est.ci95
+    if p is not None and wil_p is not None and (p < alpha) != (wil_p < alpha):
+        warnings.append(
+            f"{metric}: t-test p={p:.3g} and Wilcoxon p={wil_p:.3g} disagree at α={alpha}; one "
+            "cycle may be an outlier — inspect the per-cycle effects before trusting the label"
+        )
+    boot = bootstrap_ratio_ci(cycles, confidence=1 - alpha, resamples=resamples, seed=seed)
+    if boot is not None and ci95 is not None:
+        t_excludes = ci95[0] > 0 or ci95[1] < 0
+        b_excludes = boot[0] > 1 or boot[1] < 1
+        if t_excludes != b_excludes:
+            warnings.append(
+                f"{metric}: the t-interval and the two-level bootstrap disagree on whether the "
+                "ratio excludes 1; treat the label as fragile and add cycles "
+                f"({remedy or RESUME_HINT})"
+            )
+    return boot, warnings
+
+
+def drift_warnings(
+    est: Estimate, drift: DriftCheck, carry: CarryCheck, metric: str, *, drift_sensitive: bool
+) -> list[str]:
+    """What the drift flags mean for the label: confounding, or a bias too small to matter."""
+    if not est.flags or not drift_sensitive:
+        return []
+    kinds = "/".join(sorted({f.kind for f in est.flags}))
+    where = sorted({f.cycle for f in est.flags})
+    raw, bias = est.raw_label, drift.bias
+    if drift.confounded:
+        return [
+            f"{metric}: {kinds} flagged in cycle(s) {where}: drift could bias the effect by "
+            f"up to {pct_change(bias)}, enough to explain the {raw} label"
+            + (
+                " (carry-over, which moves the outer blocks too, is the label)"
+                if carry.carried
+                else ", so it is confounded; rely on deterministic evidence (hit counts, "
+                "bytes read, exact outputs) or rerun the cycles on a quiet box"
+            )
+        ]
+    if raw != Label.INCONCLUSIVE:
+        return [
+            f"{metric}: {kinds} flagged in cycle(s) {where}; the bias it could cause (up to "
+            f"{pct_change(bias)}) cannot explain the {raw} label"
+        ]
+    return []
 
 
 def compare_cycles(
@@ -431,6 +495,10 @@ def compare_cycles(
     does not support becomes "carry-over". For a ``sequential`` design the cycles an
     inconclusive comparison needs come from the design's own simulated stopping distribution
     at the observed effect and spread, not from a fixed-design power calculation.
+
+    The steps, each a small frozen result: :func:`estimate`, :func:`check_carry_over`,
+    :func:`check_drift`, :func:`cycles_needed`, :func:`cross_checks`, then the label
+    (:func:`harness.stats.labels.final_label`) and the warnings.
     """
     if not cycles:
         raise BadInput(f"{metric}: no cycles to compare; the campaign has no complete cycle")
@@ -440,172 +508,65 @@ def compare_cycles(
     if len(set(indices)) != len(indices):
         raise BadInput(f"{metric}: duplicate cycle indices {sorted(indices)}")
     delta = margin_log(margin_pct)
-    d = np.asarray([c.effect for c in cycles], dtype=np.float64)
-    m = d.size
-    effect = balanced_effect(cycles)
-    mean = effect.mean
-    s_w = pooled_within_sd(cycles)
-    flags = drift_flags(cycles, delta, s_w)
-    warnings: list[str] = []
-    k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
-    if drift_sensitive:
-        effect = _spread_floor(metric, effect, s_w, k_min, warnings)
-
-    ci95 = effect.interval(1 - alpha)
-    ci90 = effect.interval(1 - 2 * alpha)
-    p = effect.p_value()
-    sd = effect.sd
-    wil_p = wilcoxon_p(d) if m >= WILCOXON_MIN_CYCLES else None
-    raw_label = decide_label(mean, ci95, ci90, delta, higher_is_better=higher_is_better)
-    # One cycle leaves the model one df: no interval worth printing beside "no interval".
-    fit = fit_crossover(cycles) if m >= 2 else None
-    # A trend per minute only where the blocks span a minute: four blocks seconds apart once
-    # extrapolated 471%/min.
-    spans_a_minute = block_minutes is not None and block_minutes * (4 * m - 1) >= 1.0
-    model = (
-        model_view(fit, alpha, block_minutes if spans_a_minute else None)
-        if fit is not None
-        else None
+    m = len(cycles)
+    est = estimate(
+        cycles, metric, delta, alpha,
+        higher_is_better=higher_is_better, drift_sensitive=drift_sensitive,
+    )  # fmt: skip
+    carry = check_carry_over(
+        cycles, est, alpha, exact=not drift_sensitive, block_minutes=block_minutes
     )
-    bias = drift_bias(cycles, flags, effect.weights) if drift_sensitive else 0.0
-    confounded = is_confounded(raw_label, mean, ci95, ci90, delta, bias)
-    # Carry-over wins over a drift flag: a carry-over pattern (a slow block after each switch)
-    # also moves the outer blocks and raises DRIFT, and the model names its cause. Washed
-    # blocks each follow their own arm, so D̄ is the deployed effect by design and the model's
-    # carry-over terms are the evidence that the washout cleared the state.
-    washed = all(c.washed for c in cycles)
-    # Evidence that the washout did not work withholds a label as if there had been none
-    # (it can only withhold, never grant: no preliminary test chooses the estimator).
-    leftover = washed and washout_left(model)
-    carried = (not washed or leftover) and carry_over_explains(raw_label, mean, model)
-    unchecked = not washed and carry_over_unchecked(
-        raw_label, model, cycles, exact=not drift_sensitive
+    drift = check_drift(cycles, est, delta, drift_sensitive=drift_sensitive)
+    needed, warnings = cycles_needed(
+        est, carry, metric, m, delta, alpha, margin_pct=margin_pct, seed=seed,
+        remedy=remedy, sequential=sequential,
+    )  # fmt: skip
+    boot, checks = cross_checks(
+        cycles, est, metric, alpha, resamples=bootstrap_resamples, seed=seed, remedy=remedy
     )
-    variance = variance_components(fit, s_w, k_min) if fit is not None else None
-
-    # Spread per cycle for the power calculation: observed s_D, or with one cycle the
-    # within-block estimate Var(D) = s_w²/k (a lower bound: it misses boot-to-boot noise).
-    if sd is not None:
-        spread: float | None = sd
-    elif s_w is not None and k_min:
-        spread = s_w / math.sqrt(k_min)
-    else:
-        spread = None
-    layout = Layout(washout=WASHED_SHARE if washed else 0.0)
-    needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
-    undecided = raw_label == "inconclusive" or carried or unchecked
-    if needed is not None and spread is not None and m > 1 and sequential is None and undecided:
-        # What the rule itself needs (the margin and the carry-over check included), not the
-        # plain t-test's power: simulated from the t-test's count up.
-        simulated = fixed_cycles_needed(
-            mean, spread, delta, alpha, layout=layout, start=needed, seed=seed
-        )
-        needed = simulated or needed  # beyond the search: the t-test's, a lower bound
-    if unchecked:
-        needed = max(needed or 0, MIN_CARRY_CYCLES)
-        warnings.append(
-            f"{metric}: no washout preceded the blocks, so carry-over could explain the "
-            f"{raw_label} label, and {m} cycle(s) cannot estimate it ({MIN_CARRY_CYCLES} "
-            f"needed); add cycles ({remedy or RESUME_HINT}) or declare design.washout"
-        )
-    if leftover and model is not None:
-        warnings.append(
-            f"{metric}: the washout did not clear the carry-over: a control block after a "
-            f"candidate block still moves {pct_change(model.control or 0.0)}, a candidate block "
-            f"{pct_change(model.candidate or 0.0)} (beyond noise at α={alpha:.3g}), so a label "
-            "must hold for the deployed effect from the model too; lengthen design.washout"
-        )
-    if sequential is not None and raw_label == "inconclusive" and sd is not None:
-        needed, advice = sequential_advice(
-            metric, sequential, mean, sd, delta, seed, remedy, layout
-        )
-        warnings.append(advice)
-    else:
-        warnings.extend(
-            power_warnings(
-                metric,
-                m,
-                raw_label,
-                mean,
-                sd,
-                needed,
-                delta,
-                alpha,
-                margin_pct,
-                spread is not None,
-                remedy,
-            )
-        )
-    if p is not None and wil_p is not None and (p < alpha) != (wil_p < alpha):
-        warnings.append(
-            f"{metric}: t-test p={p:.3g} and Wilcoxon p={wil_p:.3g} disagree at α={alpha}; one "
-            "cycle may be an outlier — inspect the per-cycle effects before trusting the label"
-        )
-    boot = bootstrap_ratio_ci(
-        cycles, confidence=1 - alpha, resamples=bootstrap_resamples, seed=seed
+    unestimated = (
+        "fails closed" if carry.unchecked else "washed out" if carry.washed else "exactly none"
     )
-    if boot is not None and ci95 is not None:
-        t_excludes = ci95[0] > 0 or ci95[1] < 0
-        b_excludes = boot[0] > 1 or boot[1] < 1
-        if t_excludes != b_excludes:
-            warnings.append(
-                f"{metric}: the t-interval and the two-level bootstrap disagree on whether the "
-                "ratio excludes 1; treat the label as fragile and add cycles "
-                f"({remedy or RESUME_HINT})"
-            )
-    if flags and drift_sensitive:
-        kinds = "/".join(sorted({f.kind for f in flags}))
-        where = sorted({f.cycle for f in flags})
-        if confounded:
-            warnings.append(
-                f"{metric}: {kinds} flagged in cycle(s) {where}: drift could bias the effect by "
-                f"up to {pct_change(bias)}, enough to explain the {raw_label} label"
-                + (
-                    " (carry-over, which moves the outer blocks too, is the label)"
-                    if carried
-                    else ", so it is confounded; rely on deterministic evidence (hit counts, "
-                    "bytes read, exact outputs) or rerun the cycles on a quiet box"
-                )
-            )
-        elif raw_label != "inconclusive":
-            warnings.append(
-                f"{metric}: {kinds} flagged in cycle(s) {where}; the bias it could cause (up to "
-                f"{pct_change(bias)}) cannot explain the {raw_label} label"
-            )
-    unestimated = "fails closed" if unchecked else "washed out" if washed else "exactly none"
-    warnings.extend(
-        model_warnings(metric, raw_label, model, m, carried, drift_sensitive, unestimated)
-    )
-    carried = carried or unchecked
+    warnings = [
+        *est.notes,
+        *warnings,
+        *checks,
+        *drift_warnings(est, drift, carry, metric, drift_sensitive=drift_sensitive),
+        *model_warnings(
+            metric, est.raw_label, carry.model, m, carry.carried, drift_sensitive, unestimated
+        ),
+    ]
+    carried = carry.carried or carry.unchecked
     pairs = pair_effects(cycles)
+    ci95, ci90 = est.ci95, est.ci90
     return Comparison(
         metric=metric,
-        ratio=math.exp(mean),
+        ratio=math.exp(est.mean),
         ci_low=math.exp(ci95[0]) if ci95 else None,
         ci_high=math.exp(ci95[1]) if ci95 else None,
-        p_value=p,
-        label=CARRY_OVER if carried else CONFOUNDED if confounded else raw_label,
+        p_value=est.p_value,
+        label=final_label(est.raw_label, carried=carried, confounded=drift.confounded),
         n_cycles=m,
-        confounded=confounded,
-        flags=flags,
+        confounded=drift.confounded,
+        flags=est.flags,
         warnings=tuple(warnings),
         pair_ratio=math.exp(float(pairs.mean())) if pairs.size else None,
         bootstrap_ci=boot,
         cycles_needed=needed,
-        raw_label=raw_label,
-        mean_log_effect=mean,
-        sd_log_effect=sd,
+        raw_label=est.raw_label,
+        mean_log_effect=est.mean,
+        sd_log_effect=est.effect.sd,
         margin_log=delta,
         alpha=alpha,
         higher_is_better=higher_is_better,
         n_pairs=int(pairs.size),
         tost_ci=(math.exp(ci90[0]), math.exp(ci90[1])) if ci90 else None,
-        wilcoxon_p=wil_p,
-        drift_bias=bias,
+        wilcoxon_p=est.wilcoxon_p,
+        drift_bias=drift.bias,
         carry_over_explains=carried,
-        model=model,
-        washed=washed,
-        variance=variance,
+        model=carry.model,
+        washed=carry.washed,
+        variance=carry.variance,
     )
 
 
@@ -694,7 +655,10 @@ def model_warnings(
             "model removes it, so it does not bias the ratio, but the machine was not steady"
         )
     if carried:
-        out.append(carry_over_reason(metric, raw_label, model))
+        out.append(
+            f"{metric}: {carry_over_reason(raw_label, model, m)}; declare design.washout "
+            "(requests of the block's own arm before it is measured) or add cycles"
+        )
     elif model.control is None and raw_label in ("better", "worse") and m >= 1:
         if unestimated == "exactly none":
             out.append(
@@ -707,16 +671,3 @@ def model_warnings(
                 f"washout did not clear is estimated from {MIN_CARRY_CYCLES} cycles on"
             )
     return out
-
-
-def carry_over_reason(metric: str, raw_label: str, model: CarryOver) -> str:
-    """Why a label is *carry-over*: the deployed effect and the carry-over, in one sentence."""
-    lo, hi = model.deployed_ci
-    return (
-        f"{metric}: carry-over could explain the {raw_label} label: deployed (the candidate "
-        f"after itself against the control after itself) it is {pct_change(model.deployed)} "
-        f"[{pct_change(lo)}, {pct_change(hi)}] (a control block after a candidate block moves "
-        f"{pct_change(model.control or 0.0)}, a candidate block after one "
-        f"{pct_change(model.candidate or 0.0)}); declare design.washout (requests of the "
-        "block's own arm before it is measured) or add cycles"
-    )

@@ -10,7 +10,7 @@ import pytest
 
 from harness.stats.crossover import MIN_CARRY_CYCLES, design_matrix, fit_arm_many, fit_crossover
 from harness.stats.cycles import Cycle
-from harness.stats.decision import CARRY_OVER, compare_cycles
+from harness.stats.decision import compare_cycles
 from harness.stats.design_sim import (
     CODES,
     DECIDED,
@@ -21,6 +21,7 @@ from harness.stats.design_sim import (
     order_of,
     simulate_blocks,
 )
+from harness.stats.labels import Label
 
 
 def _cycles(blocks: np.ndarray) -> list[Cycle]:
@@ -106,7 +107,7 @@ def test_vectorised_labels_match_compare_cycles_campaign_by_campaign(
     for row in range(blocks.shape[0]):
         cycles = [replace(d, y=tuple(blocks[row, 4 * j : 4 * j + 4])) for j, d in enumerate(design)]
         c = compare_cycles(cycles, metric="decode_tok_s", bootstrap_resamples=0)
-        label = c.label if c.label == CARRY_OVER else c.raw_label
+        label = c.label if c.label == Label.CARRY_OVER else c.raw_label
         assert label == CODES[int(codes[row])], (row, c.warnings)
         seen.add(label)
     assert len(seen) >= 2  # the case exercises more than one label
@@ -131,7 +132,7 @@ def test_below_three_cycles_an_unwashed_label_fails_closed_on_any_boot(shared: b
     blocks = simulate_blocks(rng, 1, 2, Scenario(effect=math.log(1.1), block_sd=0.005))[0]
     cycles = _shared(_cycles(blocks)) if shared else _cycles(blocks)
     closed = compare_cycles(cycles, metric="decode_tok_s", bootstrap_resamples=0)
-    assert closed.raw_label == "better" and closed.label == CARRY_OVER
+    assert closed.raw_label == "better" and closed.label == Label.CARRY_OVER
     assert closed.carry_over_explains and (closed.cycles_needed or 0) >= MIN_CARRY_CYCLES
     assert any("no washout" in w and "cannot estimate" in w for w in closed.warnings)
     # Washed blocks each follow their own arm: D̄ is the deployed effect, and it stands.
@@ -228,7 +229,7 @@ def test_a_deterministic_counter_on_a_shared_boot_rules_carry_over_out_exactly()
     closed = compare_cycles(
         _shared(carried), metric="hit_rate", drift_sensitive=False, bootstrap_resamples=0
     )
-    assert closed.raw_label == "better" and closed.label == CARRY_OVER
+    assert closed.raw_label == "better" and closed.label == Label.CARRY_OVER
 
 
 @pytest.mark.parametrize("washed", [True, False])
@@ -244,9 +245,9 @@ def test_the_advised_cycles_decide_four_in_five_by_the_rule_itself(washed: bool)
         blocks = simulate_blocks(np.random.default_rng(seed), 1, 4, scenario, layout)[0]
         cycles = [replace(d, y=tuple(blocks[4 * j : 4 * j + 4])) for j, d in enumerate(design)]
         c = compare_cycles(cycles, metric="decode_tok_s", bootstrap_resamples=0)
-        if c.label in ("inconclusive", CARRY_OVER):
+        if c.label in ("inconclusive", Label.CARRY_OVER):
             break
-    assert c.label in ("inconclusive", CARRY_OVER) and c.cycles_needed is not None, c.warnings
+    assert c.label in ("inconclusive", Label.CARRY_OVER) and c.cycles_needed is not None, c.warnings
     n = c.cycles_needed
     assert c.sd_log_effect is not None
     again = Scenario(block_sd=c.sd_log_effect, effect=c.mean_log_effect)

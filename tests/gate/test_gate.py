@@ -495,7 +495,7 @@ def test_better_without_a_washout_needs_the_cycles_that_estimate_carry_over(
     result = only(verdict_of(tmp_path / "two", gate, bare, cycles=2))
     assert not result.passed
     assert result.evidence["treat/warm"]["label"] == "carry-over"
-    assert "no washout preceded the blocks and 2 cycles cannot estimate" in result.reason
+    assert "no washout preceded the blocks, and 2 cycles cannot estimate" in result.reason
     assert "run 3" in result.reason and "design.washout" in result.reason
     assert "nan" not in result.reason
     washed = Synth(speed=faster(1.5), boot=boot)
