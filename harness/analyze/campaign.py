@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from harness.analyze.cell_values import cell_value
 from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
 from harness.analyze.fleet import FleetTables, fleet_tables
 from harness.analyze.logit_parity import LOGITS_DIR, embedded_mismatch, read_logit_dumps
@@ -46,6 +48,10 @@ from harness.formats.records import (
 )
 from harness.plan.build import cohort_key
 
+if TYPE_CHECKING:
+    from harness.analyze.series import FigureSeries
+    from harness.stats.sequential import SequentialPlan
+
 RUN_KEYS = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state", "pattern", "comparison")
 
 
@@ -71,6 +77,29 @@ class CampaignAnalysis:
     runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
     fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
     sealed: bool = True  # False: an older directory, its earlier records read unverified
+
+    def cell_value(self, cell: str, state: str, column: str) -> float | None:
+        """One finite value of the cell table (a metric's median over the cell's ok runs)."""
+        return cell_value(self.cells, cell, state, column)
+
+    @cached_property
+    def sequential_plan(self) -> SequentialPlan | None:
+        """The card's sequential design; None for a fixed one."""
+        return design_plan(self.card)
+
+    @cached_property
+    def prompt_domains(self) -> dict[str, str]:
+        """prompt id → domain, from the requests of the first completed run that has them."""
+        from harness.analyze.series import prompt_domains
+
+        return prompt_domains(self)
+
+    @cached_property
+    def series(self) -> FigureSeries:
+        """What the report's figures draw (harness.analyze.series), read when first asked."""
+        from harness.analyze.series import figure_series
+
+        return figure_series(self)
 
     def comparison_table(self) -> pd.DataFrame:
         """Comparisons as rows."""

@@ -14,17 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness.card import Card
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float, or None when it is missing, NaN, infinite, a bool or a string."""
-    if value is None or isinstance(value, bool | str):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+from harness.stats.cycles import finite as finite  # one rule, shared with the report
 
 
 def median_of(values: Iterable[Any]) -> float | None:

@@ -269,6 +269,11 @@ class PricedDesigns:
     measured_boot: BootDesign
     source: Path
 
+    @property
+    def soonest(self) -> DesignCost:
+        """The quickest design the card can take."""
+        return soonest(self.rows)
+
 
 __all__ = [
     "PROMPT_FACTORS",

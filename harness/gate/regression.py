@@ -18,12 +18,11 @@ import pandas as pd
 
 from harness.analyze.across import box_identity, welch_interval
 from harness.analyze.campaign import CampaignAnalysis
-from harness.analyze.cell_values import finite
 from harness.card import RegressionGate
 from harness.catalog import METRICS
 from harness.gate.result import GateResult
 from harness.history.store import history_dir, read_history
-from harness.stats.cycles import margin_log
+from harness.stats.cycles import finite, margin_log
 
 __all__ = ["regression_gate"]
 

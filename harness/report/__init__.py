@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "report.html.j2"
 REPORT_NAME = "report.html"
+
+
 # Metrics whose per-cycle block values are drawn (the throughput claims drift can confound).
-CYCLE_METRICS = ("decode_tok_s", "tpot_p50_ms")
-
-
 def render_report(
     root: Path, analysis: CampaignAnalysis, verdict: Verdict, *, figures: bool = True
 ) -> Path:
@@ -101,14 +100,13 @@ def build_context(
     }  # fmt: skip
     predicted = tables.predicted_table(analysis)
     if figures:
-        data = fig.load_run_data(analysis)
-        images["cold_share"] = fig.cold_share_figure(analysis, data, palette)
-        for metric in CYCLE_METRICS:
+        images["cold_share"] = fig.cold_share_figure(analysis, palette)
+        for metric in analysis.series.metrics:
             image = fig.cycles_figure(analysis, palette, metric)
             if image:
                 images["cycles"].append({"metric": metric, "png": image})
-        images["tpot"] = fig.tpot_cdf_figure(data, analysis, palette)
-        images["swap"] = fig.swap_cost_figure(data, analysis, palette)
+        images["tpot"] = fig.tpot_cdf_figure(analysis, palette)
+        images["swap"] = fig.swap_cost_figure(analysis, palette)
         if predicted is not None:
             predicted["png"] = fig.predicted_figure(predicted["rows"])
     history = _history(root)

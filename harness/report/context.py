@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from harness.analyze.campaign import CampaignAnalysis
 from harness.card import Card, Cell
 from harness.card.frozen import frozen_paths
 from harness.errors import HarnessError
@@ -22,6 +19,9 @@ from harness.gate.evaluate import Verdict
 from harness.plan.build import cohort_key
 from harness.report import fmt
 from harness.report.tables import frame_records
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
 
 # Raw files a run folder may hold, linked from the provenance section.
 RUN_FILES = (
@@ -338,7 +338,7 @@ def pools_context(root: Path, analysis: CampaignAnalysis) -> dict[str, Any]:
     rows = []
     if not outputs.empty:
         scored = outputs[outputs["phase"] != "quality"]
-        domain_of = _prompt_domains(analysis)
+        domain_of = analysis.prompt_domains
         ids = sorted(set(scored["prompt_id"].astype(str)))
         for domain in sorted({domain_of.get(i, "?") for i in ids}):
             rows.append(
@@ -355,19 +355,6 @@ def pools_context(root: Path, analysis: CampaignAnalysis) -> dict[str, Any]:
         "texts": {},
         "fit_known": False,
     }
-
-
-def _prompt_domains(analysis: CampaignAnalysis) -> dict[str, str]:
-    """prompt id → domain, from the requests of the first completed run."""
-    root = analysis.campaign.root
-    for run_id in analysis.runs[analysis.runs["status"] == "ok"]["run_id"]:
-        path = root / "runs" / str(run_id) / "requests.parquet"
-        if path.is_file():
-            frame = pd.read_parquet(path, columns=["prompt_id", "domain"])
-            return dict(
-                zip(frame["prompt_id"].astype(str), frame["domain"].astype(str), strict=True)
-            )
-    return {}
 
 
 # ---- outputs ---------------------------------------------------------------------------------

@@ -12,62 +12,24 @@ import base64
 import io
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from harness.analyze.campaign import CampaignAnalysis
-from harness.analyze.metrics import request_metrics
-from harness.analyze.recovery import RING_COLUMNS, cold_share_windows
-from harness.errors import HarnessError
 from harness.report.tables import t90_text
 
-MAX_POINTS = 400  # plotted windows per run: enough for the eye, small enough for 100 runs
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
+
 MAX_FREE_STEPS = 200_000  # swap-free steps sampled per cell for the swap-cost box
 DPI = 100
 TEXT = "#222222"
 MUTED = "#777777"
 FLAG = "#c0392b"
-
-
-@dataclass
-class RunData:
-    """What the figures read from one completed run."""
-
-    run_id: str
-    cell: str
-    cache_state: str
-    ring: dict[str, npt.NDArray[np.int64]] | None
-    tpot_ms: npt.NDArray[np.float64]
-
-
-def load_run_data(analysis: CampaignAnalysis) -> list[RunData]:
-    """Ring columns and per-request TPOT of every completed run (each file read once)."""
-    out: list[RunData] = []
-    runs = analysis.runs
-    if runs.empty:
-        return out
-    for row in runs[runs["status"] == "ok"].itertuples():
-        folder = analysis.campaign.run_dir(str(row.run_id))
-        ring = None
-        ring_path = folder / "ring.parquet"
-        if ring_path.is_file():
-            frame = pd.read_parquet(ring_path, columns=list(RING_COLUMNS))
-            if len(frame):
-                ring = {c: frame[c].to_numpy(dtype=np.int64) for c in RING_COLUMNS}
-        tpot = np.array([], dtype=np.float64)
-        requests_path = folder / "requests.parquet"
-        if requests_path.is_file():
-            scored = request_metrics(pd.read_parquet(requests_path))
-            values = scored["tpot_ms"].to_numpy(dtype=np.float64)
-            tpot = values[np.isfinite(values)]
-        out.append(RunData(str(row.run_id), str(row.cell), str(row.cache_state), ring, tpot))
-    return out
 
 
 def _png(figure: Figure) -> str:
@@ -115,28 +77,11 @@ def _keys(analysis: CampaignAnalysis) -> Iterator[tuple[str, str, str]]:
             yield cell, state, cell if len(states) == 1 else f"{cell} / {state}"
 
 
-def _downsample(windows: pd.DataFrame) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Window start times and cold share, merged into at most MAX_POINTS bins by summing."""
-    t = windows["t_s"].to_numpy(dtype=np.float64)
-    lookups = windows["lookups"].to_numpy(dtype=np.float64)
-    cold = windows["cold_lookups"].to_numpy(dtype=np.float64)
-    if t.size > MAX_POINTS:
-        step = math.ceil(t.size / MAX_POINTS)
-        starts = np.arange(0, t.size, step)
-        t = t[starts]
-        lookups = np.add.reduceat(lookups, starts)
-        cold = np.add.reduceat(cold, starts)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(lookups > 0, cold / np.maximum(lookups, 1), np.nan)
-    return t, share
-
-
-def cold_share_figure(
-    analysis: CampaignAnalysis, data: list[RunData], palette: dict[str, str]
-) -> str | None:
+def cold_share_figure(analysis: CampaignAnalysis, palette: dict[str, str]) -> str | None:
     """Cold share over time per cell: one line per run, shift markers, T90 marked and noted."""
     window_s = analysis.card.analysis.window_s
-    keys = [k for k in _keys(analysis) if any(r.ring is not None and r.cell == k[0] for r in data)]
+    data = analysis.series.runs
+    keys = [k for k in _keys(analysis) if any(r.cold_share and r.cell == k[0] for r in data)]
     if not keys:
         return None
     shifts = analysis.shifts
@@ -144,14 +89,10 @@ def cold_share_figure(
     for ax, (cell, state, title) in zip(axes, keys, strict=True):
         color = palette.get(cell, "#555555")
         lines: list[str] = []
-        for run in data:
-            if run.cell != cell or run.cache_state != state or run.ring is None:
+        for run in analysis.series.of(cell, state):
+            if run.cold_share is None:
                 continue
-            try:
-                windows = cold_share_windows(run.ring, window_s)
-            except HarnessError:
-                continue
-            t, share = _downsample(windows)
+            t, share = run.cold_share
             ax.plot(t, share * 100, color=color, linewidth=0.9, alpha=0.55)
             mine = shifts[shifts["run_id"] == run.run_id] if not shifts.empty else shifts
             for shift in mine.to_dict("records"):
@@ -186,34 +127,13 @@ def cold_share_figure(
     return _png(figure)
 
 
-def block_values(
-    analysis: CampaignAnalysis, cell: str, state: str, metric: str
-) -> list[tuple[int, list[tuple[int, str, float]]]]:
-    """Per cycle: (slot, arm cell, geomean of the block's runs) in slot order, ok runs only."""
-    runs = analysis.runs
-    if runs.empty or metric not in runs.columns:
-        return []
-    subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
-    out = []
-    for cycle, group in subset.groupby("cycle"):
-        points = []
-        for slot, block in group.groupby("slot"):
-            values = block[block["status"] == "ok"][metric].to_numpy(dtype=np.float64)
-            values = values[np.isfinite(values) & (values > 0)]
-            if values.size:
-                value = float(np.exp(np.mean(np.log(values))))
-                points.append((int(str(slot)), str(block["cell"].iloc[0]), value))
-        out.append((int(str(cycle)), points))
-    return out
-
-
 def cycles_figure(analysis: CampaignAnalysis, palette: dict[str, str], metric: str) -> str | None:
     """Per-cycle A/B/B/A block values in time order, one line per cycle; drift in red."""
     card = analysis.card
     if card.control is None or not card.treatments:
         return None
     keys = [(cell, state) for cell in card.treatments for state in card.design.cache_states]
-    series = {key: block_values(analysis, key[0], key[1], metric) for key in keys}
+    series = {key: analysis.series.cycles(key[0], key[1], metric) for key in keys}
     keys = [k for k in keys if any(points for _, points in series[k])]
     if not keys:
         return None
@@ -232,8 +152,8 @@ def cycles_figure(analysis: CampaignAnalysis, palette: dict[str, str], metric: s
         for cycle, points in series[(cell, state)]:
             if not points:
                 continue
-            x = [cycle * 4 + slot for slot, _, _ in points]
-            y = [value for _, _, value in points]
+            x = [cycle * 4 + p.slot for p in points]
+            y = [p.value for p in points]
             drift = cycle in flagged
             ax.plot(
                 x,
@@ -243,7 +163,8 @@ def cycles_figure(analysis: CampaignAnalysis, palette: dict[str, str], metric: s
                 linestyle="-" if not drift else "--",
                 zorder=1,
             )
-            for xi, (_, arm_cell, value) in zip(x, points, strict=True):
+            for xi, point in zip(x, points, strict=True):
+                arm_cell, value = point.cell, point.value
                 arm = "A" if arm_cell == card.control else "B"
                 ax.scatter(
                     [xi],
@@ -289,9 +210,7 @@ def cycles_figure(analysis: CampaignAnalysis, palette: dict[str, str], metric: s
     return _png(figure)
 
 
-def tpot_cdf_figure(
-    data: list[RunData], analysis: CampaignAnalysis, palette: dict[str, str]
-) -> str | None:
+def tpot_cdf_figure(analysis: CampaignAnalysis, palette: dict[str, str]) -> str | None:
     """Empirical CDF of per-request TPOT per cell (pooled over its runs; log x)."""
     figure = Figure(figsize=(7.2, 3.2), layout="constrained")
     ax = figure.add_subplot()
@@ -299,7 +218,7 @@ def tpot_cdf_figure(
     styles = ["-", "--", ":", "-."]
     states = [str(s) for s in analysis.card.design.cache_states]
     for cell, state, title in _keys(analysis):
-        pooled = [r.tpot_ms for r in data if r.cell == cell and r.cache_state == state]
+        pooled = [r.tpot_ms for r in analysis.series.of(cell, state)]
         values = np.sort(np.concatenate(pooled)) if pooled else np.array([])
         values = values[values > 0]
         if not values.size:
@@ -317,7 +236,7 @@ def tpot_cdf_figure(
         drawn += 1
     if not drawn:
         return None
-    _log_axis(ax, "x", [r.tpot_ms for r in data])
+    _log_axis(ax, "x", [r.tpot_ms for r in analysis.series.runs])
     ax.set_xlabel("TPOT per request, ms", fontsize=8)
     ax.set_ylabel("fraction of requests", fontsize=8)
     for q in (0.5, 0.95):
@@ -327,9 +246,7 @@ def tpot_cdf_figure(
     return _png(figure)
 
 
-def swap_cost_figure(
-    data: list[RunData], analysis: CampaignAnalysis, palette: dict[str, str]
-) -> str | None:
+def swap_cost_figure(analysis: CampaignAnalysis, palette: dict[str, str]) -> str | None:
     """Step durations of swap-free vs swap-bearing steps per cell (5–95% whiskers, log y)."""
     rng = np.random.default_rng(0)
     boxes: list[npt.NDArray[np.float64]] = []
@@ -337,11 +254,15 @@ def swap_cost_figure(
     colors: list[str] = []
     ratios: list[str] = []
     for cell, state, title in _keys(analysis):
-        rings = [r.ring for r in data if r.cell == cell and r.cache_state == state and r.ring]
+        rings = [
+            (r.step_ms, r.step_swaps)
+            for r in analysis.series.of(cell, state)
+            if r.step_ms is not None and r.step_swaps is not None
+        ]
         if not rings:
             continue
-        dur = np.concatenate([ring["dur_ns"] for ring in rings]).astype(np.float64) / 1e6
-        swaps = np.concatenate([ring["swaps"] for ring in rings])
+        dur = np.concatenate([ms for ms, _ in rings])
+        swaps = np.concatenate([n for _, n in rings])
         free, bearing = dur[swaps == 0], dur[swaps > 0]
         if not bearing.size or not free.size:
             continue

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from harness.analyze.campaign import CampaignAnalysis
 from harness.report import fmt
 from harness.report.tables import key_name
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
 
 
 def fleet_context(analysis: CampaignAnalysis) -> dict[str, Any] | None:

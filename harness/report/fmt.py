@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.analyze.cell_values import finite as finite  # the analysis's rule, shared
+from harness.stats.cycles import finite as finite  # the analysis's rule, shared
 
 MISSING = "—"
 GIB = 1024.0**3

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.analyze.campaign import CampaignAnalysis
 from harness.report import fmt
 from harness.report.tables import key_name
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
 
 
 def runtime_context(analysis: CampaignAnalysis) -> dict[str, Any] | None:

@@ -9,18 +9,18 @@ against the analysis, and as shown (``text``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from harness.analyze.campaign import CampaignAnalysis
-from harness.analyze.cell_values import cell_value
-from harness.analyze.looks import design_plan
-from harness.analyze.seed_tables import T90
 from harness.catalog import METRICS
 from harness.report import fmt
 from harness.report.labels import adaptation
 from harness.stats.labels import Label
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
+    from harness.analyze.seed_tables import T90
 
 # Labels of the statistics, in the order a reviewer weighs them, with their CSS class.
 LABEL_CLASS = {
@@ -46,7 +46,7 @@ def key_name(analysis: CampaignAnalysis, cell: str, state: str) -> str:
 
 
 def _cell_value(analysis: CampaignAnalysis, cell: str, state: str, column: str) -> float | None:
-    return cell_value(analysis.cells, cell, state, column)
+    return analysis.cell_value(cell, state, column)
 
 
 def t90_text(t90: T90) -> str:
@@ -442,7 +442,7 @@ def _flag_summary(flags: list[dict[str, str]]) -> list[str]:
 
 def looks_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     """A sequential design's looks: the schedule, where the analysis stands, and each look."""
-    look, design = analysis.look, design_plan(analysis.card)
+    look, design = analysis.look, analysis.sequential_plan
     if look is None or design is None:
         return None
     rows = []

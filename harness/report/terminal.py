@@ -140,10 +140,8 @@ def print_design_costs(priced: PricedDesigns, out: TextIO) -> None:
     decision, with the soonest the card can take marked, and what the figures rest on."""
     from rich.table import Table
 
-    from harness.analyze.design_cost import soonest
-
     costs = priced.costs
-    best = soonest(priced.rows)
+    best = priced.soonest
     console = _console(out, 120)
     console.print(
         f"from {shown(str(priced.source))} (design.boot {priced.measured_boot}): "

@@ -8,13 +8,15 @@ Read from ``plan.json`` (written by ``harness run``: ``scale``, ``max_runs``, ``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.analyze.campaign import CampaignAnalysis
-from harness.analyze.cell_values import finite
 from harness.report import fmt
+from harness.stats.cycles import finite
+
+if TYPE_CHECKING:
+    from harness.analyze.campaign import CampaignAnalysis
 
 
 def run_timing(analysis: CampaignAnalysis) -> dict[str, Any]:

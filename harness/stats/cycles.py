@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -225,3 +226,14 @@ def pct_change(log_value: float) -> str:
     if log_value > 700:  # exp overflows; no such rate is a measurement anyway
         return "over +1e300%"
     return f"{math.expm1(log_value) * 100:+.1f}%"
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float, or None when it is missing, NaN, infinite, a bool or a string."""
+    if value is None or isinstance(value, bool | str):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
