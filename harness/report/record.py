@@ -118,10 +118,21 @@ def _date(stamp: str) -> str:
 
 
 def render_record(context: dict[str, Any]) -> str:
-    """The markdown text of ``record.md`` from the report's context."""
+    """The markdown text of ``record.md`` from the report's context, section by section in the
+    report's order."""
+    out: list[str] = []
+    for section in (
+        _header, _machines, _cells, _policy_and_tiers, _seed_sections, _comparison_sections,
+        _cohorts_and_failures, _gates_and_warnings,
+    ):  # fmt: skip
+        out += section(context)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _header(context: dict[str, Any]) -> list[str]:
     verdict = context["verdict"]
     date = _date(str(context["stamp"]))
-    out = [
+    return [
         f"# {date} {_md(context['campaign'])}: {verdict['word']}",
         "",
         _md(context["description"] or "", line_start=True),
@@ -131,9 +142,11 @@ def render_record(context: dict[str, Any]) -> str:
         f"harness {context['harness_version']}, last run ended {context['recorded_at']}."
         + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
         "",
-        "## Machine and binary",
-        "",
     ]
+
+
+def _machines(context: dict[str, Any]) -> list[str]:
+    out = ["## Machine and binary", ""]
     for box in context["boxes"]:
         if box["error"]:
             out += [f"- box {_md(box['name'])}: {_md(box['error'])}", ""]
@@ -147,8 +160,12 @@ def render_record(context: dict[str, Any]) -> str:
         version = box["runtime_version"].splitlines()
         out.append(f"- version: {_cell(version[0]) if version else '—'}")
         out.append("")
+    return out
+
+
+def _cells(context: dict[str, Any]) -> list[str]:
     design = context["design"]
-    out += [
+    out = [
         "## Cells",
         "",
         f"Control `{_code(context['control'])}`; order {design['order']}, "
@@ -181,6 +198,11 @@ def render_record(context: dict[str, Any]) -> str:
             f"- **{_md(cell['name'])}**{role}: {_md(cell['description'] or '')} {settings or ''}"
         )
     out.append("")
+    return out
+
+
+def _policy_and_tiers(context: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     if context["policy"]:
         out += [f"## {_md(context['titles']['policy'])}", ""]
         out += _table(
@@ -203,6 +225,11 @@ def render_record(context: dict[str, Any]) -> str:
             ["cell", "tier", "rows", *tiers["metrics"]],
             [[r["name"], r["tier"], r["runs"], *r["values"]] for r in tiers["rows"]],
         )
+    return out
+
+
+def _seed_sections(context: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     if context["recovery"]:
         out += _recovery({**context["recovery"], "title": context["titles"]["recovery"]})
     for table in context["frozen"]:
@@ -217,7 +244,11 @@ def render_record(context: dict[str, Any]) -> str:
               r["ms"], r["ratio"]] for r in swap["rows"]],
         )  # fmt: skip
         out += [_md(swap["definition"], line_start=True), ""]
-    out += ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
+    return out
+
+
+def _comparison_sections(context: dict[str, Any]) -> list[str]:
+    out = ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
     out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
     out += ["## Deterministic evidence (drift cannot move it)", ""]
     if context["deterministic_rows"]:
@@ -228,14 +259,18 @@ def render_record(context: dict[str, Any]) -> str:
         out += _table(
             ["cell", "runs", "SHA-256"], [[r["cell"], r["runs"], r["sha"]] for r in logits]
         )
-    exact = [g for g in verdict["gates"] if g["kind"] == "exact_outputs"]
+    exact = [g for g in context["verdict"]["gates"] if g["kind"] == "exact_outputs"]
     for gate in exact:
         mark = "pass" if gate["passed"] else "FAIL"
         out.append(f"- {_md(gate['name'])}: {mark}: {_md(gate['reason'])}")
     if not (context["deterministic_rows"] or logits or exact):
         out.append("None recorded.")
     out.append("")
-    out += ["## Invalid cohorts", ""]
+    return out
+
+
+def _cohorts_and_failures(context: dict[str, Any]) -> list[str]:
+    out = ["## Invalid cohorts", ""]
     cohorts = context.get("invalid_cohorts") or []
     if cohorts:
         out += _table(
@@ -250,12 +285,16 @@ def render_record(context: dict[str, Any]) -> str:
             ["run", "cell", "status", "attempt", "reason"],
             [[r["run_id"], r["cell"], r["status"], r["attempt"], r["reason"]] for r in failed],
         )
-    out += ["## Gates", ""]
+    return out
+
+
+def _gates_and_warnings(context: dict[str, Any]) -> list[str]:
+    out = ["## Gates", ""]
     out += _table(
         ["gate", "result", "reason"],
-        [[g["name"], g["result"], g["reason"]] for g in verdict["gates"]],
+        [[g["name"], g["result"], g["reason"]] for g in context["verdict"]["gates"]],
     )
     if context["campaign_warnings"]:
         out += ["## Warnings", ""]
         out += [f"- {_cell(w)}" for w in context["campaign_warnings"]] + [""]
-    return "\n".join(out).rstrip() + "\n"
+    return out
