@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,24 +35,67 @@ from harness.stats.decision import compare_cycles
 MIN_CYCLES_PER_BOX = 3
 
 
+@dataclass(frozen=True)
+class BoxEffect:
+    """One comparison on one box alone: its cycles there and their ratio [CI] and label."""
+
+    cell: str
+    vs: str
+    cache_state: str
+    metric: str
+    box: str
+    n_cycles: int
+    ratio: float | None  # None: no complete cycle on this box
+    ci_low: float | None
+    ci_high: float | None
+    label: str  # "no cycles" where the box has none
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """One comparison across the fleet: the pooled ratio, the box × cell interaction's p (None
+    where too few boxes have MIN_CYCLES_PER_BOX cycles: ``note`` says why) and each box's own."""
+
+    cell: str
+    vs: str
+    cache_state: str
+    metric: str
+    pooled_ratio: float
+    p_interaction: float | None
+    flagged: bool
+    note: str
+    boxes: tuple[BoxEffect, ...]
+
+
 @dataclass
 class FleetTables:
-    """Per-box comparisons (``boxes``) and one interaction row per comparison."""
+    """One interaction row per comparison, each with its per-box effects."""
 
-    boxes: pd.DataFrame
-    interactions: pd.DataFrame
+    interactions: list[Interaction]
     flags: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def box_names(self) -> list[str]:
+        """Every box that ran a comparison, sorted."""
+        return sorted({b.box for i in self.interactions for b in i.boxes})
+
+    def _frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        boxes = [asdict(b) for i in self.interactions for b in i.boxes]
+        rows = [{k: v for k, v in asdict(i).items() if k != "boxes"} for i in self.interactions]
+        return pd.DataFrame(boxes), pd.DataFrame(rows)
 
     def to_json(self) -> dict[str, Any]:
         """The ``fleet`` key of ``analyze --json``."""
+        boxes, interactions = self._frames()
         return {
-            "boxes": [_clean_row(r) for r in self.boxes.to_dict("records")],
-            "interactions": [_clean_row(r) for r in self.interactions.to_dict("records")],
+            "boxes": [_clean_row(r) for r in boxes.to_dict("records")],
+            "interactions": [_clean_row(r) for r in interactions.to_dict("records")],
         }
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """The parquet tables, by file stem."""
-        return {"fleet_boxes": self.boxes, "fleet_interactions": self.interactions}
+        boxes, interactions = self._frames()
+        return {"fleet_boxes": boxes, "fleet_interactions": interactions}
 
 
 def _clean_row(row: dict[Any, Any]) -> dict[str, Any]:
@@ -124,14 +167,14 @@ def fleet_tables(
     boxes = sorted(str(b) for b in runs["box"].dropna().unique())
     if len(boxes) < 2:
         return None
-    box_rows: list[dict[str, Any]] = []
-    interaction_rows: list[dict[str, Any]] = []
+    interactions: list[Interaction] = []
     flags: list[dict[str, str]] = []
     before = runs_before(runs)
     for item in comparisons:
         c = item.comparison
         info = METRICS[c.metric]
         effects: dict[str, list[float]] = {}
+        own_rows: list[BoxEffect] = []
         for box in boxes:
             mine = _cycles_on(runs, box, item.cell, item.cache_state)
             cycles, _ = cell_cycles(
@@ -143,14 +186,10 @@ def fleet_tables(
                 control=item.vs,
                 before=before,
             )
-            row: dict[str, Any] = {
-                "cell": item.cell,
-                "vs": item.vs,
-                "cache_state": item.cache_state,
-                "metric": c.metric,
-                "box": box,
-                "n_cycles": len(cycles),
-            }
+            row = BoxEffect(
+                item.cell, item.vs, item.cache_state, c.metric, box, len(cycles),
+                None, None, None, "no cycles",
+            )  # fmt: skip
             if cycles:
                 own = compare_cycles(
                     cycles,
@@ -161,37 +200,27 @@ def fleet_tables(
                     seed=seed,
                     drift_sensitive=not info.deterministic,
                 )
-                row.update(ratio=own.ratio, ci_low=own.ci_low, ci_high=own.ci_high, label=own.label)
+                row = replace(
+                    row, ratio=own.ratio, ci_low=own.ci_low, ci_high=own.ci_high,
+                    label=str(own.label),
+                )  # fmt: skip
                 effects[box] = [cycle.effect for cycle in cycles]
-            else:
-                row.update(ratio=None, ci_low=None, ci_high=None, label="no cycles")
-            box_rows.append(row)
+            own_rows.append(row)
         p = interaction_p(effects)
         flagged = p is not None and p < alpha and c.metric in gated
         testable = sum(len(v) >= MIN_CYCLES_PER_BOX for v in effects.values())
-        interaction_rows.append(
-            {
-                "cell": item.cell,
-                "vs": item.vs,
-                "cache_state": item.cache_state,
-                "metric": c.metric,
-                "pooled_ratio": c.ratio,
-                "p_interaction": p,
-                "flagged": flagged,
-                "note": ""
-                if p is not None
-                else (
-                    f"not testable: {testable} of {len(boxes)} boxes have "
-                    f"{MIN_CYCLES_PER_BOX}+ cycles"
-                ),
-            }
+        note = (
+            ""
+            if p is not None
+            else f"not testable: {testable} of {len(boxes)} boxes have {MIN_CYCLES_PER_BOX}+ cycles"
         )
+        interaction = Interaction(
+            item.cell, item.vs, item.cache_state, c.metric, c.ratio, p, flagged, note,
+            tuple(own_rows),
+        )  # fmt: skip
+        interactions.append(interaction)
         if flagged:
-            per_box = ", ".join(
-                f"{r['box']} {r['ratio']:.3f}"
-                for r in box_rows[-len(boxes) :]
-                if r["ratio"] is not None
-            )
+            per_box = ", ".join(f"{r.box} {r.ratio:.3f}" for r in own_rows if r.ratio is not None)
             flags.append(
                 {
                     "kind": "box_interaction",
@@ -204,7 +233,7 @@ def fleet_tables(
                     ),
                 }
             )
-    return FleetTables(pd.DataFrame(box_rows), pd.DataFrame(interaction_rows), flags)
+    return FleetTables(interactions, flags)
 
 
 def _cycles_on(runs: pd.DataFrame, box: str, cell: str, state: str) -> pd.DataFrame:

@@ -6,7 +6,11 @@ dated markdown record, :mod:`.record`, from the same context) (and, for a campai
 path of the first. The page is jinja2 with autoescape on for everything (prompt and output text is
 untrusted), inline CSS, figures as base64 PNG, no script and no external request.
 
-The ``harness report DIR`` verb is :mod:`.commands`.
+The page's template is the project's top-level ``templates/report.html.j2`` (packaged into the
+wheel as ``harness/templates``); a ``templates/report.html.j2`` in the directory harness runs
+from replaces it, and can extend it as ``harness/report.html.j2``, filling its blocks
+(``head``, ``header``, ``content``, ``footer``). The ``harness report DIR`` verb is
+:mod:`.commands`.
 """
 
 from __future__ import annotations
@@ -15,13 +19,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.version import __version__
+from harness.version import PACKAGE_DIR, __version__
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
     from harness.gate.evaluate import Verdict
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+OVERRIDES = Path("templates")  # relative to where harness runs: a team's own report templates
+
+
+def shipped_templates() -> Path:
+    """The project's templates: packaged into the wheel as ``harness/templates``, or the
+    repository's top-level ``templates/`` in a source checkout."""
+    packaged = PACKAGE_DIR / "templates"
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "templates"
+
+
 TEMPLATE = "report.html.j2"
 REPORT_NAME = "report.html"
 
@@ -66,8 +79,18 @@ def _write(path: Path, text: str) -> None:
 def _render(context: dict[str, Any], *, link_prefix: str) -> str:
     import jinja2
 
+    shipped = str(shipped_templates())
+    # A team's ./templates/ first (whole files replace the shipped ones); the shipped ones are
+    # also reachable as "harness/<name>", so an override can extend rather than copy them.
+    loader = jinja2.ChoiceLoader(
+        [
+            jinja2.FileSystemLoader(str(OVERRIDES.resolve())),
+            jinja2.PrefixLoader({"harness": jinja2.FileSystemLoader(shipped)}),
+            jinja2.FileSystemLoader(shipped),
+        ]
+    )
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
+        loader=loader,
         autoescape=True,  # every value, whatever the template's extension
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

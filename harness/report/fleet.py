@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from harness.report import fmt
 from harness.report.tables import key_name
 
@@ -18,35 +16,29 @@ def fleet_context(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     """One row per comparison: pooled ratio, each box's ratio [CI] (cycles), interaction p;
     None for a campaign on one box."""
     tables = analysis.fleet
-    if tables is None or tables.boxes.empty:
+    if tables is None or not tables.interactions:
         return None
-    boxes = sorted({str(b) for b in tables.boxes["box"]})
+    boxes = tables.box_names
     rows = []
-    for row in tables.interactions.to_dict("records"):
-        mine = tables.boxes[
-            (tables.boxes["cell"] == row["cell"])
-            & (tables.boxes["cache_state"] == row["cache_state"])
-            & (tables.boxes["metric"] == row["metric"])
-        ]
+    for row in tables.interactions:
         per_box = {}
-        for entry in mine.to_dict("records"):
-            if pd.isna(entry["ratio"]):  # None in the analysis, NaN once in a frame
+        for entry in row.boxes:
+            if entry.ratio is None:
                 text = "no cycles"
             else:
-                interval = f"[{fmt.ratio3(entry['ci_low'])}, {fmt.ratio3(entry['ci_high'])}]"
-                text = f"{fmt.ratio3(entry['ratio'])} {interval} ({entry['n_cycles']})"
-            per_box[str(entry["box"])] = text
-        p = row["p_interaction"]
+                interval = f"[{fmt.ratio3(entry.ci_low)}, {fmt.ratio3(entry.ci_high)}]"
+                text = f"{fmt.ratio3(entry.ratio)} {interval} ({entry.n_cycles})"
+            per_box[entry.box] = text
+        p = row.p_interaction
         rows.append(
             {
-                "name": f"{key_name(analysis, str(row['cell']), str(row['cache_state']))} vs "
-                f"{row['vs']}",
-                "metric": row["metric"],
-                "pooled": fmt.ratio3(row["pooled_ratio"]),
+                "name": f"{key_name(analysis, row.cell, row.cache_state)} vs {row.vs}",
+                "metric": row.metric,
+                "pooled": fmt.ratio3(row.pooled_ratio),
                 "boxes": [per_box.get(box, "—") for box in boxes],
-                "p": "—" if pd.isna(p) else fmt.num(p),
-                "flagged": bool(row["flagged"]),
-                "note": str(row["note"] or ""),
+                "p": "—" if p is None else fmt.num(p),
+                "flagged": row.flagged,
+                "note": row.note,
             }
         )
     return {"boxes": boxes, "rows": rows}

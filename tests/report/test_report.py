@@ -391,3 +391,51 @@ def test_an_ssh_box_shows_where_it_drove_and_its_tunnel_round_trip(tmp_path: Pat
     )
     assert rows["mac"]["driver"] == "on the box; tunnel round trip not measured: x"
     assert "driver" not in rows["local"]
+
+
+def test_a_team_template_in_the_working_directory_extends_the_report(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """`templates/report.html.j2` where harness runs replaces the shipped page, and can extend
+    it (as harness/report.html.j2) by filling its blocks; elsewhere the shipped one renders."""
+    import subprocess
+    import sys
+
+    root = _copy(tiny_root, tmp_path)
+    team = tmp_path / "team"
+    (team / "templates").mkdir(parents=True)
+    (team / "templates" / "report.html.j2").write_text(
+        '{% extends "harness/report.html.j2" %}\n'
+        '{% block header %}<div class="brand">ACME perf review</div>{{ super() }}{% endblock %}\n'
+        "{% block footer %}<p>Reviewed under ACME policy 7.</p>{% endblock %}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "report", str(root), "--no-figures"],
+        capture_output=True, text=True, cwd=team, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = (root / "report.html").read_text()
+    assert '<div class="brand">ACME perf review</div>' in page
+    assert "Reviewed under ACME policy 7." in page
+    assert 'id="verdict"' in page and "<h1>" in page  # the shipped page is all still there
+    plain = subprocess.run(
+        [sys.executable, "-m", "harness", "report", str(root), "--no-figures"],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    assert "ACME" not in (root / "report.html").read_text()
+
+
+def test_the_wheel_carries_the_top_level_templates(tmp_path: Path) -> None:
+    """The project's templates live at the top level and are built into the package."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)],
+        capture_output=True, text=True, cwd=repo, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    built = tmp_path / "harness" / "templates" / "report.html.j2"
+    assert built.read_bytes() == (repo / "templates" / "report.html.j2").read_bytes()
