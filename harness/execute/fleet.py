@@ -34,7 +34,8 @@ from harness.execute.cohorts import CohortBook
 from harness.execute.guards import cohort_key, guards_enabled
 from harness.execute.preflight import check_box
 from harness.execute.resume import CHECKPOINT_S
-from harness.execute.run import CampaignOutcome, CampaignRunner, ProgressCallback
+from harness.execute.run import CampaignOutcome, CampaignRunner
+from harness.execute.scope import ProgressCallback
 from harness.execute.soak import MonitorSettings
 from harness.formats.records import CampaignDir
 from harness.plan.build import Plan, Run, cohort_lane

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 
 from harness.drive.client import RequestResult
-from harness.execute.run import ProgressCallback
+from harness.execute.scope import ProgressCallback
 from harness.plan.build import Plan, Run
 
 

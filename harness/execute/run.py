@@ -8,12 +8,14 @@ and the campaign goes on; a hung runtime fails its run after one request timeout
 (:mod:`harness.boxes.interrupts`) stops the runtime, marks the run interrupted and leaves a
 campaign that ``harness run --resume DIR`` continues.
 
-What a run sends (:mod:`harness.drive.workload`), what it writes (:mod:`.run_records`), the
-guard steps (:mod:`.guard_steps`), checkpoints (:mod:`.resume`) and a campaign as a whole
-(:mod:`.campaign`) live beside this module. What is left here is the lifecycle above as one
-class: its steps share one boot's state (:class:`~.run_records.BootState`) and the runner's
-box, and a checkpointed run loops over them per segment (``_drive_segments``), so splitting the
-steps apart would pass that state through every call.
+What a run sends (:mod:`harness.drive.workload`), checkpoints (:mod:`.resume`) and a campaign
+as a whole (:mod:`.campaign`) live beside this module. The runner is composed, not inherited:
+it holds its :class:`~.scope.RunnerScope` (card, directory, box, cohorts), its
+:class:`~.guard_steps.Guards` and its :class:`~.run_records.Records` (what a run writes), each
+over the same scope. What is left here is the lifecycle above as one class: its steps share one
+boot's state (:class:`~.run_records.BootState`), and a checkpointed run loops over them per
+segment (``_drive_segments``), so splitting the steps apart would pass that state through
+every call.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import HarnessError, InfrastructureError
 from harness.execute.cohorts import CohortBook
 from harness.execute.frames import chunks_frame, requests_frame
+from harness.execute.guard_steps import Guards
 from harness.execute.guards import cohort_key, guards_enabled
 from harness.execute.resume import (
     CHECKPOINT_S,
@@ -50,7 +53,8 @@ from harness.execute.resume import (
     segment_paths,
     split_phases,
 )
-from harness.execute.run_records import BootState, RunRecords, SharedBoot
+from harness.execute.run_records import BootState, Records, SharedBoot
+from harness.execute.scope import ProgressCallback, RunnerScope
 from harness.execute.soak import MonitorSettings, RingStore, RunMonitor
 from harness.formats.maps import CountDump
 from harness.formats.records import (
@@ -86,8 +90,6 @@ from harness.runtimes.orphans import journal_boot, stop_orphans
 from harness.runtimes.recorder import Recording, finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, route_counters, write_route_delta
 
-ProgressCallback = Callable[[str, Run | None, dict[str, Any]], None]
-
 
 def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
     # JSON counters and/or Prometheus /metrics; None from a runtime that died mid-run (its
@@ -100,7 +102,7 @@ def _with_log(
     counters: dict[str, Any] | None, runtime: RunningRuntime, *, start: bool = False
 ) -> dict[str, Any] | None:
     # The profile's live log counters, snapshotted from the server log beside the HTTP counters
-    # (those printed only at exit are read after the stop: see RunRecords._read_exit_counters).
+    # (those printed only at exit are read after the stop: see Records._read_exit_counters).
     specs = live_specs(runtime.profile.telemetry.log_counters)
     if not specs:
         return counters
@@ -124,7 +126,7 @@ class CampaignOutcome:
     exit_code: int = 0  # when interrupted: 128 + the signal number (130, 143, 129)
 
 
-class CampaignRunner(RunRecords):
+class CampaignRunner:
     """Executes the runs of one campaign directory on its box.
 
     A run whose workload has a timed phase (a soak) is checkpointed: its timed phases are cut
@@ -166,6 +168,12 @@ class CampaignRunner(RunRecords):
             enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
             cohorts = CohortBook.open(campaign.root, enabled, why)
         self.cohorts = cohorts
+        scope = RunnerScope(
+            loaded, campaign, self.box, self.box_name, self.box_spec, cohorts, self.progress,
+            self.monitor_settings,
+        )  # fmt: skip
+        self.guards = Guards(scope)
+        self.records = Records(scope, self.guards)
         self.shared: SharedBoot | None = None  # the boot the runs of one boot group share
 
     @property
@@ -207,9 +215,9 @@ class CampaignRunner(RunRecords):
                 if run.run_id in done:
                     self.progress("skip", run, {})
                     continue
-                invalid = self._cohort_invalid(run)
+                invalid = self.guards.cohort_invalid(run)
                 if invalid is not None:
-                    self._record_invalid(run, invalid)
+                    self.guards.record_invalid(run, invalid)
                     outcome.failed.append(run.run_id)
                     continue
                 status = self._run_with_retries(run)
@@ -369,9 +377,9 @@ class CampaignRunner(RunRecords):
                 shared.runs += 1
                 record.runtime["boot_shared"] = True
                 self._start_monitor(runtime, state)
-                self._check_binary(run, record)
-                state.watch = self._start_watch(run, runtime.pgid)
-                self._check_idle(run, runtime)
+                self.guards.check_binary(run, record)
+                state.watch = self.guards.start_watch(run, runtime.pgid)
+                self.guards.check_idle(run, runtime)
                 # The next cell on the same boot: back to the boot state, its live settings,
                 # then the washout, so it is not measured on the previous cell's state.
                 runtime.reset_live(live_settings(self.loaded.runtime, cell, uploaded))
@@ -396,9 +404,9 @@ class CampaignRunner(RunRecords):
                     )
                     record.runtime["boot_shared"] = True
                 self._start_monitor(runtime, state)
-                self._check_binary(run, record)
-                state.watch = self._start_watch(run, runtime.pgid)
-                self._check_idle(run, runtime)
+                self.guards.check_binary(run, record)
+                state.watch = self.guards.start_watch(run, runtime.pgid)
+                self.guards.check_idle(run, runtime)
                 runtime.post_live(spec.live)
                 if group is not None:
                     # The first run of a shared boot gets the washout too: every run of the
@@ -423,7 +431,7 @@ class CampaignRunner(RunRecords):
         finally:
             # The shutdown of a run is not cut in two by a stop signal: it is raised after.
             with deferred():
-                self._finish(run, record, runtime, state, local_dir)
+                self.records.finish(run, record, runtime, state, local_dir)
                 if self.shared is not None and self.shared.runtime is runtime:
                     if state.keep_runtime:
                         self.shared.ring_seq = state.store.after_sequence
@@ -473,7 +481,7 @@ class CampaignRunner(RunRecords):
             before = {**(before or {}), **dict.fromkeys(recorded, 0.0)}
             after = {**(after or {}), **recorded}
         swap_after = self.box.swapout_pages()
-        self._write_counters(local_dir, before, after, swap_before, swap_after, previous)
+        self.records.write_counters(local_dir, before, after, swap_before, swap_after, previous)
         failures = [r for r in state.results if not r.ok and not r.warmup]
         failures_before = self._previous_failures(local_dir, previous)
         if failures or failures_before:
@@ -523,13 +531,13 @@ class CampaignRunner(RunRecords):
         """
         profile = self.loaded.runtime
         assert profile.driver is not None
-        self._check_binary(run, record)
+        self.guards.check_binary(run, record)
         command = start_command(
             self.box, profile, spec, lambda pgid: self._journal_boot(run, pgid, state)
         )
         state.origin_wall = time.time()
         self._start_monitor(command.runtime, state)
-        state.watch = self._start_watch(run, command.runtime.pgid)
+        state.watch = self.guards.start_watch(run, command.runtime.pgid)
         if state.monitor is not None:
             state.monitor.scored = True
         try:
@@ -544,7 +552,7 @@ class CampaignRunner(RunRecords):
         if specs:
             text = self.box.read_text(spec.log_path)
             after = log_snapshot(text, specs, where=spec.log_path)
-        self._write_counters(local_dir, before, after, swap_before, swap_after, None)
+        self.records.write_counters(local_dir, before, after, swap_before, swap_after, None)
         collect_result(command, local_dir)
         state.segments_planned = state.segments_done = 1
         return command.runtime

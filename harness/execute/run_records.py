@@ -1,6 +1,6 @@
 """What a run leaves on disk: its tables, counters, ring, logs and ``run.json``, written last.
 
-:class:`RunRecords` is a base of :class:`~harness.execute.run.CampaignRunner` (the lifecycle):
+:class:`Records` is a part of :class:`~harness.execute.run.CampaignRunner` (the lifecycle):
 after the runtime stops it collects the server log, the frontier-logit dumps, the ring (drained
 pieces joined to the rest) and the route trace, writes ``requests``/``chunks``/``samples``,
 ``counters.json`` and ``monitor.json``, and then ``run.json``, so a ``run.json`` on disk means
@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -23,13 +23,12 @@ from harness.analyze.logit_parity import LOGITS_DIR
 from harness.drive.client import RequestResult
 from harness.errors import HarnessError, RecordError
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
-from harness.execute.guard_steps import GuardSteps
 from harness.execute.guards import RunWatch, cohort_key
 from harness.execute.resume import (
     CheckpointState,
     earlier_frames,
 )
-from harness.execute.soak import DrainResult, MonitorSettings, RingStore, RunMonitor, assemble_ring
+from harness.execute.soak import DrainResult, RingStore, RunMonitor, assemble_ring
 from harness.formats.records import (
     RUN_FAILED,
     RUN_OK,
@@ -52,6 +51,11 @@ from harness.runtimes.boot import (
     render,
     stop_group,
 )
+
+if TYPE_CHECKING:
+    from harness.execute.guard_steps import Guards
+    from harness.execute.scope import RunnerScope
+
 from harness.runtimes.log_counters import (
     log_counter_units,
     missing_log_counters,
@@ -92,12 +96,14 @@ class SharedBoot:
     runs: int = 0
 
 
-class RunRecords(GuardSteps):
-    """The record-writing steps of a campaign runner (the attributes are the runner's)."""
+class Records:
+    """The record-writing steps of a campaign runner, over the runner's scope."""
 
-    monitor_settings: MonitorSettings
+    def __init__(self, scope: RunnerScope, guards: Guards) -> None:
+        self.scope = scope
+        self.guards = guards
 
-    def _finish(
+    def finish(
         self,
         run: Run,
         record: RunRecord,
@@ -110,18 +116,20 @@ class RunRecords(GuardSteps):
         if state.watch is not None:
             state.watch.stop()
             if state.watch.reason is None:
-                state.watch.reason = self._swapped(local_dir)
+                state.watch.reason = self.guards.swapped(local_dir)
             if state.watch.reason is not None:
                 # A guard stopped the run: that is why it failed, and the cohort is invalid.
                 record.status = RUN_FAILED
                 record.reason = f"guard: {state.watch.reason}" + (
                     f" (then: {record.reason})" if record.reason else ""
                 )
-                self.cohorts.invalidate(cohort_key(run), state.watch.reason)
+                self.scope.cohorts.invalidate(cohort_key(run), state.watch.reason)
         if runtime is None and state.pgid is not None:
             # Started but never returned from the boot (interrupted while it got ready).
-            if stop_group(self.box, self.loaded.runtime, state.pgid):
-                self.campaign.journal.append("boot_stopped", run_id=run.run_id, pgid=state.pgid)
+            if stop_group(self.scope.box, self.scope.loaded.runtime, state.pgid):
+                self.scope.campaign.journal.append(
+                    "boot_stopped", run_id=run.run_id, pgid=state.pgid
+                )
             else:
                 record.status = RUN_FAILED
                 record.reason = (record.reason + "; " if record.reason else "") + (
@@ -133,7 +141,7 @@ class RunRecords(GuardSteps):
             keep = state.keep_runtime and record.status == RUN_OK
             gone = True if keep else runtime.stop()
             if gone and not keep:
-                self.campaign.journal.append(
+                self.scope.campaign.journal.append(
                     "boot_stopped", run_id=state.boot_run_id or run.run_id, pgid=runtime.pgid
                 )
                 # Counters printed at exit belong to a run only when its boot was its own.
@@ -182,12 +190,12 @@ class RunRecords(GuardSteps):
             shutil.rmtree(local_dir / "ring-chunks", ignore_errors=True)
             for path in (local_dir / "checkpoint").glob("*.parquet"):
                 path.unlink()
-            self.campaign.journal.append("run_done", run_id=run.run_id)
+            self.scope.campaign.journal.append("run_done", run_id=run.run_id)
         else:
-            self.campaign.journal.append(
+            self.scope.campaign.journal.append(
                 f"run_{record.status}", run_id=run.run_id, reason=record.reason
             )
-        self.progress("attempt", run, {"status": record.status, "reason": record.reason})
+        self.scope.progress("attempt", run, {"status": record.status, "reason": record.reason})
 
     def _write_monitor(self, local_dir: Path, state: BootState) -> None:
         """``monitor.json``: drains, samples, errors, and the boots and segments of the run."""
@@ -209,8 +217,8 @@ class RunRecords(GuardSteps):
         write_json_atomic(
             local_dir / "monitor.json",
             {
-                "drain_interval_s": self.monitor_settings.drain_interval_s,
-                "sample_interval_s": self.monitor_settings.sample_interval_s,
+                "drain_interval_s": self.scope.monitor_settings.drain_interval_s,
+                "sample_interval_s": self.scope.monitor_settings.sample_interval_s,
                 "drains": state.store.drains,
                 "samples": len(monitor.samples) if monitor is not None else 0,
                 "errors": monitor.errors[-20:] if monitor is not None else [],
@@ -222,18 +230,22 @@ class RunRecords(GuardSteps):
 
     def _read_exit_counters(self, local_dir: Path, runtime: RunningRuntime) -> None:
         """Counters the runtime prints only as it exits, read from its log after the stop."""
-        specs = self.loaded.runtime.telemetry.log_counters
+        specs = self.scope.loaded.runtime.telemetry.log_counters
         path = local_dir / "counters.json"
-        if not exit_specs(specs) or not path.is_file() or self.loaded.runtime.driver is not None:
+        if (
+            not exit_specs(specs)
+            or not path.is_file()
+            or self.scope.loaded.runtime.driver is not None
+        ):
             return  # a command's counters are all read after it exited (_run_command)
-        text = self.box.read_text(runtime.spec.log_path)
+        text = self.scope.box.read_text(runtime.spec.log_path)
         payload = json.loads(path.read_text(encoding="utf-8"))
         payload = add_exit_counters(payload, specs, text, where=runtime.spec.log_path)
         write_json_atomic(path, payload)
 
     def _check_applied(self, local_dir: Path, record: RunRecord) -> None:
         """Fail an ok run whose log says the runtime applied something else than its knobs."""
-        checks = self.loaded.runtime.telemetry.applied
+        checks = self.scope.loaded.runtime.telemetry.applied
         log = local_dir / "server.log"
         if not checks or record.status != RUN_OK or not log.is_file():
             return
@@ -246,14 +258,14 @@ class RunRecords(GuardSteps):
     def _keep_identity_lines(self, local_dir: Path, record: RunRecord) -> None:
         """The log lines that say how the runtime placed itself (llama.cpp's fit plan), in the
         run's runtime identity, so two runs that placed tensors differently are told apart."""
-        patterns = self.loaded.runtime.telemetry.identity_lines
+        patterns = self.scope.loaded.runtime.telemetry.identity_lines
         log = local_dir / "server.log"
         if not patterns or not log.is_file():
             return
         text = log.read_text(encoding="utf-8", errors="replace")
         record.runtime["log_identity"] = identity_lines(patterns, text)
 
-    def _write_counters(
+    def write_counters(
         self,
         local_dir: Path,
         before: dict[str, Any] | None,
@@ -263,7 +275,7 @@ class RunRecords(GuardSteps):
         previous: CheckpointState | None,
     ) -> None:
         payload = counters_record(before, after, swap_before, swap_after, previous)
-        specs = self.loaded.runtime.telemetry.log_counters
+        specs = self.scope.loaded.runtime.telemetry.log_counters
         if specs:
             # Declared but not counted is said, so no reader takes the absence for 0.
             payload["log_counter_units"] = log_counter_units(specs)
@@ -271,33 +283,33 @@ class RunRecords(GuardSteps):
         write_json_atomic(local_dir / "counters.json", payload)
 
     def _collect(self, local_dir: Path, state: BootState, record: RunRecord) -> None:
-        telemetry = self.loaded.runtime.telemetry
+        telemetry = self.scope.loaded.runtime.telemetry
         remote_dir = state.remote_dir
-        context = {"run_dir": remote_dir, "port": 0, "python": self.box_spec.python_path()}
+        context = {"run_dir": remote_dir, "port": 0, "python": self.scope.box_spec.python_path()}
         log_remote = f"{remote_dir}/server.log"
-        if self.box.exists(log_remote):
-            self.box.get_file(log_remote, local_dir / "server.log")
+        if self.scope.box.exists(log_remote):
+            self.scope.box.get_file(log_remote, local_dir / "server.log")
         if state.previous is not None:
             for earlier in state.previous.boots:
                 old_log = f"{earlier.remote_dir}/server.log"
                 with contextlib.suppress(HarnessError, OSError):
-                    if self.box.exists(old_log):
-                        self.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
+                    if self.scope.box.exists(old_log):
+                        self.scope.box.get_file(old_log, local_dir / f"server.b{earlier.boot}.log")
         self._collect_logits(local_dir, context)
         if telemetry.ring is None:
             self._collect_trace(local_dir, context)
             return
         ring_remote = render(telemetry.ring.path, context)
-        if not self.box.exists(ring_remote):
+        if not self.scope.box.exists(ring_remote):
             # The profile declares a ring: a run without one fails, whatever else happened.
             raise RecordError(f"the runtime wrote no ring at {ring_remote}")
         # A ring on this machine is read where it lies: a copy read every slot of it (75 MB for
         # refbox's), most of them never written.
-        ring_local = self.box.local_path(ring_remote)
+        ring_local = self.scope.box.local_path(ring_remote)
         copied = ring_local is None
         if ring_local is None:
             ring_local = local_dir / "ring.bin"
-            self.box.get_file(ring_remote, ring_local)
+            self.scope.box.get_file(ring_remote, ring_local)
         if not telemetry.ring.header:
             ring = read_ring(ring_local, fields=telemetry.ring.fields)
             record.ring_lost = ring.lost
@@ -329,27 +341,27 @@ class RunRecords(GuardSteps):
     def _collect_logits(self, local_dir: Path, context: dict[str, Any]) -> None:
         """The run's frontier-logit dumps, when the profile declares them (none: the run fails,
         since the exact_outputs gate would otherwise compare nothing)."""
-        dumps = self.loaded.runtime.logit_dumps
+        dumps = self.scope.loaded.runtime.logit_dumps
         if dumps is None:
             return
         remote = render(dumps.path, context)
-        if not self.box.exists(remote):
+        if not self.scope.box.exists(remote):
             raise RecordError(f"the runtime wrote no frontier-logit dumps at {remote}")
-        self.box.get_dir(remote, local_dir / LOGITS_DIR)
+        self.scope.box.get_dir(remote, local_dir / LOGITS_DIR)
         if not any((local_dir / LOGITS_DIR).rglob(dumps.glob)):
             raise RecordError(f"no {dumps.glob} in the frontier-logit dumps at {remote}")
 
     def _collect_trace(self, local_dir: Path, context: dict[str, Any]) -> None:
-        telemetry = self.loaded.runtime.telemetry
+        telemetry = self.scope.loaded.runtime.telemetry
         if telemetry.route_trace:
             trace_remote = render(telemetry.route_trace, context)
-            if self.box.exists(trace_remote):
+            if self.scope.box.exists(trace_remote):
                 # On a shared boot the file holds every run so far: keep this run's own part,
                 # read where it lies on this machine rather than copying the whole boot first.
                 local = local_dir / "route-trace.jsonl"
-                lying = self.box.local_path(trace_remote)
+                lying = self.scope.box.local_path(trace_remote)
                 if lying is not None:
                     write_run_part(lying, local)
                 else:
-                    self.box.get_file(trace_remote, local)
+                    self.scope.box.get_file(trace_remote, local)
                     slice_after_last_reset(local)

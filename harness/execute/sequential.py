@@ -20,7 +20,8 @@ from harness.analyze.looks import LOOK_EVENT
 from harness.card import LoadedCard
 from harness.execute.fleet import FleetRunner
 from harness.execute.reopen import extend_campaign
-from harness.execute.run import CampaignOutcome, ProgressCallback
+from harness.execute.run import CampaignOutcome
+from harness.execute.scope import ProgressCallback
 from harness.formats.records import CampaignDir
 from harness.plan.build import Plan
 
