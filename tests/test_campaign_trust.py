@@ -718,10 +718,10 @@ def test_card_text_is_data_in_the_terminal_junit_and_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from harness.formats.records import write_sealed_json
-    from tests.gate.test_gate import Synth, _card_text, build_campaign
+    from tests.gate.campaigns import Synth, build_campaign, card_text
 
     # The card's description, and a quality prompt id (from a pool) that every gate reason names.
-    text = _card_text("  - {kind: quality, min_pass: 1}")
+    text = card_text("  - {kind: quality, min_pass: 1}")
     text = text.replace("campaign: gates\n", f"campaign: gates\ndescription: {json.dumps(TRAP)}\n")
     synth = Synth(quality=lambda run, prompt_id: "no", quality_ids=(TRAP,))
     campaign = build_campaign(tmp_path, text, synth)

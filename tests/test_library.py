@@ -82,3 +82,20 @@ def test_run_gate_and_the_library_leave_the_same_directory(tmp_path: Path) -> No
     for name in sorted(set(after_run) | set(after_cli) | set(after_library)):
         assert after_run.get(name) == after_cli.get(name), f"{name}: run and gate differ"
         assert after_cli.get(name) == after_library.get(name), f"{name}: gate and library differ"
+
+
+def test_no_module_imports_the_package_face() -> None:
+    """The face (harness/__init__.py, the library API) sits above every stage: a module below it
+    takes the version and the package's place from harness.version, the ground floor."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        if path.parent == REPO / "harness" and path.name in ("__init__.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import) and any(a.name == "harness" for a in node.names):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and node.module == "harness" and node.level == 0:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders

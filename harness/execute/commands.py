@@ -22,7 +22,7 @@ __all__ = ["register"]
 
 
 def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.gate.commands import print_conclusion
+    from harness.report.terminal import print_conclusion
     from harness.spine import run_campaign
 
     result = run_campaign(

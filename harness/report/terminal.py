@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from harness.analyze.design_cost import PricedDesigns
     from harness.gate.evaluate import Verdict
     from harness.plan.build import Plan
+    from harness.spine import Concluded
 
 __all__ = [
     "format_duration",
@@ -238,6 +239,17 @@ def _interval(row: Any) -> str:
     if row["ci_low"] is None or row["ci_high"] is None:
         return "no interval"
     return f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
+    """The verdict table and the labels' tally (unless ``quiet``), then the report's path."""
+    analysis, verdict = concluded.decision.analysis, concluded.decision.verdict
+    if not quiet:
+        print_verdict(verdict, out)
+        tally = label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)
+        if tally:
+            out.write(tally + "\n")
+    out.write(f"report: {concluded.report}\n")
 
 
 def print_comparisons(analysis: CampaignAnalysis, folder: Path, out: TextIO) -> None:

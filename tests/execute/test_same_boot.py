@@ -76,7 +76,7 @@ def test_a_per_cycle_campaign_boots_once_per_cycle_and_slices_each_run(tmp_path:
     # Every run on the shared boot followed its reset and a washout of its own cell: the
     # blocks read as washed, so a decided label stands on D̄ (the deployed effect), and two
     # cycles say so rather than fail closed (the unwashed case is pinned in
-    # tests/analyze/test_crossover.py and tests/gate/test_gate.py).
+    # tests/analyze/test_crossover.py and tests/gate/test_better.py).
     analyzed = run_cli("analyze", str(campaign.root))
     assert analyzed.code == 0, analyzed.stderr
     table = pd.read_parquet(campaign.root / "analysis" / "comparisons.parquet")

@@ -1,0 +1,157 @@
+"""The verdict as a whole: verdict.json, JUnit, incomplete runs, and `harness gate`'s exit codes.
+
+Campaigns are built on disk by :mod:`tests.gate.campaigns` and gated without booting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.analyze.campaign import analyze_campaign
+from harness.formats.records import (
+    RUN_OK,
+)
+from harness.gate.evaluate import evaluate_gates, write_verdict
+from tests.conftest import run_cli
+from tests.gate.campaigns import (
+    Run,
+    Synth,
+    build_campaign,
+    card_text,
+    faster,
+    only,
+    verdict_of,
+)
+
+MIXED = (
+    "  - {kind: exact_outputs}\n"
+    "  - {kind: counter, counter: swaps, max: 0}\n"
+    "  - {kind: better, metric: decode_tok_s}\n"
+    "  - {kind: lockstep}"
+)
+
+
+def test_verdict_json_and_junit(tmp_path: Path) -> None:
+    campaign = build_campaign(tmp_path, card_text(MIXED, cycles=2), Synth(speed=faster(1.5)))
+    verdict = evaluate_gates(analyze_campaign(campaign.root))
+    write_verdict(verdict, campaign.root)
+
+    data = json.loads((campaign.root / "verdict.json").read_text(), parse_constant=_reject_constant)
+    assert data["schema_version"] == 1 and data["campaign"] == "gates"
+    assert data["passed"] is False and data["incomplete_runs"] == []
+    assert [(g["kind"], g["passed"]) for g in data["gates"]] == [
+        ("exact_outputs", True),
+        ("counter", True),
+        ("better", True),
+        ("lockstep", False),
+    ]
+    assert data["gates"][2]["evidence"]["treat/warm"]["label"] == "better"
+
+    root = ET.parse(campaign.root / "verdict.junit.xml").getroot()
+    assert root.tag == "testsuites"
+    (suite,) = list(root)
+    assert suite.get("name") == "harness.gates"
+    assert suite.get("tests") == "4" and suite.get("failures") == "1"
+    cases = suite.findall("testcase")
+    assert [c.get("classname") for c in cases] == [
+        "gate.exact_outputs",
+        "gate.counter",
+        "gate.better",
+        "gate.lockstep",
+    ]
+    assert cases[2].get("name") == "better decode_tok_s"
+    failures = [c for c in cases if c.find("failure") is not None]
+    assert [c.get("classname") for c in failures] == ["gate.lockstep"]
+    failure = failures[0].find("failure")
+    assert failure is not None and "no lockstep result" in (failure.get("message") or "")
+    assert failure.text == verdict.gates[3].reason
+    passing = cases[0].find("system-out")
+    assert passing is not None and "outputs match control" in (passing.text or "")
+
+
+def _reject_constant(name: str) -> None:
+    raise AssertionError(f"verdict.json holds {name}, which is not JSON")
+
+
+def test_a_card_without_gates_never_passes(tmp_path: Path) -> None:
+    verdict = verdict_of(tmp_path, "  []", Synth(speed=faster(1.5)))
+    assert verdict.gates == [] and not verdict.passed
+
+
+def test_verdict_lists_incomplete_runs(tmp_path: Path) -> None:
+    synth = Synth(status=lambda run: {"0001": "failed", "0004": None}.get(run["run_id"][:4], "ok"))
+    verdict = verdict_of(
+        tmp_path, "  - {kind: counter, counter: failed_runs, max: 2}", synth, cycles=2
+    )
+    assert verdict.incomplete_runs == ["0001-treat-c0-warm-s1-r0", "0004-treat-c1-warm-s0-r0"]
+    assert only(verdict).passed  # two incomplete runs are within this gate's bound
+
+
+def test_a_verdict_with_incomplete_runs_never_passes(tmp_path: Path) -> None:
+    # The gate tolerates two failed runs, but the campaign is still incomplete.
+    synth = Synth(status=lambda run: "failed" if run["run_id"].startswith("0001") else RUN_OK)
+    verdict = verdict_of(tmp_path, "  - {kind: counter, counter: failed_runs, max: 2}", synth)
+    assert only(verdict).passed and not verdict.passed
+    assert verdict.exit_code() == 3
+    write_verdict(verdict, tmp_path)
+    assert json.loads((tmp_path / "verdict.json").read_text())["passed"] is False
+    cases = ET.parse(tmp_path / "verdict.junit.xml").getroot().findall(".//testcase")
+    complete = [c for c in cases if c.get("classname") == "campaign.complete"]
+    assert len(complete) == 1
+    failure = complete[0].find("failure")
+    assert failure is not None and "0001-treat-c0-warm-s1-r0" in (failure.text or "")
+
+
+@pytest.mark.slow
+def test_cli_gate_exit_codes(tmp_path: Path) -> None:
+    # One subprocess per exit code: each one also renders the HTML report, which takes seconds.
+    gates = "  - {kind: better, metric: decode_tok_s}\n  - {kind: counter, counter: swaps, max: 0}"
+
+    def incomplete(run: Run) -> str | None:
+        return {"0002": None, "0005": "failed"}.get(run["run_id"][:4], RUN_OK)
+
+    cases = {
+        "pass": (Synth(speed=faster(1.5)), 0, "verdict: PASS"),
+        "fail": (Synth(speed=faster(0.7)), 1, "worse"),
+        "incomplete": (Synth(speed=faster(1.5), status=incomplete), 3, "runs not complete"),
+    }
+    for name, (synth, code, shown) in cases.items():
+        campaign = build_campaign(tmp_path / name, card_text(gates, cycles=2), synth)
+        result = run_cli("gate", str(campaign.root))
+        assert result.code == code, f"{name}: {result.stdout}\n{result.stderr}"
+        assert shown in result.stdout, result.stdout
+        assert "Traceback" not in result.stderr
+        verdict = json.loads((campaign.root / "verdict.json").read_text())
+        assert verdict["passed"] is (code == 0)
+        assert (campaign.root / "verdict.junit.xml").is_file()
+    verdict = json.loads((campaign.root / "verdict.json").read_text())
+    assert verdict["incomplete_runs"] == ["0002-treat-c0-warm-s2-r0", "0005-control-c1-warm-s1-r0"]
+
+
+@pytest.mark.slow
+def test_cli_gate_never_exits_0_with_incomplete_runs(tmp_path: Path) -> None:
+    failed_run = Synth(status=lambda run: "failed" if run["run_id"].startswith("0001") else RUN_OK)
+    cases = {
+        # Every gate passes on the runs that completed: still not a pass, runs are missing (3).
+        "incomplete": ("  - {kind: exact_outputs, vs: control, cells: [control]}", 3),
+        # A gate that fails on complete data is a failure (1), whatever else is missing.
+        "also-failed": ("  - {kind: counter, counter: swaps, max: 0, cells: [control]}\n"
+                        "  - {kind: lockstep}", 1),
+    }  # fmt: skip
+    for name, (gates, code) in cases.items():
+        campaign = build_campaign(tmp_path / name, card_text(gates, cycles=2), failed_run)
+        result = run_cli("gate", str(campaign.root))
+        assert result.code == code, f"{name}: {result.stdout}\n{result.stderr}"
+        assert "verdict: FAIL" in result.stdout
+        assert "0001-treat-c0-warm-s1-r0" in result.stdout, result.stdout
+        assert json.loads((campaign.root / "verdict.json").read_text())["passed"] is False
+
+
+def test_cli_gate_on_a_folder_that_is_not_a_campaign_is_bad_input(tmp_path: Path) -> None:
+    result = run_cli("gate", str(tmp_path))
+    assert result.code == 2
+    assert "not a campaign directory (no plan.json)" in result.stderr
