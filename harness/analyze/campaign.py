@@ -285,6 +285,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
                     "run_id": run_id,
                     "cell": raw["cell"],
                     "cache_state": raw["cache_state"],
+                    "comparison": raw["comparison"],
                     "domain": domain,
                     "decode_tok_s": speed,
                 }
@@ -514,14 +515,9 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
     cells = _cell_table(runs, card)
     predicted = _predictions(root, card, cells) if predictions and not simulated else None
     seed_tables = build_seed_tables(
-        card,
-        cells,
-        tables.shifts,
-        tables.domains,
-        pd.DataFrame(comparison_rows(comparisons)),
-        predicted,
-        runs,
-    )
+        card, cells, tables.shifts, tables.domains, pd.DataFrame(comparison_rows(comparisons)),
+        predicted, runs,
+    )  # fmt: skip
     return CampaignAnalysis(
         campaign=campaign,
         card=card,

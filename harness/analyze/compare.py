@@ -256,6 +256,8 @@ def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, obj
                 "cache_state": item.cache_state,
                 "metric": c.metric,
                 "ratio": _finite(c.ratio),
+                "control_level": _finite(c.control_level),
+                "cell_level": _finite(c.cell_level),
                 "ci_low": _finite(c.ci_low),
                 "ci_high": _finite(c.ci_high),
                 "p_value": _finite(c.p_value),

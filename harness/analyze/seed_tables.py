@@ -349,7 +349,9 @@ class FrozenMapTable:
         return dict(jsonable(asdict(self)))
 
 
-COMPARISON_FIELDS = ("ratio", "ci_low", "ci_high", "label", "raw_label", "n_cycles")
+COMPARISON_FIELDS = (
+    "ratio", "ci_low", "ci_high", "label", "raw_label", "n_cycles", "control_level", "cell_level",
+)  # fmt: skip
 
 
 def _comparison_of(
@@ -372,30 +374,49 @@ def _comparison_of(
     return out
 
 
+def _paired(frame: pd.DataFrame, control: str, cell: str, state: str) -> pd.DataFrame:
+    """The control's rows of the cohorts it ran in against ``cell`` (the blocks paired with
+    it), beside the cell's own; records without a comparison column keep every control row."""
+    mine = frame[frame["cache_state"] == state] if not frame.empty else frame
+    if mine.empty or "comparison" not in mine.columns:
+        return mine
+    own_control = (mine["cell"] == control) & (mine["comparison"] == cell)
+    if not own_control.any():
+        return mine
+    return mine[own_control | (mine["cell"] != control)]
+
+
 def frozen_map_tables(
-    card: Card, cells: pd.DataFrame, domains: pd.DataFrame, comparisons: pd.DataFrame
+    card: Card,
+    cells: pd.DataFrame,
+    domains: pd.DataFrame,
+    comparisons: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
 ) -> list[FrozenMapTable]:
-    """One table per treatment and cache state; none without a control."""
+    """One table per treatment and cache state; none without a control. Every row's control
+    value comes from the control blocks paired with that cell (one control per row): the
+    aggregate from the comparison's own blocks (its ratio is then exactly cell ÷ control), the
+    per-domain and first-request rows from the control runs of that cell's cohorts."""
     control = card.control
     if control is None or not card.treatments:
         return []
+    ok = runs[runs["status"] == "ok"] if runs is not None and not runs.empty else pd.DataFrame()
     tables = []
     for cell in card.treatments:
         for state in card.design.cache_states:
             stat = _comparison_of(comparisons, cell, state, FROZEN_METRIC)
-            rows = [
-                _frozen_row(
-                    "aggregate C1 (decode tok/s, geomean)",
+            if stat and stat.get("control_level") and stat.get("cell_level"):
+                aggregate = (stat["control_level"], stat["cell_level"])
+            else:
+                aggregate = (
                     cell_value(cells, control, state, FROZEN_METRIC),
                     cell_value(cells, cell, state, FROZEN_METRIC),
-                    stat,
                 )
-            ]
+            rows = [_frozen_row("aggregate C1 (decode tok/s, geomean)", *aggregate, stat)]
             if not domains.empty:
+                paired = _paired(domains, control, cell, state)
                 for domain in sorted(set(domains["domain"].astype(str))):
-                    pick = domains[
-                        (domains["domain"] == domain) & (domains["cache_state"] == state)
-                    ]
+                    pick = paired[paired["domain"] == domain]
                     rows.append(
                         _frozen_row(
                             f"{domain} C1",
@@ -403,13 +424,17 @@ def frozen_map_tables(
                             median_of(pick[pick["cell"] == cell]["decode_tok_s"]),
                         )
                     )
-            rows.append(
-                _frozen_row(
-                    "first request after boot",
-                    cell_value(cells, control, state, "first_request_tok_s"),
-                    cell_value(cells, cell, state, "first_request_tok_s"),
-                )
+            first: tuple[float | None, float | None] = (
+                cell_value(cells, control, state, "first_request_tok_s"),
+                cell_value(cells, cell, state, "first_request_tok_s"),
             )
+            if not ok.empty and "first_request_tok_s" in ok.columns:
+                paired = _paired(ok, control, cell, state)
+                first = (
+                    median_of(paired[paired["cell"] == control]["first_request_tok_s"]),
+                    median_of(paired[paired["cell"] == cell]["first_request_tok_s"]),
+                )
+            rows.append(_frozen_row("first request after boot", *first))
             tables.append(FrozenMapTable(cell, control, state, tuple(rows)))
     return tables
 
@@ -546,7 +571,7 @@ def build_seed_tables(
     """Every seed table from the campaign's cell, shift, domain, comparison and run tables."""
     return SeedTables(
         recovery=recovery_ladder(card, cells, shifts),
-        frozen_map=tuple(frozen_map_tables(card, cells, domains, comparisons)),
+        frozen_map=tuple(frozen_map_tables(card, cells, domains, comparisons, runs)),
         policy=tuple(policy_table(card, cells)),
         predicted=predicted,
         swap_cost=tuple(swap_cost_table(card, runs)) if runs is not None else (),

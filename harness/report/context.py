@@ -210,6 +210,14 @@ def _cpu_model(text: str) -> str:
     return text.splitlines()[0][:120] if text else ""
 
 
+# The methods line, from design.boot: what a block's runtime shared with the blocks around it.
+BOOT_WORDS = {
+    "per-block": "each run its own boot",
+    "per-cycle": "the four blocks of a cycle on one boot, switched by live knobs",
+    "per-campaign": "every run of a box on one boot, switched by live knobs",
+}
+
+
 def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
     """The executed order as blocks (arm, cell, cache state, status), one strip per box."""
     card = analysis.card
@@ -249,6 +257,7 @@ def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
     return {
         "order": card.design.order,
         "boot": card.design.boot,
+        "boot_words": BOOT_WORDS[card.design.boot],
         "boots": _boot_groups(analysis, strips) if card.design.boot != "per-block" else [],
         # What was planned, which an extended campaign (--resume --cycles) raised past the card.
         "cycles": analysis.campaign.plan().get("cycles", card.design.cycles),

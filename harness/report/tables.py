@@ -366,8 +366,8 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
         metric = c.metric
         info = METRICS.get(metric)
         unit = info.unit if info else ""
-        control_value = _cell_value(analysis, item.vs, state, metric)
-        cell_value = _cell_value(analysis, item.cell, state, metric)
+        # The paired blocks' levels, weighted as the ratio is: one control per row.
+        control_value, cell_value = fmt.finite(c.control_level), fmt.finite(c.cell_level)
         lo, hi = fmt.finite(c.ci_low), fmt.finite(c.ci_high)
         warnings = [w for w in (*c.warnings, *item.dropped_cycles) if w]
         notes = [c.reason] if c.reason else []

@@ -116,6 +116,10 @@ class Comparison:
     model: CarryOver | None = None  # None with too few blocks for the model
     washed: bool = False  # every block followed a washout of its own arm
     variance: VarianceComponents | None = None
+    # The paired blocks' levels, geometric and weighted as D̄ is: cell_level ÷ control_level is
+    # exactly ``ratio``, so a row showing them beside it can never point the other way.
+    control_level: float | None = None
+    cell_level: float | None = None
 
     @property
     def reason(self) -> str | None:
@@ -539,6 +543,7 @@ def compare_cycles(
     carried = carry.carried or carry.unchecked
     pairs = pair_effects(cycles)
     ci95, ci90 = est.ci95, est.ci90
+    control_level, cell_level = paired_levels(cycles, est.effect.weights)
     return Comparison(
         metric=metric,
         ratio=math.exp(est.mean),
@@ -567,7 +572,19 @@ def compare_cycles(
         model=carry.model,
         washed=carry.washed,
         variance=carry.variance,
+        control_level=control_level,
+        cell_level=cell_level,
     )
+
+
+def paired_levels(cycles: Sequence[Cycle], weights: Sequence[float]) -> tuple[float, float]:
+    """The control's and the cell's level over the paired blocks: exp of each arm's block mean,
+    weighted per cycle as D̄ is (so cell ÷ control = exp(D̄) exactly)."""
+    w = np.asarray(weights, dtype=np.float64)
+    arms = np.asarray([c.arms() for c in cycles], dtype=np.float64)
+    control = float(w @ (0.5 * (arms[:, 0] + arms[:, 1])))
+    cell = float(w @ (0.5 * (arms[:, 2] + arms[:, 3])))
+    return math.exp(control), math.exp(cell)
 
 
 def _spread_floor(
