@@ -1,9 +1,9 @@
 """Section titles that say what the campaign varied, not which seed the table's shape is from.
 
 A campaign may reuse a seed table's shape over another question (a ladder of hot-slot counts
-with adaptation on, in the frozen-map table's shape): the title names the settings the cells
-differ in and whether adaptation was frozen or on, where the cells' knobs say so, and keeps the
-seed section as a reference only.
+with adaptation on, in the frozen-map table's shape): the title names the settings each
+comparison varies against the control and whether adaptation was frozen or on, where the cells'
+knobs say so; the seed a table's shape comes from is not named (it describes another campaign).
 """
 
 from __future__ import annotations
@@ -26,8 +26,20 @@ def _flat(cell: Cell) -> dict[str, str]:
     return flat
 
 
+def varied_against(card: Card, cell: str) -> list[str]:
+    """The settings in which ``cell`` differs from the card's control, in sorted order."""
+    if card.control is None:
+        return []
+    mine, control = _flat(card.cells[cell]), _flat(card.cells[card.control])
+    return sorted(k for k in mine.keys() | control.keys() if mine.get(k) != control.get(k))
+
+
 def varied_settings(card: Card) -> list[str]:
-    """The settings whose value is not the same in every cell, in sorted order."""
+    """What the comparisons vary: the settings in which some cell differs from the control (a
+    companion that differs in a map does not make every comparison a map comparison); without
+    a control, the settings not the same in every cell. Sorted."""
+    if card.control is not None:
+        return sorted({k for cell in card.treatments for k in varied_against(card, cell)})
     flats = [_flat(cell) for cell in card.cells.values()]
     keys = sorted({k for flat in flats for k in flat})
     return [k for k in keys if len({flat.get(k) for flat in flats}) > 1]
@@ -46,18 +58,24 @@ def adaptation(card: Card) -> str | None:
     return "frozen and adaptive cells"
 
 
-def section_title(what: str, card: Card, seed: str) -> str:
-    """``what``, then what the cells varied and the adaptation state, then the seed's shape."""
+def section_title(what: str, card: Card) -> str:
+    """``what``, then what the comparisons vary and the adaptation state (per comparison where
+    they vary different settings)."""
     parts = []
-    varied = varied_settings(card)
-    if varied:
-        parts.append("varied: " + ", ".join(varied))
+    per_cell = {cell: varied_against(card, cell) for cell in card.treatments}
+    kinds = {tuple(v) for v in per_cell.values()}
+    if card.control is not None and len(kinds) > 1:
+        parts.append(
+            "against the control, "
+            + "; ".join(f"{c} varies {', '.join(v) or 'nothing'}" for c, v in per_cell.items())
+        )
     else:
-        parts.append("cells alike in every setting")
+        varied = varied_settings(card)
+        parts.append("varied: " + ", ".join(varied) if varied else "cells alike in every setting")
     state = adaptation(card)
     if state:
         parts.append(state)
-    return f"{what} — {'; '.join(parts)} (in the shape of {seed})"
+    return f"{what} — {'; '.join(parts)}"
 
 
-__all__ = ["adaptation", "section_title", "varied_settings"]
+__all__ = ["adaptation", "section_title", "varied_against", "varied_settings"]

@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness.catalog import METRICS
 from harness.report import fmt
-from harness.report.labels import adaptation
+from harness.report.labels import adaptation, varied_against
 from harness.stats.labels import Label
 
 if TYPE_CHECKING:
@@ -268,7 +268,8 @@ def frozen_map_tables(
                 "control": table.control,
                 "state": table.cache_state,
                 "title": f"{table.control} vs {table.cell}"
-                + ("" if len(states) == 1 else f" ({table.cache_state})"),
+                + ("" if len(states) == 1 else f" ({table.cache_state})")
+                + f": varies {', '.join(varied_against(analysis.card, table.cell)) or 'nothing'}",
                 "rows": rows,
             }
         )

@@ -147,7 +147,7 @@ def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reaso
     card.write_text(card.read_text(encoding="utf-8").replace("policy: adaptive", "policy: frozen"))
     analysis = analyze_campaign(root)
     assert adaptation(analysis.card) == "adaptation frozen"
-    title = section_title("Recovery after domain shifts", analysis.card, "seed 000 §4")
+    title = section_title("Recovery after domain shifts", analysis.card)
     assert "varied: files.rowmap; adaptation frozen" in title
     recovery = tables.recovery_table(analysis)
     assert recovery is not None
@@ -155,3 +155,18 @@ def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reaso
         (t,) = row["t90"]
         assert t["text"] == t["ratio"] == t["t2x"] == "n/a (adaptation frozen)"
         assert t["peak"].endswith("%")  # the cold shares a frozen map is judged on stay
+
+
+def test_titles_say_what_each_comparison_varies_against_the_control() -> None:
+    """The queue-rate ladder varies drain_every in its rungs and the map only in its stale
+    companion: no title calls the rungs a map comparison, and none names a seed's shape."""
+    from harness.card import load_card
+    from harness.report.labels import section_title, varied_against
+
+    card = load_card(Path(__file__).resolve().parents[2] / "campaigns/queue-rate-ladder.yaml").card
+    assert varied_against(card, "b2-4x") == ["knobs.drain_every"]
+    assert varied_against(card, "stale-b0") == ["files.rowmap"]
+    title = section_title("Map comparison, held-out prompts", card)
+    assert "b1-2x varies knobs.drain_every" in title
+    assert "stale-b0 varies files.rowmap" in title
+    assert "shape of" not in title
