@@ -269,7 +269,7 @@ def frozen_map_tables(
                 "state": table.cache_state,
                 "title": f"{table.control} vs {table.cell}"
                 + ("" if len(states) == 1 else f" ({table.cache_state})")
-                + f": varies {', '.join(varied_against(analysis.card, table.cell)) or 'nothing'}",
+                + f" (varies {', '.join(varied_against(analysis.card, table.cell)) or 'nothing'})",
                 "rows": rows,
             }
         )
