@@ -12,7 +12,7 @@ import hashlib
 import math
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,9 @@ class Verdict:
     passed: bool
     gates: list[GateResult]
     incomplete_runs: list[str]
+    # Cells compared with the control that no better or survives gate decides on: whatever
+    # their comparisons say, the verdict did not ask.
+    ungated: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -72,6 +75,18 @@ class Verdict:
         if failing and all(g.undecided for g in failing) and not self.incomplete_runs:
             return "undecided"
         return "fail"
+
+    @property
+    def ungated_text(self) -> str:
+        """What a verdict did not decide, for the banner, the terminal and record.md; ""
+        when every compared cell is gated."""
+        if not self.ungated:
+            return ""
+        cells = ", ".join(self.ungated)
+        return (
+            f"no gate asks whether {cells} beat{'s' if len(self.ungated) == 1 else ''} the "
+            "control: their comparisons are reported, not decided, by this verdict"
+        )
 
     @property
     def word(self) -> str:
@@ -97,6 +112,7 @@ class Verdict:
             "passed": self.passed,
             "outcome": self.outcome,
             "incomplete_runs": self.incomplete_runs,
+            "ungated": self.ungated,
             "gates": [asdict(g) for g in self.gates],
         }
 
@@ -438,7 +454,22 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         results.append(cohorts)
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
     passed = bool(results) and all(r.passed for r in results) and not incomplete
-    return Verdict(analysis.card.campaign, passed, results, incomplete)
+    return Verdict(analysis.card.campaign, passed, results, incomplete, ungated_cells(analysis))
+
+
+def ungated_cells(analysis: CampaignAnalysis) -> list[str]:
+    """The compared cells no gate asks about: no better or survives gate covers them (a
+    regression gate asks about history, not the control), so a PASS says nothing of whether
+    they beat the control."""
+    card = analysis.card
+    if card.control is None:
+        return []
+    asked: set[str] = set()
+    for gate in card.gates:
+        if isinstance(gate, BetterGate | SurvivesGate):
+            asked.update(gate_cells(gate, analysis, treatments_only=True))
+    compared = sorted({c.cell for c in analysis.comparisons})
+    return [cell for cell in compared if cell not in asked]
 
 
 def incomplete_text(verdict: Verdict) -> str:

@@ -95,6 +95,7 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
         "problem_runs": problem_runs,
         "incomplete_runs": list(verdict.incomplete_runs),
         "soak_failed": soak_failed,
+        "ungated": verdict.ungated_text,
     }
 
 

@@ -142,6 +142,7 @@ def _header(context: dict[str, Any]) -> list[str]:
         f"harness {context['harness_version']}, last run ended {context['recorded_at']}."
         + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
         "",
+        *([f"**Not decided here:** {_md(verdict['ungated'])}.", ""] if verdict["ungated"] else []),
     ]
 
 

@@ -216,7 +216,10 @@ def print_verdict(verdict: Verdict, out: TextIO) -> None:
         table.add_row("(none)", FAIL, "the card declares no gates")
     if verdict.incomplete_runs:
         table.add_row("(campaign) runs complete", FAIL, shown(incomplete_text(verdict)))
-    _console(out, 140).print(table)
+    console = _console(out, 140)
+    console.print(table)
+    if verdict.ungated_text:
+        console.print(f"not decided here: {shown(verdict.ungated_text)}")
 
 
 def label_tally(labels: list[str], passed: bool) -> str:

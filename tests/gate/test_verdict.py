@@ -5,6 +5,7 @@ Campaigns are built on disk by :mod:`tests.gate.campaigns` and gated without boo
 
 from __future__ import annotations
 
+import io
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -155,3 +156,28 @@ def test_cli_gate_on_a_folder_that_is_not_a_campaign_is_bad_input(tmp_path: Path
     result = run_cli("gate", str(tmp_path))
     assert result.code == 2
     assert "not a campaign directory (no plan.json)" in result.stderr
+
+
+def test_a_pass_says_which_comparisons_no_gate_asked_about(tmp_path: Path) -> None:
+    """Gates on exact outputs and a counter can pass a campaign whose cells are all slower: the
+    verdict (verdict.json, the terminal, record.md and the banner) says no gate asked."""
+    from harness.report import build_context
+    from harness.report.record import render_record
+    from harness.report.terminal import print_verdict
+
+    gates = "  - {kind: exact_outputs}\n  - {kind: counter, counter: swaps, max: 0}"
+    text = card_text(gates, cycles=2, cells=("control", "slow", "slower"))
+    campaign = build_campaign(tmp_path / "ladder", text, Synth(speed=faster(0.8)))
+    analysis = analyze_campaign(campaign.root)
+    verdict = evaluate_gates(analysis)
+    assert verdict.passed and verdict.ungated == ["slow", "slower"]
+    write_verdict(verdict, campaign.root)
+    assert json.loads((campaign.root / "verdict.json").read_text())["ungated"] == ["slow", "slower"]
+    out = io.StringIO()
+    print_verdict(verdict, out)
+    assert "not decided here: no gate asks whether slow, slower beat the control" in out.getvalue()
+    context = build_context(campaign.root, analysis, verdict, figures=False)
+    assert "**Not decided here:** no gate asks whether slow, slower beat" in render_record(context)
+    gated = card_text(gates + "\n  - {kind: better, metric: decode_tok_s}", cycles=2)
+    other = build_campaign(tmp_path / "gated", gated, Synth(speed=faster(1.5)))
+    assert evaluate_gates(analyze_campaign(other.root)).ungated == []
