@@ -19,19 +19,23 @@ RECORD_NAME = "record.md"
 
 # Text from a card, a profile, a prompt or a runtime is data: rendered where markdown allows raw
 # HTML (mkdocs, IDE previews, code review), `<script>`, `<!--` or a forged `# … PASS` heading
-# would run or hide the record. HTML's three characters become entities; what markdown reads as
-# code, emphasis, a table border, a link or an image (`](`, `![`) is backslash-escaped; a newline
-# is a space, so no value starts a line of its own. Our own figures ("1.160", "[0.95, 1.05]")
-# read the same in the file as in the page.
-_HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+# would run or hide the record. What could open a tag, a comment or an entity becomes an entity
+# ("<" before a letter, "/", "!" or "?"; "&" before "name;" — an entity works in every
+# renderer, where "\<" is literal in CommonMark but not in Python-Markdown); "<=", "->" and a
+# lone "&" stay as written, so the raw file reads as the page does. What markdown reads as code,
+# emphasis, a table border, a link or an image (`](`, `![`) is backslash-escaped; a newline is a
+# space, so no value starts a line of its own. Our own figures ("1.160", "[0.95, 1.05]") read
+# the same in the file as in the page.
+_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?\w+;)")
+_ENTITY = {"<": "&lt;", "&": "&amp;"}
 _MARKDOWN = re.compile(r"([\\`*~|])|\](?=\()|!(?=\[)")
 # What starts a block at the start of a line: a heading, a list, a quote, a rule, "1." or "1)".
-_LINE_START = re.compile(r"^(?:([-+=#])|(\d+)([.)]))")
+_LINE_START = re.compile(r"^(?:([-+=#>])|(\d+)([.)]))")
 
 
 def _md(text: Any, *, line_start: bool = False) -> str:
     """Card or runtime text made inert for markdown; ``line_start`` when it begins a line."""
-    flat = " ".join(str(text).split()).translate(_HTML)
+    flat = _HTML.sub(lambda m: _ENTITY[m[0]], " ".join(str(text).split()))
     flat = _MARKDOWN.sub(lambda m: "\\" + m[0] if m[1] or m[0] == "!" else "]\\", flat)
     if line_start:
         flat = _LINE_START.sub(lambda m: f"\\{m[1]}" if m[1] else f"{m[2]}\\{m[3]}", flat)

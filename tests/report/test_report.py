@@ -278,7 +278,7 @@ def test_hostile_prompt_and_output_text_is_escaped(tiny_root: Path, tmp_path: Pa
     record = (root / "record.md").read_text()
     assert "<script>" not in record and "<img" not in record and "<!--" not in record
     assert "](javascript:" not in record and "\n# 2026-12-01 forged" not in record
-    assert "&lt;script&gt;alert('x')&lt;/script&gt;" in record
+    assert "&lt;script>alert('x')&lt;/script>" in record  # inert, and no more escaped than that
 
 
 def test_failed_and_missing_runs_are_shown(tiny_root: Path, tmp_path: Path) -> None:
