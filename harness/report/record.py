@@ -78,8 +78,9 @@ def _recovery(recovery: dict[str, Any]) -> list[str]:
         ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
          "peak cold share", "converged cold share", "T2x"],
         [
-            [r["name"] + (" (control)" if r["control"] else ""), t["direction"], t["text"],
-             t["range"], t["ratio"], t["peak"], t["converged"], t["t2x"]]
+            [r["name"] + (" (control)" if r["control"] else "") + _marks(r["note_ids"]),
+             t["direction"], t["text"], t["range"], t["ratio"], t["peak"], t["converged"],
+             t["t2x"]]
             for r in recovery["rows"]
             for t in r["t90"]
         ],
@@ -93,8 +94,13 @@ def _recovery(recovery: dict[str, Any]) -> list[str]:
             for r in recovery["rows"]
         ],
     )  # fmt: skip
-    out += [f"{i}. {_md(n)}" for i, n in enumerate(recovery["notes"], 1)]
+    out += [f"- ⚠{i} {_md(n)}" for i, n in enumerate(recovery["notes"], 1)]
     return [*out, ""] if recovery["notes"] else out
+
+
+def _marks(note_ids: Sequence[int]) -> str:
+    """The row's footnote markers, as the page shows them (⚠3 ⚠4: notes 3 and 4 below)."""
+    return "".join(f" ⚠{i}" for i in note_ids)
 
 
 def _frozen(table: dict[str, Any], title: str) -> list[str]:

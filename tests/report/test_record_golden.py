@@ -90,9 +90,11 @@ def test_record_and_page_show_the_same_recovery_and_swap_rows(
     on_page = _page_rows(page, "recovery")
     assert len(recovery) == len(on_page) == 2
     for mine, theirs in zip(recovery, on_page, strict=True):
-        # The page's cell column carries the description and the note marks; the numbers agree.
+        # The page's cell column carries the description too; the numbers and the note marks
+        # (tying each footnote to its row) agree.
         assert mine[1:] == theirs[1:], (mine, theirs)
-        assert theirs[0].startswith(mine[0].removesuffix(" (control)"))
+        assert re.findall(r"⚠\d+", mine[0]) == re.findall(r"⚠\d+", theirs[0]) != []
+        assert theirs[0].startswith(mine[0].split(" ")[0])
     swap = _rows(record, "## Swap cost")
     swap_page = _page_rows(page, "swap-cost")
     assert [r[1:] for r in swap] == [r[1:] for r in swap_page]
