@@ -77,6 +77,8 @@ def test_a_washed_demo_is_decided_on_the_deployed_effect(tmp_path: Path) -> None
     result = run_cli("gate", str(root))
     assert result.code == 0, result.stderr
     assert_golden("gate.demo-washed.txt", _relative(result.stdout, DIR=root))
+    # record.md says where the sequential design stopped, and at which α, as the page does.
+    assert_golden("record.demo-washed.md", (root / "record.md").read_text(encoding="utf-8"))
 
 
 def test_compare_prints_two_builds_side_by_side(tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ def render_record(context: dict[str, Any]) -> str:
     report's order."""
     out: list[str] = []
     for section in (
-        _header, _machines, _cells, _policy_and_tiers, _seed_sections, _comparison_sections,
+        _header, _machines, _cells, _policy_and_tiers, _seed_sections, _looks, _comparison_sections,
         _cohorts_and_failures, _gates_and_warnings,
     ):  # fmt: skip
         out += section(context)
@@ -258,8 +258,34 @@ def _seed_sections(context: dict[str, Any]) -> list[str]:
     return out
 
 
+def _looks(context: dict[str, Any]) -> list[str]:
+    """A sequential design's looks, as the page shows them: where it stopped and at which α."""
+    looks = context.get("looks")
+    if not looks:
+        return []
+    out = [
+        "## Sequential looks",
+        "",
+        f"Looks at {', '.join(str(n) for n in looks['scheduled'])} cycles, up to "
+        f"{looks['max_cycles']}; each look decides at its nominal level, from Lan–DeMets "
+        f"O'Brien–Fleming-type spending of α = {looks['alpha']} over the looks taken. This "
+        f"analysis is at look {looks['look']} ({looks['cycles']} cycles, nominal α "
+        f"{looks['nominal_text']}); the comparisons below use that level.",
+        "",
+    ]
+    if looks["rows"]:
+        out += _table(
+            ["look", "cycles", "information", "nominal α", "comparison", "ratio", "CI", "label",
+             "decision"],
+            [[r["look"], r["cycles"], r["information"], r["nominal"], r["comparison"], r["ratio"],
+              r["ci"], r["label"], r["decision"]] for r in looks["rows"]],
+        )  # fmt: skip
+    return out
+
+
 def _comparison_sections(context: dict[str, Any]) -> list[str]:
-    out = ["## Timing comparisons (ratio cell / control, 95% interval, label)", ""]
+    level = "interval at the look's nominal α" if context.get("looks") else "95% interval"
+    out = [f"## Timing comparisons (ratio cell / control, {level}, label)", ""]
     out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
     out += ["## Deterministic evidence (drift cannot move it)", ""]
     if context["deterministic_rows"]:
