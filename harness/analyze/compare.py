@@ -269,6 +269,8 @@ def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, obj
                 "bootstrap_low": _finite(c.bootstrap_ci[0]) if c.bootstrap_ci else None,
                 "bootstrap_high": _finite(c.bootstrap_ci[1]) if c.bootstrap_ci else None,
                 "cycles_needed": c.cycles_needed,
+                "cycles_needed_low": c.cycles_needed_range[0] if c.cycles_needed_range else None,
+                "cycles_needed_high": c.cycles_needed_range[1] if c.cycles_needed_range else None,
                 "warnings": " | ".join(c.warnings + tuple(item.dropped_cycles)),
                 "deterministic": METRICS[c.metric].deterministic,
                 "carry_over": c.carry_over_explains,

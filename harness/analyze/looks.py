@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from harness.card import Card
+from harness.stats.power import needed_words
 from harness.stats.sequential import SequentialPlan, spent
 
 LOOK_EVENT = "look"
@@ -50,13 +51,14 @@ class LookState:
             "can decide it; extending this one would spend α the design does not have"
         )
 
-    def more_cycles(self, needed: int) -> str:
+    def more_cycles(self, needed: int, span: tuple[int, int] | None = None) -> str:
         """Advice for ``needed`` cycles in all that this design allows: never an extension past
         max_cycles, which the design forbids (α is spent there)."""
+        words = needed_words(needed, span)
         if needed <= self.max_cycles:
-            return f"about {needed} cycles would be needed"
+            return words
         return (
-            f"about {needed} cycles would be needed, past this design's max_cycles "
+            f"{words}, past this design's max_cycles "
             f"{self.max_cycles}: start a new campaign with max_cycles >= {needed}"
         )
 

@@ -359,13 +359,12 @@ def _better_in(
                 decided |= c.label != Label.INCONCLUSIVE
                 more = ""
                 # More cycles can only settle an inconclusive comparison, not a worse one.
-                if c.raw_label == Label.INCONCLUSIVE and c.cycles_needed:
-                    needed = c.cycles_needed
+                if c.raw_label == Label.INCONCLUSIVE and c.needed_text and c.cycles_needed:
                     look = analysis.look
                     more = "; " + (
-                        look.more_cycles(needed)
+                        look.more_cycles(c.cycles_needed, c.cycles_needed_range)
                         if look is not None
-                        else f"about {needed} cycles would be needed"
+                        else c.needed_text
                     )
                 reasons.append(f"{key}: {_describe(c)}{more}")
             else:

@@ -384,12 +384,12 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
         if c.variance is not None:
             notes.append(f"more {c.variance.advice} would narrow it most")
         needed = c.cycles_needed
-        if c.label in (Label.INCONCLUSIVE, Label.CONFOUNDED) and needed:
+        if c.label in (Label.INCONCLUSIVE, Label.CONFOUNDED) and needed and c.needed_text:
             look = analysis.look
             notes.append(
-                look.more_cycles(needed)
+                look.more_cycles(needed, c.cycles_needed_range)
                 if look is not None
-                else f"about {needed} cycles would be needed"
+                else c.needed_text
             )
         if lo is None:
             notes.append("no interval (one cycle)")

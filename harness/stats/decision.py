@@ -49,7 +49,13 @@ from harness.stats.labels import (
     label_reason,
     washout_left,
 )
-from harness.stats.power import RESUME_HINT, cycles_to_decide, power_warnings
+from harness.stats.power import (
+    RESUME_HINT,
+    cycles_to_decide,
+    needed_range,
+    needed_words,
+    power_warnings,
+)
 from harness.stats.sequential import SequentialPlan
 
 DEFAULT_MARGIN_PCT = 2.0
@@ -120,6 +126,15 @@ class Comparison:
     # exactly ``ratio``, so a row showing them beside it can never point the other way.
     control_level: float | None = None
     cell_level: float | None = None
+    # How far cycles_needed moves across the spread's 80% interval (harness.stats.power).
+    cycles_needed_range: tuple[int, int] | None = None
+
+    @property
+    def needed_text(self) -> str | None:
+        """ "about N cycles (lo–hi …) would be needed"; None when no count is known."""
+        if not self.cycles_needed:
+            return None
+        return needed_words(self.cycles_needed, self.cycles_needed_range)
 
     @property
     def reason(self) -> str | None:
@@ -574,6 +589,9 @@ def compare_cycles(
         variance=carry.variance,
         control_level=control_level,
         cell_level=cell_level,
+        cycles_needed_range=(
+            needed_range(needed, est.spread, est.mean, delta, alpha, m) if needed else None
+        ),
     )
 
 

@@ -156,6 +156,37 @@ def cycles_to_decide(spread: float, mean: float, delta: float, alpha: float) -> 
     return cycles_within_noise(spread, mean, delta, alpha)
 
 
+def needed_range(
+    needed: int, spread: float | None, mean: float, delta: float, alpha: float, m: int
+) -> tuple[int, int] | None:
+    """How far ``needed`` moves across the spread's 80% interval (χ² on m − 1 df): the count
+    scaled by the plain t-test's counts at the interval's ends. None below 3 cycles (one df
+    bounds nothing) or without a spread. The effect's own uncertainty is not in it (an effect
+    smaller than observed needs more), and the words say so."""
+    if spread is None or spread <= 0 or m < 3:
+        return None
+    df = m - 1
+    low_sd = spread * math.sqrt(df / float(sps.chi2.isf(0.10, df)))
+    high_sd = spread * math.sqrt(df / float(sps.chi2.isf(0.90, df)))
+    middle = cycles_to_decide(spread, mean, delta, alpha)
+    if middle <= 0:
+        return None
+    scale = needed / middle
+    low = max(2, math.floor(cycles_to_decide(low_sd, mean, delta, alpha) * scale))
+    high = max(low, math.ceil(cycles_to_decide(high_sd, mean, delta, alpha) * scale))
+    return low, high
+
+
+def needed_words(needed: int, span: tuple[int, int] | None) -> str:
+    """ "about 12 cycles (8–21 across the spread's 80% interval) would be needed"."""
+    if span is None or span[0] == span[1] == needed:
+        return f"about {needed} cycles would be needed"
+    return (
+        f"about {needed} cycles ({span[0]}–{span[1]} across the spread's 80% interval; more if "
+        "the effect is smaller than observed) would be needed"
+    )
+
+
 def power_warnings(
     metric: str,
     m: int,

@@ -791,3 +791,27 @@ def test_identical_cycle_effects_on_a_timed_metric_give_no_zero_width_interval()
     # A deterministic counter keeps its exact interval.
     exact = compare_cycles(same, metric="hits", bootstrap_resamples=0, drift_sensitive=False)
     assert exact.ci_low == exact.ci_high
+
+
+def test_cycles_needed_carries_the_spreads_uncertainty() -> None:
+    """An inconclusive comparison's "about N cycles" comes with how far N moves across the
+    spread's 80% interval, and says the effect's own uncertainty is not in it."""
+    from harness.stats.power import needed_range
+
+    rng = np.random.default_rng(7)
+    cycles = []
+    for j in range(4):
+        a1, a2, b1, b2 = (4.0 + 0.03 * rng.standard_normal() + (0.02 if k >= 2 else 0.0)
+                          for k in range(4))  # fmt: skip
+        order = "ABBA" if j % 2 == 0 else "BAAB"
+        y = (a1, b1, b2, a2) if order == "ABBA" else (b1, a1, a2, b2)
+        cycles.append(Cycle(j, order, y))
+    c = compare_cycles(cycles, metric="decode_tok_s", margin_pct=1.0)
+    assert c.label == "inconclusive" and c.cycles_needed and c.cycles_needed_range
+    low, high = c.cycles_needed_range
+    assert low <= c.cycles_needed <= high and low < high
+    assert c.needed_text == (
+        f"about {c.cycles_needed} cycles ({low}–{high} across the spread's 80% interval; more "
+        "if the effect is smaller than observed) would be needed"
+    )
+    assert needed_range(10, 0.05, 0.03, 0.02, 0.05, 2) is None  # one df bounds nothing

@@ -93,7 +93,8 @@ def test_better_fails_inconclusive_and_says_how_many_cycles(tmp_path: Path) -> N
                              Synth(speed=_inconsistent), cycles=3))  # fmt: skip
     assert not result.passed
     assert ": inconclusive" in result.reason
-    assert "cycles would be needed" in result.reason
+    assert "across the spread's 80% interval" in result.reason
+    assert "would be needed" in result.reason
     row = result.evidence["treat/warm"]
     assert row["ci_low"] < 1 < row["ci_high"]
 
