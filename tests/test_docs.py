@@ -99,3 +99,21 @@ def test_the_readme_shows_the_verdict_the_golden_file_pins() -> None:
     golden = (REPO / "tests" / "data" / "golden" / "gate.demo-washed.txt").read_text()
     shown = "\n".join(line.rstrip() for line in golden.splitlines())
     assert shown in README, "update the README's verdict block from gate.demo-washed.txt"
+
+
+def test_the_quick_starts_edit_varies_one_setting() -> None:
+    """The quick start's edit asks one question: the cells then differ in one knob only."""
+    from harness.card import load_card
+    from harness.report.labels import varied_against
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quick = readme.split("## Quick start", 1)[1].split("## ", 1)[0]
+    assert "maps/seed.json" in quick and "drain_every: 64" in quick
+    card = load_card(REPO / "campaigns" / "demo.yaml").card
+    stale, seed = card.cells["stale"], card.cells["seed"]
+    cells = {
+        "stale": stale.model_copy(update={"files": dict(seed.files)}),
+        "seed": seed.model_copy(update={"knobs": {**seed.knobs, "drain_every": 64}}),
+    }
+    edited = card.model_copy(update={"cells": cells})
+    assert varied_against(edited, "seed") == ["knobs.drain_every"]

@@ -28,7 +28,13 @@ def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
     root = Path(args.dir)
     concluded = report_campaign(root, figures=not args.no_figures)
-    out.write(f"verdict: {concluded.decision.verdict.word}\nreport: {concluded.report}\n")
+    record = concluded.report.with_name("record.md")
+    out.write(
+        f"verdict: {concluded.decision.verdict.word}\nreport: {concluded.report}\n"
+        f"record: {record}\n"
+        "rewrote report.html and record.md from the records; verdict.json, JUnit and the "
+        "results store are as `harness gate` last wrote them\n"
+    )
     copy = copy_path(root, concluded.decision.analysis.card.campaign)
     if copy is not None:
         out.write(f"copy: {copy}\n")

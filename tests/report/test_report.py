@@ -328,6 +328,8 @@ def test_cli_verb_renders_and_prints_the_path(tiny_root: Path, tmp_path: Path) -
     out = io.StringIO()
     assert args.handler(args, out) == 0
     assert f"report: {root / 'report.html'}" in out.getvalue()
+    assert f"record: {root / 'record.md'}" in out.getvalue()
+    assert "rewrote report.html and record.md from the records" in out.getvalue()
     page = (root / "report.html").read_text()
     assert "Figures were disabled" in page and "data:image/png" not in page
 
