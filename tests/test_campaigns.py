@@ -62,6 +62,22 @@ def _assert_exit_follows_verdict(code: int, root: Path, output: str) -> None:
     assert code == (0 if verdict["passed"] else 1), output
 
 
+def _assert_recovery_measured(root: Path, shifts: pd.DataFrame, cap: int) -> None:
+    """until_recovered: every shift phase ran on until its recovery was measured — a T90 in
+    every run (or nothing to recover from), no phase cut short — and the extension, not scored,
+    stopped as soon as it was, short of its cap in some run."""
+    short = shifts[shifts["notes"].astype(str).str.contains("under converged_span_s")]
+    assert short.empty, short[["run_id", "notes"]]
+    never = shifts[shifts["t90_s"].isna() & ~shifts["notes"].astype(str).str.contains("no excess")]
+    assert never.empty, never[["run_id", "to_phase", "notes"]]
+    extensions = []
+    for path in sorted((root / "runs").glob("*/requests.parquet")):
+        requests = pd.read_parquet(path)
+        shifted = requests[requests["phase"].isin(set(shifts["to_phase"]))]
+        extensions.append(int(shifted["warmup"].sum()))
+    assert extensions and min(extensions) < cap, extensions
+
+
 def test_demo_end_to_end(tmp_path: Path) -> None:
     # The demo as `make demo` runs it, at half its requests (the prose phase still outlasts the
     # stale map's recovery): a sequential design that decides at its first look (4 cycles) or
@@ -96,6 +112,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert comparisons.loc["decode_tok_s", "ratio"] > 1.1
     shifts = pd.read_parquet(root / "analysis" / "shifts.parquet")
     assert set(shifts["from_phase"]) == {"agent"} and set(shifts["to_phase"]) == {"prose"}
+    _assert_recovery_measured(root, shifts, cap=30)
     summary = _summary(root)
     ladder = summary["seed_tables"]["recovery"]
     assert ladder["directions"] == [["agent", "prose"]]
@@ -172,6 +189,8 @@ def test_queue_rate_ladder_runs_end_to_end(tmp_path: Path) -> None:
     shifts = pd.read_parquet(root / "analysis" / "shifts.parquet")
     directions = set(zip(shifts["from_phase"], shifts["to_phase"], strict=True))
     assert directions == {("agent", "prose"), ("prose", "agent-again")}
+    # At a fifth of its requests, each shift phase still runs until T90 is measured.
+    _assert_recovery_measured(root, shifts, cap=80)
     ladder = _summary(root)["seed_tables"]["recovery"]
     assert ladder["directions"] == [["agent", "prose"], ["prose", "agent-again"]]
     assert {r["cell"] for r in ladder["rows"]} == {"b0-shipped", "b1-2x", "b2-4x", "stale-b0"}

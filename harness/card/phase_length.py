@@ -76,6 +76,18 @@ def shift_phase_warnings(loaded: LoadedCard, *, scale: float = 1.0) -> list[str]
         length = estimate_phase(loaded, phase)
         if length.seconds >= minimum:
             continue
+        if phase.until_recovered and length.per_request_s:
+            cap_s = length.seconds + phase.until_recovered * length.per_request_s
+            if cap_s >= minimum:
+                continue  # the extension reaches it: the phase runs until recovery is measured
+            out.append(
+                f"{display_path(loaded.path)}: workload.phases.{phase.name}: even with all "
+                f"{phase.until_recovered} until_recovered requests the shift phase lasts about "
+                f"{cap_s:.1f} s{scaled} ({length.basis}), under the {minimum:g} s T90 needs; "
+                f"raise until_recovered to at least "
+                f"{math.ceil((minimum - length.seconds) / length.per_request_s)}"
+            )
+            continue
         if length.per_request_s:
             need = math.ceil(minimum / length.per_request_s)
             if scale != 1:

@@ -83,6 +83,15 @@ class Phase(Strict):
     )
     requests: int | None = Field(None, ge=1, le=10**7, description="or send this many requests")
     shift: bool = Field(False, description="a domain shift starts this phase (T90 is measured)")
+    until_recovered: int | None = Field(
+        None,
+        ge=1,
+        le=10**7,
+        description="after its requests, keep sending its prompts (not scored) until the "
+        "runtime's cold share has recovered and held, read from its ring while the phase runs, "
+        "at most this many more requests: T90 is then measurable whatever the runtime's speed "
+        "or --scale (a shift phase of requests; needs the ring)",
+    )
     prompt_tokens: int | None = Field(
         None,
         ge=1,
@@ -94,6 +103,11 @@ class Phase(Strict):
     def _one_bound(self) -> Phase:
         if self.duration_s is not None and self.requests is not None:
             raise ValueError("give `duration_s` or `requests`, not both")
+        if self.until_recovered is not None and (not self.shift or self.duration_s is not None):
+            raise ValueError(
+                "until_recovered extends a shift phase of requests: set shift: true, and "
+                "requests (or none: its domains' held-out prompts) instead of duration_s"
+            )
         return self
 
 

@@ -16,6 +16,7 @@ request timeout per remaining request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -23,7 +24,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -99,6 +100,9 @@ class PhasePlan:
     index: int
     items: tuple[WorkItem, ...]
     duration_s: float | None = None
+    # Unscored items cycled after ``items`` while the drive's ``until`` says the phase's
+    # recovery is not measured yet (``until_recovered``); at most this many.
+    extension: tuple[WorkItem, ...] = ()
 
 
 def request_body(spec: DriveSpec, item: WorkItem) -> tuple[str, dict[str, Any]]:
@@ -383,8 +387,12 @@ class _Cursor:
         return item
 
 
+class _Items(Protocol):
+    def next_item(self) -> WorkItem | None: ...
+
+
 async def _timed_worker(
-    cursor: _Cursor, send: Callable[[WorkItem], Awaitable[RequestResult | None]]
+    cursor: _Items, send: Callable[[WorkItem], Awaitable[RequestResult | None]]
 ) -> list[RequestResult]:
     """One of ``concurrency`` workers cycling through a phase's items until its deadline (or
     until ``send`` returns None: the runtime is hung)."""
@@ -399,6 +407,57 @@ async def _timed_worker(
 
 PhaseHook = Callable[[PhasePlan], Awaitable[None]]
 ProgressHook = Callable[[RequestResult], None]
+# Whether a phase's recovery is measured, so its extension can stop (asked every CHECK_EVERY_S).
+UntilHook = Callable[[PhasePlan], Awaitable[bool]]
+CHECK_EVERY_S = 0.5
+
+
+class _Extension:
+    """The unscored items of a phase's extension, handed out until ``stop`` or exhausted."""
+
+    def __init__(self, phase: PhasePlan) -> None:
+        self.items = phase.extension
+        self.position = 0
+        self.stop = asyncio.Event()
+
+    def next_item(self) -> WorkItem | None:
+        if self.stop.is_set() or self.position >= len(self.items):
+            return None
+        item = self.items[self.position]
+        self.position += 1
+        return item
+
+
+async def _extend(
+    phase: PhasePlan,
+    until: UntilHook,
+    concurrency: int,
+    send: Callable[[WorkItem], Awaitable[RequestResult | None]],
+) -> list[RequestResult]:
+    """Send a phase's extension until ``until`` says its recovery is measured (checked first,
+    then every CHECK_EVERY_S while the workers send) or the extension runs out."""
+    extension = _Extension(phase)
+
+    async def watch() -> None:
+        while not extension.stop.is_set():
+            if await until(phase):
+                extension.stop.set()
+                return
+            await asyncio.sleep(CHECK_EVERY_S)
+
+    if await until(phase):
+        return []
+    checker = asyncio.create_task(watch())
+    try:
+        batches = await asyncio.gather(
+            *(_timed_worker(extension, send) for _ in range(concurrency))
+        )
+    finally:
+        extension.stop.set()
+        checker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await checker
+    return [r for batch in batches for r in batch]
 
 
 async def drive(
@@ -409,8 +468,12 @@ async def drive(
     on_result: ProgressHook | None = None,
     origin: float | None = None,
     mark_first: bool = True,
+    until: UntilHook | None = None,
 ) -> list[RequestResult]:
     """Send every phase in order; returns results in completion order within each phase.
+
+    A phase with an ``extension`` is followed by its unscored items while ``until`` says its
+    recovery is not measured yet (none are sent without ``until``).
 
     ``t_start_s`` is measured from ``origin`` (a ``perf_counter`` value; default: now), so a run
     driven in several pieces keeps one time axis. ``mark_first`` flags the earliest request as
@@ -452,6 +515,12 @@ async def drive(
                 )
                 for batch in batches:
                     results.extend(batch)
+            if phase.extension and until is not None and watch.hung is None:
+                results.extend(
+                    await _extend(
+                        phase, until, spec.concurrency, lambda i: limited(i, counted=False)
+                    )
+                )
             if watch.hung is not None:
                 watch.not_sent += sum(len(p.items) for p in phases[index + 1 :] if not p.duration_s)
                 break

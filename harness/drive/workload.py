@@ -28,6 +28,7 @@ def build_phases(loaded: LoadedCard, warmup: bool, count: int | None = None) -> 
         index: int,
         domains: list[str] | None,
         prompt_tokens: int | None = None,
+        unscored: bool = False,
     ) -> WorkItem:
         pool = _interleaved([p for p in heldout if domains is None or p.domain in domains])
         prompt = pool[prompt_index % len(pool)]
@@ -44,7 +45,7 @@ def build_phases(loaded: LoadedCard, warmup: bool, count: int | None = None) -> 
             max_tokens=prompt.max_tokens or workload.max_tokens,
             prompt=text,
             messages=messages,
-            warmup=warmup,
+            warmup=warmup or unscored,
             target_prompt_tokens=prompt_tokens,
         )
 
@@ -62,7 +63,13 @@ def build_phases(loaded: LoadedCard, warmup: bool, count: int | None = None) -> 
         items = tuple(
             item(i, phase.name, index, phase.domains, phase.prompt_tokens) for i in range(count)
         )
-        phases.append(PhasePlan(phase.name, index, items, phase.duration_s))
+        # until_recovered: the phase's prompts again, not scored (every run scores the same
+        # requests), while the runner reads that its recovery is not measured yet.
+        extension = tuple(
+            item(count + i, phase.name, index, phase.domains, phase.prompt_tokens, unscored=True)
+            for i in range(phase.until_recovered or 0)
+        )
+        phases.append(PhasePlan(phase.name, index, items, phase.duration_s, extension))
     if loaded.quality:
         # The quality suite runs last, so its prompts never disturb the timed phases.
         quality = tuple(

@@ -36,7 +36,7 @@ from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
 from harness.boxes.interrupts import deferred, describe, exit_code
 from harness.card import Cell, LoadedCard
 from harness.card.phase_length import washout_requests
-from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, drive
+from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, UntilHook, drive
 from harness.drive.remote import BoxDriver, prepare_drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import HarnessError, InfrastructureError
@@ -44,6 +44,7 @@ from harness.execute.cohorts import CohortBook
 from harness.execute.frames import chunks_frame, requests_frame
 from harness.execute.guard_steps import Guards
 from harness.execute.guards import cohort_key, guards_enabled
+from harness.execute.recovery_watch import RecoveryWatch
 from harness.execute.resume import (
     CHECKPOINT_S,
     CheckpointState,
@@ -588,17 +589,32 @@ class CampaignRunner:
         the next boot needs)."""
         stop_orphans(self.campaign.journal, self.box, self.box_name, self.loaded.box_name)
 
+    def _ring_path(self, state: BootState) -> str | None:
+        """The runtime's ring file on the box, where it writes one with a header."""
+        telemetry = self.loaded.runtime.telemetry
+        if telemetry.ring is None or not telemetry.ring.header:
+            return None
+        context = {"run_dir": state.remote_dir, "port": 0, "python": self.box_spec.python_path()}
+        return render(telemetry.ring.path, context)
+
+    def _recovery_until(self, phases: list[PhasePlan], state: BootState) -> UntilHook | None:
+        """The hook that ends ``until_recovered`` extensions once the ring shows the recovery
+        measured; None when no phase extends or the runtime writes no ring."""
+        ring_path = self._ring_path(state)
+        if ring_path is None or not any(p.extension for p in phases):
+            return None
+        watch = RecoveryWatch(
+            self.box, self.box_spec.python_path(), ring_path, self.loaded.card.analysis
+        )
+
+        async def until(phase: PhasePlan) -> bool:
+            return await asyncio.to_thread(watch.measured, phase.index)
+
+        return until
+
     def _start_monitor(self, runtime: RunningRuntime, state: BootState) -> None:
         """Start draining the ring and sampling memory; journal the boot for a later resume."""
-        telemetry = self.loaded.runtime.telemetry
-        ring_path = None
-        if telemetry.ring is not None and telemetry.ring.header:
-            context = {
-                "run_dir": state.remote_dir,
-                "port": 0,
-                "python": self.box_spec.python_path(),
-            }
-            ring_path = render(telemetry.ring.path, context)
+        ring_path = self._ring_path(state)
         if state.journal is not None:
             state.journal.append(
                 "boot", boot=state.index, pgid=runtime.pgid, remote_dir=state.remote_dir
@@ -630,7 +646,8 @@ class CampaignRunner:
         previous = state.previous
         if state.journal is None:
             state.origin_wall = time.time()
-            results = self._drive(runtime, phases, run, mark_first=not warmups)
+            until = self._recovery_until(phases, state)
+            results = self._drive(runtime, phases, run, mark_first=not warmups, until=until)
             state.results.extend(results)
             state.segments_planned = state.segments_done = 1
             return
@@ -716,6 +733,7 @@ class CampaignRunner:
         *,
         origin: float | None = None,
         mark_first: bool = True,
+        until: UntilHook | None = None,
     ) -> list[RequestResult]:
         if not phases:
             return []
@@ -754,5 +772,6 @@ class CampaignRunner:
                 on_result=on_result,
                 origin=origin,
                 mark_first=mark_first,
+                until=until,
             )
         )

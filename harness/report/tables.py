@@ -213,10 +213,10 @@ T90_DEFINITION = (
     "T90: time from the shift until the cold share ({window_s:g} s windows) enters and stays "
     "(held {hold_s:g} s, to the phase's end) at or below converged + 10% of (peak − converged); "
     'median over runs with "never" (not within the phase) counted as slowest, range = fastest '
-    '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value (no '
-    "T90 exists; such runs are left out). vs control = median ÷ the control's median, with a 95% "
-    "bootstrap interval over runs (∞: the cell's resampled median was never). T2x: the same "
-    "to 2 × converged (0 s when the cold share never exceeded 2 × converged). Peak and "
+    '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value by more '
+    "than the windows' noise (no T90 exists; such runs are left out). vs control = median ÷ "
+    "the control's median, with a 95% bootstrap interval over runs (∞: the cell's resampled "
+    "median was never). T2x: the same to 2 × converged (0 s when the cold share never exceeded 2 × converged). Peak and "
     "converged cold share: medians over runs."
 )
 

@@ -73,10 +73,13 @@ def test_seed_tables_are_in_the_json_and_the_parquet_files(tmp_path: Path) -> No
     assert list(recovery["cell"]) == ["stale", "seed"]
     stale, seed = (row["t90"][0] for row in ladder["rows"])
     assert recovery["t90_median_s"].iloc[0] == pytest.approx(stale["median_s"], rel=1e-9)
-    # Most seed-map runs never recovered within these short phases: "never" is null in JSON
-    # (with never_majority) and infinite in the table, never a number.
-    assert seed["median_s"] is None and seed["never_majority"]
-    assert math.isinf(recovery["t90_median_s"].iloc[1])
+    # The seed map's cold share barely moves at the shift (peak 0.9% beside the stale map's
+    # 12.1%): no excess beyond noise in any run, so T90 is n/a (null), not "never" — which read
+    # as the fitted map recovering slower — and its peak and converged shares are still shown.
+    assert seed["median_s"] is None and not seed["never_majority"]
+    assert seed["no_excess"] == seed["runs"] == 6
+    assert seed["peak_cold_share"] < 0.01 < stale["peak_cold_share"]
+    assert math.isnan(recovery["t90_median_s"].iloc[1])
     policy = pd.read_parquet(root / "analysis" / "policy.parquet")
     assert policy["hit_rate"].tolist() == pytest.approx([r["hit_rate"] for r in tables["policy"]])
     frozen_rows = pd.read_parquet(root / "analysis" / "frozen_map.parquet")

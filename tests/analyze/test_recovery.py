@@ -308,3 +308,32 @@ def test_inter_token_percentiles_from_decode_steps_only() -> None:
     assert summary["itl_p99_ms"] == pytest.approx(np.percentile(np.arange(1, 201), 99))
     assert summary["itl_p50_ms"] == pytest.approx(100.5)
     assert summary["decode_tok_s"] == pytest.approx(200 / (sum(range(1, 201)) / 1000))
+
+
+def test_recovery_is_measured_once_the_converged_span_clears_the_transient() -> None:
+    """until_recovered's stop rule, on the analysis's own definitions: the phase must outlast
+    converged_span_s + hold_s and T90 must end before the converged span begins."""
+    from harness.analyze.recovery import recovery_measured
+
+    before = [0, 0, 0]
+    transient = [40.0, 30.0, 15.0, 5.0]  # 2 s windows after the shift, settling at 5%
+    spec = {"converged_span_s": 4.0, "hold_s": 2.0}
+    ring = _ring_from_windows(before + [1] * 4, [5.0] * 3 + transient)
+    assert not recovery_measured(ring, 1, 2.0, **spec)  # the span would still hold the fall
+    longer = _ring_from_windows(before + [1] * 7, [5.0] * 3 + transient + [5.0] * 3)
+    assert recovery_measured(longer, 1, 2.0, **spec)
+    assert not recovery_measured(longer, 2, 2.0, **spec)  # not the phase that is running
+    flat = _ring_from_windows(before + [1] * 4, [5.0] * 7)  # nothing to recover from
+    assert recovery_measured(flat, 1, 2.0, **spec)
+
+
+def test_a_peak_within_the_windows_noise_is_no_excess() -> None:
+    """A shift whose cold share wobbles by a window-to-window amount has nothing to recover
+    from (T90 n/a, not "never"); a real transient far above that wobble is timed."""
+    wobble = [5.0, 7.0, 5.0, 6.0, 4.0, 6.0, 5.0, 6.0, 5.0, 5.0]
+    (flat,) = phase_recovery(_ring_from_windows([0] * 3 + [1] * 10, [5.0] * 3 + wobble), 2.0)
+    assert not flat.excess and flat.t90_s is None
+    assert "no excess beyond noise" in " ".join(flat.notes)
+    fall = [40.0, 20.0, 9.0, *wobble[3:]]
+    (real,) = phase_recovery(_ring_from_windows([0] * 3 + [1] * 10, [5.0] * 3 + fall), 2.0)
+    assert real.excess and real.t90_s is not None
