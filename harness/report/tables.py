@@ -216,8 +216,8 @@ T90_DEFINITION = (
     '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value by more '
     "than the windows' noise (no T90 exists; such runs are left out). vs control = median ÷ "
     "the control's median, with a 95% bootstrap interval over runs (∞: the cell's resampled "
-    "median was never). T2x: the same to 2 × converged (0 s when the cold share never exceeded 2 × converged). Peak and "
-    "converged cold share: medians over runs."
+    "median was never). T2x: the same to 2 × converged (0 s when the cold share never "
+    "exceeded 2 × converged). Peak and converged cold share: medians over runs."
 )
 
 
