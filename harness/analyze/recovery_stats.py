@@ -63,9 +63,9 @@ def ratio_reason(cell: float | None, control: float | None) -> str | None:
     if math.isinf(cell) and math.isinf(control):
         return "both never recovered"
     if math.isinf(control):
-        return "control never recovered (cell faster)"
+        return "the control's median run never recovered; the cell's did"
     if math.isinf(cell):
-        return "cell never recovered (control faster)"
+        return "the cell's median run never recovered; the control's did"
     if control == 0:
         return "control recovered at once (0 s)"
     return None

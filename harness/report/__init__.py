@@ -169,6 +169,12 @@ def build_context(
         "looks": tables.looks_table(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
+        # A timed phase serves as many requests as the speed allows: counter totals move with it.
+        "deterministic_title": (
+            "Counters (a timed phase: totals move with the requests served; rates do not)"
+            if any(p.duration_s is not None for p in card.workload.phases or [])
+            else "Deterministic evidence (drift cannot move it)"
+        ),
         "campaign_warnings": list(analysis.warnings),
         "mismatches": ctx.mismatch_context(analysis, verdict, pools["texts"]),
         "samples": ctx.sample_outputs(analysis, pools["texts"]),

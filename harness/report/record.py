@@ -287,7 +287,7 @@ def _comparison_sections(context: dict[str, Any]) -> list[str]:
     level = "interval at the look's nominal α" if context.get("looks") else "95% interval"
     out = [f"## Timing comparisons (ratio cell / control, {level}, label)", ""]
     out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
-    out += ["## Deterministic evidence (drift cannot move it)", ""]
+    out += [f"## {context['deterministic_title']}", ""]
     if context["deterministic_rows"]:
         out += _comparisons(context["deterministic_rows"])
     logits = context.get("logit_hashes") or []

@@ -252,7 +252,29 @@ def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
         tally = label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)
         if tally:
             out.write(tally + "\n")
+        unmeasured = unmeasured_shifts(analysis)
+        if unmeasured:
+            out.write(unmeasured + "\n")
     out.write(f"report: {concluded.report}\n")
+
+
+def unmeasured_shifts(analysis: CampaignAnalysis) -> str:
+    """What `run` and `gate` repeat of validate's warning, now measured: shift phases that ended
+    before their recovery was (T90 "never", or a phase shorter than converged_span_s + hold_s);
+    "" when every one was measured."""
+    shifts = analysis.shifts
+    if shifts.empty or "notes" not in shifts.columns:
+        return ""
+    notes = shifts["notes"].astype(str)
+    short = notes.str.contains("under converged_span_s|T90: never recovered", regex=True)
+    if not short.any():
+        return ""
+    runs = shifts.loc[short, "run_id"].nunique()
+    return (
+        f"warning: in {runs} of {shifts['run_id'].nunique()} runs a shift phase ended before its "
+        "recovery was measured (T90 never, or the phase under converged_span_s + hold_s): give "
+        "the shift phases until_recovered (or more requests) so T90 is measured at this speed"
+    )
 
 
 def print_comparisons(analysis: CampaignAnalysis, folder: Path, out: TextIO) -> None:

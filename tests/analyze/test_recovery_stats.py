@@ -34,8 +34,9 @@ def test_median_is_never_from_half_the_runs() -> None:
 
 def test_ratio_reasons_say_why_there_is_no_number() -> None:
     assert ratio_reason(2.0, 4.0) is None
-    assert ratio_reason(2.0, INF) == "control never recovered (cell faster)"
-    assert ratio_reason(INF, 4.0) == "cell never recovered (control faster)"
+    # Which side's median never recovered, not which is faster: the interval says how sure.
+    assert ratio_reason(2.0, INF) == "the control's median run never recovered; the cell's did"
+    assert ratio_reason(INF, 4.0) == "the cell's median run never recovered; the control's did"
     assert ratio_reason(INF, INF) == "both never recovered"
     assert "no measurable shift" in str(ratio_reason(None, 4.0))
 
