@@ -74,18 +74,13 @@ def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
 def _recovery(recovery: dict[str, Any]) -> list[str]:
     """The recovery tables, row for row the report's (the same context entries)."""
     out = [f"## {_md(recovery['title'])}", ""]
-    out += _table(
-        ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
-         "peak cold share", "converged cold share", "T2x"],
-        [
-            [r["name"] + (" (control)" if r["control"] else "") + _marks(r["note_ids"]),
-             t["direction"], t["text"], t["range"], t["ratio"], t["peak"], t["converged"],
-             t["t2x"]]
-            for r in recovery["rows"]
-            for t in r["t90"]
-        ],
-    )  # fmt: skip
-    out += [_md(recovery["definition"], line_start=True), ""]
+    if not recovery["directions"]:
+        out += [
+            "No domain shift in this workload, so no T90: the steady churn and decode speed.",
+            "",
+        ]
+    else:
+        out += _shift_rows(recovery)
     out += _table(
         ["cell", "steady churn", *[f"C1 {p} (converged)" for p in recovery["phases"]],
          "C1 whole run (prompt geomean, run median)"],
@@ -96,6 +91,21 @@ def _recovery(recovery: dict[str, Any]) -> list[str]:
     )  # fmt: skip
     out += [f"- ⚠{i} {_md(n)}" for i, n in enumerate(recovery["notes"], 1)]
     return [*out, ""] if recovery["notes"] else out
+
+
+def _shift_rows(recovery: dict[str, Any]) -> list[str]:
+    out = _table(
+        ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
+         "peak cold share", "converged cold share", "T2x"],
+        [
+            [r["name"] + (" (control)" if r["control"] else "") + _marks(r["note_ids"]),
+             t["direction"], t["text"], t["range"], t["ratio"], t["peak"], t["converged"],
+             t["t2x"]]
+            for r in recovery["rows"]
+            for t in r["t90"]
+        ],
+    )  # fmt: skip
+    return [*out, _md(recovery["definition"], line_start=True), ""]
 
 
 def _marks(note_ids: Sequence[int]) -> str:

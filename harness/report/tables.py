@@ -110,6 +110,13 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     # With adaptation frozen in every cell nothing can recover: a T90 of "never" would read as a
     # slow recovery, so the recovery columns say why they are empty; peak and converged stay.
     frozen = adaptation(analysis.card) == "adaptation frozen"
+    # ...and notes that a frozen map "never recovered" say the same thing twice, louder: kept
+    # out, the others renumbered so each row's marks still point at its notes.
+    notes, numbers = list(ladder.notes), {i: i for i in range(1, len(ladder.notes) + 1)}
+    if frozen:
+        kept = [(i, n) for i, n in enumerate(ladder.notes, 1) if "never recovered" not in n]
+        notes = [n for _, n in kept]
+        numbers = {old: new for new, (old, _) in enumerate(kept, 1)}
     rows = []
     for row in ladder.rows:
         rows.append(
@@ -148,14 +155,14 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                     for p in ladder.phases
                 ],
                 "c1_all": {"value": row.c1_tok_s, "text": fmt.fixed(row.c1_tok_s, 1)},
-                "note_ids": list(row.note_ids),
+                "note_ids": [numbers[i] for i in row.note_ids if i in numbers],
             }
         )
     return {
         "directions": [f"{a}→{b}" for a, b in ladder.directions],
         "phases": list(ladder.phases),
         "rows": rows,
-        "notes": list(ladder.notes),
+        "notes": notes,
         "window_s": ladder.window_s,
         "hold_s": ladder.hold_s,
         "definition": T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s),

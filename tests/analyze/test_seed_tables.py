@@ -119,6 +119,12 @@ def test_hotlist_records_yield_the_policy_table(gated: Callable[[str], Gated]) -
     assert {(r["cell"], r["cache_state"]) for r in policy} == {
         (c, s) for c in ("legacy", "adaptive", "trained") for s in ("warm", "cold")
     }
+    # No shift in this workload: the recovery section says so instead of an empty T90 table.
+    record = (campaign.root / "record.md").read_text(encoding="utf-8")
+    if "## Recovery after" in record:
+        section = record.split("## Recovery after", 1)[1].split("\n## ", 1)[0]
+        assert "No domain shift in this workload, so no T90" in section
+        assert "T90 median" not in section
     # One cycle gives no interval: the TPOT gates cannot promote, and say so; outputs and the
     # swap-out counter still pass. The campaign fails, with exit 1.
     assert campaign.code == 1, campaign.output

@@ -160,6 +160,10 @@ def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reaso
         (t,) = row["t90"]
         assert t["text"] == t["ratio"] == t["t2x"] == "n/a (adaptation frozen)"
         assert t["peak"].endswith("%")  # the cold shares a frozen map is judged on stay
+    # No footnote says a frozen map "never recovered", and every row's marks point at a note.
+    assert not any("never recovered" in n for n in recovery["notes"])
+    marks = [i for row in recovery["rows"] for i in row["note_ids"]]
+    assert all(1 <= i <= len(recovery["notes"]) for i in marks)
 
 
 def test_titles_say_what_each_comparison_varies_against_the_control() -> None:
