@@ -112,12 +112,21 @@ def measured_costs(analysis: CampaignAnalysis) -> MeasuredCosts:
 
 
 def decision_needs(analysis: CampaignAnalysis) -> list[Need]:
-    """The gated comparisons with a measured spread (two cycles or more)."""
+    """The gated comparisons with a measured spread (two cycles or more). A card that gates on
+    no metric (a ladder that reports its rungs and gates outputs) is priced on every comparison
+    it reports, each named "(not gated)"."""
     gated = set(gated_metrics(analysis.card))
+    measured = [
+        item
+        for item in analysis.comparisons
+        if item.comparison.sd_log_effect is not None and item.comparison.mean_log_effect is not None
+    ]
+    chosen = [item for item in measured if item.comparison.metric in gated] or measured
+    suffix = "" if any(i.comparison.metric in gated for i in chosen) else " (not gated)"
     needs: list[Need] = []
-    for item in analysis.comparisons:
+    for item in chosen:
         c = item.comparison
-        if c.metric not in gated or c.sd_log_effect is None or c.mean_log_effect is None:
+        if c.sd_log_effect is None:
             continue
         share = 0.0
         if c.variance is not None and c.variance.prompt is not None:
@@ -125,7 +134,7 @@ def decision_needs(analysis: CampaignAnalysis) -> list[Need]:
             share = c.variance.prompt / total if total > 0 else 0.0
         needs.append(
             Need(
-                name=f"{c.metric} {item.cell} vs {item.vs} ({item.cache_state})",
+                name=f"{c.metric} {item.cell} vs {item.vs} ({item.cache_state}){suffix}",
                 mean=c.mean_log_effect,
                 spread=c.sd_log_effect,
                 margin=c.margin_log,
@@ -135,9 +144,9 @@ def decision_needs(analysis: CampaignAnalysis) -> list[Need]:
         )
     if not needs:
         raise BadInput(
-            f"{analysis.campaign.root}: no gated comparison with two cycles or more; --from "
-            "needs a finished campaign whose card gates on a metric (better/survives) and that "
-            "ran at least 2 cycles"
+            f"{analysis.campaign.root}: no comparison with two cycles or more; --from "
+            "needs a finished campaign that ran at least 2 cycles (its gated comparisons are "
+            "priced, or every comparison where it gates none)"
         )
     return needs
 

@@ -73,3 +73,17 @@ def test_from_a_one_cycle_campaign_says_what_it_needs() -> None:
     result = run_cli("plan", "campaigns/queue-rate-ladder.yaml", "--from", str(ladder))
     assert result.code == 2, result.stderr
     assert "at least 2 cycles" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_card_that_gates_no_metric_is_priced_on_what_it_reports(tmp_path: Path) -> None:
+    """The queue-rate ladder gates outputs and swap-out only: `plan --from` prices the
+    comparisons it reports instead of refusing, and names them as not gated."""
+    from harness.analyze.campaign import analyze_campaign
+    from harness.analyze.design_cost import decision_needs
+    from tests.gate.campaigns import Synth, build_campaign, card_text, faster
+
+    text = card_text("  - {kind: exact_outputs}", cycles=2, cells=("control", "rung"))
+    campaign = build_campaign(tmp_path / "ladder", text, Synth(speed=faster(1.2)))
+    needs = decision_needs(analyze_campaign(campaign.root))
+    assert needs and all(n.name.endswith("(not gated)") for n in needs)
+    assert any(n.name.startswith("decode_tok_s rung vs control") for n in needs)
