@@ -407,9 +407,20 @@ async def _timed_worker(
 
 PhaseHook = Callable[[PhasePlan], Awaitable[None]]
 ProgressHook = Callable[[RequestResult], None]
-# Whether a phase's recovery is measured, so its extension can stop (asked every CHECK_EVERY_S).
-UntilHook = Callable[[PhasePlan], Awaitable[bool]]
 CHECK_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class UntilHook:
+    """What ends a phase's ``until_recovered`` extension: ``measured`` says whether its recovery
+    is measured (asked first, then every CHECK_EVERY_S). ``begins`` and ``ends`` bracket the
+    requests it sends (called only when it sends any), so the runner can leave them out of the
+    run's counters: the extension runs on until the ring shows recovery, a length that differs
+    from run to run, and its prompts would otherwise dilute every counted rate."""
+
+    measured: Callable[[PhasePlan], Awaitable[bool]]
+    begins: Callable[[PhasePlan], Awaitable[None]] | None = None
+    ends: Callable[[PhasePlan], Awaitable[None]] | None = None
 
 
 class _Extension:
@@ -440,13 +451,15 @@ async def _extend(
 
     async def watch() -> None:
         while not extension.stop.is_set():
-            if await until(phase):
+            if await until.measured(phase):
                 extension.stop.set()
                 return
             await asyncio.sleep(CHECK_EVERY_S)
 
-    if await until(phase):
+    if await until.measured(phase):
         return []
+    if until.begins is not None:
+        await until.begins(phase)
     checker = asyncio.create_task(watch())
     try:
         batches = await asyncio.gather(
@@ -457,6 +470,8 @@ async def _extend(
         checker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await checker
+        if until.ends is not None:
+            await until.ends(phase)
     return [r for batch in batches for r in batch]
 
 

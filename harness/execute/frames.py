@@ -97,23 +97,31 @@ def counters_record(
     swap_before: int | None,
     swap_after: int | None,
     previous: CheckpointState | None,
+    unscored: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``counters.json`` of a run: counters before and after its scored workload, and the delta.
 
     The delta adds the new swap-out pages and, for a resumed run, what each earlier boot counted
-    up to its last checkpoint.
+    up to its last checkpoint; it leaves out ``unscored``, what the counters grew by while
+    ``until_recovered`` extensions ran (kept beside it as ``unscored``).
     """
-    delta = _delta(before, after)
+    delta = counter_delta(before, after)
+    if unscored:
+        for key, value in unscored.items():
+            if key in delta:
+                delta[key] -= value
     if swap_before is not None and swap_after is not None:
         delta["new_swapout_pages"] = swap_after - swap_before
     payload: dict[str, Any] = {"before": before, "after": after, "delta": delta}
+    if unscored is not None:
+        payload["unscored"] = unscored
     if previous is not None:
         # A resumed run: each earlier boot adds what it counted up to its last checkpoint.
         per_boot = []
         for earlier in previous.boots:
             if not earlier.segments:
                 continue
-            counted = _delta(earlier.counters_before, earlier.counters_last)
+            counted = counter_delta(earlier.counters_before, earlier.counters_last)
             if earlier.swap_before is not None and earlier.swap_last is not None:
                 counted["new_swapout_pages"] = earlier.swap_last - earlier.swap_before
             per_boot.append({"boot": earlier.boot, "delta": counted})
@@ -124,7 +132,7 @@ def counters_record(
     return payload
 
 
-def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
+def counter_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
     """How much each numeric counter grew; nothing when either scrape failed (a dead runtime)."""
     if before is None or after is None:
         return {}

@@ -41,7 +41,7 @@ from harness.drive.remote import BoxDriver, prepare_drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import HarnessError, InfrastructureError
 from harness.execute.cohorts import CohortBook
-from harness.execute.frames import chunks_frame, requests_frame
+from harness.execute.frames import chunks_frame, counter_delta, requests_frame
 from harness.execute.guard_steps import Guards
 from harness.execute.guards import cohort_key, guards_enabled
 from harness.execute.recovery_watch import RecoveryWatch
@@ -482,7 +482,9 @@ class CampaignRunner:
             before = {**(before or {}), **dict.fromkeys(recorded, 0.0)}
             after = {**(after or {}), **recorded}
         swap_after = self.box.swapout_pages()
-        self.records.write_counters(local_dir, before, after, swap_before, swap_after, previous)
+        self.records.write_counters(
+            local_dir, before, after, swap_before, swap_after, previous, state.unscored
+        )
         failures = [r for r in state.results if not r.ok and not r.warmup]
         failures_before = self._previous_failures(local_dir, previous)
         if failures or failures_before:
@@ -597,20 +599,42 @@ class CampaignRunner:
         context = {"run_dir": state.remote_dir, "port": 0, "python": self.box_spec.python_path()}
         return render(telemetry.ring.path, context)
 
-    def _recovery_until(self, phases: list[PhasePlan], state: BootState) -> UntilHook | None:
+    def _recovery_until(
+        self, runtime: RunningRuntime, phases: list[PhasePlan], state: BootState
+    ) -> UntilHook | None:
         """The hook that ends ``until_recovered`` extensions once the ring shows the recovery
-        measured; None when no phase extends or the runtime writes no ring."""
+        measured, and takes the counters on each side of what an extension sends so the run's
+        counters leave it out; None when no phase extends or the runtime writes no ring."""
         ring_path = self._ring_path(state)
         if ring_path is None or not any(p.extension for p in phases):
             return None
         watch = RecoveryWatch(
             self.box, self.box_spec.python_path(), ring_path, self.loaded.card.analysis
         )
+        started: dict[int, dict[str, Any] | None] = {}
 
-        async def until(phase: PhasePlan) -> bool:
+        def counters_now() -> dict[str, Any] | None:
+            try:
+                return _with_log(_counters(runtime), runtime)
+            except (OSError, HarnessError):
+                return None  # a runtime that died: its counters are taken as lost anyway
+
+        async def measured(phase: PhasePlan) -> bool:
             return await asyncio.to_thread(watch.measured, phase.index)
 
-        return until
+        async def begins(phase: PhasePlan) -> None:
+            started[phase.index] = await asyncio.to_thread(counters_now)
+
+        async def ends(phase: PhasePlan) -> None:
+            grew = counter_delta(
+                started.pop(phase.index, None), await asyncio.to_thread(counters_now)
+            )
+            unscored = state.unscored if state.unscored is not None else {}
+            for key, value in grew.items():
+                unscored[key] = unscored.get(key, 0.0) + value
+            state.unscored = unscored
+
+        return UntilHook(measured, begins, ends)
 
     def _start_monitor(self, runtime: RunningRuntime, state: BootState) -> None:
         """Start draining the ring and sampling memory; journal the boot for a later resume."""
@@ -646,7 +670,7 @@ class CampaignRunner:
         previous = state.previous
         if state.journal is None:
             state.origin_wall = time.time()
-            until = self._recovery_until(phases, state)
+            until = self._recovery_until(runtime, phases, state)
             results = self._drive(runtime, phases, run, mark_first=not warmups, until=until)
             state.results.extend(results)
             state.segments_planned = state.segments_done = 1

@@ -81,6 +81,9 @@ class BootState:
     segments_done: int = 0
     keep_runtime: bool = False  # a shared boot the next run uses: not stopped after this run
     boot_run_id: str = ""  # the run whose boot this is (journalled with it), when shared
+    # What the counters grew by during until_recovered extensions (left out of the delta);
+    # None when no extension sent anything.
+    unscored: dict[str, float] | None = None
 
 
 @dataclass
@@ -273,8 +276,9 @@ class Records:
         swap_before: int | None,
         swap_after: int | None,
         previous: CheckpointState | None,
+        unscored: dict[str, float] | None = None,
     ) -> None:
-        payload = counters_record(before, after, swap_before, swap_after, previous)
+        payload = counters_record(before, after, swap_before, swap_after, previous, unscored)
         specs = self.scope.loaded.runtime.telemetry.log_counters
         if specs:
             # Declared but not counted is said, so no reader takes the absence for 0.
