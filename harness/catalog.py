@@ -42,7 +42,7 @@ METRICS: dict[str, MetricInfo] = {
     "cold_share": MetricInfo("", False, "cold lookups / all lookups", True),
     "expert_loads": MetricInfo("", False, "experts read from the slow tier", True),
     "bytes_read": MetricInfo("B", False, "bytes read from the slow tier", True),
-    "t90_s": MetricInfo("s", False, "time after a shift until cold share stays within 10%"),
+    "t90_s": MetricInfo("s", False, "time after a shift until cold share stays near converged"),
     "t2x_s": MetricInfo("s", False, "time after a shift until cold share stays under 2x C"),
     "churn_per_min": MetricInfo("swaps/min", False, "swaps per minute over the converged span"),
 }

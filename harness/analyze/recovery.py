@@ -5,9 +5,10 @@ docs/design.md#runtime-side:
 - cold share = Σcold_lookups / Σlookups per window (default 2 s);
 - converged value C = median of the last window span of a phase; peak P = max after the shift;
 - T90 = time from the shift until the cold share enters and stays (for a hold window) at or
-  below C + 0.10·(P − C); T2x the same for 2·C; speed recovery: decode speed back at ≥ 90 % of
-  its converged value. T90 and T2x are undefined — "n/a (no excess)", never 0 — when P ≤ C:
-  there is no excess to clear, so no time to clear it;
+  below C + max(0.10·(P − C), N), N the late windows' spread; T2x the same for max(2·C, C + N);
+  speed recovery: decode speed back at ≥ 90 % of its converged value. T90 and T2x are
+  undefined — "n/a (no excess)", never 0 — when P ≤ C + N: there is no excess to clear, so no
+  time to clear it;
 - churn = swaps per minute over the converged span;
 - swap cost = mean duration of swap-bearing decode steps ÷ p95 of swap-free decode steps, and
   ms per applied swap (prefill steps excluded on both sides);
@@ -226,13 +227,18 @@ def recovery_time(
     fraction: float = 0.1,
     hold_s: float = DEFAULT_HOLD_S,
     end_t_s: float | None = None,
+    band: float = 0.0,
 ) -> float | None:
-    """T90 (fraction 0.1): time until the series enters and stays at or below C + f·(P − C).
+    """T90 (fraction 0.1): time until the series enters and stays at or below
+    C + max(f·(P − C), band).
 
     ``t_s``/``values`` are the new phase's series (e.g. cold share per window); see
-    :func:`time_to_stay` for "enters and stays". When P ≤ C there is no excess to clear and the
-    recovery time is undefined: this raises BadInput, and :func:`recovery_from_windows` records
-    the shift as "no excess" instead of calling it. None: never recovered.
+    :func:`time_to_stay` for "enters and stays". ``band`` is how far the converged windows
+    themselves stray above C by noise: a threshold inside it would ask the series to stay
+    below its own noise, which it does only by chance. When P ≤ C there is no excess to clear
+    and the recovery time is undefined: this raises BadInput, and
+    :func:`recovery_from_windows` records the shift as "no excess" instead of calling it.
+    None: never recovered.
     """
     if not 0 < fraction < 1:
         raise BadInput(f"fraction: must lie in (0, 1), got {fraction!r}")
@@ -240,7 +246,7 @@ def recovery_time(
         raise BadInput(
             f"recovery_time: no excess (peak {peak!r} <= converged {converged!r}): T90 undefined"
         )
-    threshold = converged + fraction * (peak - converged)
+    threshold = converged + max(fraction * (peak - converged), band)
     return time_to_stay(
         t_s, values, shift_t_s, threshold, below=True, hold_s=hold_s, end_t_s=end_t_s
     )
@@ -299,9 +305,12 @@ def recovery_from_windows(
     """:func:`phase_recovery` over windows already built by :func:`cold_share_windows`.
 
     For each span after the first: C = median cold share of the windows starting in the span's
-    last ``converged_span_s``; P = max cold share in the span; T90 threshold C + f·(P − C), T2x
-    threshold 2·C; converged speed = median decode_tok_s over the same converged windows, and
-    speed recovery = enter-and-stay at ≥ speed_fraction of it.
+    last ``converged_span_s``; P = max cold share in the span; N = the spread of the windows in
+    the span's second half (:func:`_late_spread`, clear of the transient; at most half the
+    excess, so T90 is never looser than T50); T90 threshold C + max(f·(P − C), N), T2x
+    threshold max(2·C, C + N) (a band inside the noise is left only by chance); converged
+    speed = median decode_tok_s over the same converged windows, and speed recovery =
+    enter-and-stay at ≥ speed_fraction of it.
     """
     if converged_span_s <= 0 or hold_s < 0:
         raise BadInput("converged_span_s must be > 0 and hold_s >= 0")
@@ -331,6 +340,11 @@ def recovery_from_windows(
         c_speed = _nan_stat(np.nanmedian, speed[conv])
         floor = _noise_floor(c, share, span["lookups"].to_numpy(dtype=np.float64)[conv])
         excess = not (math.isnan(c) or math.isnan(p)) and p > c + floor
+        late = t >= (shift_t + end_t) / 2.0
+        spread = _late_spread(share[late])
+        if math.isnan(spread):  # too few late windows: the whole phase's noise, conservatively
+            spread = floor
+        band = min(spread, 0.5 * (p - c)) if excess else 0.0
         t90 = t2x = None
         if math.isnan(c) or math.isnan(p):
             notes.append("no lookups in this phase: no cold share")
@@ -344,9 +358,12 @@ def recovery_from_windows(
             notes.append("no excess: the peak does not exceed the converged value (T90 n/a)")
         else:
             t90 = recovery_time(
-                t, share, shift_t, c, p, fraction=fraction, hold_s=hold_s, end_t_s=end_t
+                t, share, shift_t, c, p,
+                fraction=fraction, hold_s=hold_s, end_t_s=end_t, band=band,
+            )  # fmt: skip
+            t2x = time_to_stay(
+                t, share, shift_t, max(2.0 * c, c + band), hold_s=hold_s, end_t_s=end_t
             )
-            t2x = time_to_stay(t, share, shift_t, 2.0 * c, hold_s=hold_s, end_t_s=end_t)
         speed_rec = (
             None
             if math.isnan(c_speed)
@@ -418,7 +435,22 @@ def recovery_measured(
         return not math.isnan(last.converged)  # nothing to recover from: measured as n/a
     if last.t90_s is None:
         return False
-    return last.shift_t_s + last.t90_s <= end_t - converged_span_s
+    # Strictly before: at least some recovered windows lie outside the converged span.
+    return last.shift_t_s + last.t90_s < end_t - converged_span_s
+
+
+def _late_spread(share: FloatArray) -> float:
+    """How far above their median the windows of a phase's second half reach by noise: their
+    window-to-window SD (median absolute successive difference ÷ 0.954) times the expected
+    maximum of that many standard normals, 1 + √(2 ln n); NaN under four windows (no spread to
+    read). A recovery band narrower than this is one the converged windows leave by chance,
+    so whether a run "recovered" would be a coin toss (the demo's fitted map: a 1.1% peak
+    over 0.5% read recovered in one run and "never" in the next)."""
+    values = share[np.isfinite(share)]
+    if values.size < 4:
+        return math.nan
+    sd = float(np.median(np.abs(np.diff(values)))) / 0.954
+    return sd * (1.0 + math.sqrt(2.0 * math.log(values.size)))
 
 
 def _noise_floor(converged: float, share: FloatArray, lookups: FloatArray) -> float:

@@ -218,7 +218,8 @@ FROZEN_TEXT = "n/a (adaptation frozen)"
 # One sentence for the HTML caption and record.md, so both define T90 alike.
 T90_DEFINITION = (
     "T90: time from the shift until the cold share ({window_s:g} s windows) enters and stays "
-    "(held {hold_s:g} s, to the phase's end) at or below converged + 10% of (peak − converged); "
+    "(held {hold_s:g} s, to the phase's end) at or below converged + 10% of (peak − converged), "
+    "or + the late windows' own noise where that is wider (at most half the excess); "
     'median over runs with "never" (not within the phase) counted as slowest, range = fastest '
     '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value by more '
     "than the windows' noise (no T90 exists; such runs are left out). vs control = median ÷ "
