@@ -13,7 +13,7 @@ from harness.card import Card, load_card
 from harness.card.phase_length import request_s
 from harness.errors import PlanError
 from harness.plan.build import Plan, build_plan, extend_plan
-from tests.conftest import DATA, REPO, run_cli
+from tests.conftest import DATA, REPO, run_cli, shipped_card_variant
 
 BASE = load_card(DATA / "cards" / "valid.yaml")
 
@@ -163,12 +163,22 @@ def test_plan_states_its_estimate_basis_and_a_sequential_designs_most_runs() -> 
     assert data["max_runs"] == plan.max_runs() and data["estimate_basis"]
 
 
-def test_a_shift_phase_too_short_for_t90_is_a_warning_at_validate_and_plan() -> None:
+def test_a_shift_phase_too_short_for_t90_is_a_warning_at_validate_and_plan(tmp_path: Path) -> None:
     card = str(REPO / "campaigns" / "demo.yaml")
     shipped = run_cli("validate", card)
     assert shipped.code == 0 and "warning" not in shipped.stdout  # the demo is sized to measure
+    # Its until_recovered extension reaches T90's span even at a quarter of its requests.
+    quarter = run_cli("validate", "--scale", "0.25", card)
+    assert quarter.code == 0 and "warning" not in quarter.stdout, quarter.stdout
+    fixed = shipped_card_variant(
+        "demo.yaml",
+        tmp_path,
+        {
+            ", until_recovered: 30}": "}",
+        },
+    )
     for verb in (["validate"], ["plan"]):
-        quick = run_cli(*verb, "--scale", "0.25", card)
+        quick = run_cli(*verb, "--scale", "0.25", str(fixed))
         assert quick.code == 0, quick.stderr
         text = " ".join(quick.stdout.split())
         assert "workload.phases.prose: shift phase lasts about" in text
