@@ -138,6 +138,14 @@ def test_timed_phases_show_loads_and_bytes_per_request(tmp_path: Path) -> None:
         per_request = values.values["expert_loads"] / values.values["expert_loads_per_request"]
         assert per_request == pytest.approx(round(per_request))  # totals ÷ requests served
         assert row["loads"]["text"].endswith("/request")
+    # Per-run counter totals move with the requests a timed phase served: neither file may call
+    # them drift-proof.
+    render_report(root, analysis, evaluate_gates(analysis), figures=False)
+    record = (root / "record.md").read_text(encoding="utf-8")
+    page = html.unescape((root / "report.html").read_text(encoding="utf-8"))
+    title = "Counters (a timed phase: totals move with the requests served; rates do not)"
+    assert f"## {title}" in record and title in page
+    assert "Deterministic evidence (drift cannot move it)" not in record + page
 
 
 def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reason(
