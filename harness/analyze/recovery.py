@@ -340,11 +340,6 @@ def recovery_from_windows(
         c_speed = _nan_stat(np.nanmedian, speed[conv])
         floor = _noise_floor(c, share, span["lookups"].to_numpy(dtype=np.float64)[conv])
         excess = not (math.isnan(c) or math.isnan(p)) and p > c + floor
-        late = t >= (shift_t + end_t) / 2.0
-        spread = _late_spread(share[late])
-        if math.isnan(spread):  # too few late windows: the whole phase's noise, conservatively
-            spread = floor
-        band = min(spread, 0.5 * (p - c)) if excess else 0.0
         t90 = t2x = None
         if math.isnan(c) or math.isnan(p):
             notes.append("no lookups in this phase: no cold share")
@@ -357,6 +352,10 @@ def recovery_from_windows(
         elif not excess:
             notes.append("no excess: the peak does not exceed the converged value (T90 n/a)")
         else:
+            spread = _late_spread(share[t >= (shift_t + end_t) / 2.0])
+            if math.isnan(spread):  # too few late windows: the whole phase's noise instead
+                spread = floor
+            band = min(spread, 0.5 * (p - c))
             t90 = recovery_time(
                 t, share, shift_t, c, p,
                 fraction=fraction, hold_s=hold_s, end_t_s=end_t, band=band,
@@ -446,11 +445,10 @@ def _late_spread(share: FloatArray) -> float:
     read). A recovery band narrower than this is one the converged windows leave by chance,
     so whether a run "recovered" would be a coin toss (the demo's fitted map: a 1.1% peak
     over 0.5% read recovered in one run and "never" in the next)."""
-    values = share[np.isfinite(share)]
-    if values.size < 4:
+    if np.count_nonzero(np.isfinite(share)) < 4:
         return math.nan
-    sd = float(np.median(np.abs(np.diff(values)))) / 0.954
-    return sd * (1.0 + math.sqrt(2.0 * math.log(values.size)))
+    # The noise floor's own window-to-window part, without its binomial floor (no lookups).
+    return _noise_floor(0.0, share, np.empty(0))
 
 
 def _noise_floor(converged: float, share: FloatArray, lookups: FloatArray) -> float:
