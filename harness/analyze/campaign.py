@@ -487,6 +487,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
             seed=card.design.seed,
             remedy=look.remedy() if look else None,
             sequential=design_plan(card),
+            boxes=card.analysis.boxes,
         )
     flags = []
     for item in comparisons:

@@ -112,8 +112,15 @@ def cell_cycles(
     cycles: list[Cycle] = []
     dropped: list[str] = []
     subset = runs[(runs["comparison"] == cell) & (runs["cache_state"] == state)]
+    fleet = "box" in runs.columns and runs["box"].dropna().nunique() > 1
     for cycle, group in subset.groupby("cycle"):
         pattern = str(group["pattern"].iloc[0])
+        on = sorted({str(b) for b in group["box"].dropna()}) if "box" in group else []
+        if fleet and len(on) > 1:
+            # A resume moved a dropped box's unfinished cohort: its blocks are not one box's
+            # paired difference (the per-box rows leave it out too).
+            dropped.append(f"cycle {cycle}: its runs ran on boxes {', '.join(on)}")
+            continue
         blocks: list[float] = []
         logs: list[np.ndarray] = []
         boots: list[set[str]] = []
@@ -159,6 +166,7 @@ def cell_cycles(
                     else None
                 ),
                 washed=washed,
+                box=on[0] if fleet and on else None,
             )
         )
     return cycles, dropped
@@ -188,6 +196,7 @@ def compare_cells(
     gated: Sequence[str] = (),
     remedy: str | None = None,
     sequential: SequentialPlan | None = None,
+    boxes: str = "fixed",
 ) -> list[CellComparison]:
     """Every cell × cache state × metric comparison.
 
@@ -220,6 +229,7 @@ def compare_cells(
                     remedy=remedy,
                     block_minutes=block_minutes(runs, cell, state),
                     sequential=sequential,
+                    boxes=boxes,
                 )
                 out.append(CellComparison(cell, control, state, comparison, tuple(dropped)))
     return out

@@ -259,6 +259,13 @@ class AnalysisSpec(Strict):
     hold_s: float = Field(
         4.0, ge=0, le=1e7, allow_inf_nan=False, description="how long a recovery must hold"
     )
+    boxes: Literal["fixed", "random"] = Field(
+        "fixed",
+        description=(
+            "a fleet's verdict: about these boxes (fixed: the interval between cycles; a box x "
+            "cell interaction fails better gates) or boxes like these (random: between boxes)"
+        ),
+    )
 
 
 class _CellGate(Strict):

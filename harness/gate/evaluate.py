@@ -367,9 +367,35 @@ def _better_in(
                         else c.needed_text
                     )
                 reasons.append(f"{key}: {_describe(c)}{more}")
+            elif (split := _boxes_disagree(analysis, cell, state, metric)) is not None:
+                # Better on these boxes as a whole, but not on each: the pooled ratio hides a
+                # box x cell interaction (analysis.boxes: fixed; random widens the interval).
+                ok, on_data, decided = False, True, True
+                reasons.append(f"{key}: {_describe(c)}, but {split}")
             else:
                 reasons.append(f"{key}: {_describe(c)}")
     return ok, reasons, evidence, on_data, decided
+
+
+def _boxes_disagree(analysis: CampaignAnalysis, cell: str, state: str, metric: str) -> str | None:
+    """Why a fleet's pooled *better* does not hold, or None: the interaction test found the
+    boxes' effects differ and some box is not *better* on its own (analysis.boxes: fixed).
+    A difference every box still calls *better* is one of size, and the pooled label stands."""
+    if analysis.fleet is None or analysis.card.analysis.boxes != "fixed":
+        return None
+    for row in analysis.fleet.interactions:
+        if (row.cell, row.cache_state, row.metric) != (cell, state, metric) or not row.flagged:
+            continue
+        lagging = [b.box for b in row.boxes if b.label != Label.BETTER]
+        if not lagging:
+            return None
+        per_box = ", ".join(f"{b.box} {b.ratio:.3f}" for b in row.boxes if b.ratio is not None)
+        return (
+            f"the effect differs between boxes ({per_box}; interaction p = "
+            f"{row.p_interaction:.3g}) and box {', '.join(lagging)} is not better on its own: "
+            "the pooled ratio hides it (analysis.boxes: random asks about boxes like these)"
+        )
+    return None
 
 
 def _better(gate: BetterGate, analysis: CampaignAnalysis) -> GateResult:

@@ -91,6 +91,7 @@ class Cycle:
     and the crossover model then takes the plan's back-to-back order. ``washed`` says every block
     was preceded by a washout of its own arm (requests sent and not scored): the block before a
     scored block is then its own arm, and ``before`` is what ran before the washout.
+    ``box`` names the box all four blocks ran on (None where the records do not say).
     """
 
     index: int
@@ -101,6 +102,7 @@ class Cycle:
     shared_boot: bool = False
     before: tuple[str, str, str, str] | None = None
     washed: bool = False
+    box: str | None = None
 
     def __post_init__(self) -> None:
         where = f"cycle {self.index}"

@@ -154,6 +154,7 @@ class Effect:
     sd: float | None  # per-cycle SD estimate
     df: int
     weights: tuple[float, ...]  # of each cycle in D̄, in the order given
+    boxes: int = 1  # > 1: the SE and df are between boxes (:func:`between_boxes`)
 
     def interval(self, confidence: float) -> tuple[float, float] | None:
         """Two-sided t-interval D̄ ± t_{(1+c)/2, df}·SE; None with one cycle."""
@@ -195,6 +196,36 @@ def balanced_effect(cycles: Sequence[Cycle]) -> Effect:
     ss = float(((d - mean) ** 2).sum())
     sd = math.sqrt(ss / (m - 2 + m * sum_w2))
     return Effect(mean, sd * math.sqrt(sum_w2), sd, m - 1, tuple(float(x) for x in w))
+
+
+def between_boxes(cycles: Sequence[Cycle], effect: Effect) -> Effect:
+    """D̄'s SE and df for a verdict about boxes like these, when the cycles ran on 2+ boxes.
+
+    A box × arm interaction (a change that helps on one machine and not another) is, on the
+    boxes that ran, a real effect the cycle-level interval estimates correctly, but another box
+    would not see it: with two boxes and an interaction SD of 3% the cycle-level interval calls
+    a change with no effect on average *better* in ~10% of campaigns. Taking each box's share
+    of D̄ as one observation (a cluster-robust variance, Σ_b W_b²(D̄_b − D̄)² · B/(B − 1), on
+    B − 1 df) holds the level whatever the interaction; it is never narrower than the
+    cycle-level SE. It costs nearly all the power of a 2-box fleet (one df: +10% at 3% block
+    noise decided in ~2% of sequential campaigns), which is why it is ``analysis.boxes: random``
+    and not the default: ``fixed`` keeps the cycle-level interval, a verdict about these boxes,
+    and fails a ``better`` gate where the interaction test finds the boxes disagree.
+    """
+    boxes = sorted({c.box for c in cycles if c.box is not None})
+    if effect.se is None or len(boxes) < 2 or any(c.box is None for c in cycles):
+        return effect
+    d = np.asarray([c.effect for c in cycles], dtype=np.float64)
+    w = np.asarray(effect.weights, dtype=np.float64)
+    total = 0.0
+    for box in boxes:
+        mine = np.asarray([c.box == box for c in cycles])
+        share = float(w[mine].sum())
+        box_mean = float(w[mine] @ d[mine]) / share
+        total += (share * (box_mean - effect.mean)) ** 2
+    n = len(boxes)
+    se = max(math.sqrt(total * n / (n - 1)), effect.se)
+    return replace(effect, se=se, df=n - 1, boxes=n)
 
 
 def cycle_slope(c: Cycle) -> float:
@@ -333,9 +364,10 @@ class DriftCheck:
 
 def estimate(
     cycles: Sequence[Cycle], metric: str, delta: float, alpha: float, *,
-    higher_is_better: bool, drift_sensitive: bool,
+    higher_is_better: bool, drift_sensitive: bool, boxes: str = "fixed",
 ) -> Estimate:  # fmt: skip
-    """D̄, its intervals and the statistical label; a timed metric's spread floored."""
+    """D̄, its intervals and the statistical label; a timed metric's spread floored, and on a
+    fleet (``boxes`` "random") the interval taken between boxes."""
     d = np.asarray([c.effect for c in cycles], dtype=np.float64)
     effect = balanced_effect(cycles)
     s_w = pooled_within_sd(cycles)
@@ -344,6 +376,8 @@ def estimate(
     k_min = min(len(b) for b in cycles[0].prompt_logs) if cycles[0].prompt_logs else None
     if drift_sensitive:
         effect = _spread_floor(metric, effect, s_w, k_min, notes)
+    if boxes == "random":
+        effect = between_boxes(cycles, effect)
     ci95 = effect.interval(1 - alpha)
     ci90 = effect.interval(1 - 2 * alpha)
     return Estimate(
@@ -397,7 +431,11 @@ def cycles_needed(
     """The cycles an undecided comparison needs, by the decision rule itself, and the advice."""
     mean, spread, sd, raw = est.mean, est.spread, est.effect.sd, est.raw_label
     warnings: list[str] = []
-    layout = Layout(washout=WASHED_SHARE if carry.washed else 0.0)
+    layout = Layout(
+        washout=WASHED_SHARE if carry.washed else 0.0,
+        boxes=est.effect.boxes,
+        random_boxes=est.effect.boxes > 1,
+    )
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
     undecided = raw == Label.INCONCLUSIVE or carry.carried or carry.unchecked
     if needed is not None and spread is not None and m > 1 and sequential is None and undecided:
@@ -407,6 +445,13 @@ def cycles_needed(
             mean, spread, delta, alpha, layout=layout, start=needed, seed=seed
         )
         needed = simulated or needed  # beyond the search: the t-test's, a lower bound
+    if est.effect.boxes > 1 and raw == Label.INCONCLUSIVE:
+        n = est.effect.boxes
+        warnings.append(
+            f"{metric}: a verdict about boxes like these rests on the {n} boxes' own effects "
+            f"({n - 1} df), so more cycles narrow it little: more boxes do; or set "
+            "analysis.boxes: fixed for a verdict about these boxes only"
+        )
     if carry.unchecked:
         needed = max(needed or 0, MIN_CARRY_CYCLES)
         warnings.append(f"{metric}: {carry_over_reason(raw, None, m)} ({remedy or RESUME_HINT})")
@@ -498,6 +543,7 @@ def compare_cycles(
     remedy: str | None = None,
     block_minutes: float | None = None,
     sequential: SequentialPlan | None = None,
+    boxes: str = "fixed",
 ) -> Comparison:
     """Compare cell (B) with control (A) over mirrored cycles on one metric.
 
@@ -513,7 +559,9 @@ def compare_cycles(
     and taken out of the drift bound; a *better*/*worse* label its carry-over-adjusted effect
     does not support becomes "carry-over". For a ``sequential`` design the cycles an
     inconclusive comparison needs come from the design's own simulated stopping distribution
-    at the observed effect and spread, not from a fixed-design power calculation.
+    at the observed effect and spread, not from a fixed-design power calculation. Cycles that
+    name two or more boxes keep the cycle-level interval with ``boxes`` "fixed" (a verdict about
+    those boxes); "random" compares them between boxes (:func:`between_boxes`).
 
     The steps, each a small frozen result: :func:`estimate`, :func:`check_carry_over`,
     :func:`check_drift`, :func:`cycles_needed`, :func:`cross_checks`, then the label
@@ -530,7 +578,7 @@ def compare_cycles(
     m = len(cycles)
     est = estimate(
         cycles, metric, delta, alpha,
-        higher_is_better=higher_is_better, drift_sensitive=drift_sensitive,
+        higher_is_better=higher_is_better, drift_sensitive=drift_sensitive, boxes=boxes,
     )  # fmt: skip
     carry = check_carry_over(
         cycles, est, alpha, exact=not drift_sensitive, block_minutes=block_minutes

@@ -31,7 +31,7 @@ from scipy import stats as sps
 from harness.stats.crossover import MIN_CARRY_CYCLES, fit_terms_many
 from harness.stats.cycles import Cycle, FloatArray
 from harness.stats.layout import cycle_pattern, fleet_box
-from harness.stats.sequential_t import balanced_t
+from harness.stats.sequential_t import balanced_t, balanced_weights
 
 BETTER, WORSE, WITHIN, INCONCLUSIVE, CARRY = 0, 1, 2, 3, 4
 CODES = {BETTER: "better", WORSE: "worse", WITHIN: "within noise", INCONCLUSIVE: "inconclusive"}
@@ -82,6 +82,7 @@ class Layout:
     washout: float = 0.0
     treatments: int = 1
     boxes: int = 1
+    random_boxes: bool = False  # a fleet's interval between boxes (analysis.boxes: random)
 
     @property
     def washed(self) -> bool:
@@ -178,9 +179,36 @@ def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
         b0, b1, b2, b3 = labels[4 * j : 4 * j + 4]
         out.append(
             Cycle(j, order_of(j), (0.0, 0.0, 0.0, 0.0), before=(b0, b1, b2, b3),
-                  washed=layout.washed)
+                  washed=layout.washed, box=_cycle_box(layout, j))
         )  # fmt: skip
     return out
+
+
+def _cycle_box(layout: Layout, cycle: int) -> str | None:
+    """The box the compared lane's cycle runs on (None on one box)."""
+    if layout.boxes < 2:
+        return None
+    return fleet_box([str(b) for b in range(layout.boxes)], cycle, 0)
+
+
+def between_boxes_se(
+    effects: FloatArray, mean: FloatArray, se: FloatArray, boxes: Sequence[str | None]
+) -> tuple[FloatArray, int | None]:
+    """:func:`harness.stats.decision.between_boxes` for every campaign at once: the SE (never
+    below the cycle-level one) and its df, or the cycle-level SE and None on one box."""
+    names = sorted({b for b in boxes if b is not None})
+    if len(names) < 2 or any(b is None for b in boxes):
+        return se, None
+    w = balanced_weights(effects.shape[1])
+    total = np.zeros(effects.shape[0])
+    for name in names:
+        mine = np.asarray([b == name for b in boxes])
+        share = float(w[mine].sum())
+        box_mean = (effects[:, mine] @ w[mine]) / share
+        total += (share * (box_mean - mean)) ** 2
+    n = len(names)
+    out: FloatArray = np.maximum(np.sqrt(total * n / (n - 1)), se)
+    return out, n - 1
 
 
 def simulate_blocks(
@@ -256,18 +284,23 @@ def decide_many(
     """
     layout = layout or Layout()
     m = blocks.shape[1] // 4
-    mean, se = balanced_t(cycle_effects(blocks))
-    t95 = float(sps.t.isf(alpha / 2.0, m - 1)) if m > 1 else np.inf
-    t90 = float(sps.t.isf(alpha, m - 1)) if m > 1 else np.inf
+    effects = cycle_effects(blocks)
+    mean, se = balanced_t(effects)
     codes = np.full(mean.shape, INCONCLUSIVE, dtype=np.int8)
     if m < 2:
         return codes
+    cycles = tuple(design) if design is not None else _layout_cycles(layout, m)
+    df = m - 1
+    if layout.random_boxes:
+        se, box_df = between_boxes_se(effects, mean, se, [c.box for c in cycles])
+        df = df if box_df is None else box_df
+    t95 = float(sps.t.isf(alpha / 2.0, df))
+    t90 = float(sps.t.isf(alpha, df))
     within = (mean - t90 * se > -margin) & (mean + t90 * se < margin)
     codes[within] = WITHIN
     significant = (np.abs(mean) > t95 * se) & (np.abs(mean) >= margin)
     codes[significant & (mean > 0)] = BETTER
     codes[significant & (mean < 0)] = WORSE
-    cycles = tuple(design) if design is not None else _layout_cycles(layout, m)
     if not carry_check:
         return codes
     washed = all(c.washed for c in cycles)

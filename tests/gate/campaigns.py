@@ -64,6 +64,7 @@ class Synth:
     extra: dict[str, Any] = field(default_factory=dict)
     boot: Callable[[Run], str] | None = None  # the run's boot id; None: a boot of its own
     washout: bool = True  # warm runs record the card's washout, as harness run does
+    box: Callable[[Run], str] = lambda run: "local"  # the box the run ran on (a fleet: several)
 
 
 COUNTERS = {
@@ -87,6 +88,7 @@ def card_text(
     states: str = "[warm]",
     cells: tuple[str, ...] = ("control", "treat"),
     order: str = "abba",
+    boxes: str = "fixed",
 ) -> str:
     cell_lines = "\n".join(f"  {name}: {{}}" for name in cells)
     control = f"control: {cells[0]}\n" if order != "sequential" else ""
@@ -103,7 +105,7 @@ def card_text(
         f"cells:\n{cell_lines}\n"
         f"{control}"
         f"design: {{order: {order}, cycles: {cycles}, cache_states: {states}, retries: 0}}\n"
-        "analysis: {window_s: 0.5, converged_span_s: 1, hold_s: 0}\n"
+        f"analysis: {{window_s: 0.5, converged_span_s: 1, hold_s: 0, boxes: {boxes}}}\n"
         f"gates:\n{gates}\n"
     )
 
@@ -196,7 +198,7 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
             pattern=run["pattern"],
             comparison=run["comparison"],
             block=run["block"],
-            box="local",
+            box=synth.box(run),
             boot_id=synth.boot(run) if synth.boot else f"{run['run_id']}-a1",
             started_at=1_000.0 + 10 * index,
             ended_at=1_000.0 + 10 * index + 8,

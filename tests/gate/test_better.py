@@ -258,3 +258,40 @@ def test_survives_with_explicit_metrics_and_no_metric(tmp_path: Path) -> None:
 
 
 # ---- quality -----------------------------------------------------------------------------------
+
+
+def _fleet(box_a: float, box_b: float) -> Synth:
+    """Cycles dealt to two boxes in turn, the cell ``box_a``× faster on box a, ``box_b``× on b."""
+
+    def speed(run: Run) -> float:
+        if run["cell"] == "control":
+            return 100.0
+        return 100.0 * (box_a if run["cycle"] % 2 == 0 else box_b)
+
+    return Synth(speed=speed, box=lambda run: "a" if run["cycle"] % 2 == 0 else "b")
+
+
+def test_a_fleet_whose_boxes_disagree_fails_better_on_these_boxes_and_is_inconclusive_beyond(
+    tmp_path: Path,
+) -> None:
+    # 20% faster on box a, no faster on box b: the pooled ratio (~1.10) is *better* between
+    # cycles, but box b is not, and the interaction test says the boxes differ: not a pass.
+    gate = "  - {kind: better, metric: decode_tok_s}"
+    fixed = only(verdict_of(tmp_path / "fixed", gate, _fleet(1.20, 1.00), cycles=8))
+    assert not fixed.passed and not fixed.undecided
+    assert fixed.evidence["treat/warm"]["label"] == "better"
+    assert "the effect differs between boxes (a 1.19" in fixed.reason
+    assert "box b is not better on its own" in fixed.reason and "boxes: random" in fixed.reason
+    # Both boxes better, by different amounts: a difference of size; the pooled label stands.
+    sized = only(verdict_of(tmp_path / "sized", gate, _fleet(1.20, 1.04), cycles=8))
+    assert sized.passed, sized.reason
+    # About boxes like these, the interval is between the two boxes (1 df): not decided.
+    like = only(verdict_of(tmp_path / "random", gate, _fleet(1.20, 1.00), cycles=8, boxes="random"))
+    assert not like.passed and like.undecided
+    assert like.evidence["treat/warm"]["label"] == "inconclusive"
+    # Boxes that agree pass either way.
+    for boxes in ("fixed", "random"):
+        agree = only(
+            verdict_of(tmp_path / f"agree-{boxes}", gate, _fleet(1.12, 1.12), cycles=8, boxes=boxes)
+        )
+        assert agree.passed, agree.reason
