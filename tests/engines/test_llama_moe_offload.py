@@ -3,12 +3,14 @@ counters, the --fit plan kept in the run's identity, the warning for an unpinned
 every knob's flag in the built binaries' --help, and a build without a flag refusing its knob at
 boot.
 
-The cache line and the fit plan are printed only by builds this machine cannot run (the expert
-cache is a GPU feature of llama.cpp forks; --fit plans only for GPU devices), so their tests read
-fixture text in the format the sources print: `llama_moe_cache: … hits = N, misses = M, hit rate
-= X%, uploaded = Y MiB` (the format the issue quotes; no public source of it was found to check
-against), and common/fit.cpp's `"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld
-MiB free"` (llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older
+The cache lines and the fit plan are printed only by builds this machine cannot run (the expert
+cache needs a GPU backend; --fit plans only for GPU devices), so their tests read fixture text
+in the format the sources print: the expert cache's exit lines as upstream llama.cpp's
+src/llama-moe-cache.cpp (`log_stats`, ggml-org/llama.cpp commit 4b060f27) prints them, one per
+batch class — `"llama_moe_cache: %s: hits = %zu, misses = %zu, hit rate = %.2f%%, uploaded =
+%.2f MiB\n"` with "ubatch <= 8" and "ubatch  > 8", each only if it had a lookup, then `"…: large
+batches: %zu experts copied from the cache, %.2f MiB\n"` —, and common/fit.cpp's
+`"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld MiB free"` (llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older
 builds). The threads card (tests/engines/test_llamacpp.py) runs with `fit: "off"` pinned.
 """
 
@@ -36,9 +38,14 @@ from tests.conftest import REPO
 PROFILE = REPO / "campaigns" / "runtimes" / "llama-cpp.yaml"
 CARD = REPO / "campaigns" / "llama-cpp-moe-offload.yaml"
 
-CACHE_LINE = (
-    "llama_moe_cache: destroyed: hits = 91234, misses = 8766, hit rate = 91.23%, "
-    "uploaded = 1534.50 MiB"
+# What upstream's log_stats prints after a run whose decode ubatches (<= 8 tokens) hit 89.4%
+# and whose prompt ubatches (9-32 tokens) hit 30.0%: the engine's total is the sum of both.
+CACHE_LINES = (
+    "llama_moe_cache: ubatch <= 8: hits = 88000, misses = 10400, hit rate = 89.43%, "
+    "uploaded = 1300.00 MiB\n"
+    "llama_moe_cache: ubatch  > 8: hits = 3234, misses = 7546, hit rate = 30.00%, "
+    "uploaded = 943.25 MiB\n"
+    "llama_moe_cache: large batches: 5120 experts copied from the cache, 640.00 MiB\n"
 )
 FIT_PLAN = """\
 common_params_fit_impl: projected to use 151234 MiB of device memory vs. 139264 MiB of free device memory
@@ -50,20 +57,28 @@ main: server is listening on http://127.0.0.1:8080
 """  # noqa: E501
 
 
-def test_the_expert_cache_line_is_read_after_the_stop_as_hit_rate_and_loads() -> None:
+def test_the_expert_cache_lines_are_read_after_the_stop_as_the_engines_totals() -> None:
     specs = load_runtime_profile(PROFILE).telemetry.log_counters
-    log = f"main: server is listening\nprompt eval time = 4.00 ms / 3 tokens\n{CACHE_LINE}\n"
+    log = f"main: server is listening\nprompt eval time = 4.00 ms / 3 tokens\n{CACHE_LINES}"
     # Read while the server runs, the line is not there yet; after the stop it is.
     assert "hits" not in log_snapshot("main: server is listening\n", specs)
     payload = {"before": {}, "after": {}, "delta": {}, "missing": {}}
     done = add_exit_counters(payload, specs, log, where="server.log")
     assert done["before"]["hits"] == 0.0
-    assert done["delta"]["hits"] == 91234 and done["delta"]["misses"] == 8766
-    assert done["delta"]["expert_loads"] == 8766
-    assert done["delta"]["bytes_read"] == pytest.approx(1534.5 * 2**20)
+    # Both batch classes, summed: the engine's total hit rate, not the last line's 30%.
+    assert done["delta"]["hits"] == 91234 and done["delta"]["misses"] == 17946
+    assert done["delta"]["expert_loads"] == 17946
+    assert done["delta"]["bytes_read"] == pytest.approx(2243.25 * 2**20)
+    # Copies of cached experts for large batches upload nothing: counted apart.
+    assert done["delta"]["moe_cache_copies"] == 5120
+    assert done["delta"]["moe_cache_copied_bytes"] == pytest.approx(640 * 2**20)
     metrics = counter_metrics(done)
-    assert metrics["hit_rate"] == pytest.approx(91234 / (91234 + 8766))
-    assert metrics["expert_loads"] == 8766
+    assert metrics["hit_rate"] == pytest.approx(91234 / (91234 + 17946))
+    assert metrics["expert_loads"] == 17946
+    # Only decode ubatches looked up (a run of short prompts): one line, the same totals.
+    decode_only = CACHE_LINES.splitlines()[0] + "\n"
+    alone = add_exit_counters(payload, specs, decode_only, where="server.log")
+    assert alone["delta"]["hits"] == 88000 and alone["delta"]["misses"] == 10400
     # A build without the cache prints no line: the counters are missing, never 0.
     silent = add_exit_counters(payload, specs, "main: server is listening\n", where="server.log")
     assert {"hits", "misses", "bytes_read", "expert_loads"} <= set(silent["missing"])
