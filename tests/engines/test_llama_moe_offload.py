@@ -10,8 +10,9 @@ src/llama-moe-cache.cpp (`log_stats`, ggml-org/llama.cpp commit 4b060f27) prints
 batch class — `"llama_moe_cache: %s: hits = %zu, misses = %zu, hit rate = %.2f%%, uploaded =
 %.2f MiB\n"` with "ubatch <= 8" and "ubatch  > 8", each only if it had a lookup, then `"…: large
 batches: %zu experts copied from the cache, %.2f MiB\n"` —, and common/fit.cpp's
-`"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld MiB free"` (llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older
-builds). The threads card (tests/engines/test_llamacpp.py) runs with `fit: "off"` pinned.
+`"%s:   - %s: %2u layers (%2u overflowing), %6ld MiB used, %6ld MiB free"`
+(llama-cpp-python 0.3.36's vendored llama.cpp; `llama_params_fit_impl` in older builds). The
+threads card (tests/engines/test_llamacpp.py) runs with `fit: "off"` pinned.
 """
 
 from __future__ import annotations
