@@ -8,9 +8,11 @@ A recorder dump is what ``POST /dump_expert_distribution_record`` writes into
   experts], "average_utilization_rate_over_window": float | None}``, one row per recorded
   forward pass (a circular buffer of ``--expert-distribution-recorder-buffer-size`` rows unless
   that is -1);
-* KTransformers' build with ``--record-kt-gpu-expert-distribution`` adds ``gpu_expert_masks``,
-  bool ``[steps, layers, experts]``: which experts were on the GPU in each pass (an earlier
-  build wrote the masks to a file of their own holding only that key);
+* KTransformers' SGLang build with ``--record-kt-gpu-expert-distribution`` writes
+  ``gpu_expert_masks``, bool ``[steps, layers, experts]`` (which experts were on the GPU in each
+  pass), to a file of its own beside the counts, ``gpu_expert_distribution_<time>.pt`` holding
+  only that key (kvcache-ai/sglang, ``eplb/expert_distribution.py``: ``dump_record``); a file
+  holding both keys is read too;
 * modes ``per_pass`` / ``per_token`` write ``expert_distribution_recorder_<time>_<rank>.pt``:
   ``{"records": [{"global_physical_count": int [layers, physical], ...}, ...],
   "last_physical_to_logical_map": int [layers, physical]}``.

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import (
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -140,7 +141,17 @@ class ExpertRecorderSpec(Strict):
     dump_http: str = Field(
         "/dump_expert_distribution_record", description="POST path that writes the dump files"
     )
-    glob: str = Field("expert_distribution_recorder_*.pt", description="dump file names")
+    glob: list[str] = Field(
+        ["expert_distribution_recorder_*.pt", "gpu_expert_distribution_*.pt"],
+        description="dump file names: SGLang's counts, and the GPU masks KTransformers' build "
+        "writes beside them (a string for one pattern)",
+    )
+
+    @field_validator("glob", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
     timeout_s: float = Field(
         120, gt=0, le=1e5, allow_inf_nan=False, description="wait this long for a dump's files"
     )

@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     sgl.add_argument(
         "--record-kt-gpu-expert-distribution",
         action="store_true",
-        help="add KTransformers' gpu_expert_masks (the hot tier per pass) to each dump; "
+        help="write KTransformers' gpu_expert_masks (the hot tier per pass) beside each dump, "
+        "in gpu_expert_distribution_<time>.pt; "
         "implies --expert-distribution-recorder-mode stat (rowmap mode only)",
     )
     fault = p.add_argument_group("fault and drift injection")

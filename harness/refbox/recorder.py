@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.formats.expert_distribution import write_stat_dump
+from harness.formats.torchfile import write_torch_file
 
 __all__ = ["ExpertRecorder"]
 
@@ -62,17 +63,21 @@ class ExpertRecorder:
                 mask[layer, ids] = True
             self._masks.append(mask)
 
-    def dump(self, folder: str) -> str:
-        """Write ``expert_distribution_recorder_<time>.pt`` into ``folder`` (made if missing),
-        clear the record, and return the file's path."""
+    def dump(self, folder: str) -> list[str]:
+        """Write ``expert_distribution_recorder_<time>.pt`` into ``folder`` (made if missing)
+        and, with masks on, ``gpu_expert_distribution_<time>.pt`` beside it, as KTransformers'
+        SGLang build writes them (two files, each stamped with its own ``time.time()``);
+        clear the record, and return the files' paths."""
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"expert_distribution_recorder_{time.time()}.pt")
         shape = (0, self.layers, self.experts)
         counts = np.stack(self._counts) if self._counts else np.zeros(shape, np.int64)
-        masks = None
+        write_stat_dump(path, counts)
+        paths = [path]
         if self.masks:
             masks = np.stack(self._masks) if self._masks else np.zeros(shape, bool)
-        write_stat_dump(path, counts, masks)
+            paths.append(os.path.join(folder, f"gpu_expert_distribution_{time.time()}.pt"))
+            write_torch_file(paths[-1], {"gpu_expert_masks": masks})
         self._counts.clear()
         self._masks.clear()
-        return path
+        return paths

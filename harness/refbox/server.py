@@ -271,10 +271,11 @@ class Server:
         folder = os.environ.get("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", "/tmp")
         try:
             with engine.lock:
-                path = recorder.dump(folder)
+                paths = recorder.dump(folder)
         except (HarnessError, OSError) as exc:
             return web.Response(status=500, text=f"dump failed: {error_message(exc)}\n")
-        print(f"refbox: Write expert distribution to {path}", file=sys.stderr, flush=True)
+        for path in paths:
+            print(f"refbox: Write expert distribution to {path}", file=sys.stderr, flush=True)
         return web.Response(text="Dump expert distribution record.\n")
 
     # -- completions --------------------------------------------------------------------------

@@ -11,8 +11,10 @@ earlier run left); after it, ``/stop_expert_distribution_record`` and
 * the counts summed over passes become the run's ``route-counts.json`` (the route-count dump
   format vLLM's and seed 000's runs keep, so ``harness fit-map`` fits from it alike) and its
   ``route_selections`` counter;
-* with KTransformers' ``gpu_expert_masks``: ``hits`` = Σ counts × masks (selections of experts
-  on the GPU in their pass) and ``misses`` the rest, so the run has a ``hit_rate``.
+* with KTransformers' ``gpu_expert_masks`` (its SGLang build writes them to
+  ``gpu_expert_distribution_<time>.pt`` beside the counts): ``hits`` = Σ counts × masks
+  (selections of experts on the GPU in their pass) and ``misses`` the rest, so the run has a
+  ``hit_rate``.
 
 The recorder counts from its start, so these are the run's own counts; the counters before the
 workload read 0.
@@ -84,9 +86,9 @@ def finish_recording(
     run's counters (``route_selections``, and ``hits`` / ``misses`` when the dump holds GPU
     masks)."""
     spec, box = recording.spec, runtime.box
-    pattern = posixpath.join(recording.folder, spec.glob)
+    patterns = [posixpath.join(recording.folder, glob) for glob in spec.glob]
     _post(runtime, spec.stop_http, 30)
-    before = set(box.glob([pattern]))
+    before = set(box.glob(patterns))
     _post(runtime, spec.dump_http, spec.timeout_s)
     # SGLang answers once its scheduler has written the files; a remote box's file system may
     # show them a moment later, so wait (bounded) for new names whose sizes have settled.
@@ -94,7 +96,7 @@ def finish_recording(
     new: list[str] = []
     sizes: dict[str, str] = {}
     while True:
-        new = sorted(set(box.glob([pattern])) - before)
+        new = sorted(set(box.glob(patterns)) - before)
         if new:
             now = {name: box.sh(f"wc -c < {shlex.quote(name)}", check=False).stdout for name in new}
             if now == sizes:
@@ -103,7 +105,7 @@ def finish_recording(
         if time.monotonic() > deadline:
             what = "still growing" if new else "not written"
             raise InfrastructureError(
-                f"POST {spec.dump_http}: {spec.glob} in {recording.folder} {what} after "
+                f"POST {spec.dump_http}: {', '.join(spec.glob)} in {recording.folder} {what} after "
                 f"{spec.timeout_s:g} s (is SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR that folder?)"
             )
         time.sleep(0.2)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.formats.expert_distribution import read_dump
+from harness.formats.expert_distribution import combine_dumps, read_dump
 from harness.formats.torchfile import read_torch_file, write_torch_file
 from harness.refbox.recorder import ExpertRecorder
 from harness.runtimes.vllm import build
@@ -130,13 +130,18 @@ def test_the_reference_runtimes_recorder_dump_loads_in_real_torch(
     recorder.add(np.array([[[0, 1], [2, 3]], [[0, 5], [2, 4]]]), [[0, 1], [2]])
     recorder.add(np.array([[[4, 1], [3, 5]]]), [[1, 4], [3, 5]])
     recorder.stop()
-    path = Path(recorder.dump(str(tmp_path / "dumps")))
+    # Two files, as KTransformers' SGLang build writes them (dump_record in its
+    # eplb/expert_distribution.py): the counts, and gpu_expert_distribution_<t>.pt beside.
+    path, masks_path = map(Path, recorder.dump(str(tmp_path / "dumps")))
     assert path.name.startswith("expert_distribution_recorder_") and path.suffix == ".pt"
+    assert masks_path.name.startswith("gpu_expert_distribution_")
     got = json.loads(_torch(torch_python, LOAD_AS_JSON, str(path)))
-    ours = read_dump(path)
+    got_masks = json.loads(_torch(torch_python, LOAD_AS_JSON, str(masks_path)))
+    ours = combine_dumps([read_dump(path), read_dump(masks_path)], "dumps")
     assert ours.masks is not None
     assert got["logical_count"] == ["torch.int32", [2, 2, 6], ours.counts.tolist()]
-    assert got["gpu_expert_masks"] == ["torch.bool", [2, 2, 6], ours.masks.tolist()]
+    assert set(got_masks) == {"gpu_expert_masks"}
+    assert got_masks["gpu_expert_masks"] == ["torch.bool", [2, 2, 6], ours.masks.tolist()]
     assert got["rank"] == "0" and got["average_utilization_rate_over_window"] == "None"
     assert ours.counts[0].tolist() == [[2, 1, 0, 0, 0, 1], [0, 0, 2, 1, 1, 0]]
     hot_layer_0 = [False, True, False, False, True, False]  # experts 1 and 4

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.formats.expert_distribution import gpu_hits, read_dump
+from harness.formats.expert_distribution import combine_dumps, gpu_hits, read_dump
 from harness.formats.maps import read_count_dump
 from tests.conftest import REPO, run_cli
 
@@ -61,9 +61,12 @@ def test_recorder_adapter_on_the_reference_runtime(tmp_path: Path) -> None:
         assert delta["route_selections"] == delta["lookups"]  # the refbox's own count
         assert delta["misses"] == delta["cold_lookups"] and delta["misses"] > 0
         assert delta["hits"] + delta["misses"] == delta["lookups"]
-        dumps = sorted((run / "expert-distribution").glob("expert_distribution_recorder_*.pt"))
-        assert len(dumps) == 1
-        dump = read_dump(dumps[0])
+        # KTransformers' two files: the counts and, beside them, the GPU masks.
+        folder = run / "expert-distribution"
+        dumps = sorted(folder.glob("expert_distribution_recorder_*.pt"))
+        masks = sorted(folder.glob("gpu_expert_distribution_*.pt"))
+        assert len(dumps) == len(masks) == 1
+        dump = combine_dumps([read_dump(dumps[0]), read_dump(masks[0])], str(folder))
         assert gpu_hits(dump) == (delta["hits"], delta["misses"])
         counts = read_count_dump(run / "route-counts.json")
         assert np.array_equal(counts, dump.counts.sum(axis=0))
@@ -80,7 +83,7 @@ def test_recorder_adapter_on_the_reference_runtime(tmp_path: Path) -> None:
         "-o", str(collected), timeout_s=300,
     )  # fmt: skip
     assert result.code == 0, result.stdout + result.stderr
-    recorded = next((collected / "expert-distribution").glob("*.pt"))
+    recorded = next((collected / "expert-distribution").glob("expert_distribution_recorder_*.pt"))
     frequency = tmp_path / "kt-frequency.pt"
     trace = runs[0] / "route-trace.jsonl"
     result = run_cli(

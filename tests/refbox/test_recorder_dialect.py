@@ -14,7 +14,7 @@ import pytest
 from harness.boxes.local import LocalBox
 from harness.card import Cell, load_runtime_profile
 from harness.errors import InfrastructureError
-from harness.formats.expert_distribution import gpu_hits, read_dump
+from harness.formats.expert_distribution import combine_dumps, gpu_hits, read_dump
 from harness.policy.residency import PolicyKnobs
 from harness.profiles.box import BoxSpec
 from harness.profiles.telemetry import ExpertRecorderSpec
@@ -50,9 +50,12 @@ def test_counts_times_masks_are_the_engines_own_hits_and_misses(tmp_path: Path) 
     engine.recorder.stop()
     at_stop = engine.counters()
     list(engine.generate(b"after the stop, not recorded", 3))
-    path = Path(engine.recorder.dump(str(tmp_path / "dumps")))
-    assert path.name.startswith("expert_distribution_recorder_") and path.suffix == ".pt"
-    dump = read_dump(path)
+    # Two files, as KTransformers' SGLang build writes them: the counts, and the masks beside.
+    counts_file, masks_file = map(Path, engine.recorder.dump(str(tmp_path / "dumps")))
+    assert counts_file.name.startswith("expert_distribution_recorder_")
+    assert masks_file.name.startswith("gpu_expert_distribution_") and masks_file.suffix == ".pt"
+    assert read_dump(counts_file).masks is None and read_dump(masks_file).mode == "masks"
+    dump = combine_dumps([read_dump(counts_file), read_dump(masks_file)], "dumps")
     # One row per pass: a prefill and 5 decode steps per request.
     assert dump.counts.shape == (2 * 6, 3, 16) and dump.masks is not None
     # Every token of a pass counted: (BOS + prompt + 5 decode tokens) x layers x top_k.
@@ -63,7 +66,7 @@ def test_counts_times_masks_are_the_engines_own_hits_and_misses(tmp_path: Path) 
     assert split == (at_stop["hits"] - before["hits"], at_stop["misses"] - before["misses"])
     assert engine.swaps > 0  # the mask did change while recording
     # The dump cleared the record.
-    empty = read_dump(engine.recorder.dump(str(tmp_path / "dumps")))
+    empty = read_dump(engine.recorder.dump(str(tmp_path / "dumps"))[0])
     assert empty.counts.shape == (0, 3, 16)
 
 
@@ -84,7 +87,7 @@ def test_masks_match_cold_lookups_exactly(tmp_path: Path) -> None:
     list(engine.generate(b"one request, eight tokens", 8))
     engine.recorder.stop()
     after = engine.counters()
-    dump = read_dump(engine.recorder.dump(str(tmp_path)))
+    dump = combine_dumps([read_dump(p) for p in engine.recorder.dump(str(tmp_path))], "dump")
     split = gpu_hits(dump)
     assert split is not None
     assert split == (after["hits"] - before["hits"], after["misses"] - before["misses"])
