@@ -365,6 +365,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
             + _did_you_mean(knob, sorted(runtime.knobs))
         ),
     )
+    _check_kt_frequency_file(name, cell, out)
     for knob, spec in runtime.knobs.items():
         if spec.required and spec.default is None and knob not in cell.knobs:
             out.add(
@@ -387,6 +388,22 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
         live_specs,
         lambda knob: f"unknown live knob{_did_you_mean(knob, sorted(live_specs))}",
     )
+
+
+def _check_kt_frequency_file(name: str, cell: Cell, out: Problems) -> None:
+    """KTransformers' frequency placement reads its counts only from a ``.pt``
+    (``init_loc.endswith(".pt")`` in its SGLang build's kt_ep_wrapper.py): handed a ``.json``
+    it logs a warning and places experts uniformly, so the cell would measure the control."""
+    if str(cell.knobs.get("kt_expert_placement_strategy", "")) != "frequency":
+        return
+    path = cell.files.get("init_expert_location")
+    if path is not None and not str(path).endswith(".pt"):
+        out.add(
+            ("cells", name, "files", "init_expert_location"),
+            f"KTransformers' frequency placement reads only a .pt (given {path}): with any "
+            "other file it silently falls back to uniform placement; write the counts with "
+            "`harness fit-map SOURCE --format kt-frequency -o FILE.pt`",
+        )
 
 
 def _check_values(

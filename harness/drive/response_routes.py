@@ -12,6 +12,14 @@ request order. The rows are written as ``route-trace.npz`` (``routed_experts``, 
 ``step``), the array trace ``harness simulate`` and ``fit-map --score`` read, and every row's
 selections counted as ``counts.json`` for ``harness fit-map`` (prefill included, as vLLM's
 route plugin and SGLang's recorder count).
+
+Models with a dense prefix (DeepSeek, Kimi, GLM: their first layers have no router) come back
+with every row of those layers zeros: both engines size the array by the model's hidden layers.
+A layer that is zeros in every row of every response (top-k above 1, where real routing picks
+distinct experts) is such a placeholder: it is left out of the trace, whose ``dense_layers``
+array names it (and ``moe_layers`` the model layer of each trace layer), and kept in
+``counts.json`` as a row of zeros, so a placement fitted from it has the model's
+``num_hidden_layers`` rows, as SGLang's and KTransformers' loaders want.
 """
 
 from __future__ import annotations
@@ -51,7 +59,8 @@ def decode_routes(
     body: Any, spec: ResponseRoutesSpec, rows: int, where: str, top_k: int | None = None
 ) -> npt.NDArray[Any]:
     """The routing array of one response, checked to have ``rows`` rows of ``[layers, top_k]``
-    and only real routing: ids >= 0, distinct within a token's layer.
+    and only real routing: ids >= 0, distinct within a token's layer, except in layers that
+    are zeros throughout (a dense layer's placeholder, :func:`placeholder_layers`).
 
     ``top_k`` reshapes SGLang's flat int32 (required there) and is checked against vLLM's .npy.
     """
@@ -83,7 +92,8 @@ def decode_routes(
         raise BadInput(
             f"{where}: `{spec.field}` has {array.shape[2]} experts per token, not --top-k {top_k}"
         )
-    _check_real_routing(array, f"{where}: `{spec.field}`")
+    dense = placeholder_layers(array)
+    _check_real_routing(np.delete(array, dense, axis=1), f"{where}: `{spec.field}`")
     return array
 
 
@@ -119,25 +129,42 @@ def _check_real_routing(array: npt.NDArray[Any], where: str) -> None:
             layers = sorted(set(np.nonzero(repeated.any(axis=0))[0].tolist()))
             raise InfrastructureError(
                 f"{where}: row {row}, layer {layer} picks {array[row, layer].tolist()}, an "
-                f"expert twice; layers {layers} repeat ids. Real routing picks distinct experts: "
-                "these are placeholder rows (SGLang leaves a dense layer's rows as zeros), and "
-                "a model with dense layers needs the recorder (`harness run` with the sglang "
-                "profile) instead"
+                f"expert twice; layers {layers} repeat ids. Real routing picks distinct experts, "
+                "and a dense layer's placeholder is zeros in every row: this is neither"
             )
+
+
+def placeholder_layers(array: npt.NDArray[Any]) -> tuple[int, ...]:
+    """The layers whose every row is zeros (vLLM's and SGLang's buffers) or -1 (sglang-jax's):
+    a dense layer's placeholder. Real routing of top-k > 1 picks distinct experts, so it is
+    never one id throughout; with top-k 1 nothing tells a placeholder from routing."""
+    if array.ndim != 3 or array.shape[2] < 2 or array.shape[0] == 0:
+        return ()
+    zeros = ~array.any(axis=(0, 2))
+    minus_one = (array == -1).all(axis=(0, 2))
+    return tuple(int(layer) for layer in np.flatnonzero(zeros | minus_one))
 
 
 @dataclass
 class RouteRows:
-    """Every response's routing, in request order, as trace rows."""
+    """Every response's routing, in request order, as trace rows: only the routed layers;
+    ``dense_layers`` are the model layers every response left as zeros."""
 
     experts: list[npt.NDArray[Any]] = field(default_factory=list)
     prefill: list[npt.NDArray[np.bool_]] = field(default_factory=list)
     steps: list[npt.NDArray[np.int64]] = field(default_factory=list)
     next_step: int = 0
+    model_layers: int = 0
+    dense_layers: tuple[int, ...] = ()
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The model layer of each trace layer."""
+        return [layer for layer in range(self.model_layers) if layer not in self.dense_layers]
 
     def add(self, routes: npt.NDArray[Any], prompt_tokens: int) -> None:
-        """One response: its first ``prompt_tokens`` rows are one prefill step, the rest one
-        decode step each."""
+        """One response (routed layers only): its first ``prompt_tokens`` rows are one prefill
+        step, the rest one decode step each."""
         prompt_rows = min(prompt_tokens, routes.shape[0])  # no token generated: one row short
         decode = routes.shape[0] - prompt_rows
         self.experts.append(routes)
@@ -157,11 +184,15 @@ class RouteRows:
         prefill = np.concatenate(self.prefill)
         trace = out_dir / "route-trace.npz"
         np.savez_compressed(
-            trace, routed_experts=experts, prefill=prefill, step=np.concatenate(self.steps)
-        )
-        counts = np.zeros((experts.shape[1], width or int(experts.max()) + 1), dtype=np.int64)
-        for layer in range(experts.shape[1]):
-            np.add.at(counts[layer], experts[:, layer, :].ravel(), 1)
+            trace, routed_experts=experts, prefill=prefill, step=np.concatenate(self.steps),
+            dense_layers=np.asarray(self.dense_layers, dtype=np.int64),
+            moe_layers=np.asarray(self.moe_layers, dtype=np.int64),
+        )  # fmt: skip
+        # Every model layer, dense ones as zeros: a placement needs num_hidden_layers rows.
+        layers = self.model_layers or experts.shape[1]
+        counts = np.zeros((layers, width or int(experts.max()) + 1), dtype=np.int64)
+        for column, layer in enumerate(self.moe_layers or range(layers)):
+            np.add.at(counts[layer], experts[:, column, :].ravel(), 1)
         counts_path = out_dir / "counts.json"
         write_count_dump(counts_path, counts, time.time())
         return counts_path, trace
@@ -198,6 +229,16 @@ def collect_response_routes(
                 f"{where}: the response routes to expert {int(array.max())}, past --experts "
                 f"{experts}: give the model's routed experts per layer"
             )
+        dense = placeholder_layers(array)
+        if index == 0:
+            rows.model_layers, rows.dense_layers = array.shape[1], dense
+        elif (array.shape[1], dense) != (rows.model_layers, rows.dense_layers):
+            raise InfrastructureError(
+                f"{where}: {array.shape[1]} layers with dense (all-zero) layers {list(dense)}, "
+                f"where the first response had {rows.model_layers} with {list(rows.dense_layers)}"
+                ": one model routes the same layers in every response"
+            )
+        array = np.delete(array, dense, axis=1)
         rows.add(array, prompt_tokens)
         tokens += completion
     return rows, tokens

@@ -220,10 +220,15 @@ def read_logical_count(path: str | os.PathLike[str]) -> I64:
 
 
 def write_logical_count(path: str | os.PathLike[str], counts: npt.ArrayLike) -> None:
-    """Counts ``[layers, experts]`` as an ``--init-expert-location`` file: ``.json`` writes
-    ``{"logical_count": [[...]]}``, anything else a torch file ``{"logical_count": tensor}``
-    (what KTransformers' frequency placement reads)."""
+    """Counts ``[layers, experts]`` as an ``--init-expert-location`` file, one pass deep:
+    ``[1, layers, experts]``. KTransformers' frequency placement (``_init_kt_gpu_experts_masks``
+    in its SGLang build's ``kt_ep_wrapper.py``) refuses anything but 3-D with the model's
+    ``num_hidden_layers`` rows, dense layers included; SGLang's ``init_by_eplb`` takes 2-D or
+    3-D. ``.json`` writes ``{"logical_count": [[[...]]]}``, anything else a torch file
+    ``{"logical_count": tensor}`` (KT reads only a ``.pt``)."""
     table = np.asarray(counts, dtype=np.int64)
+    if table.ndim == 2:
+        table = table[None]
     if Path(path).suffix.lower() == ".json":
         Path(path).write_text(json.dumps({"logical_count": table.tolist()}) + "\n")
     else:

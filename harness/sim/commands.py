@@ -175,7 +175,7 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
             if args.top is not None:
                 hot = frequency_hot(table, args.top)
             out.write(
-                f"wrote {kind} {args.output}: logical_count [{layers}, {experts}], "
+                f"wrote {kind} {args.output}: logical_count [1, {layers}, {experts}], "
                 f"{int(table.sum()):,} selections, from {source.kind} {source.path}\n"
             )
         elif args.top is not None:

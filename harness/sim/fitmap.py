@@ -88,7 +88,14 @@ def load_counts(
         counts = read_count_dump(name).astype(np.float64)
         return FitSource(counts, "count dump", name, digest)
     trace = load_trace(name, experts=experts)
-    return FitSource(decode_counts(trace, half_life_steps), "trace", name, digest)
+    counts = decode_counts(trace, half_life_steps)
+    if trace.moe_layers is not None and trace.model_layers is not None:
+        # Routes from responses left the model's dense layers out: back as zero rows, so a
+        # placement fitted from them has the model's num_hidden_layers rows.
+        full = np.zeros((trace.model_layers, counts.shape[1]))
+        full[list(trace.moe_layers)] = counts
+        counts = full
+    return FitSource(counts, "trace", name, digest)
 
 
 def _pt_counts(name: str) -> npt.NDArray[np.int64]:
@@ -103,15 +110,18 @@ def _pt_counts(name: str) -> npt.NDArray[np.int64]:
 
 def frequency_hot(counts: npt.ArrayLike, per_layer: int) -> list[list[int]]:
     """The experts KTransformers' ``frequency`` placement keeps on the GPU for
-    ``--kt-num-gpu-experts per_layer``: the global top ``per_layer x layers`` (layer, expert)
-    positions by count (ties: lower layer, then lower expert), so a layer may get more or fewer
-    than ``per_layer``. Ids ascending per layer."""
+    ``--kt-num-gpu-experts per_layer``: the global top ``per_layer x MoE layers`` (layer,
+    expert) positions by count (ties: lower layer, then lower expert), so a layer may get more
+    or fewer than ``per_layer``. Ids ascending per layer. A dense layer (a row of zeros: no
+    router, nothing recorded) takes no share of the budget, as KT counts MoE layers only
+    (``kt_num_gpu_experts * num_moe_layers``; it then puts a dense layer wholly on the GPU)."""
     table = np.asarray(counts, dtype=np.float64)
     layers, experts = table.shape
     if not 0 <= per_layer <= experts:
         raise MapError(f"--top {per_layer}: must be in 0..{experts} (GPU experts per layer)")
+    moe_layers = int(table.any(axis=1).sum()) or layers
     flat = table.reshape(-1)
-    order = np.lexsort((np.arange(flat.size), -flat))[: per_layer * layers]
+    order = np.lexsort((np.arange(flat.size), -flat))[: per_layer * moe_layers]
     hot: list[list[int]] = [[] for _ in range(layers)]
     for position in sorted(int(p) for p in order):
         hot[position // experts].append(position % experts)
@@ -175,6 +185,8 @@ def coverage(
     """Decode selections of ``trace`` covered by a rowmap's ``hot`` sets or hotlist ``records``."""
     layers, experts = trace.layers, trace.experts_count
     keep = np.zeros((layers, experts), dtype=bool)
+    if hot is not None and trace.moe_layers is not None and len(hot) == trace.model_layers:
+        hot = [hot[layer] for layer in trace.moe_layers]  # the map's rows of the routed layers
     if hot is not None:
         if len(hot) != layers:
             raise MapError(f"the map has {len(hot)} layers, {trace.path} has {layers}")

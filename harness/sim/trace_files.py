@@ -359,7 +359,8 @@ def _array_trace(path: str, experts: int | None) -> Trace:
                     names = list(loaded.files)
                     only = names[0] if len(names) == 1 else None
                     key = next((k for k in _ARRAY_KEYS if k in names), only)
-                    wanted = [k for k in (key, "phase", "prefill", "step") if k and k in names]
+                    extra = ("phase", "prefill", "step", "moe_layers", "dense_layers")
+                    wanted = [k for k in (key, *extra) if k and k in names]
                     arrays = {k: loaded[k] for k in wanted}
     except Exception as exc:
         raise TraceError(
@@ -371,7 +372,7 @@ def _array_trace(path: str, experts: int | None) -> Trace:
         )
     if key == "":
         return trace_from_arrays(arrays[""], experts_count=experts, path=path, fmt="npy")
-    return trace_from_arrays(
+    trace = trace_from_arrays(
         arrays[key],
         prefill=arrays.get("prefill"),
         phase=arrays.get("phase"),
@@ -380,6 +381,25 @@ def _array_trace(path: str, experts: int | None) -> Trace:
         path=path,
         fmt="npz",
     )
+    if "moe_layers" in arrays:
+        trace.moe_layers, trace.model_layers = _moe_layers(arrays, trace.layers, path)
+    return trace
+
+
+def _moe_layers(arrays: dict[str, Any], layers: int, path: str) -> tuple[tuple[int, ...], int]:
+    """The model layer of each trace layer and the model's layer count, from ``moe_layers``
+    and ``dense_layers`` (routes from responses left the dense layers out)."""
+    moe = np.asarray(arrays["moe_layers"]).reshape(-1)
+    dense = np.asarray(arrays.get("dense_layers", np.zeros(0, np.int64))).reshape(-1)
+    if moe.dtype.kind not in "iu" or moe.size != layers or (moe.size and moe.min() < 0):
+        raise TraceError(
+            f"{path}: moe_layers must list the model layer of each of its {layers} routed "
+            f"layers, got {moe.tolist()[:8]}"
+        )
+    total = int(moe.max(initial=-1)) + 1
+    if dense.size:
+        total = max(total, int(dense.max()) + 1)
+    return tuple(int(x) for x in moe), total
 
 
 def load_trace(path: str | os.PathLike[str], *, experts: int | None = None) -> Trace:

@@ -83,6 +83,10 @@ class Trace:
     drains: list[int] | None = None  # host steps the runtime drained at, when recorded
     step_lines: dict[int, int] = field(default_factory=dict)  # host step -> trace line
     phase_tagged: bool = True  # False when the format carried no phase tags
+    # The model layer of each trace layer, where the trace left a model's dense layers out
+    # (``moe_layers`` of a routes-from-responses .npz); None: trace layer i is model layer i.
+    moe_layers: tuple[int, ...] | None = None
+    model_layers: int | None = None  # the model's layers, dense ones included
     # step_bounds() of ``steps`` (the array object it was computed from, and the result).
     _bounds: tuple[IntArray, IntArray, IntArray] | None = field(
         default=None, init=False, repr=False, compare=False

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.drive.response_routes import RouteRows, decode_routes
+from harness.drive.response_routes import RouteRows, decode_routes, placeholder_layers
 from harness.errors import BadInput, InfrastructureError
 from harness.formats.maps import read_count_dump
 from harness.profiles.telemetry import ResponseRoutesSpec
+from harness.sim.fitmap import coverage, frequency_hot, load_counts
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO, run_cli
 
@@ -176,15 +177,45 @@ def test_sglangs_flat_int32_splits_into_rows_layers_and_top_k() -> None:
         decode_routes({"choices": [{"routed_experts": _npy(routes)}]}, SPEC, 5, "r", top_k=3)
 
 
-def test_placeholder_rows_of_a_dense_layer_are_refused_naming_the_layers() -> None:
+def test_a_dense_prefix_is_a_placeholder_and_stray_repeats_are_refused() -> None:
     routes = np.arange(4 * 3 * 2).reshape(4, 3, 2) % 11
     dense = routes.copy()
     dense[:, 0, :] = 0  # SGLang's capture buffer is zeros where no MoE layer writes
-    with pytest.raises(InfrastructureError, match=r"layer 0 picks \[0, 0\].*layers \[0\]"):
-        decode_routes(_flat(dense), SGLANG, 4, "request 2", top_k=2)
+    assert placeholder_layers(decode_routes(_flat(dense), SGLANG, 4, "request 2", top_k=2)) == (0,)
     dense[:, 0, :] = -1  # sglang-jax's placeholder
+    assert placeholder_layers(decode_routes(_flat(dense), SGLANG, 4, "request 2", top_k=2)) == (0,)
+    # Zeros in some rows of a routed layer are no placeholder: refused, naming the layer.
+    partial = routes.copy()
+    partial[1, 2, :] = 0
+    with pytest.raises(InfrastructureError, match=r"row 1, layer 2 picks \[0, 0\].*layers \[2\]"):
+        decode_routes(_flat(partial), SGLANG, 4, "request 2", top_k=2)
+    partial[1, 2, :] = -1
     with pytest.raises(InfrastructureError, match="negative id is no routed expert"):
-        decode_routes(_flat(dense), SGLANG, 4, "request 2", top_k=2)
+        decode_routes(_flat(partial), SGLANG, 4, "request 2", top_k=2)
+
+
+def test_dense_layers_leave_the_trace_and_stay_in_the_counts_as_zero_rows(tmp_path: Path) -> None:
+    # A DeepSeek-shaped response: layer 0 dense (zeros), layers 1-2 routed, top-2 of 6.
+    routes = np.array([[[0, 0], [1, 4], [2, 5]], [[0, 0], [3, 1], [0, 2]]])
+    rows = RouteRows(model_layers=3, dense_layers=placeholder_layers(routes))
+    assert rows.dense_layers == (0,) and rows.moe_layers == [1, 2]
+    rows.add(np.delete(routes, rows.dense_layers, axis=1), prompt_tokens=1)
+    counts_path, trace_path = rows.write(tmp_path, width=6)
+    with np.load(trace_path) as saved:
+        assert saved["routed_experts"].shape == (2, 2, 2)
+        assert saved["dense_layers"].tolist() == [0] and saved["moe_layers"].tolist() == [1, 2]
+    trace = load_trace(trace_path, experts=6)
+    assert trace.layers == 2
+    counts = read_count_dump(counts_path)
+    assert counts.shape == (3, 6) and counts[0].sum() == 0  # num_hidden_layers rows
+    assert counts[1].tolist() == [0, 2, 0, 1, 1, 0] and counts[2].tolist() == [1, 0, 2, 0, 0, 1]
+    # Fitting from the trace (its decode row) gives model-shaped counts too, and a
+    # model-shaped map scores the trace on its routed layers.
+    fitted = load_counts(trace_path, experts=6).counts
+    assert fitted.tolist() == [[0] * 6, [0, 1, 0, 1, 0, 0], [1, 0, 1, 0, 0, 0]]
+    hot = frequency_hot(counts, 2)
+    scored = coverage(trace, hot=hot)  # the decode row: 2 routed layers x top-2
+    assert hot[0] == [] and scored.selections == 4 and scored.per_layer.size == 2
 
 
 def test_a_response_without_routing_or_with_garbled_routing_says_which_and_why() -> None:

@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.drive.response_routes import RouteRows, decode_routes, placeholder_layers
 from harness.formats.expert_distribution import combine_dumps, read_dump
+from harness.formats.maps import read_count_dump
 from harness.formats.torchfile import read_torch_file, write_torch_file
+from harness.profiles.telemetry import ResponseRoutesSpec
 from harness.refbox.recorder import ExpertRecorder
 from harness.runtimes.vllm import build
 
@@ -147,3 +150,31 @@ def test_the_reference_runtimes_recorder_dump_loads_in_real_torch(
     hot_layer_0 = [False, True, False, False, True, False]  # experts 1 and 4
     hot_layer_1 = [False, False, False, True, False, True]  # experts 3 and 5
     assert ours.masks[1].tolist() == [hot_layer_0, hot_layer_1]
+
+
+VLLM_ROUTES = (
+    "import sys, numpy as np\n"
+    "from vllm.utils.serial_utils import numpy2base64\n"
+    "rows = np.array([[[0, 0], [1, 4], [2, 5]], [[0, 0], [3, 1], [0, 2]],\n"
+    "                 [[0, 0], [5, 4], [1, 3]]], dtype=np.int16)\n"
+    "print(numpy2base64(rows))\n"
+)
+
+
+def test_vllms_own_serializer_of_a_dense_prefix_model_reads_as_its_routed_layers(
+    torch_python: str, tmp_path: Path
+) -> None:
+    # vLLM 0.32's completion serving puts numpy2base64(output.routed_experts) in each choice;
+    # a model with a dense first layer (DeepSeek's shape) leaves that layer's rows zeros.
+    encoded = _torch(torch_python, VLLM_ROUTES).strip()
+    body = {"choices": [{"routed_experts": encoded}]}
+    spec = ResponseRoutesSpec(knob="return_routed_experts")
+    array = decode_routes(body, spec, 3, "request 1", top_k=2)
+    assert array.dtype == np.int16 and placeholder_layers(array) == (0,)
+    rows = RouteRows(model_layers=3, dense_layers=(0,))
+    rows.add(np.delete(array, 0, axis=1), prompt_tokens=2)
+    counts_path, trace_path = rows.write(tmp_path, width=6)
+    with np.load(trace_path) as saved:
+        assert saved["routed_experts"][:, 0, :].tolist() == [[1, 4], [3, 1], [5, 4]]
+        assert saved["dense_layers"].tolist() == [0]
+    assert read_count_dump(counts_path)[0].sum() == 0

@@ -81,3 +81,26 @@ def test_every_cell_must_name_its_model(tmp_path: Path) -> None:
     assert any("needs knob 'model' set" in line for line in caught.value.lines()), (
         caught.value.lines()
     )
+
+
+def test_a_kt_frequency_cell_with_a_json_file_is_refused_before_any_boot(tmp_path: Path) -> None:
+    # KT reads its frequency counts only from a .pt; handed a .json it places experts uniformly
+    # (tests/engines/test_kt_conformance.py runs its loader on one), so the cell would
+    # measure the control. Caught at load, naming the cell's file knob and the fix.
+    folder = tmp_path
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    (folder / "counts.json").write_text('{"logical_count": [[[1, 2]]]}\n', encoding="utf-8")
+    text = CARD.read_text(encoding="utf-8").replace(
+        "{init_expert_location: maps/kt-frequency-refbox.pt}", "{init_expert_location: counts.json}"
+    )
+    (folder / "card.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(CardError) as caught:
+        load_card(folder / "card.yaml")
+    lines = caught.value.lines()
+    assert any(
+        "cells.frequency.files.init_expert_location" in line
+        and "reads only a .pt" in line
+        and "--format kt-frequency" in line
+        for line in lines
+    ), lines

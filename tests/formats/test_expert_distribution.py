@@ -82,7 +82,8 @@ def test_location_and_frequency_files_give_counts_per_layer(tmp_path: Path, kind
     if kind == "json":
         path = tmp_path / "loc.json"
         write_logical_count(path, summed)
-        assert json.loads(path.read_text()) == {"logical_count": summed.tolist()}
+        # One pass deep, as KT's loader wants it (SGLang's takes 2-D or 3-D).
+        assert json.loads(path.read_text()) == {"logical_count": [summed.tolist()]}
     elif kind == "pt":
         path = tmp_path / "loc.pt"
         write_logical_count(path, summed)

@@ -29,19 +29,27 @@ def test_kt_frequency_placement_is_the_global_top_with_ties_to_lower_positions()
         frequency_hot(COUNTS, 5)
 
 
+def test_a_dense_layer_takes_no_share_of_the_gpu_budget() -> None:
+    # Layer 0 dense (no router: a row of zeros). KT places K x MoE layers = 2 x 2 globally.
+    counts = [[0, 0, 0, 0], *COUNTS]
+    assert frequency_hot(counts, 2) == [[], [0, 2], [2, 3]]
+
+
 def test_each_format_writes_the_file_its_engine_reads(tmp_path: Path) -> None:
     dump = tmp_path / "dump.json"
     write_count_dump(dump, COUNTS, 1.0)
     out_json = str(tmp_path / "l.json")
     code, text = cli("fit-map", str(dump), "--format", "sglang-json", "-o", out_json)
-    assert code == 0 and "logical_count [2, 4], 21 selections, from count dump" in text
-    assert json.loads((tmp_path / "l.json").read_text()) == {"logical_count": COUNTS}
+    assert code == 0 and "logical_count [1, 2, 4], 21 selections, from count dump" in text
+    # One pass deep, [1, layers, experts]: KT's loader refuses anything but 3-D, and SGLang's
+    # init_by_eplb takes it as it takes 2-D (tests/engines/test_kt_conformance.py runs KT's).
+    assert json.loads((tmp_path / "l.json").read_text()) == {"logical_count": [COUNTS]}
     for kind in ("sglang-pt", "kt-frequency"):
         out = tmp_path / f"{kind}.pt"
         code, _ = cli("fit-map", str(dump), "--format", kind, "-o", str(out))
         assert code == 0
         raw = read_torch_file(out)
-        assert list(raw) == ["logical_count"] and raw["logical_count"].tolist() == COUNTS
+        assert list(raw) == ["logical_count"] and raw["logical_count"].tolist() == [COUNTS]
     with pytest.raises(BadInput, match=r"writes a \.pt file"):
         cli("fit-map", str(dump), "--format", "kt-frequency", "-o", str(tmp_path / "x.json"))
     with pytest.raises(BadInput, match="drop --hotlist"):

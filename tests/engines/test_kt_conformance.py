@@ -1,0 +1,151 @@
+"""KTransformers' own placement code judges the frequency file `harness fit-map` writes.
+
+No SGLang or KT server runs on a CPU, and their packages do not import without a GPU stack, but
+the function that turns a frequency file into GPU expert masks is plain torch: sglang-kt
+0.7.2's `_init_kt_gpu_experts_masks` (sglang/srt/layers/moe/kt_ep_wrapper.py) and kt-kernel
+0.7.2's `generate_gpu_experts_masks` (kt_kernel/experts_base.py). The released wheels are
+downloaded once (`pip download --no-deps`, into the harness cache), those two functions are
+taken out of their sources unchanged and run in vLLM's venv (real torch) with the server
+arguments a 48-layer, 128-expert model with one dense layer (DeepSeek's `first_k_dense_replace`)
+would give them. Nothing of theirs is copied here: the test reads their files at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.formats.maps import write_count_dump
+from harness.formats.torchfile import write_torch_file
+from harness.runtimes.build_script import cache_root
+from harness.sim.fitmap import frequency_hot
+from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
+from tests.sim.test_fitmap import cli
+
+pytestmark = pytest.mark.slow
+
+WHEELS = {
+    "sglang-kt==0.7.2": ("sglang_kt-0.7.2-", "sglang/srt/layers/moe/kt_ep_wrapper.py"),
+    "kt-kernel==0.7.2": ("kt_kernel-0.7.2-", "kt_kernel/experts_base.py"),
+}
+LAYERS, EXPERTS, DENSE, PER_LAYER = 48, 128, 1, 8
+
+# Runs in vLLM's venv: KT's two functions from their released sources, called as SGLang calls
+# the first at boot (tensor-parallel rank 0, no process group), printing the masks.
+RUN_KT_LOADER = """
+import ast, json, logging, sys, types, typing
+import torch
+import torch.distributed as dist
+
+wrapper, base, init_file, layers, experts, dense, per_layer = sys.argv[1:8]
+
+def function(path, name):
+    source = open(path, encoding="utf-8").read()
+    node = next(n for n in ast.parse(source).body
+                if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(source, node)
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+space = {"torch": torch, "dist": dist, "logger": logging.getLogger("kt"),
+         "Optional": typing.Optional, "List": typing.List, "_KT_GPU_EXPERTS_MASKS": None,
+         "get_tensor_model_parallel_rank": lambda: 0}
+exec(function(base, "generate_gpu_experts_masks"), space)
+exec(function(wrapper, "_init_kt_gpu_experts_masks"), space)
+config = types.SimpleNamespace(num_hidden_layers=int(layers), n_routed_experts=int(experts),
+                               first_k_dense_replace=int(dense), moe_layer_freq=1)
+args = types.SimpleNamespace(get_hf_config=lambda: config, kt_gpu_experts_ratio=None,
+                             kt_num_gpu_experts=int(per_layer),
+                             kt_expert_placement_strategy="frequency",
+                             init_expert_location=init_file)
+masks = space["_init_kt_gpu_experts_masks"](args)
+print(json.dumps(masks.tolist()))
+"""
+
+
+@pytest.fixture(scope="module")
+def kt_sources(tmp_path_factory: pytest.TempPathFactory, torch_python: str) -> dict[str, Path]:  # noqa: F811
+    """The two source files, from the released wheels (downloaded once)."""
+    folder = cache_root() / "kt-wheels"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = tmp_path_factory.mktemp("kt-sources")
+    sources: dict[str, Path] = {}
+    for requirement, (prefix, member) in WHEELS.items():
+        found = sorted(folder.glob(f"{prefix}*.whl"))
+        if not found:
+            subprocess.run(
+                [torch_python, "-m", "pip", "download", "--no-deps", "--quiet",
+                 requirement, "-d", str(folder)],
+                check=True, timeout=900,
+            )  # fmt: skip
+            found = sorted(folder.glob(f"{prefix}*.whl"))
+        with zipfile.ZipFile(found[0]) as wheel:
+            target = out / Path(member).name
+            target.write_bytes(wheel.read(member))
+        sources[member] = target
+    return sources
+
+
+def _kt_masks(
+    python: str, sources: dict[str, Path], init_file: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, "-c", RUN_KT_LOADER,
+         str(sources["sglang/srt/layers/moe/kt_ep_wrapper.py"]),
+         str(sources["kt_kernel/experts_base.py"]), str(init_file),
+         str(LAYERS), str(EXPERTS), str(DENSE), str(PER_LAYER)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _dense_prefix_counts() -> np.ndarray:
+    """Counts of a model whose layer 0 is dense (no router: nothing recorded), every other
+    count distinct so the global top is one set whatever the order of ties."""
+    counts = np.random.default_rng(5).permutation(LAYERS * EXPERTS).reshape(LAYERS, EXPERTS)
+    counts[:DENSE] = 0
+    return counts + (counts > 0)
+
+
+def test_kts_own_loader_places_what_fit_map_scores_for_a_dense_prefix_model(
+    torch_python: str,  # noqa: F811
+    kt_sources: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    counts = _dense_prefix_counts()
+    dump = tmp_path / "counts.json"
+    write_count_dump(dump, counts, 1.0)
+    frequency = tmp_path / "kt-frequency.pt"
+    code, text = cli("fit-map", str(dump), "--format", "kt-frequency", "-o", str(frequency))
+    assert code == 0 and f"logical_count [1, {LAYERS}, {EXPERTS}]" in text
+    done = _kt_masks(torch_python, kt_sources, frequency)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "with activation frequency data" in done.stderr
+    masks = np.array(json.loads(done.stdout))
+    assert masks.shape == (LAYERS, EXPERTS)
+    assert masks[:DENSE].all()  # KT keeps a dense layer wholly on the GPU
+    # Its MoE layers hold K x MoE layers experts, the ones fit-map's scoring assumes.
+    assert int(masks[DENSE:].sum()) == PER_LAYER * (LAYERS - DENSE)
+    ours = frequency_hot(counts, PER_LAYER)
+    for layer in range(DENSE, LAYERS):
+        assert np.flatnonzero(masks[layer]).tolist() == ours[layer], layer
+
+
+def test_kts_loader_refuses_a_two_dimensional_file_and_ignores_a_json(
+    torch_python: str,  # noqa: F811
+    kt_sources: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # What fit-map wrote before: [layers, experts], which KT refuses at boot.
+    flat = tmp_path / "flat.pt"
+    write_torch_file(flat, {"logical_count": _dense_prefix_counts()})
+    done = _kt_masks(torch_python, kt_sources, flat)
+    assert done.returncode != 0 and "Expected activation counts tensor with 3 dims" in done.stderr
+    # A .json is not read at all: KT places uniformly, which `harness validate` refuses.
+    as_json = tmp_path / "counts.json"
+    as_json.write_text(json.dumps({"logical_count": _dense_prefix_counts().tolist()}))
+    done = _kt_masks(torch_python, kt_sources, as_json)
+    assert done.returncode == 0 and "WITHOUT activation frequency data" in done.stderr
