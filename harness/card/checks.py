@@ -366,6 +366,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
         ),
     )
     _check_kt_frequency_file(name, cell, out)
+    _check_eplb_recorder(name, cell, runtime, out)
     for knob, spec in runtime.knobs.items():
         if spec.required and spec.default is None and knob not in cell.knobs:
             out.add(
@@ -404,6 +405,24 @@ def _check_kt_frequency_file(name: str, cell: Cell, out: Problems) -> None:
             "other file it silently falls back to uniform placement; write the counts with "
             "`harness fit-map SOURCE --format kt-frequency -o FILE.pt`",
         )
+
+
+def _check_eplb_recorder(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """SGLang's EPLB rebalances from the same expert-distribution recorder the harness starts
+    and dumps around each run: every rebalance dumps and resets it (the run keeps only the
+    passes after the last one) and the harness's start wipes EPLB's window each run. Refused
+    rather than measured wrong."""
+    if runtime.telemetry.expert_recorder is None:
+        return
+    if str(cell.knobs.get("enable_eplb", "")).lower() not in ("true", "1", "yes", "on"):
+        return
+    out.add(
+        ("cells", name, "knobs", "enable_eplb"),
+        f"runtime {runtime.name!r} records routing through SGLang's expert-distribution recorder, "
+        "which EPLB shares: each rebalance dumps and resets it, and each run's start wipes "
+        "EPLB's window, so neither the run's counts nor EPLB's balance would be what they "
+        "claim; drop enable_eplb here, or run EPLB on a profile without `expert_recorder`",
+    )
 
 
 def _check_values(
