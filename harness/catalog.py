@@ -57,6 +57,7 @@ COUNTERS: dict[str, str] = {
     "failed_runs": "runs that did not complete",
     "route_selections": "expert selections the runtime's route-count dump counted, all layers "
     "(top_k x routed tokens per layer)",
+    "eplb_rearrangements": "expert rearrangements vLLM's EPLB logged during the run",
     # vLLM's Prometheus counters (/metrics), summed over their label sets.
     "vllm:prompt_tokens_total": "prompt tokens vLLM processed",
     "vllm:generation_tokens_total": "tokens vLLM generated",

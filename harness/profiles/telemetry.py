@@ -50,12 +50,18 @@ class LogCounter(Strict):
 
     ``last``: the line prints counts cumulative for the process (ds4's streaming cache line), so
     a snapshot is the last matching line so far. ``sum``: each line counts one event (a request's
-    timings), so a snapshot is the sum over every matching line so far. Either way a run's value
-    is the after − before delta; a counter no line gave is missing, never 0.
+    timings), so a snapshot is the sum over every matching line so far. ``count``: each matching
+    line is one event that prints no number (vLLM's "Rearranging experts …"): a snapshot counts
+    the lines where the group matched. Either way a run's value is the after − before delta; a
+    ``last`` counter no line gave is missing, never 0.
     """
 
     pattern: str = Field(description="regex searched per log line; named groups are counters")
-    mode: Literal["last", "sum"] = Field("last", description="cumulative line, or one per event")
+    mode: Literal["last", "sum", "count"] = Field(
+        "last",
+        description="last: a cumulative line; sum: one per event, its numbers added; count: one "
+        "per event, the lines counted",
+    )
     at: Literal["live", "exit"] = Field(
         "live",
         description="live: the line is printed while the runtime runs (before/after the scored "

@@ -4,7 +4,8 @@ Some runtimes count only in their log: ds4 prints its streaming expert cache lin
 misses=N … miss_pread=X GiB``, cumulative for the process) per frontier and at cleanup, and
 llama-server prints each request's ``prompt eval time = … / N tokens`` and ``eval time = … / N
 tokens``. A snapshot of the log reads every declared counter as of that moment: the last matching
-line for ``last`` patterns, the sum over matching lines for ``sum`` patterns; the runner takes one
+line for ``last`` patterns, the sum over matching lines for ``sum`` patterns, the number of
+matching lines for ``count`` patterns; the runner takes one
 before and one after the scored workload, and the run's value is the difference, like any other
 counter. A counter that no line gave is absent from the snapshot, so it is missing (and reported
 so) rather than 0.
@@ -38,6 +39,9 @@ def log_snapshot(text: str, specs: Sequence[LogCounter], *, where: str = "log") 
             for name, raw in match.groupdict().items():
                 if raw is None:
                     continue
+                if spec.mode == "count":
+                    out[name] = out.get(name, 0.0) + 1.0
+                    continue
                 try:
                     value = float(raw) * LOG_UNITS[spec.units.get(name, "count")]
                 except ValueError:
@@ -61,7 +65,7 @@ def start_snapshot(
     snapshot = log_snapshot(text, specs, where=where) if text is not None else {}
     for spec in specs:
         for name in spec.counters():
-            if name not in snapshot and (text is None or spec.mode == "sum"):
+            if name not in snapshot and (text is None or spec.mode != "last"):
                 snapshot[name] = 0.0
     return snapshot
 

