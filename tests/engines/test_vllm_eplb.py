@@ -13,6 +13,7 @@ behind vLLM's logger prefix. The flags are the ones vllm/engine/arg_utils.py dec
 from __future__ import annotations
 
 import ast
+import subprocess
 
 import pytest
 
@@ -114,3 +115,32 @@ def test_eplbs_rearrangement_lines_as_vllm_formats_them_are_counted_startup_left
     # Two real rearrangements (async and sync); the two at startup's profile run are not.
     assert log_snapshot(log, specs)["eplb_rearrangements"] == 2
     assert start_snapshot(specs, "INFO vllm serve\n")["eplb_rearrangements"] == 0
+
+
+LIST_VLLM_FLAGS = (
+    "from vllm.engine.arg_utils import AsyncEngineArgs\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())\n"
+    "print('\\n'.join(sorted(o for a in parser._actions for o in a.option_strings)))\n"
+)
+
+
+@pytest.mark.slow
+def test_every_flag_of_the_vllm_profile_is_one_vllms_own_parser_declares() -> None:
+    # vLLM 0.32's engine arguments, as its own parser builds them (the CPU build's: the same
+    # arg_utils.py a CUDA build has).
+    from harness.runtimes.vllm import build
+
+    build.ensure_built()
+    python = build.cache_root() / "vllm" / "venv" / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-c", LIST_VLLM_FLAGS], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    declared = set(done.stdout.split())
+    profile = load_runtime_profile(RUNTIMES / "vllm.yaml")
+    flags = {spec.arg for spec in profile.knobs.values() if spec.arg}
+    flags |= {spec.off_arg for spec in profile.knobs.values() if spec.off_arg}
+    assert {"--cpu-offload-params", "--offload-backend", "--enable-eplb"} <= flags
+    assert not flags - declared, sorted(flags - declared)
