@@ -29,6 +29,32 @@ _STATS = {
 }
 
 
+def _count(data: dict[str, Any], name: str, path: Path) -> int | None:
+    """An AIPerf count metric (``{"unit": "requests", "avg": N}``), or None when absent."""
+    entry = data.get(name)
+    if entry is None:
+        return None
+    value = entry.get("avg") if isinstance(entry, dict) else entry
+    return int(number(value, f"{path}: {name}", non_negative=True))
+
+
+def _failures(data: dict[str, Any], path: Path) -> tuple[int, int | None]:
+    """(errored requests, requests sent): AIPerf writes ``error_request_count`` only when some
+    request errored (a timeout cancels and counts there), beside ``request_count``, the ones
+    that completed."""
+    cancelled = data.get("was_cancelled")
+    if cancelled is True:
+        raise ResultFileError(
+            f"{path}: was_cancelled is true: the profile was stopped before it finished, so its "
+            "figures are of part of the requests it was asked for"
+        )
+    errors = _count(data, "error_request_count", path) or 0
+    if cancelled not in (None, False):
+        errors += _count(data, "was_cancelled", path) or 0
+    completed = _count(data, "request_count", path)
+    return errors, None if completed is None else completed + errors
+
+
 def read_aiperf(path: Path) -> SourceBlock:
     """One ``profile_export_aiperf.json`` as a block (summary-only)."""
     data = read_json_file(path, "AIPerf profile export")
@@ -54,6 +80,8 @@ def read_aiperf(path: Path) -> SourceBlock:
             raise ResultFileError(f"{path}: {name}.unit: {entry.get('unit')!r}, expected {unit!r}")
         block.metrics[metric] = number(entry[stat], f"{path}: {name}.{stat}", positive=True)
         block.fields[metric] = f"{name}.{stat}"
+    block.failed, block.sent = _failures(data, path)
+    block.failed_field = "error_request_count, was_cancelled"
     tpot = block.metrics.get("tpot_p50_ms")
     block.wanted["decode_tok_s"] = "inter_token_latency.p50"
     if tpot is not None:

@@ -66,6 +66,11 @@ class SourceBlock:
     chunks: pd.DataFrame | None = None
     identity: dict[str, Any] = field(default_factory=dict)  # build, model, date, as the file says
     notes: list[str] = field(default_factory=list)  # how summary figures differ from ours
+    # Requests the tool says failed or were cancelled, of how many it sent (None: not said),
+    # and the fields that said so: a block is the cell's measurement only if they ran.
+    failed: int = 0
+    sent: int | None = None
+    failed_field: str = ""
 
     @property
     def summary_only(self) -> bool:

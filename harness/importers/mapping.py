@@ -70,6 +70,13 @@ class ImportMapping(Strict):
     files: dict[str, FileEntry] | None = Field(None, description="file name -> its place")
     pattern: str | None = Field(None, description="regex over file names, named groups")
     select: dict[str, Scalar] = Field(default_factory=dict, description="rows to keep")
+    allow_failed: float = Field(
+        0.0,
+        ge=0,
+        le=0.5,
+        description="the share of a file's requests that may have failed or been cancelled "
+        "(the tool's own count); 0: a file with any failed request is refused",
+    )
     washout_requests: int = Field(
         0,
         ge=0,

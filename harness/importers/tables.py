@@ -77,7 +77,13 @@ def add_metric(
                 raise ResultFileError(
                     f"{block.path}:{where}{index}: {column}: {text[:40]!r} is not a number"
                 ) from None
-        values.append(number(raw, f"{block.path}:{where}{index}: {column}"))
+        # A speed, a time or a size is positive: a zero or negative one is no measurement (the
+        # geomean would skip it and decide on the rest). A hit rate may be 0, never below.
+        positive = metric != "hit_rate"
+        values.append(
+            number(raw, f"{block.path}:{where}{index}: {column}", positive=positive,
+                   non_negative=True)
+        )  # fmt: skip
     value = geomean(values)
     if value is not None:
         block.metrics[metric] = value

@@ -76,8 +76,14 @@ def read_result(
     block.identity = {k: data[k] for k in _IDENTITY if k in data and data[k] is not None}
     for source, metric in summary.items():
         if data.get(source) is not None:
-            block.metrics[metric] = number(data[source], f"{path}: {source}")
+            # Times and throughputs: a zero or negative figure is no measurement.
+            block.metrics[metric] = number(data[source], f"{path}: {source}", positive=True)
             block.fields[metric] = source
+    completed = int(number(data.get("completed"), f"{path}: completed", non_negative=True))
+    failed = int(number(data.get("failed", 0) or 0, f"{path}: failed", non_negative=True))
+    block.failed, block.sent, block.failed_field = failed, completed + failed, "failed"
+    if completed == 0 and failed == 0:
+        raise ResultFileError(f"{path}: completed is 0: the run measured no request")
     present = [k for k in _DETAILED if k in data]
     if present and len(present) < len(_DETAILED):
         lacking = [k for k in _DETAILED if k not in data]
@@ -104,6 +110,9 @@ def _read_detailed(data: dict[str, Any], path: Path, block: SourceBlock) -> None
     outs = _list(data, "output_lens", path, n)
     errors = _list(data, "errors", path, n) if "errors" in data else [""] * n
     ok = [not e for e in errors]
+    erred = ok.count(False)
+    if erred > block.failed:  # the per-request errors, where the summary says fewer
+        block.failed, block.sent, block.failed_field = erred, n, "errors"
     ttft = [
         number(v, f"{path}: ttfts[{i}]", non_negative=True) if ok[i] else 0.0
         for i, v in enumerate(ttfts)

@@ -251,6 +251,27 @@ def _split_files(
     return out
 
 
+def _check_failures(block: SourceBlock, allowed: float) -> None:
+    """Fail closed on a file whose tool says requests failed: its figures then measure the
+    requests that survived (200 errored requests once gated PASS on the rest)."""
+    if block.failed <= 0:
+        return
+    sent = block.sent if block.sent and block.sent >= block.failed else None
+    share = block.failed / sent if sent else 1.0
+    if share <= allowed:
+        block.notes.append(
+            f"{block.failed} of {sent} requests failed ({block.failed_field}), within the "
+            f"mapping's allow_failed {allowed:g}"
+        )
+        return
+    of = f" of {sent}" if sent else ""
+    raise ResultFileError(
+        f"{block.path}: {block.failed}{of} requests failed or were cancelled "
+        f"({block.failed_field}): its figures would measure only the requests that survived; "
+        "rerun it, or set allow_failed in the mapping to the share you accept"
+    )
+
+
 def import_results(
     fmt: str, files: list[Path], mapping_path: Path, out: Path, *, cells_by: str | None = None
 ) -> ImportResult:
@@ -283,6 +304,7 @@ def import_results(
         else:
             block = read_source(fmt, item.path, mapping.select)
         _check_magnitudes(block)
+        _check_failures(block, mapping.allow_failed)
         for metric in needed:
             if not block.provides(metric):
                 raise ResultFileError(

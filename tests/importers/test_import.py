@@ -237,8 +237,11 @@ def _ds4_rows(header: list[str], gen_tps: float, prefill_tps: float) -> list[dic
         row.update(ctx_tokens=str(ctx), prefill_tokens=str(prefill), gen_tokens=str(gen),
                    prefill_tps=f"{prefill_tps * (1 if ctx == 2048 else 0.6):.2f}",
                    gen_tps=f"{gen_tps if gen else 0:.2f}")  # fmt: skip
-        if "gen_tpot_p50_ms" in row and gen:
+        if "ttft_ms" in row:  # the prefill's wall time, as ds4-bench prints it
+            row["ttft_ms"] = f"{1000 * prefill / float(row['prefill_tps']):.4f}"
+        if "gen_tpot_p50_ms" in row and gen:  # 128 generated tokens: positive percentiles
             row["gen_tpot_p50_ms"] = f"{1000 / gen_tps:.4f}"
+            row["gen_tpot_p95_ms"] = f"{1.2 * 1000 / gen_tps:.4f}"
         rows.append(row)
     return rows
 
