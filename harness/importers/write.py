@@ -375,10 +375,15 @@ def _check_magnitudes(block: SourceBlock) -> None:
 
 
 def _check_out(out: Path) -> None:
-    """``-o`` must be a new or empty folder: an import never writes over what is there."""
+    """``-o`` must be a new or empty folder: an import never writes over what is there. A
+    symlink is judged by the folder it points to (it once let an import into a full one)."""
     if (out / "plan.json").exists():
         raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
-    if out.is_dir() and not out.is_symlink() and any(p.name != LOCK_FILE for p in out.iterdir()):
+    if out.is_symlink() and not out.exists():
+        raise RecordError(f"{out}: a symlink to nothing; give a new or empty folder itself")
+    if out.exists() and not out.is_dir():
+        raise RecordError(f"{out}: not a folder; pick a new or empty -o folder")
+    if out.is_dir() and any(p.name != LOCK_FILE for p in out.resolve().iterdir()):
         raise RecordError(
             f"{out}: not empty; an import writes a whole campaign directory and never over "
             "files already there: pick a new or empty -o folder"

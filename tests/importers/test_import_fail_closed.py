@@ -81,3 +81,19 @@ def test_aiperfs_errored_or_cancelled_requests_are_counted_as_failed(tmp_path: P
     path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ResultFileError, match="was_cancelled is true"):
         read_source("aiperf", path)
+
+
+def test_an_import_through_a_symlink_never_writes_into_a_full_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _export_demo(tmp_path / "vllm", detailed=False)
+    mine = tmp_path / "my-notes"
+    mine.mkdir()
+    (mine / "card.yaml").write_text("my own file\n", encoding="utf-8")
+    link = tmp_path / "out"
+    link.symlink_to(mine, target_is_directory=True)
+    code, _ = _cli("import", "vllm", *map(str, files), "--map", str(_mapping(tmp_path / "m.yaml")),
+                   "-o", str(link))  # fmt: skip
+    assert code == 2 and "not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["card.yaml"]
+    assert (mine / "card.yaml").read_text(encoding="utf-8") == "my own file\n"
