@@ -140,14 +140,38 @@ def _held(root: Path, locked: bool) -> Iterator[None]:
         yield
 
 
-def gate_campaign(root: Path | str, *, figures: bool = True, locked: bool = False) -> Concluded:
+def gate_campaign(
+    root: Path | str, *, figures: bool = True, locked: bool = False, allow_unsealed: bool = False
+) -> Concluded:
     """``harness gate DIR``: decide, record and render under the campaign lock (``locked``:
-    the caller already holds it)."""
+    the caller already holds it).
+
+    A directory not sealed from its start is refused (exit 3, its verdict.json and JUnit
+    rewritten as failing) unless ``allow_unsealed``: stripping the seal must not turn into a
+    verdict. Allowed, every output of the verdict says it is unverified."""
     root = Path(root)
     with _held(root, locked):
         decision = decide(root)
+        if decision.verdict.unverified and not allow_unsealed:
+            _refuse_unsealed(decision)
         record(decision)
         return Concluded(decision, render(decision, figures=figures))
+
+
+def _refuse_unsealed(decision: Decision) -> None:
+    from harness.errors import VerificationError
+    from harness.gate.evaluate import GateResult, Verdict, write_verdict
+
+    text = (
+        f"{decision.root}: {decision.verdict.unverified}; `harness gate --allow-unsealed "
+        f"{decision.root}` reads it unverified and says so in every output"
+    )
+    refused = Verdict(
+        decision.verdict.campaign, False, [GateResult("sealed", "records verified", False, text)],
+        [], unverified=decision.verdict.unverified,
+    )  # fmt: skip
+    write_verdict(refused, decision.root)  # never an old PASS left in place
+    raise VerificationError(text)
 
 
 def report_campaign(root: Path | str, *, figures: bool = True) -> Concluded:
@@ -180,6 +204,7 @@ def run_campaign(
     scale: float = 1.0,
     quiet: bool = True,
     out: TextIO | None = None,
+    allow_unsealed: bool = False,
 ) -> RunResult:
     """``harness run``: a new campaign of ``card`` under ``reports`` (or the one at ``resume``,
     extended to ``cycles``), its runs not yet done executed and, unless interrupted, gated —
@@ -229,5 +254,5 @@ def run_campaign(
             return RunResult(campaign.root, outcome, None, notes)
         out.write(f"runs: {len(outcome.done)} done, {len(outcome.failed)} failed\n")
         out.flush()
-        concluded = gate_campaign(campaign.root, locked=True)
+        concluded = gate_campaign(campaign.root, locked=True, allow_unsealed=allow_unsealed)
         return RunResult(campaign.root, outcome, concluded, notes)

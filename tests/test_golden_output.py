@@ -11,6 +11,7 @@ record was written as ``TIME``.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -59,7 +60,11 @@ def test_analyze_prints_every_comparison(tmp_path: Path) -> None:
 
 def test_gate_prints_the_verdict_and_the_record_matches(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    result = run_cli("gate", str(root))
+    # Recorded before directories were sealed: refused without the flag, unverified with it.
+    refused = run_cli("gate", str(root))
+    assert refused.code == 3 and "--allow-unsealed" in refused.stderr
+    assert json.loads((root / "verdict.json").read_text())["passed"] is False
+    result = run_cli("gate", "--allow-unsealed", str(root))
     assert result.code in (0, 1), result.stderr
     assert_golden("gate.demo-shaped.txt", _relative(result.stdout, DIR=root))
     record = (root / "record.md").read_text(encoding="utf-8")

@@ -33,6 +33,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         scale=args.scale,
         quiet=args.quiet,
         out=out,
+        allow_unsealed=args.allow_unsealed,
     )
     if result.concluded is None:
         out.write(
@@ -158,6 +159,12 @@ def register(verbs: Any) -> None:
     )
     run.add_argument("--reports", default="reports", help="where campaign folders go")
     run.add_argument("--quiet", action="store_true", help="no progress bar (for CI logs)")
+    run.add_argument(
+        "--allow-unsealed",
+        action="store_true",
+        help="with --resume: gate a directory not sealed from its start, the verdict marked "
+        "unverified (refused without)",
+    )
     run.add_argument(
         "--scale",
         type=float,

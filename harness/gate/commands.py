@@ -14,7 +14,7 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.report.terminal import print_conclusion
     from harness.spine import gate_campaign
 
-    concluded = gate_campaign(Path(args.dir))
+    concluded = gate_campaign(Path(args.dir), allow_unsealed=args.allow_unsealed)
     print_conclusion(concluded, out, quiet=args.quiet)
     return concluded.exit_code
 
@@ -26,4 +26,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     gate.add_argument("dir", metavar="DIR")
     gate.add_argument("--quiet", action="store_true", help="no verdict table")
+    gate.add_argument(
+        "--allow-unsealed",
+        action="store_true",
+        help="gate a directory not sealed from its start (made before sealing, or its seal "
+        "stripped), every output saying the verdict is unverified; refused (exit 3) without",
+    )
     gate.set_defaults(handler=_cmd_gate)

@@ -61,6 +61,9 @@ class Verdict:
     # Cells compared with the control that no better or survives gate decides on: whatever
     # their comparisons say, the verdict did not ask.
     ungated: list[str] = field(default_factory=list)
+    # Non-empty when the directory is not sealed from its start, so nothing vouched for what
+    # it held: said in verdict.json, JUnit, the terminal, record.md and the report.
+    unverified: str = ""
 
     @property
     def outcome(self) -> str:
@@ -113,6 +116,8 @@ class Verdict:
             "outcome": self.outcome,
             "incomplete_runs": self.incomplete_runs,
             "ungated": self.ungated,
+            "verified": not self.unverified,
+            "unverified": self.unverified,
             "gates": [asdict(g) for g in self.gates],
         }
 
@@ -479,7 +484,17 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         results.append(cohorts)
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
     passed = bool(results) and all(r.passed for r in results) and not incomplete
-    return Verdict(analysis.card.campaign, passed, results, incomplete, ungated_cells(analysis))
+    unverified = "" if analysis.sealed else UNVERIFIED
+    return Verdict(
+        analysis.card.campaign, passed, results, incomplete, ungated_cells(analysis), unverified
+    )
+
+
+# Why a directory's verdict is unverified: its journal carries no seal from its start.
+UNVERIFIED = (
+    "the directory is not sealed from its start (made before campaign directories were "
+    "sealed, or its seal was stripped), so nothing vouches for what it held"
+)
 
 
 def ungated_cells(analysis: CampaignAnalysis) -> list[str]:
@@ -540,6 +555,12 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
             failure.text = reason
         else:
             ET.SubElement(case, "system-out").text = reason
+    if verdict.unverified:
+        # Allowed (--allow-unsealed), and still said where a CI reads the suite.
+        case = ET.SubElement(
+            suite, "testcase", classname="campaign.sealed", name="records verified by the seal"
+        )
+        ET.SubElement(case, "skipped", message=_xml(verdict.unverified)[:500])
     if incomplete:
         # A CI reading only the test cases must not see a green suite for a partial campaign.
         case = ET.SubElement(

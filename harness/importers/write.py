@@ -381,8 +381,6 @@ def _check_out(out: Path) -> None:
         raise RecordError(f"{out}: already holds a campaign; pick an empty -o folder")
     if out.is_symlink() and not out.exists():
         raise RecordError(f"{out}: a symlink to nothing; give a new or empty folder itself")
-    if out.exists() and not out.is_dir():
-        raise RecordError(f"{out}: not a folder; pick a new or empty -o folder")
     if out.is_dir() and any(p.name != LOCK_FILE for p in out.resolve().iterdir()):
         raise RecordError(
             f"{out}: not empty; an import writes a whole campaign directory and never over "

@@ -96,6 +96,7 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
         "incomplete_runs": list(verdict.incomplete_runs),
         "soak_failed": soak_failed,
         "ungated": verdict.ungated_text,
+        "unverified": verdict.unverified,
     }
 
 

@@ -163,6 +163,7 @@ def _header(context: dict[str, Any]) -> list[str]:
         + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
         "",
         *([f"**Not decided here:** {_md(verdict['ungated'])}.", ""] if verdict["ungated"] else []),
+        *([f"**Unverified:** {_md(verdict['unverified'])}.", ""] if verdict["unverified"] else []),
     ]
 
 

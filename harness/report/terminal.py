@@ -220,6 +220,8 @@ def print_verdict(verdict: Verdict, out: TextIO) -> None:
     console.print(table)
     if verdict.ungated_text:
         console.print(f"not decided here: {shown(verdict.ungated_text)}")
+    if verdict.unverified:
+        console.print(f"UNVERIFIED: {shown(verdict.unverified)}")
 
 
 def label_tally(labels: list[str], passed: bool) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from harness.formats.records import (
     RUN_OK,
 )
 from harness.gate.evaluate import evaluate_gates, write_verdict
-from tests.conftest import run_cli
+from tests.conftest import DATA, run_cli
 from tests.gate.campaigns import (
     Run,
     Synth,
@@ -181,3 +182,36 @@ def test_a_pass_says_which_comparisons_no_gate_asked_about(tmp_path: Path) -> No
     gated = card_text(gates + "\n  - {kind: better, metric: decode_tok_s}", cycles=2)
     other = build_campaign(tmp_path / "gated", gated, Synth(speed=faster(1.5)))
     assert evaluate_gates(analyze_campaign(other.root)).ungated == []
+
+
+WASHED = DATA / "campaigns" / "demo-washed"
+
+
+def test_a_stripped_seal_never_gates_exit_0_without_the_flag_and_says_unverified_with_it(
+    tmp_path: Path,
+) -> None:
+    # The adversary's edit: remove `seal` and `files` from every event of a sealed, passing
+    # campaign, so the directory reads as one made before sealing (it once gated PASS, exit 0,
+    # with one stderr note).
+    root = tmp_path / "washed"
+    shutil.copytree(WASHED, root)
+    journal = root / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
+    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files")} for e in events]
+    journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
+    refused = run_cli("gate", str(root))
+    assert refused.code == 3, refused.stdout + refused.stderr
+    assert "not sealed from its start" in refused.stderr and "--allow-unsealed" in refused.stderr
+    verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict["passed"] is False and verdict["verified"] is False
+    assert 'failures="1"' in (root / "verdict.junit.xml").read_text(encoding="utf-8")
+    allowed = run_cli("gate", "--allow-unsealed", str(root))
+    assert allowed.code == 0, allowed.stdout + allowed.stderr
+    assert "UNVERIFIED:" in allowed.stdout
+    verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict["passed"] is True and verdict["verified"] is False
+    assert "not sealed from its start" in verdict["unverified"]
+    junit = (root / "verdict.junit.xml").read_text(encoding="utf-8")
+    assert 'classname="campaign.sealed"' in junit and "<skipped" in junit
+    assert "**Unverified:**" in (root / "record.md").read_text(encoding="utf-8")
+    assert "<strong>Unverified:</strong>" in (root / "report.html").read_text(encoding="utf-8")
