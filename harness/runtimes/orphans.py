@@ -1,9 +1,11 @@
 """Runtimes a killed harness left running: journalled at boot, stopped on resume if still theirs.
 
 A process group is identified by its PGID and the start time ``ps`` reports for it, so a resume
-never signals a recycled PID that now names another process. A boot killed before its group
-was journalled is found by its mark instead: ``boot_starting`` journals the value of the
-``HARNESS_BOOT_DIR`` variable the runtime was started with (:data:`BOOT_MARK`).
+never signals a recycled PID that now names another process, and it is killed only when it is
+provably ours: its processes carry the ``HARNESS_BOOT_DIR`` variable (:data:`BOOT_MARK`) with
+the value ``boot_starting`` journalled for that boot. A journal line copying another group's
+PGID and start time (planted, or from another tool) therefore kills nothing. A boot killed
+before its group was journalled is found by its mark alone.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def journal_boot(journal: Journal, box: Box, box_name: str, run_id: str, pgid: i
     journal.append("boot", run_id=run_id, pgid=pgid, identity=identity, box=box_name)
 
 
-def kill_orphan(box: Box, pgid: int, identity: str) -> bool:
-    """SIGKILL a runtime group left by a killed harness, if ``pgid`` still is that runtime."""
-    if not identity or orphan_identity(box, pgid) != identity:
+def kill_orphan(box: Box, pgid: int, identity: str, mark: str | None) -> bool:
+    """SIGKILL a runtime group left by a killed harness, if ``pgid`` still is that runtime: the
+    same start time, and its processes marked with the boot's ``mark``."""
+    if not identity or not mark or orphan_identity(box, pgid) != identity:
+        return False
+    if pgid not in box.groups_marked(BOOT_MARK, mark):
         return False
     box.signal_group(pgid, "KILL")
     return box.wait_group_gone(pgid, 5.0)
@@ -50,10 +55,12 @@ def stop_orphans(journal: Journal, box: Box, box_name: str, default_box: str) ->
     stopped = set()
     booted = []
     marks: dict[str, str] = {}  # boots started but never journalled with their group
+    mark_of: dict[str, str] = {}  # every boot's mark, by run
     for event in journal.events():
         on_this_box = event.get("box", default_box) == box_name
-        if event.get("event") == "boot_starting" and on_this_box:
+        if event.get("event") == "boot_starting" and on_this_box and event.get("mark"):
             marks[str(event.get("run_id"))] = str(event.get("mark"))
+            mark_of[str(event.get("run_id"))] = str(event.get("mark"))
         if event.get("event") == "boot" and on_this_box:
             booted.append(event)
             marks.pop(str(event.get("run_id")), None)
@@ -70,7 +77,8 @@ def stop_orphans(journal: Journal, box: Box, box_name: str, default_box: str) ->
         if (event.get("run_id"), event.get("pgid")) in stopped:
             continue
         with contextlib.suppress(HarnessError, OSError):
-            if kill_orphan(box, int(event["pgid"]), str(event.get("identity", ""))):
+            booted_mark = mark_of.get(str(event.get("run_id")))
+            if kill_orphan(box, int(event["pgid"]), str(event.get("identity", "")), booted_mark):
                 journal.append("orphan_killed", run_id=event.get("run_id"), pgid=event["pgid"])
                 killed.append(int(event["pgid"]))
     return killed
