@@ -149,28 +149,40 @@ def gate_campaign(
     A directory not sealed from its start is refused (exit 3, its verdict.json and JUnit
     rewritten as failing) unless ``allow_unsealed``: stripping the seal must not turn into a
     verdict. Allowed, every output of the verdict says it is unverified."""
+    from harness.errors import VerificationError
+
     root = Path(root)
     with _held(root, locked):
-        decision = decide(root)
+        try:
+            decision = decide(root)
+        except VerificationError as exc:
+            # No old PASS left in place; nothing written where no verdict was before (a
+            # mistyped path is no campaign).
+            if (root / "verdict.json").is_file() and not (root / "verdict.json").is_symlink():
+                _write_failing(root, root.parent.name, str(exc))
+            raise
         if decision.verdict.unverified and not allow_unsealed:
             _refuse_unsealed(decision)
         record(decision)
         return Concluded(decision, render(decision, figures=figures))
 
 
+def _write_failing(root: Path, campaign: str, text: str, unverified: str = "") -> None:
+    """``verdict.json`` and JUnit of a directory that could not be gated: failing, with why."""
+    from harness.gate.evaluate import GateResult, Verdict, write_verdict
+
+    gate = GateResult("sealed", "records verified", False, text)
+    write_verdict(Verdict(campaign, False, [gate], [], unverified=unverified), root)
+
+
 def _refuse_unsealed(decision: Decision) -> None:
     from harness.errors import VerificationError
-    from harness.gate.evaluate import GateResult, Verdict, write_verdict
 
     text = (
         f"{decision.root}: {decision.verdict.unverified}; `harness gate --allow-unsealed "
         f"{decision.root}` reads it unverified and says so in every output"
     )
-    refused = Verdict(
-        decision.verdict.campaign, False, [GateResult("sealed", "records verified", False, text)],
-        [], unverified=decision.verdict.unverified,
-    )  # fmt: skip
-    write_verdict(refused, decision.root)  # never an old PASS left in place
+    _write_failing(decision.root, decision.verdict.campaign, text, decision.verdict.unverified)
     raise VerificationError(text)
 
 

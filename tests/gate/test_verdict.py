@@ -215,3 +215,22 @@ def test_a_stripped_seal_never_gates_exit_0_without_the_flag_and_says_unverified
     assert 'classname="campaign.sealed"' in junit and "<skipped" in junit
     assert "**Unverified:**" in (root / "record.md").read_text(encoding="utf-8")
     assert "<strong>Unverified:</strong>" in (root / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_directory_that_no_longer_verifies_leaves_no_old_pass_behind(tmp_path: Path) -> None:
+    root = tmp_path / "washed"
+    shutil.copytree(WASHED, root)
+    assert run_cli("gate", str(root)).code == 0
+    assert json.loads((root / "verdict.json").read_text(encoding="utf-8"))["passed"] is True
+    run = sorted((root / "runs").iterdir())[0]
+    (run / "run.json").write_text((run / "run.json").read_text() + " ", encoding="utf-8")
+    again = run_cli("gate", str(root))
+    assert again.code == 3 and "changed since" in again.stderr
+    verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict["passed"] is False and "changed since" in verdict["gates"][0]["reason"]
+    assert 'failures="1"' in (root / "verdict.junit.xml").read_text(encoding="utf-8")
+    # A path that is no campaign gets nothing written into it.
+    stranger = tmp_path / "not-a-campaign"
+    stranger.mkdir()
+    assert run_cli("gate", str(stranger)).code in (2, 3)
+    assert list(stranger.iterdir()) == []
