@@ -41,6 +41,11 @@ from harness.formats.maps import write_count_dump
 from harness.profiles.telemetry import ResponseRoutesSpec
 from harness.runtimes.boot import http_json
 
+# Rows (tokens) one response may route, far above any context window; and the routed experts
+# per layer past any model's (the simulator's trace bound, harness.sim.traces.MAX_EXPERTS).
+MAX_ROWS = 10_000_000
+MAX_EXPERTS = 4096
+
 
 def field_value(body: Any, dotted: str) -> Any:
     """``body`` at the dotted path (``choices.0.routed_experts``); None where any step is absent."""
@@ -145,6 +150,24 @@ def placeholder_layers(array: npt.NDArray[Any]) -> tuple[int, ...]:
     return tuple(int(layer) for layer in np.flatnonzero(zeros | minus_one))
 
 
+def check_ids(array: npt.NDArray[Any], experts: int | None, where: str) -> None:
+    """Every routed id below ``experts`` (the model's), or, without it, below any model's: the
+    counts are sized by the largest id, and one id of 2**62 once asked for GiBs."""
+    if not array.size:
+        return
+    highest = int(array.max())
+    if experts is not None and highest >= experts:
+        raise BadInput(
+            f"{where}: the response routes to expert {highest}, past --experts {experts}: give "
+            "the model's routed experts per layer"
+        )
+    if experts is None and highest >= MAX_EXPERTS:
+        raise InfrastructureError(
+            f"{where}: the response routes to expert {highest}, past any model's "
+            f"({MAX_EXPERTS}): the routing is corrupt, or give --experts"
+        )
+
+
 @dataclass
 class RouteRows:
     """Every response's routing, in request order, as trace rows: only the routed layers;
@@ -223,12 +246,13 @@ def collect_response_routes(
         prompt_tokens, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if not isinstance(prompt_tokens, int) or not isinstance(completion, int):
             raise InfrastructureError(f"{where}: the response has no usage token counts")
-        array = decode_routes(answer, routes, prompt_tokens + completion - 1, where, top_k)
-        if experts is not None and array.size and int(array.max()) >= experts:
-            raise BadInput(
-                f"{where}: the response routes to expert {int(array.max())}, past --experts "
-                f"{experts}: give the model's routed experts per layer"
+        if not (0 <= prompt_tokens < MAX_ROWS and 0 <= completion < MAX_ROWS):
+            raise InfrastructureError(
+                f"{where}: usage says {prompt_tokens} prompt and {completion} completion tokens; "
+                f"a response routes fewer than {MAX_ROWS:,}"
             )
+        array = decode_routes(answer, routes, prompt_tokens + completion - 1, where, top_k)
+        check_ids(array, experts, where)
         dense = placeholder_layers(array)
         if index == 0:
             rows.model_layers, rows.dense_layers = array.shape[1], dense

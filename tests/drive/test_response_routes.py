@@ -248,3 +248,17 @@ def test_route_rows_number_one_prefill_step_then_one_step_per_decode_row(tmp_pat
     with np.load(trace) as saved:
         assert saved["step"].tolist() == [0, 0, 0, 1, 2]
         assert saved["prefill"].tolist() == [True, True, True, False, True]
+
+
+def test_an_id_past_any_model_is_refused_before_the_counts_are_sized_by_it() -> None:
+    # Without --experts the counts are sized by the largest id: one id of 2**62 once asked for
+    # GiBs. Refused naming the request, with the fix.
+    from harness.drive.response_routes import check_ids
+
+    huge = np.array([[[1, 2**62]]], dtype=np.int64)
+    array = decode_routes({"choices": [{"routed_experts": _npy(huge)}]}, SPEC, 1, "request 1")
+    with pytest.raises(InfrastructureError, match=r"request 1: .* past any model's \(4096\)"):
+        check_ids(array, None, "request 1")
+    with pytest.raises(BadInput, match="past --experts 64"):
+        check_ids(array, 64, "request 1")
+    check_ids(np.array([[[1, 63]]]), 64, "request 1")  # within the model: fine
