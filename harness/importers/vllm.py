@@ -103,6 +103,18 @@ def read_result(
     return block
 
 
+# Tokens one request may hold, far above any context window: a count past it (1e308 once) is a
+# damaged file, not a request, and would be allocated per token.
+MAX_TOKENS = 10_000_000
+
+
+def _tokens(value: Any, where: str) -> int:
+    count = number(value, where, non_negative=True)
+    if count > MAX_TOKENS or count != int(count):
+        raise ResultFileError(f"{where}: {count:g} is no token count (0..{MAX_TOKENS:,})")
+    return int(count)
+
+
 def _read_detailed(data: dict[str, Any], path: Path, block: SourceBlock) -> None:
     ttfts = _list(data, "ttfts", path, None)
     n = len(ttfts)
@@ -124,13 +136,11 @@ def _read_detailed(data: dict[str, Any], path: Path, block: SourceBlock) -> None
         gaps.append(
             [number(g, f"{path}: itls[{i}][{j}]", non_negative=True) for j, g in enumerate(row)]
         )
-    lens = [
-        int(number(v, f"{path}: output_lens[{i}]", non_negative=True)) for i, v in enumerate(outs)
-    ]
+    lens = [_tokens(v, f"{path}: output_lens[{i}]") for i, v in enumerate(outs)]
     prompt = None
     if "input_lens" in data:
         raw = _list(data, "input_lens", path, n)
-        prompt = [int(number(v, f"{path}: input_lens[{i}]")) for i, v in enumerate(raw)]
+        prompt = [_tokens(v, f"{path}: input_lens[{i}]") for i, v in enumerate(raw)]
     e2el = None
     if "latencies" in data:
         raw = _list(data, "latencies", path, n)

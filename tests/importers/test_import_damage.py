@@ -70,3 +70,15 @@ def test_every_mutation_is_bad_input_or_reads(tmp_path: Path, fmt: str) -> None:
             read_source(fmt, path)
         except BadInput as exc:
             assert str(path) in exc.message, exc.message
+
+
+@pytest.mark.parametrize("bad", [1e308, 2.5, 10**12])
+def test_a_token_count_no_request_holds_is_bad_input_not_an_allocation(
+    tmp_path: Path, bad: float
+) -> None:
+    path = _vllm(tmp_path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["output_lens"] = [3, bad]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(BadInput, match=r"output_lens\[1\]: .* is no token count"):
+        read_source("vllm", path)
