@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from harness.catalog import METRICS
+from harness.errors import RecordError
 from harness.formats.records import read_parquet, write_parquet
 
 if TYPE_CHECKING:
@@ -137,9 +138,23 @@ def append_history(analysis: CampaignAnalysis, passed: bool) -> Path | None:
     return path
 
 
+def _store_file(path: Path) -> pd.DataFrame:
+    """One store file, refused naming it when it lacks the store's columns (a file another
+    tool or version left there once stopped `history` with a traceback)."""
+    frame = read_parquet(path)
+    lacking = [c for c in COLUMNS if c not in frame.columns]
+    if lacking:
+        raise RecordError(
+            f"{path}: not a results-store file (no {', '.join(lacking[:4])}"
+            f"{'…' if len(lacking) > 4 else ''}); move it out of the history folder"
+        )
+    return frame
+
+
 def read_history(folder: Path) -> pd.DataFrame:
     """Every row of the store at ``folder`` (``reports/history``), oldest first."""
-    frames = [read_parquet(p) for p in sorted(folder.glob("*.parquet"))] if folder.is_dir() else []
+    paths = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    frames = [_store_file(p) for p in paths]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=list(COLUMNS))
