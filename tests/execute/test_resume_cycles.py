@@ -97,8 +97,14 @@ def test_a_directory_made_before_inputs_were_frozen_resumes_from_card_path(
     unsealed = [{k: v for k, v in e.items() if k not in ("seal", "files")} for e in events]
     journal.write_text("".join(json.dumps(e) + "\n" for e in unsealed))
 
-    resumed = run_cli("run", "--resume", str(root), "--cycles", "2", "--quiet", cwd=REPO)
+    # Its runs complete either way; its verdict is gated only with --allow-unsealed, and is
+    # then marked unverified (a stripped seal must not become a PASS).
+    resumed = run_cli(
+        "run", "--resume", str(root), "--cycles", "2", "--quiet", "--allow-unsealed", cwd=REPO
+    )
     assert resumed.code == 0, resumed.stdout + resumed.stderr
+    assert "UNVERIFIED:" in resumed.stdout
+    assert json.loads((root / "verdict.json").read_text())["verified"] is False
     source = (root / "card.path").read_text().strip()
     assert (
         f"note: {root} keeps no copy of its inputs (made before campaign directories did); "
