@@ -35,7 +35,12 @@ from harness.stats.crossover import (
     model_view,
 )
 from harness.stats.cycles import Cycle, margin_log, pct_change
-from harness.stats.design_sim import Layout, fixed_cycles_needed, stopping_distribution
+from harness.stats.design_sim import (
+    Layout,
+    between_boxes_se,
+    fixed_cycles_needed,
+    stopping_distribution,
+)
 from harness.stats.drift import Flag, drift_flags, pooled_within_sd
 from harness.stats.intervals import bootstrap_ratio_ci, pair_effects, wilcoxon_p
 from harness.stats.labels import (
@@ -212,20 +217,18 @@ def between_boxes(cycles: Sequence[Cycle], effect: Effect) -> Effect:
     and not the default: ``fixed`` keeps the cycle-level interval, a verdict about these boxes,
     and fails a ``better`` gate where the interaction test finds the boxes disagree.
     """
-    boxes = sorted({c.box for c in cycles if c.box is not None})
-    if effect.se is None or len(boxes) < 2 or any(c.box is None for c in cycles):
+    if effect.se is None:
         return effect
-    d = np.asarray([c.effect for c in cycles], dtype=np.float64)
-    w = np.asarray(effect.weights, dtype=np.float64)
-    total = 0.0
-    for box in boxes:
-        mine = np.asarray([c.box == box for c in cycles])
-        share = float(w[mine].sum())
-        box_mean = float(w[mine] @ d[mine]) / share
-        total += (share * (box_mean - effect.mean)) ** 2
-    n = len(boxes)
-    se = max(math.sqrt(total * n / (n - 1)), effect.se)
-    return replace(effect, se=se, df=n - 1, boxes=n)
+    se, df = between_boxes_se(
+        np.asarray([[c.effect for c in cycles]], dtype=np.float64),
+        np.asarray([effect.mean]),
+        np.asarray([effect.se]),
+        [c.box for c in cycles],
+        np.asarray(effect.weights, dtype=np.float64),
+    )
+    if df is None:
+        return effect
+    return replace(effect, se=float(se[0]), df=df, boxes=df + 1)
 
 
 def cycle_slope(c: Cycle) -> float:

@@ -192,14 +192,20 @@ def _cycle_box(layout: Layout, cycle: int) -> str | None:
 
 
 def between_boxes_se(
-    effects: FloatArray, mean: FloatArray, se: FloatArray, boxes: Sequence[str | None]
+    effects: FloatArray,
+    mean: FloatArray,
+    se: FloatArray,
+    boxes: Sequence[str | None],
+    weights: FloatArray | None = None,
 ) -> tuple[FloatArray, int | None]:
-    """:func:`harness.stats.decision.between_boxes` for every campaign at once: the SE (never
-    below the cycle-level one) and its df, or the cycle-level SE and None on one box."""
+    """D̄'s SE between boxes for every campaign (row of ``effects``) at once, never below the
+    cycle-level ``se``, and its df; the cycle-level SE and None on one box. ``weights`` are the
+    cycles' in D̄ (default: the planner's alternation). See
+    :func:`harness.stats.decision.between_boxes` for why."""
     names = sorted({b for b in boxes if b is not None})
     if len(names) < 2 or any(b is None for b in boxes):
         return se, None
-    w = balanced_weights(effects.shape[1])
+    w = balanced_weights(effects.shape[1]) if weights is None else weights
     total = np.zeros(effects.shape[0])
     for name in names:
         mine = np.asarray([b == name for b in boxes])
