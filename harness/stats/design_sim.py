@@ -61,6 +61,10 @@ class Scenario:
     heat: float = 0.0  # any block right after a candidate block, itself included
     second_control: float = 0.0  # a control block two after a candidate block
     interaction_sd: float = 0.0  # SD of each box's own arm effect (box × arm interaction)
+    # The boxes' own effects centred on these boxes (their mean is 0): the null of a verdict
+    # about the boxes that ran (analysis.boxes: fixed). Uncentred, the null is about boxes
+    # like these, whose mean is 0 and whose two drawn here are not (analysis.boxes: random).
+    interaction_centred: bool = False
 
     @property
     def deployed(self) -> float:
@@ -253,6 +257,8 @@ def simulate_blocks(
         y += slopes[:, on_box] * clock[keep][None, :]
     if s.interaction_sd:
         own = rng.normal(0.0, s.interaction_sd, (n, layout.boxes))
+        if s.interaction_centred:
+            own -= own.mean(axis=1, keepdims=True)
         y += own[:, on_box] * is_b[keep][None, :]
     if s.step and s.step_chance:
         for j in range(cycles):

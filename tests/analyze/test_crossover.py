@@ -16,6 +16,7 @@ from harness.stats.design_sim import (
     DECIDED,
     Layout,
     Scenario,
+    cycle_effects,
     decide_many,
     layout_cycles,
     order_of,
@@ -294,3 +295,20 @@ def test_a_fleet_whose_boxes_disagree_is_not_called_better_for_boxes_like_these(
     both = compare_cycles(agree, metric="hit_rate", bootstrap_resamples=0, boxes="random",
                           drift_sensitive=False)  # fmt: skip
     assert both.label == Label.BETTER
+
+
+def test_a_centred_interaction_leaves_these_boxes_mean_effect_at_the_scenarios() -> None:
+    # The bench's null for analysis.boxes: fixed is "these boxes' mean effect is 0": each box
+    # has its own effect, and the two average to the scenario's. Uncentred, the two boxes
+    # drawn average to something else (the null of boxes like these, not of these boxes).
+    layout = Layout(washout=0.25, boxes=2)
+    seq = layout_cycles(layout, 4)
+    on_box = np.array([d.box for d in seq])
+    for centred, expect_zero in ((True, True), (False, False)):
+        scenario = Scenario(block_sd=1e-9, interaction_sd=0.05, interaction_centred=centred)
+        blocks = simulate_blocks(np.random.default_rng(9), 200, 4, scenario, layout)
+        d = cycle_effects(blocks)
+        per_box = np.stack([d[:, on_box == b].mean(axis=1) for b in ("0", "1")], axis=1)
+        assert float(np.abs(per_box).mean()) > 0.01  # each box has its own effect
+        means = per_box.mean(axis=1)
+        assert np.allclose(means, 0.0, atol=1e-6) == expect_zero
