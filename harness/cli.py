@@ -2,7 +2,9 @@
 (``<package>/commands.py``), dispatches, and maps what went wrong to an exit code.
 
 Expected failures (:class:`HarnessError`) are printed without a traceback and mapped to exit codes:
-0 pass, 1 a gate failed, 2 bad input or usage, 3 infrastructure. ``--debug`` shows tracebacks.
+0 pass, 1 a gate failed, 2 bad input or usage, 3 infrastructure. Anything else (a bug) is an
+"internal error", exit 3 too: never 1, which a release gate reads as a verdict. ``--debug``
+shows tracebacks.
 Stopped by a signal, a command exits 128 + its number: 130 Ctrl-C (SIGINT), 143 SIGTERM,
 129 SIGHUP (:mod:`harness.boxes.interrupts`), after stopping any runtime it booted.
 """
@@ -166,6 +168,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt as exc:
         _stderr(f"interrupted ({describe(exc)})\n")
         return exit_code(exc)
+    except Exception as exc:  # the last resort: a bug must not read as a verdict
+        # Python's own exit for an uncaught exception is 1, which a release gate reads as "the
+        # candidate failed". A harness bug reached no verdict: say so, and exit 3.
+        if args.debug:
+            traceback.print_exc()
+        _stderr(
+            f"internal error: {type(exc).__name__}: {exc}\n"
+            "  this is a harness bug, not a verdict (exit 3): rerun with --debug for the "
+            "traceback and report it; completed runs are kept\n"
+        )
+        return EXIT_INFRASTRUCTURE
 
 
 def entry() -> None:

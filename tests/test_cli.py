@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 
+import pytest
+
+from harness.cli import main
 from tests.conftest import DATA, REPO, run_cli
 
 VALID = str(DATA / "cards" / "valid.yaml")
@@ -136,3 +140,19 @@ def test_the_terminal_counts_comparisons_and_says_when_none_was_decided() -> Non
     mixed = label_tally(["better", "worse", "carry-over"], False)
     assert "1 better, 1 worse" in mixed and "1 flagged" in mixed
     assert "no comparison was decided" not in mixed
+
+
+def test_an_unexpected_error_is_an_internal_error_exit_3_never_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Output to a file object already closed: a ValueError that no reader or writer of ours
+    # turns into a HarnessError. Python's own exit for it is 1, "the gate failed" to a CI; the
+    # router says it is a harness bug, not a verdict, and exits 3 (--debug adds the traceback).
+    closed = io.StringIO()
+    closed.close()
+    assert main(["validate", VALID], out=closed) == 3
+    err = capsys.readouterr().err
+    assert "internal error: ValueError" in err and "not a verdict" in err
+    assert "Traceback" not in err
+    assert main(["--debug", "validate", VALID], out=closed) == 3
+    assert "Traceback" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from harness.card import Card
+from harness.errors import VerificationError
 from harness.stats.power import needed_words
 from harness.stats.sequential import SequentialPlan, spent
 
@@ -96,7 +97,7 @@ def look_state(card: Card, cycles: int, events: Sequence[dict[str, Any]]) -> Loo
     if design is None:
         return None
     cycles = min(cycles, design.max_cycles)
-    recorded = sorted({int(e["cycles"]) for e in events if e.get("event") == LOOK_EVENT})
+    recorded = sorted({_count(e, "cycles") for e in events if e.get("event") == LOOK_EVENT})
     before = [m for m in recorded if m < cycles] or [m for m in design.scheduled() if m < cycles]
     alpha = design.nominal_alpha(cycles, [*before, cycles])
     information = cycles / design.max_cycles
@@ -135,8 +136,8 @@ def looks_frame(events: Sequence[dict[str, Any]]) -> pd.DataFrame:
         if event.get("event") != LOOK_EVENT:
             continue
         base = {
-            "look": int(event.get("look", 0)),
-            "cycles": int(event.get("cycles", 0)),
+            "look": _count(event, "look"),
+            "cycles": _count(event, "cycles"),
             "information": event.get("information"),
             "nominal_alpha": event.get("nominal_alpha"),
             "decision": str(event.get("decision", "")),
@@ -144,6 +145,19 @@ def looks_frame(events: Sequence[dict[str, Any]]) -> pd.DataFrame:
         for item in event.get("comparisons") or [{}]:
             rows.append({**base, **item})
     return pd.DataFrame(rows)
+
+
+def _count(event: dict[str, Any], field: str) -> int:
+    """A look event's ``look`` or ``cycles``: a whole number no harness writes below 1. Anything
+    else is an edited journal, and the looks' levels would rest on it: refused (exit 3)."""
+    value = event.get(field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise VerificationError(
+            f"journal.jsonl: a look event's {field} is {value!r}, not a whole number of "
+            f"{'looks' if field == 'look' else 'cycles'} from 1: the journal was edited or "
+            "damaged, and the sequential levels cannot be read from it"
+        )
+    return value
 
 
 def undecided(comparisons: Sequence[dict[str, Any]], gated: Sequence[str]) -> list[str]:

@@ -74,11 +74,21 @@ def stop_orphans(journal: Journal, box: Box, box_name: str, default_box: str) ->
                 journal.append("orphan_killed", run_id=run_id, pgid=pgid)
                 killed.append(pgid)
     for event in booted:
-        if (event.get("run_id"), event.get("pgid")) in stopped:
-            continue
+        group = journalled_pgid(event.get("pgid"))
+        if group is None or (event.get("run_id"), event.get("pgid")) in stopped:
+            continue  # a group no harness could have journalled: nothing of ours to stop
         with contextlib.suppress(HarnessError, OSError):
             booted_mark = mark_of.get(str(event.get("run_id")))
-            if kill_orphan(box, int(event["pgid"]), str(event.get("identity", "")), booted_mark):
-                journal.append("orphan_killed", run_id=event.get("run_id"), pgid=event["pgid"])
-                killed.append(int(event["pgid"]))
+            if kill_orphan(box, group, str(event.get("identity", "")), booted_mark):
+                journal.append("orphan_killed", run_id=event.get("run_id"), pgid=group)
+                killed.append(group)
     return killed
+
+
+def journalled_pgid(value: object) -> int | None:
+    """A journalled process group id, or None when the line cannot name one: not an integer
+    (a mistyped or planted "abc", 1e3, true) or not above 1 (0 and 1 are no runtime's group,
+    and a negative id would signal every group of the box)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if value > 1 else None

@@ -70,3 +70,22 @@ def test_an_orphan_whose_start_time_differs_is_left_alone(tmp_path: Path, identi
         journal.append("boot", run_id="0000-x", pgid=pid, identity=identity, box="local")
         assert stop_orphans(journal, box, "local", "local") == []
         assert _alive(pid)
+
+
+@pytest.mark.parametrize("pgid", ["abc", "123", 1.5, True, None, 0, 1, -1])
+def test_a_mistyped_boot_line_is_skipped_not_a_traceback(tmp_path: Path, pgid: object) -> None:
+    # A boot line whose pgid no harness wrote (a typo, a string, a float, a boolean, a group id
+    # that is no runtime's) names nothing to stop: skipped, and the marked orphan beside it is
+    # still stopped. Before, int("abc") raised ValueError out of run --resume (a traceback,
+    # exit 1, which a CI reads as a failed gate).
+    box = LocalBox("local", BoxSpec())
+    mark = str(tmp_path / "runs" / "0000-x")
+    with _group({BOOT_MARK: mark}) as ours:
+        journal = Journal(tmp_path / "journal.jsonl")
+        journal.append("boot_starting", run_id="0001-y", box="local", mark=str(tmp_path / "y"))
+        journal.append("boot", run_id="0001-y", pgid=pgid, identity="", box="local")
+        journal.append("boot_starting", run_id="0000-x", box="local", mark=mark)
+        journal.append("boot", run_id="0000-x", pgid=ours,
+                       identity=orphan_identity(box, ours), box="local")  # fmt: skip
+        assert stop_orphans(journal, box, "local", "local") == [ours]
+        assert not _alive(ours)

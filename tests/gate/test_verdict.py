@@ -234,3 +234,27 @@ def test_a_directory_that_no_longer_verifies_leaves_no_old_pass_behind(tmp_path:
     stranger.mkdir()
     assert run_cli("gate", str(stranger)).code in (2, 3)
     assert list(stranger.iterdir()) == []
+
+
+@pytest.mark.parametrize("cycles", ["abc", 2.5, None, 0, True])
+def test_a_mistyped_look_event_is_refused_with_exit_3_not_a_traceback(
+    tmp_path: Path, cycles: object
+) -> None:
+    # Look events are not under the seal (they are written as the campaign decides), and the
+    # sequential levels are read from them. One edited to a cycles count no harness writes
+    # raised ValueError or TypeError out of gate: a traceback and exit 1, "the gate failed" to
+    # a CI. Now the journal is named and the exit is 3, with no old PASS left behind.
+    root = tmp_path / "washed"
+    shutil.copytree(WASHED, root)
+    assert run_cli("gate", str(root)).code == 0  # a PASS on disk, before the edit
+    journal = root / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
+    for event in events:
+        if event.get("event") == "look" and event.get("look") == 1:
+            event["cycles"] = cycles
+    journal.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+    refused = run_cli("gate", str(root))
+    assert refused.code == 3, refused.stdout + refused.stderr
+    assert "journal.jsonl: a look event's cycles is" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert json.loads((root / "verdict.json").read_text(encoding="utf-8"))["passed"] is False
