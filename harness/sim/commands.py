@@ -87,6 +87,16 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
             f"  {s['cell']}: {s['mode']} from {s['start']}: cold share "
             f"{100 * s['cold_share']:.2f}%, {s['swaps']:,} swaps, {s['expert_loads']:,} loads\n"
         )
+        if "oracle_loads" in s:
+            over = s["loads_over_oracle"]
+            out.write(
+                f"    oracle over the whole trace, {s['oracle_hot_slots']} hot slots a layer: "
+                f"Belady's MIN {s['oracle_loads']:,} loads against the policy's "
+                f"{s['replay_loads']:,}"
+                + (f" ({over:.2f}x)" if over else "")
+                + f"; the best frozen map in hindsight {100 * s['best_static_cold_share']:.2f}% "
+                f"cold against {100 * s['replay_cold_share']:.2f}%\n"
+            )
     out.write(f"campaign directory: {root}\n")
     return EXIT_OK
 

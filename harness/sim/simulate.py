@@ -34,6 +34,7 @@ from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs, parse_priority
+from harness.sim.oracle import OracleBound, oracle_bound
 from harness.sim.replay import replay_cache, replay_fast, replay_lru, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
 from harness.sim.traces import Trace, concat_traces, trace_from_arrays
@@ -261,12 +262,15 @@ class SimulatedCell:
     name: str
     settings: CellSettings
     result: ReplayResult
+    oracle: OracleBound | None = None  # rowmap cells: MIN's loads on the same trace and slots
 
     def summary(self) -> dict[str, Any]:
-        """Cold share, swaps and loads, for the command's table."""
+        """Cold share, swaps and loads, for the command's table; beside them the oracle's loads
+        over the whole replay (warmup included, as MIN's start is the boot map) and the
+        policy's loads over the same span."""
         counters = self.result.run_counters(self.settings.record_bytes)["delta"]
         lookups = counters["lookups"] or 1
-        return {
+        out: dict[str, Any] = {
             "cell": self.name,
             "mode": self.settings.mode,
             "start": self.settings.start,
@@ -274,6 +278,19 @@ class SimulatedCell:
             "swaps": counters["swaps"],
             "expert_loads": counters["expert_loads"],
         }
+        if self.oracle is not None:
+            whole = self.result.counters(self.settings.record_bytes)
+            out.update(
+                replay_loads=whole["expert_loads"],
+                oracle_loads=self.oracle.loads,
+                oracle_hot_slots=self.oracle.hot_slots,
+                best_static_cold_share=self.oracle.static_share,
+                replay_cold_share=whole["cold_lookups"] / (whole["lookups"] or 1),
+                loads_over_oracle=(
+                    whole["expert_loads"] / self.oracle.loads if self.oracle.loads else None
+                ),
+            )
+        return out
 
 
 def simulate_cells(
@@ -289,7 +306,8 @@ def simulate_cells(
     for name in loaded.card.cells:
         settings = cell_settings(loaded, name, trace, start, expert_bytes=expert_bytes)
         result = replay_settings(settings, trace, fast=fast)
-        cells.append(SimulatedCell(name, settings, result))
+        oracle = oracle_bound(trace, settings.hot) if settings.mode == "rowmap" else None
+        cells.append(SimulatedCell(name, settings, result, oracle))
     return cells
 
 
