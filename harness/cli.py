@@ -41,7 +41,7 @@ VERBS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness.report.commands", ("report",)),
     ("harness.history.commands", ("history",)),
     ("harness.importers.commands", ("import",)),
-    ("harness.sim.commands", ("simulate", "fit-map")),
+    ("harness.sim.commands", ("simulate", "fit-cost", "fit-map")),
     ("harness.runtimes.llamacpp.commands", ("make-gguf", "llama-trace")),
     ("harness.runtimes.vllm.commands", ("make-vllm-model",)),
     ("harness.runtimes.ds4.commands", ("make-ds4-model",)),

@@ -429,6 +429,19 @@ def simulated_siblings(root: Path, campaign: str) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+def _predicted_speed(sibling: Path) -> dict[str, dict[str, dict[str, float]]] | None:
+    """A simulation's speeds priced by a fitted cost (``simulate --cost``), or None."""
+    path = sibling / "predicted_speed.json"
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+    except HarnessError:
+        return None  # unreadable: the simulated ring's own figures stand, without intervals
+    cells = data.get("cells") if isinstance(data, dict) else None
+    return cells if isinstance(cells, dict) else None
+
+
 def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeasured | None:
     """Predicted against measured from the newest simulated sibling of the same campaign."""
     for sibling in simulated_siblings(root, card.campaign):
@@ -439,7 +452,9 @@ def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeas
         if predicted.card.campaign != card.campaign:
             continue
         source = f"{sibling.parent.name}/{sibling.name}"
-        found = predicted_vs_measured(card, cells, predicted.cells, source)
+        found = predicted_vs_measured(
+            card, cells, predicted.cells, source, _predicted_speed(sibling)
+        )
         if found is not None:
             return found
     return None

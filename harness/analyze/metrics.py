@@ -192,6 +192,10 @@ def run_metrics(
         out["swap_ms_per_swap"] = summary.get("swap_ms_per_swap")
         out["swap_steps"] = summary.get("swap_steps")
         out["ring_itl_p99_ms"] = summary.get("itl_p99_ms")
+        # The ring's own decode speed and step percentiles: what a fitted cost model predicts.
+        out["ring_decode_tok_s"] = summary.get("decode_tok_s")
+        out["ring_itl_p50_ms"] = summary.get("itl_p50_ms")
+        out["ring_itl_p95_ms"] = summary.get("itl_p95_ms")
         out["ring_duration_s"] = summary.get("duration_s")
         if "boot" in ring.columns and ring["boot"].nunique() > 1:
             # A resumed run: time served is the sum of each boot's span, not the wall time

@@ -2,11 +2,15 @@
 
 ``harness simulate`` writes a campaign directory marked ``SIMULATED``; the analysis of the
 measured campaign reads the newest such sibling and pairs its cell table with its own here.
+Where the simulation priced its ring with a fitted cost model (``simulate --cost``), its
+``predicted_speed.json`` gives the speeds with the fit's 95% intervals, and each row says
+whether the box's value lies inside; per metric, whether the predicted order of the cells held.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -15,7 +19,16 @@ from harness.analyze.cell_values import cell_value
 from harness.card import Card
 
 # Runtime-side metrics a simulator predicts, shown predicted against measured.
-PREDICTED_METRICS = ("t90_s", "t2x_s", "churn_per_min", "ring_cold_share", "hit_rate")
+PREDICTED_METRICS = (
+    "t90_s",
+    "t2x_s",
+    "churn_per_min",
+    "ring_cold_share",
+    "hit_rate",
+    "ring_decode_tok_s",
+    "ring_itl_p50_ms",
+    "ring_itl_p95_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,22 @@ class Prediction:
     cell: str
     predicted: float | None
     measured: float | None
+    low: float | None = None  # the prediction's 95% interval, where a fitted cost gave one
+    high: float | None = None
+
+    @property
+    def within(self) -> bool | None:
+        """Whether the measured value lies in the predicted interval (None: no interval)."""
+        if self.low is None or self.high is None or self.measured is None:
+            return None
+        return self.low <= self.measured <= self.high
+
+    @property
+    def ratio(self) -> float | None:
+        """predicted ÷ measured."""
+        if self.predicted is None or not self.measured:
+            return None
+        return self.predicted / self.measured
 
     @property
     def error(self) -> float | None:
@@ -48,6 +77,8 @@ class Prediction:
             **asdict(self),
             "error": self.error,
             "relative_error": self.relative_error,
+            "ratio": self.ratio,
+            "within": self.within,
         }
 
 
@@ -58,6 +89,7 @@ class PredictedVsMeasured:
     source: str  # the simulated campaign's directory, relative to the reports folder
     cache_state: str
     rows: tuple[Prediction, ...]
+    order_held: dict[str, bool] = field(default_factory=dict)  # metric: cells ranked alike
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -65,6 +97,7 @@ class PredictedVsMeasured:
             "source": self.source,
             "cache_state": self.cache_state,
             "rows": [r.to_json() for r in self.rows],
+            "order_held": dict(self.order_held),
         }
 
     def frame(self) -> pd.DataFrame:
@@ -73,16 +106,51 @@ class PredictedVsMeasured:
 
 
 def predicted_vs_measured(
-    card: Card, measured: pd.DataFrame, predicted: pd.DataFrame, source: str
+    card: Card,
+    measured: pd.DataFrame,
+    predicted: pd.DataFrame,
+    source: str,
+    speed: dict[str, dict[str, dict[str, float]]] | None = None,
 ) -> PredictedVsMeasured | None:
-    """Rows for every predicted metric either side has; None when neither has any."""
+    """Rows for every predicted metric either side has; None when neither has any. ``speed``
+    is a fitted cost's prediction per cell and metric (estimate, low, high), which replaces the
+    simulated ring's own figure (priced without the box's noise) and brings an interval."""
     state = card.design.cache_states[0]
     rows = []
     for metric in PREDICTED_METRICS:
         for cell in card.cells:
             value = cell_value(measured, cell, state, metric)
             guess = cell_value(predicted, cell, state, metric)
+            band = (speed or {}).get(cell, {}).get(metric)
+            low = high = None
+            if band is not None:
+                guess, low, high = (_number(band.get(k)) for k in ("estimate", "low", "high"))
             if value is None and guess is None:
                 continue
-            rows.append(Prediction(metric, cell, guess, value))
-    return PredictedVsMeasured(source, state, tuple(rows)) if rows else None
+            rows.append(Prediction(metric, cell, guess, value, low, high))
+    if not rows:
+        return None
+    return PredictedVsMeasured(source, state, tuple(rows), _orders(rows))
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _orders(rows: list[Prediction]) -> dict[str, bool]:
+    """Per metric with two cells or more on both sides: whether ranking the cells by the
+    prediction gives the box's ranking (ties broken by name on both sides alike)."""
+    out: dict[str, bool] = {}
+    for metric in dict.fromkeys(r.metric for r in rows):
+        both = [r for r in rows if r.metric == metric and r.predicted is not None
+                and r.measured is not None]  # fmt: skip
+        if len(both) < 2:
+            continue
+        by_guess = [r.cell for r in sorted(both, key=lambda r: (r.predicted, r.cell))]
+        by_value = [r.cell for r in sorted(both, key=lambda r: (r.measured, r.cell))]
+        out[metric] = by_guess == by_value
+    return out

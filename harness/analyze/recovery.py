@@ -539,8 +539,8 @@ def ring_summary(
     Keys: steps, duration_s, cold_share (Σcold/Σlookups over the ring), converged_cold_share
     and churn_per_min (swaps per minute) over the converged spans — the last
     ``converged_span_s`` of every phase span —, swap_steps, swap_cost_ratio, swap_ms_per_swap,
-    decode_tok_s (decode tokens ÷ Σdur of decode steps), itl_p50_ms and itl_p99_ms (dur_ns of
-    decode steps, tokens == ``decode_tokens``, linear-interpolation percentiles).
+    decode_tok_s (decode tokens ÷ Σdur of decode steps), itl_p50_ms, itl_p95_ms and itl_p99_ms
+    (dur_ns of decode steps, tokens == ``decode_tokens``, linear-interpolation percentiles).
     Pass ``windows`` to reuse a cold_share_windows result.
     """
     cols = ring_columns(frame)
@@ -554,10 +554,10 @@ def ring_summary(
     conv_minutes = float(windows["span_s"].to_numpy()[conv].sum()) / 60.0
     decode = np.delete(dur, np.flatnonzero(cols["tokens"] != decode_tokens))  # a copy
     decode_ns = int(decode.sum())
-    itl_ms: list[float | None] = [None, None]
+    itl_ms: list[float | None] = [None, None, None]
     if decode.size:
-        p50, p99 = np.percentile(decode, [50, 99], overwrite_input=True)
-        itl_ms = [float(p50) / 1e6, float(p99) / 1e6]
+        p50, p95, p99 = np.percentile(decode, [50, 95, 99], overwrite_input=True)
+        itl_ms = [float(p50) / 1e6, float(p95) / 1e6, float(p99) / 1e6]
     summary: dict[str, float | None] = {
         "steps": float(dur.size),
         "duration_s": float(cols["t_ns"][-1] + dur[-1] - cols["t_ns"][0]) / NS_PER_S,
@@ -572,7 +572,8 @@ def ring_summary(
         ),
         "decode_tok_s": (decode.size * decode_tokens * NS_PER_S / decode_ns if decode_ns else None),
         "itl_p50_ms": itl_ms[0],
-        "itl_p99_ms": itl_ms[1],
+        "itl_p95_ms": itl_ms[1],
+        "itl_p99_ms": itl_ms[2],
     }
     summary.update(_swap_cost(cols, decode_tokens))
     return summary

@@ -361,10 +361,21 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             "predicted_text": fmt.num(r.predicted),
             "measured_text": fmt.num(r.measured),
             "error_text": fmt.num(r.error),
+            "interval_text": (
+                f"[{fmt.num(r.low)}, {fmt.num(r.high)}]"
+                if r.low is not None and r.high is not None
+                else "—"
+            ),
+            "ratio_text": f"{r.ratio:.3f}" if r.ratio is not None else "—",
+            "within_text": {True: "yes", False: "no", None: "—"}[r.within],
         }
         for r in predicted.rows
     ]
-    return {"dir": predicted.source, "rows": rows, "png": None}
+    orders = [
+        {"metric": metric, "held": "yes" if held else "no"}
+        for metric, held in predicted.order_held.items()
+    ]
+    return {"dir": predicted.source, "rows": rows, "png": None, "orders": orders}
 
 
 def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:

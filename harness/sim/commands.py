@@ -62,6 +62,11 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.sim.trace_files import load_trace
 
     loaded = load_card(Path(args.card))
+    cost_fit = None
+    if args.cost:  # before the traces: a bad cost file is found without loading them
+        from harness.sim.cost_fit import read_cost
+
+        cost_fit = read_cost(Path(args.cost))
     traces = [load_trace(path, experts=args.experts) for path in args.traces]
     cost = CostModel(
         step_ns=round(args.step_ms * 1e6),
@@ -78,6 +83,7 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
         cost=cost,
         fast=not args.reference,
         expert_bytes=args.expert_bytes,
+        cost_fit=cost_fit,
     )
     rows = sum(t.rows for t in traces)
     out.write(f"simulated {len(cells)} cells over {rows:,} tokens of {len(traces)} trace(s)\n")
@@ -97,7 +103,58 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
                 + f"; the best frozen map in hindsight {100 * s['best_static_cold_share']:.2f}% "
                 f"cold against {100 * s['replay_cold_share']:.2f}%\n"
             )
+        if cell.speed:
+            out.write(
+                "    predicted (fitted cost, 95% interval): " + _speed_text(cell.speed) + "\n"
+            )
     out.write(f"campaign directory: {root}\n")
+    return EXIT_OK
+
+
+def _speed_text(speed: dict[str, dict[str, float]]) -> str:
+    parts = []
+    for metric, label, unit, digits in (
+        ("ring_decode_tok_s", "decode", " tok/s", 0),
+        ("ring_itl_p50_ms", "step p50", " ms", 3),
+        ("ring_itl_p95_ms", "p95", " ms", 3),
+    ):
+        if metric in speed:
+            v = speed[metric]
+            parts.append(
+                f"{label} {v['estimate']:.{digits}f}{unit} "
+                f"[{v['low']:.{digits}f}, {v['high']:.{digits}f}]"
+            )
+    return ", ".join(parts)
+
+
+def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.sim.cost_fit import TERMS, fit_cost, write_cost
+
+    fit = fit_cost(Path(args.campaign), seed=args.seed)
+    write_cost(fit, Path(args.output))
+    out.write(
+        f"fitted from {fit.steps:,} host steps of {fit.runs} runs: R² {fit.r2:.4f}, residual SD "
+        f"{fit.residual_sd_ns / 1e6:.3f} ms "
+        f"(decode steps {fit.decode_residual_sd_ns / 1e6:.3f} ms)\n"
+    )
+    names = {"step_ns": "per step", "token_ns": "per token", "cold_lookup_ns": "per cold lookup",
+             "swap_ns": "per applied swap"}  # fmt: skip
+    for term in TERMS:
+        low, high = fit.interval[term]
+        out.write(
+            f"  {names[term]}: {fit.estimate[term] / 1e6:.4f} ms "
+            f"[{low / 1e6:.4f}, {high / 1e6:.4f}] (95%, runs resampled)\n"
+        )
+    ratio = fit.measured_swap.get("swap_cost_ratio")
+    per_swap = fit.measured_swap.get("swap_ms_per_swap")
+    if ratio is not None and per_swap is not None:
+        out.write(
+            f"  measured on the same rings (seed 000's reading): a swap-bearing decode step runs "
+            f"at {ratio:.2f}x the swap-free p95, {per_swap:.4f} ms per applied swap\n"
+        )
+    out.write(
+        f"cost model: {args.output} (harness simulate CARD --traces ... --cost {args.output})\n"
+    )
     return EXIT_OK
 
 
@@ -225,7 +282,7 @@ def _check_suffix(path: str, kind: str) -> None:
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``simulate`` and ``fit-map`` verbs to the harness CLI."""
+    """Add the ``simulate``, ``fit-cost`` and ``fit-map`` verbs to the harness CLI."""
     sim = verbs.add_parser(
         "simulate",
         help="replay routing traces through the runtime's policy (lockstep, predicted campaigns)",
@@ -269,8 +326,23 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         sim.add_argument(
             flag, type=float, default=ns / 1e6, help=f"synthetic ring time {what} ({ns / 1e6:g})"
         )
+    sim.add_argument(
+        "--cost",
+        metavar="FILE",
+        help="a cost model from `harness fit-cost` (replaces the --*-ms figures): the ring is "
+        "priced by it, and each cell's decode speed is predicted with the fit's intervals",
+    )
     add_sweep_arguments(sim)
     sim.set_defaults(handler=_cmd_simulate)
+
+    cost = verbs.add_parser(
+        "fit-cost",
+        help="fit a host step's cost (per step, token, cold lookup, swap) from a campaign's rings",
+    )
+    cost.add_argument("campaign", metavar="DIR", help="a finished campaign directory")
+    cost.add_argument("-o", "--output", default="cost.json", help="where to write (cost.json)")
+    cost.add_argument("--seed", type=int, default=0, help="seed of the run resampling (0)")
+    cost.set_defaults(handler=_cmd_fit_cost)
 
     fit = verbs.add_parser(
         "fit-map",

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 
 from harness.card import Cell, LoadedCard
@@ -34,6 +35,7 @@ from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs, parse_priority
+from harness.sim.cost_fit import CostFit, predict_speed, write_cost
 from harness.sim.oracle import OracleBound, oracle_bound
 from harness.sim.replay import replay_cache, replay_fast, replay_lru, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
@@ -263,6 +265,7 @@ class SimulatedCell:
     settings: CellSettings
     result: ReplayResult
     oracle: OracleBound | None = None  # rowmap cells: MIN's loads on the same trace and slots
+    speed: dict[str, dict[str, float]] = field(default_factory=dict)  # with a fitted cost
 
     def summary(self) -> dict[str, Any]:
         """Cold share, swaps and loads, for the command's table; beside them the oracle's loads
@@ -341,9 +344,14 @@ def simulate_card(
     cost: CostModel | None = None,
     fast: bool = True,
     expert_bytes: int | None = None,
+    cost_fit: CostFit | None = None,
 ) -> tuple[Path, list[SimulatedCell]]:
-    """Write a simulated campaign directory; returns it and the per-cell replays."""
-    cost = cost or CostModel()
+    """Write a simulated campaign directory; returns it and the per-cell replays.
+
+    With ``cost_fit`` (``--cost``) the ring is priced by the fitted model, and every cell's
+    decode speed and inter-token percentiles are predicted with the fit's intervals
+    (``predicted_speed.json``, beside a copy of the fit as ``cost.json``)."""
+    cost = cost_fit.model() if cost_fit is not None else (cost or CostModel())
     trace = concat_traces(traces)
     plan = build_plan(loaded)
     if out is None:
@@ -411,5 +419,19 @@ def simulate_card(
         )
         write_json_atomic(run_dir / "run.json", record.to_json())
         campaign.journal.append("run_done", run_id=run.run_id)
+    if cost_fit is not None:
+        write_cost(cost_fit, root / "cost.json")
+        for cell in cells.values():
+            result = cell.result
+            tokens = np.where(result.prefill, 0, result.tokens)  # prefill steps never decode
+            cell.speed = predict_speed(cost_fit, tokens, result.cold_lookups, result.step_swaps)
+        write_json_atomic(
+            root / "predicted_speed.json",
+            {
+                "schema_version": 1,
+                "cost": cost_fit.source,
+                "cells": {name: cell.speed for name, cell in cells.items()},
+            },
+        )
     campaign.journal.append("campaign_end", done=len(plan.runs), failed=0)
     return root, list(cells.values())

@@ -1,0 +1,110 @@
+"""harness fit-cost: a host step's cost fitted from a campaign's rings, and simulate --cost.
+
+The fit is held to a simulation priced with known costs (it must give them back exactly), and
+run on the real reference runtime's rings of the demo-shaped fixture; a simulation priced by
+that fit sits beside the measured campaign, whose analysis then shows the predicted speeds with
+their intervals and whether the box's values lie inside."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.analyze.campaign import analyze_campaign
+from harness.formats.maps import write_rowmap
+from harness.sim.cost_fit import TERMS, fit_cost, read_cost
+from tests.conftest import DATA, REPO, run_cli
+from tests.sim.test_simulate import CARD, POOL, _domain_trace
+
+WASHED = DATA / "campaigns" / "demo-washed"
+
+
+def test_the_fit_gives_back_the_costs_a_simulation_was_priced_with(tmp_path: Path) -> None:
+    # A reference-runtime route trace (prefill and decode steps) replayed through the demo's
+    # cells and priced with known costs: the fit must return them, with R² 1.
+    trace = next((WASHED / "runs").glob("0000-*")) / "route-trace.jsonl"
+    known = {"step_ns": 0.3e6, "token_ns": 0.2e6, "cold_lookup_ns": 0.05e6, "swap_ns": 0.4e6}
+    sim = run_cli("simulate", str(REPO / "campaigns" / "demo.yaml"), "--traces", str(trace),
+                  "--out", str(tmp_path / "sim"), "--step-ms", "0.3", "--token-ms", "0.2",
+                  "--cold-ms", "0.05", "--swap-ms", "0.4")  # fmt: skip
+    assert sim.code == 0, sim.stderr
+    fitted = run_cli("fit-cost", str(tmp_path / "sim"), "-o", str(tmp_path / "cost.json"))
+    assert fitted.code == 0, fitted.stderr
+    assert "R² 1.0000" in fitted.stdout and "per applied swap: 0.4000 ms" in fitted.stdout
+    fit = read_cost(tmp_path / "cost.json")
+    for term in TERMS:
+        assert fit.estimate[term] == pytest.approx(known[term], rel=1e-6), term
+        low, high = fit.interval[term]  # exact data: every resample gives the same costs
+        assert low == pytest.approx(known[term], rel=1e-6)
+        assert high == pytest.approx(known[term], rel=1e-6)
+
+
+def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path) -> None:
+    # The reference runtime's own rings (the demo-washed fixture): the fit explains most of a
+    # step's time, its swap term agrees with seed 000's reading of the same rings, and a
+    # simulation priced by it, replaying a run's own route trace, predicts the ring's decode
+    # speed of both cells within 10% — shown with its interval in the measured campaign's
+    # analysis, its simulated sibling found as `harness simulate --reports` writes it.
+    root = tmp_path / "reports" / "demo" / "20260101T000000Z"
+    shutil.copytree(WASHED, root)
+    fit = fit_cost(root)
+    assert fit.runs == 16 and fit.r2 > 0.9
+    measured = fit.measured_swap["swap_ms_per_swap"]
+    assert measured is not None and 0.5 < fit.estimate["swap_ns"] / 1e6 / measured < 2.0
+    cost = tmp_path / "cost.json"
+    assert run_cli("fit-cost", str(root), "-o", str(cost)).code == 0
+    trace = next((root / "runs").glob("0000-*")) / "route-trace.jsonl"
+    sim = run_cli("simulate", str(REPO / "campaigns" / "demo.yaml"), "--traces", str(trace),
+                  "--reports", str(tmp_path / "reports"), "--cost", str(cost))  # fmt: skip
+    assert sim.code == 0, sim.stderr
+    assert sim.stdout.count("predicted (fitted cost, 95% interval): decode") == 2
+    sibling = next((tmp_path / "reports" / "demo-sim").iterdir())
+    assert json.loads((sibling / "cost.json").read_text())["terms"]["swap_ns"]["estimate"] > 0
+    predicted = analyze_campaign(root).seed_tables.predicted
+    assert predicted is not None
+    rows = {(r.metric, r.cell): r for r in predicted.rows}
+    for cell in ("stale", "seed"):
+        speed = rows[("ring_decode_tok_s", cell)]
+        assert speed.low is not None and speed.high is not None and speed.within is not None
+        assert speed.ratio is not None and abs(speed.ratio - 1) < 0.10, speed
+    assert "ring_decode_tok_s" in predicted.order_held
+
+
+def test_a_bad_cost_file_is_refused_naming_it(tmp_path: Path) -> None:
+    bad = tmp_path / "cost.json"
+    bad.write_text(json.dumps({"schema_version": 1, "terms": {"step_ns": {}}}))
+    result = run_cli("simulate", str(REPO / "campaigns" / "demo.yaml"), "--traces",
+                     str(tmp_path / "none.npy"), "--cost", str(bad))  # fmt: skip
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert f"{bad}: cost model field missing or mistyped" in result.stderr
+
+
+def test_rings_that_cannot_separate_the_costs_are_refused_naming_what_varies(
+    tmp_path: Path,
+) -> None:
+    # .npy traces have no prefill rows: every step has one token, so the token cost cannot be
+    # told from the step cost, and the fit says so instead of returning an arbitrary split.
+    _domain_trace(tmp_path / "prose.npy", 0, 1)
+    _domain_trace(tmp_path / "code.npy", 8, 2)
+    write_rowmap(tmp_path / "seed.json", [list(range(8, 16))] * 4, 16)
+    (tmp_path / "card.yaml").write_text(CARD.format(pool=POOL))
+    sim = run_cli("simulate", str(tmp_path / "card.yaml"), "--traces",
+                  str(tmp_path / "prose.npy"), str(tmp_path / "code.npy"),
+                  "--out", str(tmp_path / "sim"))  # fmt: skip
+    assert sim.code == 0, sim.stderr
+    refused = run_cli("fit-cost", str(tmp_path / "sim"), "-o", str(tmp_path / "cost.json"))
+    assert refused.code == 2 and "cannot separate the four costs" in refused.stderr
+    assert "token_ns" not in refused.stderr.split("vary")[0].split("only")[1]
+    assert not (tmp_path / "cost.json").exists()
+
+
+def test_a_campaign_without_rings_cannot_be_fitted(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    shutil.copytree(WASHED, root)
+    for ring in (root / "runs").glob("*/ring.parquet"):
+        ring.unlink()
+    result = run_cli("fit-cost", str(root), "-o", str(tmp_path / "cost.json"))
+    assert result.code in (2, 3) and "Traceback" not in result.stderr
