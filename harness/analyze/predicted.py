@@ -90,6 +90,7 @@ class PredictedVsMeasured:
     cache_state: str
     rows: tuple[Prediction, ...]
     order_held: dict[str, bool] = field(default_factory=dict)  # metric: cells ranked alike
+    pairs_held: dict[str, tuple[int, int]] = field(default_factory=dict)  # metric: (held, pairs)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -98,6 +99,7 @@ class PredictedVsMeasured:
             "cache_state": self.cache_state,
             "rows": [r.to_json() for r in self.rows],
             "order_held": dict(self.order_held),
+            "pairs_held": {k: list(v) for k, v in self.pairs_held.items()},
         }
 
     def frame(self) -> pd.DataFrame:
@@ -130,7 +132,8 @@ def predicted_vs_measured(
             rows.append(Prediction(metric, cell, guess, value, low, high))
     if not rows:
         return None
-    return PredictedVsMeasured(source, state, tuple(rows), _orders(rows))
+    orders, pairs = _orders(rows)
+    return PredictedVsMeasured(source, state, tuple(rows), orders, pairs)
 
 
 def _number(value: Any) -> float | None:
@@ -141,10 +144,14 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _orders(rows: list[Prediction]) -> dict[str, bool]:
+def _orders(rows: list[Prediction]) -> tuple[dict[str, bool], dict[str, tuple[int, int]]]:
     """Per metric with two cells or more on both sides: whether ranking the cells by the
-    prediction gives the box's ranking (ties broken by name on both sides alike)."""
-    out: dict[str, bool] = {}
+    prediction gives the box's ranking (ties broken by name on both sides alike), and of the
+    pairs of cells, how many the prediction ordered as the box did (a tie on either side
+    counts as held only when both sides tie) — one swapped pair of cells within the box's
+    noise fails the whole order, so the pairs say how far it held."""
+    orders: dict[str, bool] = {}
+    pairs: dict[str, tuple[int, int]] = {}
     for metric in dict.fromkeys(r.metric for r in rows):
         both = [r for r in rows if r.metric == metric and r.predicted is not None
                 and r.measured is not None]  # fmt: skip
@@ -152,5 +159,18 @@ def _orders(rows: list[Prediction]) -> dict[str, bool]:
             continue
         by_guess = [r.cell for r in sorted(both, key=lambda r: (r.predicted, r.cell))]
         by_value = [r.cell for r in sorted(both, key=lambda r: (r.measured, r.cell))]
-        out[metric] = by_guess == by_value
-    return out
+        orders[metric] = by_guess == by_value
+        held = total = 0
+        for i, a in enumerate(both):
+            for b in both[i + 1 :]:
+                total += 1
+                guess = _sign(a.predicted, b.predicted)
+                held += guess == _sign(a.measured, b.measured)
+        pairs[metric] = (held, total)
+    return orders, pairs
+
+
+def _sign(a: float | None, b: float | None) -> int:
+    if a is None or b is None:
+        return 0
+    return (a > b) - (a < b)

@@ -372,7 +372,11 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         for r in predicted.rows
     ]
     orders = [
-        {"metric": metric, "held": "yes" if held else "no"}
+        {
+            "metric": metric,
+            "held": "yes" if held else "no",
+            "pairs": "{} of {} pairs".format(*predicted.pairs_held.get(metric, (0, 0))),
+        }
         for metric, held in predicted.order_held.items()
     ]
     return {"dir": predicted.source, "rows": rows, "png": None, "orders": orders}

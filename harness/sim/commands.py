@@ -145,6 +145,11 @@ def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
             f"  {names[term]}: {fit.estimate[term] / 1e6:.4f} ms "
             f"[{low / 1e6:.4f}, {high / 1e6:.4f}] (95%, runs resampled)\n"
         )
+    if fit.record_bytes:
+        out.write(
+            f"  cold lookup and swap terms are for expert rows of {fit.record_bytes:,} bytes "
+            "(read from the rings' bytes_read); a cell of another size scales them\n"
+        )
     ratio = fit.measured_swap.get("swap_cost_ratio")
     per_swap = fit.measured_swap.get("swap_ms_per_swap")
     if ratio is not None and per_swap is not None:

@@ -8,6 +8,12 @@ it leaves unexplained: R², the residual spread, and the residuals themselves (a
 of the decode steps' residuals, which a prediction adds back so that its p95 carries the
 box's noise and not only the model's mean).
 
+A cold lookup reads one expert row and a swap copies one, so both scale with the row's size:
+where the rings record ``bytes_read``, each run's row size is read from it and the two terms are
+fitted per row of ``record_bytes`` (the campaign's own size), and a prediction for a cell of
+another size scales them by the ratio (an extrapolation in size that the fit cannot check:
+say so when the sizes differ). Rings without bytes fit them per lookup as recorded.
+
 Beside the fitted swap term sits seed 000's own reading of the same thing, measured on the same
 rings: a step that applies swaps runs at ~1.9× the p95 of a swap-free step
 (``swap_cost_ratio``, and ms per applied swap) — the model's figure and the measurement's, side
@@ -64,14 +70,22 @@ class CostFit:
     residuals_ns: list[float]  # a seeded sample of decode steps' residuals
     measured_swap: dict[str, float | None] = field(default_factory=dict)
     seed: int = 0
+    record_bytes: int | None = None  # the row size the cold and swap terms are for
 
-    def model(self) -> CostModel:
-        """The point estimate as the simulator's cost model (no term below 0 ns)."""
-        return _model(self.estimate[t] for t in TERMS)
+    def _scale(self, record_bytes: int | None) -> float:
+        if self.record_bytes is None or record_bytes is None or self.record_bytes <= 0:
+            return 1.0
+        return record_bytes / self.record_bytes
 
-    def replicate_models(self) -> list[CostModel]:
+    def model(self, record_bytes: int | None = None) -> CostModel:
+        """The point estimate as the simulator's cost model (no term below 0 ns), its cold and
+        swap terms scaled to rows of ``record_bytes``."""
+        return _model((self.estimate[t] for t in TERMS), self._scale(record_bytes))
+
+    def replicate_models(self, record_bytes: int | None = None) -> list[CostModel]:
         """One cost model per resample of runs, for predictions with the fit's uncertainty."""
-        return [_model(row) for row in self.replicates]
+        scale = self._scale(record_bytes)
+        return [_model(row, scale) for row in self.replicates]
 
     def to_json(self) -> dict[str, Any]:
         """cost.json's content."""
@@ -90,21 +104,37 @@ class CostFit:
             "replicates": self.replicates,
             "residuals_ns": self.residuals_ns,
             "seed": self.seed,
+            "record_bytes": self.record_bytes,
         }
 
 
-def _model(values: Any) -> CostModel:
-    step, token, cold, swap = (max(0, round(float(v))) for v in values)
-    return CostModel(step_ns=step, token_ns=token, cold_lookup_ns=cold, swap_ns=swap)
+def _model(values: Any, scale: float = 1.0) -> CostModel:
+    step, token, cold, swap = (float(v) for v in values)
+    cold, swap = cold * scale, swap * scale
+    step_ns, token_ns, cold_ns, swap_ns = (max(0, round(v)) for v in (step, token, cold, swap))
+    return CostModel(step_ns=step_ns, token_ns=token_ns, cold_lookup_ns=cold_ns, swap_ns=swap_ns)
 
 
-def _design(ring: pd.DataFrame) -> tuple[FloatArray, FloatArray]:
+def row_bytes(ring: pd.DataFrame) -> int | None:
+    """The expert row size a ring's reads imply: bytes_read ÷ (cold lookups + swaps), the
+    median over steps that read any; None where the ring records no bytes."""
+    loads = ring["cold_lookups"].to_numpy(dtype=np.float64) + ring["swaps"].to_numpy(
+        dtype=np.float64
+    )
+    read = ring["bytes_read"].to_numpy(dtype=np.float64)
+    some = (loads > 0) & (read > 0)
+    if not some.any():
+        return None
+    return round(float(np.median(read[some] / loads[some])))
+
+
+def _design(ring: pd.DataFrame, scale: float) -> tuple[FloatArray, FloatArray]:
     x = np.column_stack(
         [
             np.ones(len(ring)),
             ring["tokens"].to_numpy(dtype=np.float64),
-            ring["cold_lookups"].to_numpy(dtype=np.float64),
-            ring["swaps"].to_numpy(dtype=np.float64),
+            ring["cold_lookups"].to_numpy(dtype=np.float64) * scale,
+            ring["swaps"].to_numpy(dtype=np.float64) * scale,
         ]
     )
     return x, ring["dur_ns"].to_numpy(dtype=np.float64)
@@ -142,7 +172,14 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
             f"{root}: no ok run with a telemetry ring (ring.parquet): fit-cost needs a campaign "
             "on a runtime that writes one (the reference runtime, or seed 000's hook)"
         )
-    parts = [_design(r) for r in rings]
+    sizes = [row_bytes(r) for r in rings]
+    known = [b for b in sizes if b is not None]
+    reference = round(float(np.median(known))) if known and len(known) == len(sizes) else None
+    # Each run's cold and swap counts in rows of the reference size (1 where bytes are unknown).
+    parts = [
+        _design(r, (b / reference) if reference and b else 1.0)
+        for r, b in zip(rings, sizes, strict=True)
+    ]
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
     if np.linalg.matrix_rank(x) < x.shape[1]:
@@ -193,6 +230,7 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
             "swap_ms_per_swap": _median(m.get("swap_ms_per_swap") for m in measured),
         },
         seed=seed,
+        record_bytes=reference,
     )
 
 
@@ -230,6 +268,7 @@ def read_cost(path: Path) -> CostFit:
             residuals_ns=residuals,
             measured_swap=dict(data.get("measured_swap") or {}),
             seed=int(data.get("seed", 0)),
+            record_bytes=(None if data.get("record_bytes") is None else int(data["record_bytes"])),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise BadInput(
@@ -259,11 +298,16 @@ def _speeds(decode_ns: FloatArray) -> dict[str, float]:
 
 
 def predict_speed(
-    fit: CostFit, tokens: npt.ArrayLike, cold: npt.ArrayLike, swaps: npt.ArrayLike
+    fit: CostFit,
+    tokens: npt.ArrayLike,
+    cold: npt.ArrayLike,
+    swaps: npt.ArrayLike,
+    record_bytes: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """Decode speed and inter-token percentiles of a replay's decode steps, each with a 95%
-    interval: every resampled fit prices the steps, plus residuals drawn from the fit's own
-    (so percentiles carry the box's step-to-step noise, not only the model's mean)."""
+    interval: every resampled fit prices the steps (cold and swap terms scaled to rows of
+    ``record_bytes``), plus residuals drawn from the fit's own (so percentiles carry the box's
+    step-to-step noise, not only the model's mean)."""
     tok = np.asarray(tokens, dtype=np.int64)
     decode = tok == DECODE_TOKENS
     if not decode.any():
@@ -279,8 +323,8 @@ def predict_speed(
         noisy = np.maximum(base + rng.choice(pool, base.size), 1.0)
         return _speeds(noisy)
 
-    point = priced(fit.model())
-    draws = [priced(m) for m in fit.replicate_models()]
+    point = priced(fit.model(record_bytes))
+    draws = [priced(m) for m in fit.replicate_models(record_bytes)]
     out: dict[str, dict[str, float]] = {}
     for metric in SPEED_METRICS:
         values = np.asarray([d[metric] for d in draws], dtype=np.float64)

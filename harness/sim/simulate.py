@@ -397,8 +397,9 @@ def simulate_card(
         now = time.time()
         frame = frames.get(id(cell.result))
         if frame is None:
+            priced = cost_fit.model(cell.settings.record_bytes) if cost_fit else cost
             frame = frames[id(cell.result)] = cell.result.ring_frame(
-                cost, cell.settings.record_bytes
+                priced, cell.settings.record_bytes
             )
         write_parquet(frame, run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
@@ -424,7 +425,10 @@ def simulate_card(
         for cell in cells.values():
             result = cell.result
             tokens = np.where(result.prefill, 0, result.tokens)  # prefill steps never decode
-            cell.speed = predict_speed(cost_fit, tokens, result.cold_lookups, result.step_swaps)
+            cell.speed = predict_speed(
+                cost_fit, tokens, result.cold_lookups, result.step_swaps,
+                cell.settings.record_bytes,
+            )  # fmt: skip
         write_json_atomic(
             root / "predicted_speed.json",
             {

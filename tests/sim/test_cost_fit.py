@@ -71,6 +71,8 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
         assert speed.low is not None and speed.high is not None and speed.within is not None
         assert speed.ratio is not None and abs(speed.ratio - 1) < 0.10, speed
     assert "ring_decode_tok_s" in predicted.order_held
+    held, pairs = predicted.pairs_held["ring_decode_tok_s"]  # two cells: one pair
+    assert pairs == 1 and held == int(predicted.order_held["ring_decode_tok_s"])
 
 
 def test_a_bad_cost_file_is_refused_naming_it(tmp_path: Path) -> None:
