@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -442,6 +442,21 @@ def _predicted_speed(sibling: Path) -> dict[str, dict[str, dict[str, float]]] | 
     return cells if isinstance(cells, dict) else None
 
 
+def _simulation_mismatches(root: Path, sibling: Path) -> list[str]:
+    """How the campaign's frozen card differs from what the simulation replayed; nothing to
+    say where either side did not record it (a campaign or simulation from before)."""
+    from harness.card.frozen import has_frozen_inputs, load_frozen_card
+    from harness.card.simulation_match import SIMULATED_INPUTS, mismatches
+
+    path = sibling / SIMULATED_INPUTS
+    if not path.is_file() or not has_frozen_inputs(root):
+        return []
+    try:
+        return mismatches(load_frozen_card(root).loaded, read_json(path))
+    except HarnessError as problem:
+        return [f"could not compare the card with the simulation: {problem}"]
+
+
 def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeasured | None:
     """Predicted against measured from the newest simulated sibling of the same campaign."""
     for sibling in simulated_siblings(root, card.campaign):
@@ -456,7 +471,7 @@ def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeas
             card, cells, predicted.cells, source, _predicted_speed(sibling)
         )
         if found is not None:
-            return found
+            return replace(found, mismatches=tuple(_simulation_mismatches(root, sibling)))
     return None
 
 

@@ -91,6 +91,9 @@ class PredictedVsMeasured:
     rows: tuple[Prediction, ...]
     order_held: dict[str, bool] = field(default_factory=dict)  # metric: cells ranked alike
     pairs_held: dict[str, tuple[int, int]] = field(default_factory=dict)  # metric: (held, pairs)
+    # How this campaign differs from what the simulation replayed (its boot maps, knobs,
+    # phases, model): a prediction of another campaign, whatever its error says.
+    mismatches: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -100,6 +103,7 @@ class PredictedVsMeasured:
             "rows": [r.to_json() for r in self.rows],
             "order_held": dict(self.order_held),
             "pairs_held": {k: list(v) for k, v in self.pairs_held.items()},
+            "mismatches": list(self.mismatches),
         }
 
     def frame(self) -> pd.DataFrame:

@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.boxes.async_interrupts import run_async
+from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
 from harness.card.phase_length import washout_requests
-from harness.drive.client import PhasePlan, RequestResult, WorkItem, drive
+from harness.drive.client import PhasePlan, RequestResult, UntilHook, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
+from harness.execute.recovery_watch import RecoveryWatch
 from harness.formats.records import Journal
 from harness.runtimes.boot import boot, boot_spec, http_json, render
 from harness.runtimes.orphans import BOOT_MARK, journal_boot, stop_orphans
@@ -216,7 +218,11 @@ def collect_counts(
                     drive_spec, whole, response_routes, top_k, experts
                 )
             else:
-                results = run_async(drive(drive_spec, phases, on_phase=on_phase))
+                # An as-run trace runs until_recovered extensions as the run will, ended by
+                # the same reading of the ring: without them a simulation misses the steady
+                # state the run serves after its transient (and so its speed).
+                until = _recovery_until(loaded, box, remote, phases) if as_run else None
+                results = run_async(drive(drive_spec, phases, on_phase=on_phase, until=until))
                 tokens = sum(r.completion_tokens or 0 for r in results)
                 failed = [r for r in results if not r.ok]
                 if failed:
@@ -256,3 +262,21 @@ def collect_counts(
         return Collected(counts, trace, len(results), tokens, orphans)
     finally:
         box.close()
+
+
+def _recovery_until(
+    loaded: LoadedCard, box: Box, remote: str, phases: list[PhasePlan]
+) -> UntilHook | None:
+    """The hook that ends ``until_recovered`` extensions when the runtime's ring shows the
+    recovery measured, as the runner's does; None without extensions or a ring to read."""
+    ring = loaded.runtime.telemetry.ring
+    if ring is None or not ring.header or not any(p.extension for p in phases):
+        return None
+    python = loaded.box.python_path()
+    path = render(ring.path, {"run_dir": remote, "port": 0, "python": python})
+    watch = RecoveryWatch(box, python, path, loaded.card.analysis)
+
+    async def measured(phase: PhasePlan) -> bool:
+        return await asyncio.to_thread(watch.measured, phase.index)
+
+    return UntilHook(measured)

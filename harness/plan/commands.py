@@ -19,6 +19,7 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card.knob_pins import knob_pin_warnings
     from harness.card.phase_length import shift_phase_warnings
     from harness.card.resolve import load_runtime_profile
+    from harness.card.simulation_match import simulation_warnings
     from harness.formats.termtext import shown
     from harness.plan.build import build_plan
     from harness.report.terminal import runs_text
@@ -55,6 +56,7 @@ def _cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
         cells = len(loaded.card.cells)
         out.write(f"ok: {path} ({cells} {'cell' if cells == 1 else 'cells'}, {runs_text(plan)})\n")
         warnings = shift_phase_warnings(loaded, scale=args.scale) + knob_pin_warnings(loaded)
+        warnings += simulation_warnings(loaded, Path(args.reports))
         for warning in warnings:
             out.write(f"warning: {shown(warning)}\n")
     if failed:
@@ -70,6 +72,7 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     from harness.card import load_card, scale_workload
     from harness.card.knob_pins import knob_pin_warnings
     from harness.card.phase_length import shift_phase_warnings
+    from harness.card.simulation_match import simulation_warnings
     from harness.plan.build import build_plan, plan_json_text
     from harness.report.terminal import print_plan
 
@@ -85,6 +88,7 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         print_design_costs(price_from(loaded, Path(args.from_dir), boot_s=args.boot_s), out)
     else:
         warnings = shift_phase_warnings(loaded, scale=args.scale) + knob_pin_warnings(loaded)
+        warnings += simulation_warnings(loaded, Path(args.reports))
         print_plan(plan, out, warnings=warnings)
         if args.boot_s is not None:
             from harness.report.terminal import print_boot_costs
@@ -112,11 +116,22 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     validate.add_argument(
         "--scale", type=float, default=1.0, metavar="F", help="check the cards as run at --scale F"
     )
+    validate.add_argument(
+        "--reports",
+        default="reports",
+        help="where to look for the card's newest simulation (reports/<campaign>-sim/) to hold "
+        "the card against",
+    )
     validate.set_defaults(handler=_cmd_validate)
 
     plan = verbs.add_parser("plan", help="print the ordered runs of a card")
     plan.add_argument("card", metavar="CARD")
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
+    plan.add_argument(
+        "--reports",
+        default="reports",
+        help="where to look for the card's newest simulation, to hold the card against",
+    )
     plan.add_argument(
         "--scale", type=float, default=1.0, metavar="F", help="plan the card as run at --scale F"
     )

@@ -379,7 +379,13 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         }
         for metric, held in predicted.order_held.items()
     ]
-    return {"dir": predicted.source, "rows": rows, "png": None, "orders": orders}
+    return {
+        "dir": predicted.source,
+        "rows": rows,
+        "png": None,
+        "orders": orders,
+        "mismatches": list(predicted.mismatches),
+    }
 
 
 def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from harness.card import Cell, LoadedCard
+from harness.card.simulation_match import SIMULATED_INPUTS, fingerprint
 from harness.errors import KnobError, MapError
 from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
@@ -374,6 +375,17 @@ def simulate_card(
         f"traces: {', '.join(t.path for t in traces)}\n"
         f"start: {start}\ncost model (ns): {cost}\n",
         encoding="utf-8",
+    )
+    # What this prediction rests on, for validate, plan and the report to hold a card against.
+    write_json_atomic(
+        root / SIMULATED_INPUTS,
+        {
+            "schema_version": 1,
+            **fingerprint(loaded),
+            "model": {"layers": trace.layers, "experts": trace.experts_count},
+            "traces": [t.path for t in traces],
+            "start": start,
+        },
     )
     campaign = CampaignDir(root)
     campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))

@@ -161,3 +161,23 @@ def test_a_trace_collected_as_a_run_predicts_that_run_exactly(tmp_path: Path) ->
     assert measured["adaptive", "warm"]["swaps"] > 0 and measured["cached", "cold"]["misses"] > 0
     # The warmup moved the cache: warm and cold runs differ, and each was predicted.
     assert measured["cached", "warm"]["misses"] != measured["cached", "cold"]["misses"]
+
+
+def test_an_as_run_trace_runs_the_until_recovered_extension_as_the_run_does(
+    tmp_path: Path,
+) -> None:
+    """A run extends its shift phase, unscored, until the ring shows recovery; an as-run trace
+    without that extension missed the steady state the run served after its transient (the
+    demo's stale map then predicted 0.64x its measured speed). The trace now carries it: more
+    requests in the shift phase than its scored two, ended by the same reading of the ring."""
+    text = RUN_CARD.format(pool=POOL).replace(
+        "requests: 2, shift: true}", "requests: 2, shift: true, until_recovered: 40}"
+    )
+    card = tmp_path / "card.yaml"
+    card.write_text(text + "analysis: {window_s: 0.2, converged_span_s: 0.5, hold_s: 0.2}\n")
+    collected = run_cli("collect", str(card), "--as-run", "-o", str(tmp_path / "col"))
+    assert collected.code == 0, collected.stdout + collected.stderr
+    trace = load_trace(tmp_path / "col" / "route-trace.jsonl")
+    shift = trace.phase == 1
+    requests = np.unique(trace.steps[shift & trace.prefill]).size
+    assert 2 < requests <= 42, requests

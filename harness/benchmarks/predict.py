@@ -1,0 +1,177 @@
+"""``harness bench predict``: simulate first, boot second — how wrong the desk was.
+
+On the reference runtime, the way seed 000 meant it: run the demo (``campaigns/demo.yaml``) and
+fit a host step's cost from its rings (``harness fit-cost``); then, for a second demo campaign
+and for the queue-rate ladder (other maps, other knobs, other phases, other expert sizes),
+collect one run's routing (``harness collect --as-run``), simulate the card with the fitted
+cost (``harness simulate --cost``) *before* running it, run it, and read the predicted against
+the measured from its analysis. Every step is a real command on a real runtime.
+
+Figures, per campaign and cell: predicted ÷ measured ring decode speed and step p50 (target
+within 10%), T90 (within 25% or 2 s); for the ladder, the cell pairs whose speed order the
+prediction got right, beside a reading of how many of those pairs the box itself could tell
+apart (its speeds differ by more than the prediction's own error): a pair the box cannot
+separate is a coin toss for any desk.
+
+Full size: both cards at their own scale and cycles (about 15 minutes on two cores); quick:
+``--scale 0.25``, the demos at 2 fixed cycles and the ladder's first cycle (a few minutes: it
+shows the path works, at sizes too small for the targets).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.analyze.campaign import analyze_campaign
+from harness.analyze.predicted import Prediction
+from harness.benchmarks import Figure
+from harness.sim.cost_fit import fit_cost, write_cost
+
+_CARDS = Path(__file__).resolve().parents[2] / "campaigns"
+SPEED_TARGET = 0.10
+T90_TARGET, T90_SLACK_S = 0.25, 2.0
+
+
+def _card(folder: Path, name: str, campaign: str, cycles: int | None) -> Path:
+    """A shipped card with its paths made absolute (and fewer cycles for a quick look)."""
+    source = _CARDS / f"{name}.yaml"
+    card: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
+    card["prompts"]["pools"] = [str(_CARDS / p) for p in card["prompts"]["pools"]]
+    for cell in card["cells"].values():
+        cell["files"] = {k: str(_CARDS / v) for k, v in cell.get("files", {}).items()}
+    card["campaign"] = campaign
+    if cycles is not None:
+        card["design"]["cycles"] = cycles
+        card["design"].pop("max_cycles", None)
+        card["design"]["sequential"] = False
+    path = folder / f"{campaign}.yaml"
+    path.write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _harness(*argv: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode not in (0, 1):  # 1: a gate failed or undecided, still a campaign
+        raise RuntimeError(f"harness {argv[0]} exited {done.returncode}: {done.stderr[-800:]}")
+
+
+def _run(card: Path, reports: Path, scale: float) -> Path:
+    _harness("run", str(card), "--reports", str(reports), "--quiet", "--scale", f"{scale:g}")
+    campaign = str(yaml.safe_load(card.read_text(encoding="utf-8"))["campaign"])
+    roots: list[Path] = [p.parent for p in (reports / campaign).glob("*/verdict.json")]
+    return roots[0]
+
+
+def _ratio_figure(campaign: str, row: Prediction, label: str) -> Figure:
+    ratio = row.ratio if row.ratio is not None else math.nan
+    if not math.isfinite(ratio):
+        label += " not measured"
+    ok = math.isfinite(ratio) and abs(ratio - 1.0) <= SPEED_TARGET
+    inside = {True: "inside", False: "outside", None: "no interval"}[row.within]
+    return Figure(
+        f"{campaign} {row.cell}: {label}, predicted ÷ measured",
+        ratio,
+        "x",
+        f"predicted {row.predicted:.4g} [{row.low or math.nan:.4g}, {row.high or math.nan:.4g}]"
+        f", measured {row.measured:.4g} ({inside} the interval)"
+        if row.predicted is not None and row.measured is not None
+        else "a side is missing",
+        f"within {SPEED_TARGET:.0%}",
+        ok,
+    )
+
+
+def _t90_figure(campaign: str, row: Prediction) -> Figure:
+    if row.predicted is None or row.measured is None:
+        return Figure(f"{campaign} {row.cell}: T90 not measured", math.nan, "s",
+                      "a side has no T90 (never, or no excess)", "", None)  # fmt: skip
+    error = row.predicted - row.measured
+    allowed = max(T90_TARGET * row.measured, T90_SLACK_S)
+    return Figure(
+        f"{campaign} {row.cell}: T90, predicted − measured",
+        error,
+        "s",
+        f"predicted {row.predicted:.3g} s, measured {row.measured:.3g} s",
+        f"within {T90_TARGET:.0%} or {T90_SLACK_S:g} s",
+        abs(error) <= allowed,
+    )
+
+
+def _pairs(campaign: str, rows: list[Prediction]) -> list[Figure]:
+    """Cell pairs whose speed order the prediction got right, and how many the box resolved."""
+    speed = [r for r in rows if r.metric == "ring_decode_tok_s" and r.ratio is not None]
+    errors = [abs(math.log(r.ratio)) for r in speed if r.ratio]
+    noise = max(errors, default=0.0)
+    held = total = resolved = resolved_held = 0
+    for i, a in enumerate(speed):
+        for b in speed[i + 1 :]:
+            assert a.predicted is not None and b.predicted is not None
+            assert a.measured is not None and b.measured is not None
+            right = (a.predicted > b.predicted) == (a.measured > b.measured)
+            total += 1
+            held += right
+            if abs(math.log(a.measured / b.measured)) > noise:
+                resolved += 1
+                resolved_held += right
+    return [
+        Figure(f"{campaign}: speed order, pairs held", float(held), f"of {total}", "", "", None),
+        Figure(
+            f"{campaign}: speed order, pairs held where the box's difference exceeds the "
+            "prediction's largest error",
+            float(resolved_held),
+            f"of {resolved}",
+            f"largest error {math.expm1(noise):.1%}",
+            f"all {resolved}",
+            resolved_held == resolved,
+        ),
+    ]
+
+
+def run_bench(quick: bool = False) -> list[Figure]:
+    """Fit from the demo, predict a second demo and the ladder before running them."""
+    scale = 0.25 if quick else 1.0
+    demo_cycles, ladder_cycles = (2, 1) if quick else (None, None)
+    root = Path(tempfile.mkdtemp(prefix="harness-predict-"))
+    figures: list[Figure] = []
+    try:
+        fitted = _run(_card(root, "demo", "fit-demo", demo_cycles), root / "fit", scale)
+        fit = fit_cost(fitted)
+        write_cost(fit, root / "cost.json")
+        figures.append(Figure("fit: R²", fit.r2, "", f"{fit.steps:,} steps of {fit.runs} runs"))
+        for name, campaign, cycles in (
+            ("demo", "demo", demo_cycles),
+            ("queue-rate-ladder", "queue-rate-ladder", ladder_cycles),
+        ):
+            card = _card(root, name, campaign, cycles)
+            reports = root / "reports"
+            trace = root / f"asrun-{campaign}"
+            _harness("collect", str(card), "--as-run", "--scale", f"{scale:g}", "-o", str(trace))
+            _harness("simulate", str(card), "--traces", str(trace / "route-trace.jsonl"),
+                     "--reports", str(reports), "--cost", str(root / "cost.json"))  # fmt: skip
+            measured = _run(card, reports, scale)
+            predicted = analyze_campaign(measured).seed_tables.predicted
+            if predicted is None:
+                raise RuntimeError(f"{campaign}: the analysis found no prediction beside it")
+            rows = list(predicted.rows)
+            for row in rows:
+                if row.metric == "ring_decode_tok_s":
+                    figures.append(_ratio_figure(campaign, row, "ring decode tok/s"))
+                elif row.metric == "ring_itl_p50_ms":
+                    figures.append(_ratio_figure(campaign, row, "step p50"))
+                elif row.metric == "t90_s":
+                    figures.append(_t90_figure(campaign, row))
+            if len({r.cell for r in rows}) > 2:
+                figures.extend(_pairs(campaign, rows))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
