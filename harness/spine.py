@@ -109,15 +109,18 @@ def decide(root: Path) -> Decision:
 
 def record(decision: Decision) -> Path:
     """Write what the decision leaves: the analysis files, ``verdict.json`` and JUnit, the
-    results-store row and the campaign's trends. Returns the analysis folder."""
+    results-store row, its predictions' errors and the campaign's trends. Returns the analysis
+    folder."""
     from harness.analyze.campaign import write_analysis
     from harness.gate.evaluate import write_verdict
+    from harness.history.predictions import append_predictions
     from harness.history.store import append_history
     from harness.history.trends import record_campaign_trends
 
     folder = write_analysis(decision.analysis)
     write_verdict(decision.verdict, decision.root)
     append_history(decision.analysis, bool(decision.verdict.passed))
+    append_predictions(decision.analysis)
     record_campaign_trends(decision.analysis)
     return folder
 

@@ -37,6 +37,8 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     from harness.history.trends import trends
 
     folder = Path(args.reports) / HISTORY_DIR
+    if args.predictions:
+        return _predictions(args, folder, out)
     table = read_history(folder)
     if args.campaign:
         table = table[table["campaign"] == args.campaign]
@@ -79,6 +81,47 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _predictions(args: argparse.Namespace, folder: Path, out: TextIO) -> int:
+    """The desk's errors, campaign by campaign: how far each metric's predictions were off."""
+    from harness.history.predictions import prediction_summary, read_predictions
+
+    table = read_predictions(folder)
+    if args.campaign:
+        table = table[table["campaign"] == args.campaign]
+    if args.metric:
+        table = table[table["metric"] == args.metric]
+    if args.cell:
+        table = table[table["cell"] == args.cell]
+    if table.empty:
+        raise BadInput(
+            f"{folder}: no prediction matches; a campaign with a simulated sibling "
+            "(harness simulate) adds its errors when it is gated"
+        )
+    rows = prediction_summary(table)
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.formats.termtext import shown
+
+    view = Table(title=shown(f"predictions ({folder})"), title_justify="left")
+    for column in ("campaign", "stamp", "metric", "cells", "median error", "inside", "note"):
+        view.add_column(column)
+    for row in rows:
+        error = row["median_error_pct"]
+        inside = (
+            f"{row['inside']} of {row['with_interval']}" if row["with_interval"] else "no interval"
+        )
+        note = f"{row['mismatches']} mismatch(es) with the card" if row["mismatches"] else ""
+        view.add_row(shown(row["campaign"]), row["stamp"], shown(row["metric"]),
+                     str(row["rows"]), "—" if error is None else f"{error:.1f}%",
+                     inside, note)  # fmt: skip
+    Console(file=out, width=160, highlight=False).print(view)
+    return EXIT_OK
+
+
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``harness history`` to the CLI."""
     verb = verbs.add_parser("history", help="trends and change points across campaigns")
@@ -89,4 +132,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     verb.add_argument("--max-pvalue", type=float, default=0.001, help="change-point threshold")
     verb.add_argument("--plot", metavar="PNG", help="also draw each trend to this file")
     verb.add_argument("--json", action="store_true", help="machine-readable trends")
+    verb.add_argument(
+        "--predictions",
+        action="store_true",
+        help="the simulator's errors instead: per campaign and metric, how far its predictions "
+        "were from the box (is the desk getting better?)",
+    )
     verb.set_defaults(handler=_cmd_history)

@@ -73,6 +73,16 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
     assert "ring_decode_tok_s" in predicted.order_held
     held, pairs = predicted.pairs_held["ring_decode_tok_s"]  # two cells: one pair
     assert pairs == 1 and held == int(predicted.order_held["ring_decode_tok_s"])
+    # Gating keeps the desk's errors across campaigns, read back by history --predictions.
+    assert run_cli("gate", str(root)).code == 0
+    kept = run_cli("history", "--reports", str(tmp_path / "reports"), "--predictions", "--json")
+    assert kept.code == 0, kept.stderr
+    rows = {r["metric"]: r for r in json.loads(kept.stdout)}
+    speed = rows["ring_decode_tok_s"]
+    assert speed["rows"] == 2 and speed["with_interval"] == 2
+    assert speed["median_error_pct"] is not None and speed["median_error_pct"] < 10
+    table = run_cli("history", "--reports", str(tmp_path / "reports"), "--predictions")
+    assert table.code == 0 and "ring_decode_tok_s" in table.stdout
 
 
 def test_a_bad_cost_file_is_refused_naming_it(tmp_path: Path) -> None:
