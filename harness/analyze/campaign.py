@@ -77,6 +77,8 @@ class CampaignAnalysis:
     runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
     fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
     sealed: bool = True  # False: an older directory, its earlier records read unverified
+    # A simulated campaign's oracle bounds per cell (oracle.json, written by harness simulate).
+    oracle: list[dict[str, Any]] = field(default_factory=list)
 
     def cell_value(self, cell: str, state: str, column: str) -> float | None:
         """One finite value of the cell table (a metric's median over the cell's ok runs)."""
@@ -133,6 +135,8 @@ class CampaignAnalysis:
             out["runtime"] = self.runtime.to_json()
         if self.fleet is not None:  # only for a campaign that ran on several boxes
             out["fleet"] = self.fleet.to_json()
+        if self.oracle:  # only for a simulated campaign whose replay wrote its bounds
+            out["oracle"] = self.oracle
         return out
 
     def undecided(self) -> list[str]:
@@ -568,7 +572,20 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         runtime=build_runtime_tables(campaign, card, runs, cells),
         fleet=fleet,
         sealed=verification.sealed,
+        oracle=_oracle(root) if simulated else [],
     )
+
+
+def _oracle(root: Path) -> list[dict[str, Any]]:
+    """The oracle bounds a simulation wrote, one dict per rowmap cell; none when absent."""
+    path = root / "oracle.json"
+    if not path.is_file():
+        return []
+    try:
+        cells = read_json(path).get("cells")
+    except HarnessError:
+        return []
+    return [dict(c) for c in cells if isinstance(c, dict)] if isinstance(cells, list) else []
 
 
 def write_analysis(analysis: CampaignAnalysis) -> Path:

@@ -181,6 +181,8 @@ def build_context(
         "images": images,
         "figures_enabled": figures,
         "predicted": predicted,
+        "oracle": tables.oracle_rows(analysis),
+        "oracle_definition": tables.ORACLE_DEFINITION,
         "history": history,
         "card_text": _read_text(root / "card.yaml"),
         "failed_runs": ctx.failed_runs(analysis),

@@ -266,6 +266,54 @@ def _seed_sections(context: dict[str, Any]) -> list[str]:
               r["ms"], r["ratio"]] for r in swap["rows"]],
         )  # fmt: skip
         out += [_md(swap["definition"], line_start=True), ""]
+    out += _predicted(context.get("predicted"))
+    out += _oracle(context.get("oracle"), str(context.get("oracle_definition", "")))
+    return out
+
+
+def _predicted(predicted: dict[str, Any] | None) -> list[str]:
+    """Predicted against measured, as the page shows it."""
+    if not predicted:
+        return []
+    out = ["## Predicted vs measured", ""]
+    out += [
+        _md(f"Predictions from the simulated campaign {predicted['dir']}; error = predicted − "
+            "measured, ratio = predicted ÷ measured; the interval (95%) is a fitted cost "
+            "model's, with whether the measured value lies inside.", line_start=True),
+        "",
+    ]  # fmt: skip
+    if predicted.get("mismatches"):
+        out += [
+            "**The simulation replayed another campaign:** this card differs from what it "
+            "simulated, so its errors measure the difference as much as the simulator.",
+            "",
+        ]
+        out += [f"- {_md(m)}" for m in predicted["mismatches"]] + [""]  # fmt: skip
+    out += _table(
+        ["metric", "cell", "predicted", "interval", "measured", "error", "ratio", "inside"],
+        [[_code(r["metric"]), r["cell"], r["predicted_text"], r["interval_text"],
+          r["measured_text"], r["error_text"], r["ratio_text"], r["within_text"]]
+         for r in predicted["rows"]],
+    )  # fmt: skip
+    if predicted.get("orders"):
+        held = "; ".join(f"{_code(o['metric'])} {o['held']} ({o['pairs']})"
+                         for o in predicted["orders"])  # fmt: skip
+        out += [f"Predicted order of the cells held: {held}.", ""]
+    return out
+
+
+def _oracle(rows: list[dict[str, Any]] | None, definition: str) -> list[str]:
+    """A simulated campaign's oracle bounds, beside each cell's replayed loads."""
+    if not rows:
+        return []
+    out = ["## Oracle bounds", ""]
+    out += _table(
+        ["cell", "hot slots a layer", "policy's loads", "Belady's MIN", "policy ÷ MIN",
+         "best frozen map's cold share", "policy's cold share"],
+        [[r["cell"], r["hot_slots"], r["policy_loads"], r["min_loads"], r["over"],
+          r["static_share"], r["policy_share"]] for r in rows],
+    )  # fmt: skip
+    out += [_md(definition, line_start=True), ""]  # the page shows the same words
     return out
 
 

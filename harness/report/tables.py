@@ -523,3 +523,32 @@ def tiers_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             }
         )
     return {"metrics": metrics, "rows": rows}
+
+
+ORACLE_DEFINITION = (
+    "Over the whole replayed trace, from each cell's boot map: Belady's MIN with bypass is the "
+    "fewest expert loads (cold reads plus swaps) any policy could make with these hot slots, "
+    "knowing the future and swapping without a budget; the best frozen map is each layer's "
+    "most looked-up experts on this very trace. What the policy makes beyond them is what any "
+    "change could still gain."
+)
+
+
+def oracle_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
+    """A simulated campaign's oracle bounds, formatted for the page and record.md."""
+    rows = []
+    for b in analysis.oracle:
+        policy, best = b.get("policy_loads"), b.get("min_loads")
+        over = policy / best if isinstance(policy, int) and isinstance(best, int) and best else None
+        rows.append(
+            {
+                "cell": str(b.get("cell", "")),
+                "hot_slots": str(b.get("hot_slots", "")),
+                "policy_loads": f"{policy:,}" if isinstance(policy, int) else "—",
+                "min_loads": f"{best:,}" if isinstance(best, int) else "—",
+                "over": f"{over:.2f}×" if over is not None else "—",
+                "static_share": fmt.pct(b.get("best_static_cold_share")),
+                "policy_share": fmt.pct(b.get("policy_cold_share")),
+            }
+        )
+    return rows

@@ -432,6 +432,25 @@ def simulate_card(
         )
         write_json_atomic(run_dir / "run.json", record.to_json())
         campaign.journal.append("run_done", run_id=run.run_id)
+    bounds = [c.summary() for c in cells.values() if c.oracle is not None]
+    if bounds:
+        write_json_atomic(
+            root / "oracle.json",
+            {
+                "schema_version": 1,
+                "cells": [
+                    {
+                        "cell": b["cell"],
+                        "hot_slots": b["oracle_hot_slots"],
+                        "policy_loads": b["replay_loads"],
+                        "min_loads": b["oracle_loads"],
+                        "best_static_cold_share": b["best_static_cold_share"],
+                        "policy_cold_share": b["replay_cold_share"],
+                    }
+                    for b in bounds
+                ],
+            },
+        )
     if cost_fit is not None:
         write_cost(cost_fit, root / "cost.json")
         for cell in cells.values():

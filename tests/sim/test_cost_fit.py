@@ -66,6 +66,7 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
     predicted = analyze_campaign(root).seed_tables.predicted
     assert predicted is not None
     rows = {(r.metric, r.cell): r for r in predicted.rows}
+    rows_by_cell = {r.cell: r for r in predicted.rows if r.metric == "ring_decode_tok_s"}
     for cell in ("stale", "seed"):
         speed = rows[("ring_decode_tok_s", cell)]
         assert speed.low is not None and speed.high is not None and speed.within is not None
@@ -83,6 +84,12 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
     assert speed["median_error_pct"] is not None and speed["median_error_pct"] < 10
     table = run_cli("history", "--reports", str(tmp_path / "reports"), "--predictions")
     assert table.code == 0 and "ring_decode_tok_s" in table.stdout
+    # record.md carries the page's predicted table, figure for figure.
+    record = (root / "record.md").read_text(encoding="utf-8")
+    html = (root / "report.html").read_text(encoding="utf-8")
+    assert "## Predicted vs measured" in record and "Predicted vs measured" in html
+    ratio = f"{rows_by_cell['seed'].ratio:.3f}"
+    assert f"| {ratio} |" in record and f">{ratio}<" in html
 
 
 def test_a_bad_cost_file_is_refused_naming_it(tmp_path: Path) -> None:

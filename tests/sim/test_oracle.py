@@ -6,6 +6,7 @@ small case, and against the real replay: no policy's loads fall below it."""
 
 from __future__ import annotations
 
+import json
 from itertools import combinations
 from pathlib import Path
 
@@ -86,3 +87,13 @@ def test_simulate_prints_the_oracle_beside_each_rowmap_cell(tmp_path: Path) -> N
     lines = [line for line in result.stdout.splitlines() if "Belady's MIN" in line]
     assert len(lines) == 3, result.stdout  # stale, adaptive and seeded are rowmap cells
     assert all("8 hot slots a layer" in line and "best frozen map" in line for line in lines)
+    # The bounds are the simulated campaign's own: in analyze --json, the report and record.md.
+    analyzed = run_cli("analyze", str(tmp_path / "sim"), "--json")
+    assert analyzed.code == 0, analyzed.stderr
+    oracle = json.loads(analyzed.stdout)["oracle"]
+    assert {b["cell"] for b in oracle} == {"stale", "adaptive", "seeded"}
+    assert all(b["policy_loads"] >= b["min_loads"] for b in oracle)
+    assert run_cli("report", str(tmp_path / "sim")).code == 0
+    assert "<h3>Oracle bounds</h3>" in (tmp_path / "sim" / "report.html").read_text()
+    record = (tmp_path / "sim" / "record.md").read_text()
+    assert "## Oracle bounds" in record and "Belady's MIN" in record
