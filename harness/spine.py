@@ -229,6 +229,7 @@ def run_campaign(
     from harness.execute.reopen import reopen_campaign
     from harness.formats.lock import campaign_lock
     from harness.formats.records import open_campaign
+    from harness.formats.verify import verify_campaign
     from harness.plan.build import build_plan
 
     out = out if out is not None else io.StringIO()
@@ -239,6 +240,9 @@ def run_campaign(
             root = Path(resume)
             open_campaign(root)  # not a campaign directory: said before a lock file is made in it
             held.enter_context(campaign_lock(root))
+            # Nothing is booted for a directory that does not hold what its journal sealed:
+            # its verdict would be refused after every run had been spent.
+            verify_campaign(root, resuming=True)
             reopened = reopen_campaign(root, cycles=cycles)
             campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan
             notes.extend(reopened.notes)

@@ -530,8 +530,8 @@ def test_a_journal_that_is_a_folder_or_runs_that_is_a_file(
     code, _, err = cli("gate", str(root), capsys=capsys)
     assert code == EXIT_INFRASTRUCTURE and "journal.jsonl: not a regular file" in err, err
     code, _, err = cli("run", "--resume", str(root), capsys=capsys)
-    assert code == EXIT_INFRASTRUCTURE, err
-    _fault(err, root / "journal.jsonl", "Is a directory")
+    # Resume verifies the directory before anything else: the same words as gate.
+    assert code == EXIT_INFRASTRUCTURE and "journal.jsonl: not a regular file" in err, err
     root = copy_campaign(finished, tmp_path / "b")
     shutil.rmtree(root / "runs")
     (root / "runs").write_text("in the way\n")
@@ -738,3 +738,42 @@ def test_card_text_is_data_in_the_terminal_junit_and_record(
     assert "<script>" not in record and "<img" not in record and "<!--" not in record
     assert "](javascript:" not in record
     assert not any(line.startswith("# 2026-12-01 forged") for line in record.splitlines())
+
+
+def test_a_run_killed_between_its_record_and_its_seal_is_redone_by_resume(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The harness killed (or out of disk) after writing a run's run.json and before journalling
+    # its run_done: the record says ok, nothing vouches for it. Gate refuses it, and resume used
+    # to count it done from run.json alone and skip it, so gate refused it forever, its advice
+    # ("resume the campaign to redo it") looping. Now resume redoes it, and the directory
+    # verifies and gates again.
+    root = copy_campaign(finished, tmp_path)
+    journal = root / "journal.jsonl"
+    lines = journal.read_text(encoding="utf-8").splitlines()
+    last = max(i for i, line in enumerate(lines) if json.loads(line)["event"] == "run_done")
+    cut = json.loads(lines[last])["run_id"]
+    journal.write_text("\n".join(lines[:last] + lines[last + 1 :]) + "\n", encoding="utf-8")
+    code, out, err = cli("gate", str(root), capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and "never sealed the run as done" in err, err
+    resumed = run_cli("run", "--resume", str(root), "--quiet", timeout_s=300)
+    assert resumed.code == EXIT_OK, resumed.stdout + resumed.stderr
+    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
+    assert [e["run_id"] for e in events if e["event"] == "run_done"].count(cut) == 1
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, out + err
+
+
+def test_resume_refuses_a_directory_that_does_not_verify_before_it_boots(
+    finished: Path, tmp_path: Path
+) -> None:
+    # The card's bound loosened by hand: `run --resume` used to boot and run every remaining
+    # run, then refuse the verdict. Now it checks the directory first (a run left unsealed by
+    # a kill is what it redoes, so that alone passes) and boots nothing.
+    root = copy_campaign(finished, tmp_path)
+    named = _card_edited(root)
+    before = (root / "journal.jsonl").read_text(encoding="utf-8")
+    refused = run_cli("run", "--resume", str(root), "--quiet", timeout_s=120)
+    assert refused.code == EXIT_INFRASTRUCTURE, refused.stdout + refused.stderr
+    assert NOT_VERIFIED in refused.stderr and named in refused.stderr
+    assert (root / "journal.jsonl").read_text(encoding="utf-8") == before  # nothing journalled

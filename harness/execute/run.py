@@ -207,7 +207,7 @@ class CampaignRunner:
         """Run this runner's runs (all the plan's, or its ``run_ids``) that are not done yet,
         adding each to ``outcome``; an interrupt is raised once the run it cut is recorded."""
         mine = [r for r in self.plan.runs if self.run_ids is None or r.run_id in self.run_ids]
-        done = {r.run_id for r in mine if self.campaign.is_done(r.run_id)}
+        done = self.campaign.done_runs(r.run_id for r in mine)
         outcome.done.extend(sorted(done))
         try:
             self._prepare_box()

@@ -24,7 +24,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -467,6 +467,16 @@ class CampaignDir:
         """True when the run completed and its record is whole."""
         record = self.run_record(run_id)
         return record is not None and record.get("status") == RUN_OK
+
+    def done_runs(self, run_ids: Iterable[str]) -> set[str]:
+        """The runs of ``run_ids`` that are complete: ``run.json`` says ok and, in a sealed
+        directory, the journal sealed the run as done. A harness killed (or out of disk) between
+        writing ``run.json`` and journalling ``run_done`` left a record nothing vouches for:
+        verification refuses it, so a resume must redo it rather than count it done."""
+        events = self.journal.events()
+        sealed = any(e.get("event") == "campaign_start" and "seal" in e for e in events)
+        journalled = {e.get("run_id") for e in events if e.get("event") == "run_done"}
+        return {r for r in run_ids if self.is_done(r) and (not sealed or r in journalled)}
 
 
 def open_campaign(path: Path) -> CampaignDir:

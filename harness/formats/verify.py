@@ -138,7 +138,11 @@ def _check_identity(root: Path, run_dir: Path, planned: dict[str, Any]) -> dict[
 
 
 def _check_runs(
-    root: Path, campaign: CampaignDir, events: list[dict[str, Any]], sealed: bool
+    root: Path,
+    campaign: CampaignDir,
+    events: list[dict[str, Any]],
+    sealed: bool,
+    resuming: bool = False,
 ) -> int:
     planned = {run["run_id"]: run for run in campaign.plan()["runs"]}
     runs_dir = campaign.runs_dir
@@ -169,7 +173,8 @@ def _check_runs(
         if not run_dir.is_dir():
             continue
         record = _check_identity(root, run_dir, run)
-        if sealed and run_id not in done and record is not None and record.get("status") == "ok":
+        unsealed_ok = record is not None and record.get("status") == "ok"
+        if sealed and run_id not in done and unsealed_ok and not resuming:
             raise _fail(
                 root,
                 run_dir / "run.json",
@@ -179,15 +184,19 @@ def _check_runs(
     return verified
 
 
-def verify_campaign(root: Path) -> Verification:
-    """Check ``root`` against its seal; a :class:`VerificationError` naming the file if not."""
+def verify_campaign(root: Path, *, resuming: bool = False) -> Verification:
+    """Check ``root`` against its seal; a :class:`VerificationError` naming the file if not.
+
+    ``resuming``: the check ``run --resume`` makes before it boots anything. A run whose
+    ``run.json`` says ok without a sealed ``run_done`` (a harness killed between the two) is
+    what the resume redoes, so it passes here; everything else must verify."""
     campaign = CampaignDir(root)
     events = _events(root)
     # Sealed from its start; an older directory resumed by this harness is sealed from then on
     # (its later records are verified, its earlier ones by identity only).
     sealed = any(e["event"] == "campaign_start" and "seal" in e for e in events)
     _check_top_level(root, events, sealed=sealed)
-    return Verification(sealed, _check_runs(root, campaign, events, sealed))
+    return Verification(sealed, _check_runs(root, campaign, events, sealed, resuming))
 
 
 __all__ = ["Verification", "verify_campaign"]

@@ -73,8 +73,9 @@ class SlurmWorker:
         """Run the share's runs not done yet, adding each to ``outcome``."""
         self._cancel_earlier()
         todo: dict[str, list[str]] = {}
+        done = self.campaign.done_runs(self.run_ids)
         for run_id in self.run_ids:
-            if self.campaign.is_done(run_id):
+            if run_id in done:
                 outcome.done.append(run_id)
                 self.progress("skip", self.runs[run_id], {})
             else:
