@@ -446,6 +446,25 @@ def _predicted_speed(sibling: Path) -> dict[str, dict[str, dict[str, float]]] | 
     return cells if isinstance(cells, dict) else None
 
 
+def _fitted_swap(sibling: Path) -> dict[str, Any] | None:
+    """The swap term of the cost a simulation was priced with (its cost.json), or None."""
+    path = sibling / "cost.json"
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+        term = data["terms"]["swap_ns"]
+        return {
+            "ms": float(term["estimate"]) / 1e6,
+            "low": float(term["ci"][0]) / 1e6,
+            "high": float(term["ci"][1]) / 1e6,
+            "record_bytes": data.get("record_bytes"),
+            "source": str(data.get("source", "")),
+        }
+    except (HarnessError, KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
 def _simulation_mismatches(root: Path, sibling: Path) -> list[str]:
     """How the campaign's frozen card differs from what the simulation replayed; nothing to
     say where either side did not record it (a campaign or simulation from before)."""
@@ -475,7 +494,11 @@ def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeas
             card, cells, predicted.cells, source, _predicted_speed(sibling)
         )
         if found is not None:
-            return replace(found, mismatches=tuple(_simulation_mismatches(root, sibling)))
+            return replace(
+                found,
+                mismatches=tuple(_simulation_mismatches(root, sibling)),
+                fitted_swap=_fitted_swap(sibling),
+            )
     return None
 
 

@@ -94,6 +94,9 @@ class PredictedVsMeasured:
     # How this campaign differs from what the simulation replayed (its boot maps, knobs,
     # phases, model): a prediction of another campaign, whatever its error says.
     mismatches: tuple[str, ...] = ()
+    # The fitted cost's swap term the simulation was priced with (harness fit-cost): ms per
+    # applied swap, its interval, the row size it is for and the campaign it was fitted from.
+    fitted_swap: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -104,6 +107,7 @@ class PredictedVsMeasured:
             "order_held": dict(self.order_held),
             "pairs_held": {k: list(v) for k, v in self.pairs_held.items()},
             "mismatches": list(self.mismatches),
+            "fitted_swap": self.fitted_swap,
         }
 
     def frame(self) -> pd.DataFrame:

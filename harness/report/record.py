@@ -295,6 +295,8 @@ def _predicted(predicted: dict[str, Any] | None) -> list[str]:
           r["measured_text"], r["error_text"], r["ratio_text"], r["within_text"]]
          for r in predicted["rows"]],
     )  # fmt: skip
+    if predicted.get("fitted_swap"):
+        out += [_md(predicted["fitted_swap"], line_start=True), ""]
     if predicted.get("orders"):
         held = "; ".join(f"{_code(o['metric'])} {o['held']} ({o['pairs']})"
                          for o in predicted["orders"])  # fmt: skip

@@ -379,12 +379,24 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         }
         for metric, held in predicted.order_held.items()
     ]
+    fitted = predicted.fitted_swap
+    swap = None
+    if fitted is not None:
+        size = fitted.get("record_bytes")
+        swap = (
+            f"The cost model the simulation was priced with (harness fit-cost, from "
+            f"{fitted['source']}) charges {fitted['ms']:.3f} ms [{fitted['low']:.3f}, "
+            f"{fitted['high']:.3f}] per applied swap"
+            + (f" of a {size:,}-byte row" if isinstance(size, int) else "")
+            + "; this campaign's own reading of its rings is in the swap-cost table."
+        )
     return {
         "dir": predicted.source,
         "rows": rows,
         "png": None,
         "orders": orders,
         "mismatches": list(predicted.mismatches),
+        "fitted_swap": swap,
     }
 
 

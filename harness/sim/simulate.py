@@ -410,9 +410,13 @@ def simulate_card(
         frame = frames.get(id(cell.result))
         if frame is None:
             priced = cost_fit.model(cell.settings.record_bytes) if cost_fit else cost
-            frame = frames[id(cell.result)] = cell.result.ring_frame(
-                priced, cell.settings.record_bytes
-            )
+            frame = cell.result.ring_frame(priced, cell.settings.record_bytes)
+            # The runtime's ring tags warm-up and washout steps with the phase it booted with
+            # (0): the runner posts the phase knob only for scored phases. The trace's -1 tag
+            # is for the counters; in the ring it would read as a shift of its own, never
+            # recovered, and hide every cell's T90.
+            frame["phase"] = frame["phase"].clip(lower=0)
+            frames[id(cell.result)] = frame
         write_parquet(frame, run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
         write_parquet(_empty(CHUNK_COLUMNS), run_dir / "chunks.parquet")

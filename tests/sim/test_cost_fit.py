@@ -90,6 +90,10 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
     assert "## Predicted vs measured" in record and "Predicted vs measured" in html
     ratio = f"{rows_by_cell['seed'].ratio:.3f}"
     assert f"| {ratio} |" in record and f">{ratio}<" in html
+    # The fitted swap term beside the campaign's own swap-cost reading (seed 000 §6).
+    assert predicted.fitted_swap is not None and predicted.fitted_swap["ms"] > 0
+    fitted = f"charges {predicted.fitted_swap['ms']:.3f} ms"
+    assert fitted in record and fitted in html
 
 
 def test_a_bad_cost_file_is_refused_naming_it(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
@@ -153,6 +154,13 @@ def test_a_trace_collected_as_a_run_predicts_that_run_exactly(tmp_path: Path) ->
         "--out", str(tmp_path / "sim"),
     )  # fmt: skip
     assert simulated.code == 0, simulated.stdout + simulated.stderr
+    # The warm-up sits in the simulated ring under the phase the runtime booted with, as in
+    # the box's ring, not as a shift of its own (-1 -> prose, never recovered, which hid
+    # every cell's T90 from predicted vs measured).
+    rings = list((tmp_path / "sim" / "runs").glob("*/ring.parquet"))
+    assert rings and all(pd.read_parquet(r)["phase"].min() >= 0 for r in rings)
+    shifts = analyze_campaign(tmp_path / "sim").shifts
+    assert set(zip(shifts["from_phase"], shifts["to_phase"], strict=True)) == {("prose", "code")}
     measured, predicted = _deltas(box.parent), _deltas(tmp_path / "sim")
     keys = ("tokens", "lookups", "cold_lookups", "hits", "misses", "swaps", "expert_loads")
     assert set(measured) == set(predicted) and len(measured) == 4
