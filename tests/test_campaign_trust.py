@@ -777,3 +777,34 @@ def test_resume_refuses_a_directory_that_does_not_verify_before_it_boots(
     assert refused.code == EXIT_INFRASTRUCTURE, refused.stdout + refused.stderr
     assert NOT_VERIFIED in refused.stderr and named in refused.stderr
     assert (root / "journal.jsonl").read_text(encoding="utf-8") == before  # nothing journalled
+
+
+UNSEEN = (
+    "\u202eevil\u202c \x1b]8;;http://x.example\x07link\x1b]8;;\x07 bell\x07 \x9b31m \u2066x\u2069"
+)
+
+
+def test_controls_and_bidi_overrides_reach_no_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A right-to-left override, an OSC 8 hyperlink ended by BEL, a C1 CSI and an isolate in the
+    # card's description: escaping stops markup, not these. They reached record.md, the page
+    # and the gate table, where a terminal or viewer obeys them; now each is U+FFFD.
+    from tests.gate.campaigns import Synth, build_campaign, card_text
+
+    text = card_text("  - {kind: quality, min_pass: 1}")
+    described = f"campaign: gates\ndescription: {json.dumps(UNSEEN)}\n"
+    text = text.replace("campaign: gates\n", described)
+    campaign = build_campaign(tmp_path, text, Synth(quality=lambda run, prompt_id: "no"))
+    code, out, err = cli("gate", str(campaign.root), capsys=capsys)
+    assert code in (0, 1), out + err
+    assert run_cli("report", str(campaign.root)).code in (0, 1)
+    outputs = {
+        "terminal": out + err,
+        "record.md": (campaign.root / "record.md").read_text(encoding="utf-8"),
+        "report.html": (campaign.root / "report.html").read_text(encoding="utf-8"),
+    }
+    assert "evil" in outputs["record.md"] and "evil" in outputs["report.html"]
+    for name, text_out in outputs.items():
+        for char in ("\u202e", "\u202c", "\x1b", "\x07", "\x9b", "\u2066", "\u2069"):
+            assert char not in text_out, (name, repr(char))

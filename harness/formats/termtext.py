@@ -10,8 +10,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# C0 and C1 controls but tab: ESC, BEL, backspace, carriage return and the like.
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+# C0 and C1 controls but tab: ESC, BEL, backspace, carriage return and the like; and the
+# bidirectional formatting characters, which reorder what a reader sees without showing
+# themselves (a "Trojan Source" line that reads differently from what it holds).
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f{_BIDI}]")
+# The same for text that keeps its lines (a report's pre block, record.md): tab and newline stay.
+_UNSEEN = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+
+
+def inert(value: Any) -> str:
+    """``value`` as text with every control and bidi override as U+FFFD (CRLF read as a line
+    end): data in a report or record.md is shown, never obeyed by the terminal or viewer."""
+    return _UNSEEN.sub("\ufffd", str(value).replace("\r\n", "\n"))
 
 
 def shown(value: Any) -> str:
@@ -21,4 +32,4 @@ def shown(value: Any) -> str:
     return escape(_CONTROL.sub("\ufffd", str(value).replace("\n", " ")))
 
 
-__all__ = ["shown"]
+__all__ = ["inert", "shown"]

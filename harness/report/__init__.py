@@ -92,6 +92,7 @@ def _render(context: dict[str, Any], *, link_prefix: str) -> str:
     environment = jinja2.Environment(
         loader=loader,
         autoescape=True,  # every value, whatever the template's extension
+        finalize=_inert,  # and no control or bidi override reaches the page
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -191,6 +192,18 @@ def build_context(
         "links": ctx.raw_links(analysis),
         "palette": palette,
     }
+
+
+def _inert(value: Any) -> Any:
+    """A value printed into the page, its controls and bidi overrides shown as U+FFFD (escaping
+    stops markup, not an ESC sequence in a pre block or a right-to-left override)."""
+    import markupsafe
+
+    from harness.formats.termtext import inert
+
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(inert(str(value)))
+    return inert(value) if isinstance(value, str) else value
 
 
 def _recorded_at(analysis: CampaignAnalysis) -> str:

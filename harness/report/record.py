@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from harness.formats.termtext import inert
+
 RECORD_NAME = "record.md"
 
 
@@ -35,7 +37,7 @@ _LINE_START = re.compile(r"^(?:([-+=#>])|(\d+)([.)]))")
 
 def _md(text: Any, *, line_start: bool = False) -> str:
     """Card or runtime text made inert for markdown; ``line_start`` when it begins a line."""
-    flat = _HTML.sub(lambda m: _ENTITY[m[0]], " ".join(str(text).split()))
+    flat = _HTML.sub(lambda m: _ENTITY[m[0]], " ".join(inert(text).split()))
     flat = _MARKDOWN.sub(lambda m: "\\" + m[0] if m[1] or m[0] == "!" else "]\\", flat)
     if line_start:
         flat = _LINE_START.sub(lambda m: f"\\{m[1]}" if m[1] else f"{m[2]}\\{m[3]}", flat)
@@ -44,7 +46,7 @@ def _md(text: Any, *, line_start: bool = False) -> str:
 
 def _code(text: Any) -> str:
     """Text for inside a code span (where markdown and HTML are literal): no backtick, one line."""
-    return " ".join(str(text).replace("`", "'").split()) or "—"
+    return " ".join(inert(text).replace("`", "'").split()) or "—"
 
 
 def _cell(text: Any) -> str:
