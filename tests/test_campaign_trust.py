@@ -650,16 +650,26 @@ def test_a_fifo_as_a_card_or_a_ring_is_an_error_not_a_hang(tmp_path: Path) -> No
     assert done.code == EXIT_BAD_INPUT and "is a FIFO, not a regular file" in done.stderr
 
 
+@pytest.mark.parametrize("pattern", ["(a+)+$", "(1|1)*2", "(a|a?)+b", "(x|x)+y"])
 def test_a_profile_regex_that_backtracks_without_bound_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pattern: str
 ) -> None:
+    # A repeat inside a repeat, or a repeated choice whose alternatives match the same text
+    # (`(1|1)*2` on a line of 1s tries 2^n paths; the guard used to let it through).
     runtimes = tmp_path / "runtimes"
     runtimes.mkdir()
     profile = (REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml").read_text()
     assert 'pattern: "[1-9][0-9]*"' in profile
-    (runtimes / "refbox.yaml").write_text(profile.replace('"[1-9][0-9]*"', '"(a+)+$"', 1))
+    (runtimes / "refbox.yaml").write_text(profile.replace('"[1-9][0-9]*"', f'"{pattern}"', 1))
     code, _, err = cli("validate", str(runtimes / "refbox.yaml"), capsys=capsys)
     assert code == EXIT_BAD_INPUT and "can take exponential time" in err, err
+
+
+@pytest.mark.parametrize("pattern", ["(a|b)*c", "(x|xy|z)+", "(foo|bar)+ (\\d+)", "(a|)*b"])
+def test_a_repeated_choice_of_distinct_alternatives_is_allowed(pattern: str) -> None:
+    from harness.formats.textfile import compile_pattern
+
+    assert compile_pattern(pattern).pattern == pattern
 
 
 def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(

@@ -104,14 +104,65 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
         compiled = re.compile(pattern)
         if _repeat_in_repeat(re_parser.parse(pattern)):
             raise re.error(
-                "a repeated group that itself repeats (like `(a+)+` or `(\\d*)*`) can take "
-                "exponential time on a line that almost matches; write it with one repeat "
-                "(`a+`, `\\d*`)"
+                "a repeated group that itself repeats (like `(a+)+` or `(\\d*)*`), or a "
+                "repeated choice whose alternatives can match the same text (like `(1|1)*` or "
+                "`(a|a?)+`), can take exponential time on a line that almost matches; write it "
+                "with one repeat and distinct alternatives (`a+`, `\\d*`, `1*`)"
             )
         return compiled
 
 
 _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
+
+
+_ANYCHAR = frozenset({-1})  # stands for "any character" in a first-character set
+
+
+def _first(items: Any) -> tuple[frozenset[int], bool]:
+    """The characters a parsed sequence can start with (``_ANYCHAR`` when it cannot say) and
+    whether it can match the empty string."""
+    first: set[int] = set()
+    for op, arg in items:
+        if op == re_constants.AT:
+            continue  # an anchor matches no character
+        if op == re_constants.LITERAL:
+            return frozenset(first | {arg}), False
+        if op in _REPEATS:
+            low, _, body = arg
+            inner, empty = _first(body)
+            first |= inner
+            if low > 0 and not empty:
+                return frozenset(first), False
+            continue
+        if op == re_constants.SUBPATTERN:
+            inner, empty = _first(arg[-1])
+        elif op == re_constants.BRANCH:
+            parts = [_first(branch) for branch in arg[1]]
+            inner = frozenset().union(*(p[0] for p in parts))
+            empty = any(p[1] for p in parts)
+        else:  # a set, a class, any, a back reference: any character, as far as this check goes
+            inner, empty = _ANYCHAR, op == re_constants.GROUPREF
+        first |= inner
+        if not empty:
+            return frozenset(first), False
+    return frozenset(first), True
+
+
+def _ambiguous(branches: list[Any]) -> bool:
+    """Whether two alternatives of a choice can match the same text, as far as their first
+    characters tell: identical alternatives, two that can match nothing, or one that can match
+    nothing beside one that starts where it would. Under an unbounded repeat each such
+    character doubles the paths a failing match tries (``(1|1)*2`` on a line of 1s)."""
+    shapes = [_first(branch) for branch in branches]
+    for i, (first_i, empty_i) in enumerate(shapes):
+        for j in range(i + 1, len(shapes)):
+            first_j, empty_j = shapes[j]
+            if branches[i] == branches[j] or (empty_i and empty_j):
+                return True
+            overlap = bool(first_i & first_j) or (first_i | first_j) >= _ANYCHAR
+            if (empty_i or empty_j) and overlap:
+                return True
+    return False
 
 
 def _repeat_in_repeat(parsed: Any, inside: bool = False) -> bool:
@@ -130,6 +181,8 @@ def _repeat_in_repeat(parsed: Any, inside: bool = False) -> bool:
             children = [arg[-1]]
         elif op == re_constants.BRANCH:
             children = list(arg[1])
+            if inside and _ambiguous(children):
+                return True
         elif op in (re_constants.ASSERT, re_constants.ASSERT_NOT):
             children = [arg[1]]
         elif op == re_constants.ATOMIC_GROUP:
