@@ -72,6 +72,20 @@ def _array(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> npt.NDArra
     return value
 
 
+def _counts(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> I64:
+    """A tensor of counts as int64: finite and non-negative, else BadInput naming the file.
+    Every reader of counts comes through here: a NaN cast to int64 is a huge negative number,
+    and a map fitted from it (or from negative counts) ranks experts by garbage."""
+    array = _array(path, value, key, ndim)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadInput(f"{path}: {key} holds NaN or infinite counts")
+    if array.dtype.kind in "fi" and (array < 0).any():
+        raise BadInput(f"{path}: {key} holds negative counts")
+    if array.dtype.kind not in "fiub":
+        raise BadInput(f"{path}: {key} is not a tensor of numbers ({array.dtype})")
+    return array.astype(np.int64)
+
+
 def read_dump(path: str | os.PathLike[str]) -> ExpertDistribution:
     """A recorder dump as counts (and masks); BadInput naming the file for any other shape."""
     name = os.fspath(path)
@@ -82,7 +96,7 @@ def read_dump(path: str | os.PathLike[str]) -> ExpertDistribution:
     if "gpu_expert_masks" in data:
         masks = _array(name, data["gpu_expert_masks"], "gpu_expert_masks", (3,)).astype(bool)
     if "logical_count" in data:
-        counts = _array(name, data["logical_count"], "logical_count", (2, 3)).astype(np.int64)
+        counts = _counts(name, data["logical_count"], "logical_count", (2, 3))
         if counts.ndim == 2:
             counts = counts[None]
         if masks is not None and masks.shape[1:] != counts.shape[1:]:
@@ -211,11 +225,9 @@ def read_logical_count(path: str | os.PathLike[str]) -> I64:
                 '{"logical_count": [layers][experts]} or a recorder dump'
             )
         data = data["logical_count"]
-    counts = _array(name, data, "logical_count", (2, 3)).astype(np.int64)
+    counts = _counts(name, data, "logical_count", (2, 3))
     if counts.ndim == 3:
         counts = counts.sum(axis=0)
-    if (counts < 0).any():
-        raise BadInput(f"{name}: logical_count holds negative counts")
     return counts
 
 

@@ -58,6 +58,9 @@ _ALIGN = 64
 _FORMAT_VERSION = b"3\n"
 # The most elements a tensor may hold beyond its storage's size (a stride-0 view).
 _MAX_EXPANDED = 1 << 24
+# The most elements all of a file's tensors may hold beyond its storages' bytes: each stride-0
+# view is bounded above, and this bounds how many a file may ask for.
+_MAX_EXPANDED_TOTAL = 1 << 26
 
 
 class TorchFileError(BadInput):
@@ -141,12 +144,26 @@ class _Unpickler(pickle.Unpickler):
         self._records = storages
         self._swap = swap
         self._loaded: dict[str, _Storage] = {}
+        # Elements the file's tensors may hold in all: what its storages hold, plus a bounded
+        # allowance for expanded views.
+        self._budget = sum(len(v) for k, v in storages.items() if k.startswith("data/"))
+        self._budget += _MAX_EXPANDED_TOTAL
+
+    def _rebuild(self, *args: Any) -> npt.NDArray[Any]:
+        tensor = _rebuild_tensor(*args)
+        self._budget -= tensor.size
+        if self._budget < 0:
+            raise pickle.UnpicklingError(
+                "the file's tensors hold more elements than its storages and the allowance "
+                "for expanded views: refused before they fill memory"
+            )
+        return tensor
 
     def find_class(self, module: str, name: str) -> Any:
         # A fresh object per global named: a BUILD opcode aimed at it changes only that object,
         # never this module's function or the OrderedDict class.
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _fresh(_rebuild_tensor)
+            return _fresh(self._rebuild)
         if (module, name) == ("collections", "OrderedDict"):
             return _fresh(OrderedDict)
         if module == "torch" and name in _STORAGES:

@@ -101,3 +101,18 @@ def test_a_location_file_without_logical_count_says_what_to_give(tmp_path: Path)
     path.write_text('{"physical_to_logical_map": [[0, 1]]}')
     with pytest.raises(BadInput, match="no logical_count"):
         read_logical_count(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, -3.0, np.inf])
+def test_counts_that_are_nan_or_negative_are_refused_naming_the_file(
+    tmp_path: Path, bad: float
+) -> None:
+    # A NaN cast to int64 is a huge negative number, and a map fitted from it (or from
+    # negative counts) ranks experts by garbage; every .pt reader of counts refuses them.
+    counts = np.ones((1, 2, 4), dtype=np.float32)
+    counts[0, 1, 2] = bad
+    path = tmp_path / "dump.pt"
+    write_torch_file(path, {"logical_count": counts})
+    for read in (read_dump, read_logical_count):
+        with pytest.raises(BadInput, match=f"{path}: logical_count holds"):
+            read(path)

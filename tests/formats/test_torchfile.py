@@ -118,3 +118,24 @@ def test_a_compressed_record_is_refused_before_it_is_inflated(tmp_path: Path) ->
         archive.writestr("archive/data/0", b"\0" * (1 << 20))
     with pytest.raises(TorchFileError, match="compressed records"):
         read_torch_file(path)
+
+
+def test_expanded_views_past_the_files_allowance_are_refused(tmp_path: Path) -> None:
+    # Each stride-0 view (torch's expand) may exceed its storage up to 2^24 elements; a file of
+    # many such views of a one-byte storage asked for unbounded memory. Five of 2^24 bytes each
+    # pass the per-tensor bound and exceed the file's allowance (2^26 beyond its storages).
+    path = tmp_path / "expanded.pt"
+    write_torch_file(path, {f"t{i}": np.zeros(1, dtype=np.uint8) for i in range(5)})
+    one = b"J\x00\x00\x00\x00(J\x01\x00\x00\x00t(J\x01\x00\x00\x00t"  # offset 0, size (1,), (1,)
+    wide = b"J\x00\x00\x00\x00(J\x00\x00\x00\x01t(J\x00\x00\x00\x00t"  # size (2^24,), stride (0,)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(buffer, "w") as target:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                assert data.count(one) == 5
+                data = data.replace(one, wide)
+            target.writestr(info.filename, data)
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(TorchFileError, match="more elements than its storages"):
+        read_torch_file(path)
