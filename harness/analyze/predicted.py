@@ -10,7 +10,7 @@ whether the box's value lies inside; per metric, whether the predicted order of 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -41,6 +41,17 @@ class Prediction:
     measured: float | None
     low: float | None = None  # the prediction's 95% interval, where a fitted cost gave one
     high: float | None = None
+    # The cell against the control, each side against its own control: what a decision reads,
+    # and what survives the machine running at another speed than when the cost was fitted.
+    predicted_vs_control: float | None = None
+    measured_vs_control: float | None = None
+
+    @property
+    def relative_ratio(self) -> float | None:
+        """(predicted cell ÷ control) ÷ (measured cell ÷ control)."""
+        if self.predicted_vs_control is None or not self.measured_vs_control:
+            return None
+        return self.predicted_vs_control / self.measured_vs_control
 
     @property
     def within(self) -> bool | None:
@@ -79,6 +90,7 @@ class Prediction:
             "relative_error": self.relative_error,
             "ratio": self.ratio,
             "within": self.within,
+            "relative_ratio": self.relative_ratio,
         }
 
 
@@ -140,8 +152,32 @@ def predicted_vs_measured(
             rows.append(Prediction(metric, cell, guess, value, low, high))
     if not rows:
         return None
+    rows = _against_control(rows, card.control)
     orders, pairs = _orders(rows)
     return PredictedVsMeasured(source, state, tuple(rows), orders, pairs)
+
+
+def _against_control(rows: list[Prediction], control: str | None) -> list[Prediction]:
+    """Each row with its cell ÷ the control, on each side (the control's own rows stay 1)."""
+    base = {r.metric: r for r in rows if r.cell == control}
+    out = []
+    for r in rows:
+        ref = base.get(r.metric)
+        if ref is None:
+            out.append(r)
+            continue
+        out.append(
+            replace(
+                r,
+                predicted_vs_control=_divide(r.predicted, ref.predicted),
+                measured_vs_control=_divide(r.measured, ref.measured),
+            )
+        )
+    return out
+
+
+def _divide(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def _number(value: Any) -> float | None:

@@ -280,8 +280,9 @@ def _predicted(predicted: dict[str, Any] | None) -> list[str]:
     out = ["## Predicted vs measured", ""]
     out += [
         _md(f"Predictions from the simulated campaign {predicted['dir']}; error = predicted − "
-            "measured, ratio = predicted ÷ measured; the interval (95%) is a fitted cost "
-            "model's, with whether the measured value lies inside.", line_start=True),
+            "measured, ratio = predicted ÷ measured, vs control = the same for the cell ÷ the "
+            "control on each side; the interval (95%) is a fitted cost model's, with whether "
+            "the measured value lies inside.", line_start=True),
         "",
     ]  # fmt: skip
     if predicted.get("mismatches"):
@@ -292,9 +293,11 @@ def _predicted(predicted: dict[str, Any] | None) -> list[str]:
         ]
         out += [f"- {_md(m)}" for m in predicted["mismatches"]] + [""]  # fmt: skip
     out += _table(
-        ["metric", "cell", "predicted", "interval", "measured", "error", "ratio", "inside"],
+        ["metric", "cell", "predicted", "interval", "measured", "error", "ratio",
+         "vs control, ratio", "inside"],
         [[_code(r["metric"]), r["cell"], r["predicted_text"], r["interval_text"],
-          r["measured_text"], r["error_text"], r["ratio_text"], r["within_text"]]
+          r["measured_text"], r["error_text"], r["ratio_text"], r["relative_text"],
+          r["within_text"]]
          for r in predicted["rows"]],
     )  # fmt: skip
     if predicted.get("fitted_swap"):

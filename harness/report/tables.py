@@ -367,6 +367,11 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                 else "—"
             ),
             "ratio_text": f"{r.ratio:.3f}" if r.ratio is not None else "—",
+            "relative_text": (
+                f"{r.relative_ratio:.3f}"
+                if r.relative_ratio is not None and r.cell != analysis.card.control
+                else "—"
+            ),
             "within_text": {True: "yes", False: "no", None: "—"}[r.within],
         }
         for r in predicted.rows

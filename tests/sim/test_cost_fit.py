@@ -72,6 +72,10 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
         assert speed.low is not None and speed.high is not None and speed.within is not None
         assert speed.ratio is not None and abs(speed.ratio - 1) < 0.10, speed
     assert "ring_decode_tok_s" in predicted.order_held
+    # The cell against the control on each side: what survives the machine's own drift.
+    seed_speed = rows[("ring_decode_tok_s", "seed")]
+    assert seed_speed.relative_ratio is not None and abs(seed_speed.relative_ratio - 1) < 0.10
+    assert rows[("ring_decode_tok_s", "stale")].measured_vs_control == 1.0
     held, pairs = predicted.pairs_held["ring_decode_tok_s"]  # two cells: one pair
     assert pairs == 1 and held == int(predicted.order_held["ring_decode_tok_s"])
     # Gating keeps the desk's errors across campaigns, read back by history --predictions.
