@@ -10,7 +10,6 @@ before the boots are spent.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from harness.card.load import LoadedCard
 from harness.errors import HarnessError
 from harness.formats.maps import read_rowmap
 from harness.formats.records import read_json
+from harness.formats.seal import file_sha256
 
 __all__ = [
     "SIMULATED_INPUTS",
@@ -28,14 +28,6 @@ __all__ = [
 ]
 
 SIMULATED_INPUTS = "simulated_inputs.json"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _texts(values: dict[str, Any]) -> dict[str, str]:
@@ -50,7 +42,7 @@ def fingerprint(loaded: LoadedCard) -> dict[str, Any]:
         files = {}
         for key, relative in sorted(cell.files.items()):
             path = loaded.resolve(relative)
-            files[key] = _sha256(path) if path.is_file() else "missing"
+            files[key] = file_sha256(path) if path.is_file() else "missing"
         cells[name] = {
             "files": files,
             "knobs": _texts(dict(cell.knobs)),

@@ -31,6 +31,15 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
+def _chosen(table: Any, args: argparse.Namespace) -> Any:
+    """The rows of the campaign, metric and cell asked for (all where none was)."""
+    for column in ("campaign", "metric", "cell"):
+        wanted = getattr(args, column)
+        if wanted:
+            table = table[table[column] == wanted]
+    return table
+
+
 def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     # Imported here: registering the verb should not load pandas.
     from harness.history.store import HISTORY_DIR, read_history
@@ -39,13 +48,7 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     folder = Path(args.reports) / HISTORY_DIR
     if args.predictions:
         return _predictions(args, folder, out)
-    table = read_history(folder)
-    if args.campaign:
-        table = table[table["campaign"] == args.campaign]
-    if args.metric:
-        table = table[table["metric"] == args.metric]
-    if args.cell:
-        table = table[table["cell"] == args.cell]
+    table = _chosen(read_history(folder), args)
     if table.empty:
         raise BadInput(
             f"{folder}: no history matches; campaigns under {args.reports}/<campaign>/<stamp> "
@@ -85,13 +88,7 @@ def _predictions(args: argparse.Namespace, folder: Path, out: TextIO) -> int:
     """The desk's errors, campaign by campaign: how far each metric's predictions were off."""
     from harness.history.predictions import prediction_summary, read_predictions
 
-    table = read_predictions(folder)
-    if args.campaign:
-        table = table[table["campaign"] == args.campaign]
-    if args.metric:
-        table = table[table["metric"] == args.metric]
-    if args.cell:
-        table = table[table["cell"] == args.cell]
+    table = _chosen(read_predictions(folder), args)
     if table.empty:
         raise BadInput(
             f"{folder}: no prediction matches; a campaign with a simulated sibling "

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
-from harness.formats.maps import write_rowmap
 from harness.sim.cost_fit import TERMS, fit_cost, read_cost
 from tests.conftest import DATA, REPO, run_cli
-from tests.sim.test_simulate import CARD, POOL, _domain_trace
+from tests.sim.test_simulate import simulate_domains
 
 WASHED = DATA / "campaigns" / "demo-washed"
 
@@ -114,13 +113,7 @@ def test_rings_that_cannot_separate_the_costs_are_refused_naming_what_varies(
 ) -> None:
     # .npy traces have no prefill rows: every step has one token, so the token cost cannot be
     # told from the step cost, and the fit says so instead of returning an arbitrary split.
-    _domain_trace(tmp_path / "prose.npy", 0, 1)
-    _domain_trace(tmp_path / "code.npy", 8, 2)
-    write_rowmap(tmp_path / "seed.json", [list(range(8, 16))] * 4, 16)
-    (tmp_path / "card.yaml").write_text(CARD.format(pool=POOL))
-    sim = run_cli("simulate", str(tmp_path / "card.yaml"), "--traces",
-                  str(tmp_path / "prose.npy"), str(tmp_path / "code.npy"),
-                  "--out", str(tmp_path / "sim"))  # fmt: skip
+    sim = simulate_domains(tmp_path)
     assert sim.code == 0, sim.stderr
     refused = run_cli("fit-cost", str(tmp_path / "sim"), "-o", str(tmp_path / "cost.json"))
     assert refused.code == 2 and "cannot separate the four costs" in refused.stderr

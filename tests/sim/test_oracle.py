@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.formats.maps import write_rowmap
 from harness.policy.residency import PolicyKnobs
 from harness.sim.oracle import min_loads, next_uses, oracle_bound
 from harness.sim.replay import replay_fast
 from harness.sim.trace_files import load_trace
 from tests.conftest import run_cli
-from tests.sim.test_simulate import CARD, POOL, _domain_trace
+from tests.sim.test_simulate import _domain_trace, simulate_domains
 
 
 def _exhaustive(sequence: list[int], start: frozenset[int], slots: int, experts: int) -> int:
@@ -76,13 +75,7 @@ def test_no_policy_replay_loads_fewer_than_the_oracle(tmp_path: Path) -> None:
 
 
 def test_simulate_prints_the_oracle_beside_each_rowmap_cell(tmp_path: Path) -> None:
-    _domain_trace(tmp_path / "prose.npy", 0, 1)
-    _domain_trace(tmp_path / "code.npy", 8, 2)
-    write_rowmap(tmp_path / "seed.json", [list(range(8, 16))] * 4, 16)
-    (tmp_path / "card.yaml").write_text(CARD.format(pool=POOL))
-    result = run_cli("simulate", str(tmp_path / "card.yaml"), "--traces",
-                     str(tmp_path / "prose.npy"), str(tmp_path / "code.npy"),
-                     "--out", str(tmp_path / "sim"))  # fmt: skip
+    result = simulate_domains(tmp_path)
     assert result.code == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "Belady's MIN" in line]
     assert len(lines) == 3, result.stdout  # stale, adaptive and seeded are rowmap cells

@@ -18,7 +18,7 @@ from harness.sim.commands import register
 from harness.sim.replay import replay_fast
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import concat_traces
-from tests.conftest import run_cli
+from tests.conftest import CliResult, run_cli
 
 POOL = Path(__file__).resolve().parent.parent / "data" / "pools" / "small.jsonl"
 CARD = """\
@@ -59,6 +59,17 @@ def _domain_trace(path: Path, first: int, seed: int) -> None:
         for _ in range(2000)
     ]
     np.save(path, np.array(rows))
+
+
+def simulate_domains(tmp_path: Path) -> CliResult:
+    """`harness simulate` of the small card over two domains' traces into tmp_path/sim."""
+    _domain_trace(tmp_path / "prose.npy", 0, 1)
+    _domain_trace(tmp_path / "code.npy", 8, 2)
+    write_rowmap(tmp_path / "seed.json", [list(range(8, 16))] * 4, 16)
+    (tmp_path / "card.yaml").write_text(CARD.format(pool=POOL))
+    return run_cli("simulate", str(tmp_path / "card.yaml"), "--traces",
+                   str(tmp_path / "prose.npy"), str(tmp_path / "code.npy"),
+                   "--out", str(tmp_path / "sim"))  # fmt: skip
 
 
 def test_simulated_campaign_is_analysed_and_gated_unchanged(tmp_path: Path) -> None:
