@@ -131,3 +131,47 @@ def test_eplb_on_a_profile_that_drives_the_recorder_is_refused(tmp_path: Path) -
         load_card(folder / "card.yaml")
     lines = caught.value.lines()
     assert any("knobs.enable_eplb" in line and "EPLB shares" in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("profile", "distributions"),
+    [("sglang", ("sglang",)), ("sglang-kt", ("sglang-kt", "kt-kernel"))],
+)
+def test_the_version_names_each_build_by_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str, distributions: tuple[str, ...]
+) -> None:
+    # SGLang boots through `sh`, so the "binary" hash says nothing of the build: the version
+    # line carries the SHA-256 of each installed distribution's RECORD (every file's hash), as
+    # vLLM's does. Run here on installed-package metadata laid out as pip lays it out.
+    import hashlib
+    import stat
+    import sys
+
+    from harness.boxes.local import LocalBox
+    from harness.card.resolve import load_runtime_profile
+    from harness.profiles.box import BoxSpec
+    from harness.runtimes.boot import runtime_version
+
+    site = tmp_path / "site"
+    records = {}
+    for name in distributions:
+        info = site / f"{name.replace('-', '_')}-0.7.2.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.7.2\n")
+        record = f"{name.replace('-', '_')}/__init__.py,sha256=abc,1\n"
+        (info / "RECORD").write_text(record)
+        records[name] = hashlib.sha256(record.encode()).hexdigest()
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("HARNESS_SGLANG_PYTHON", str(python))
+    path = REPO / "harness" / "profiles" / "data" / "runtimes" / f"{profile}.yaml"
+    found = runtime_version(LocalBox("local", BoxSpec()), load_runtime_profile(path), "python3")
+    line = found["version"]
+    for name in distributions:
+        assert f"{name} 0.7.2 RECORD sha256 {records[name]}" in line, line
+    # Another build (one file changed) reads as another version.
+    first = next(site.iterdir()) / "RECORD"
+    first.write_text(first.read_text().replace("abc", "abd"))
+    assert runtime_version(LocalBox("local", BoxSpec()), load_runtime_profile(path),
+                           "python3")["version"] != line  # fmt: skip
