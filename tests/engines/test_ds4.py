@@ -80,6 +80,31 @@ def test_gguf_writer_aliases_tensors_of_one_region(tmp_path: Path) -> None:
     assert size - by_name["a.weight"].data_offset == 32 + 68 + (-68 % 32)
 
 
+def test_gguf_writer_never_writes_through_a_planted_name_and_leaves_nothing_on_failure(
+    tmp_path: Path,
+) -> None:
+    # The writer went through `<path>.tmp`: a symlink planted there had a 2.8 GiB model written
+    # wherever it pointed, and a full disk kept the half-written file. Now a fresh mkstemp
+    # file in the target's folder is renamed into place, or removed on any failure.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    path = tmp_path / "t.gguf"
+    (tmp_path / "t.gguf.tmp").symlink_to(victim)
+    regions = {"w": Region("F32", (4, 2), _fill(1))}
+    write_gguf(path, [("general.architecture", Value(STRING, "test"))], [("a", "w")], regions)
+    assert victim.read_text() == "keep me\n" and GGUFReader(path).tensors[0].name == "a"
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+    def broken(handle, nbytes):  # type: ignore[no-untyped-def]
+        handle.write(b"\0" * (nbytes // 2))
+        raise OSError(28, "No space left on device")
+
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(OSError, match="No space left"):
+        write_gguf(tmp_path / "u.gguf", [], [("a", "w")], {"w": Region("F32", (4, 2), broken)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_flash_layout_is_ds4s_fixed_shape() -> None:
     shape = FlashShape()
     layout = flash_tensor_layout(shape)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,24 +108,44 @@ def write_gguf(
         offsets[key] = cursor
         cursor += regions[key].nbytes
         cursor += -cursor % ALIGNMENT
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensor_list), len(kv)))
-        for key, item in kv:
-            handle.write(_string(key) + _value(item))
-        for name, key in tensor_list:
-            region = regions[key]
-            type_id = TENSOR_TYPES[region.type_name][0]
-            handle.write(_string(name) + struct.pack("<I", len(region.dims)))
-            handle.write(struct.pack(f"<{len(region.dims)}Q", *region.dims))
-            handle.write(struct.pack("<IQ", type_id, offsets[key]))
-        _pad(handle)
-        for key in used:
-            start = handle.tell()
-            regions[key].fill(handle, regions[key].nbytes)
-            if handle.tell() - start != regions[key].nbytes:
-                raise AssertionError(f"region {key} wrote {handle.tell() - start} bytes")
-            _pad(handle)
-        size = handle.tell()
-    os.replace(tmp, path)
+    # A fresh temp file (never one a symlink planted at a fixed name points elsewhere), removed
+    # on any failure: a full disk must not keep gigabytes of a half-written model.
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            size = _write_body(handle, kv, tensor_list, regions, used, offsets)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a runtime in a container out
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return size
+
+
+def _write_body(
+    handle: BinaryIO,
+    kv: list[tuple[str, Value]],
+    tensor_list: list[tuple[str, str]],
+    regions: dict[str, Region],
+    used: list[str],
+    offsets: dict[str, int],
+) -> int:
+    """The file's header, tensor infos and regions; returns its size."""
+    handle.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensor_list), len(kv)))
+    for key, item in kv:
+        handle.write(_string(key) + _value(item))
+    for name, key in tensor_list:
+        region = regions[key]
+        type_id = TENSOR_TYPES[region.type_name][0]
+        handle.write(_string(name) + struct.pack("<I", len(region.dims)))
+        handle.write(struct.pack(f"<{len(region.dims)}Q", *region.dims))
+        handle.write(struct.pack("<IQ", type_id, offsets[key]))
+    _pad(handle)
+    for key in used:
+        start = handle.tell()
+        regions[key].fill(handle, regions[key].nbytes)
+        if handle.tell() - start != regions[key].nbytes:
+            raise AssertionError(f"region {key} wrote {handle.tell() - start} bytes")
+        _pad(handle)
+    return handle.tell()
