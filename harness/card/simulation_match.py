@@ -15,9 +15,9 @@ from typing import Any
 
 from harness.card.load import LoadedCard
 from harness.errors import HarnessError
-from harness.formats.maps import read_rowmap
-from harness.formats.records import read_json
-from harness.formats.seal import file_sha256
+
+# The readers below are imported where used: `validate` with no simulation to compare must not
+# load pandas (harness.formats.records) for nothing.
 
 __all__ = [
     "SIMULATED_INPUTS",
@@ -36,6 +36,8 @@ def _texts(values: dict[str, Any]) -> dict[str, str]:
 
 def fingerprint(loaded: LoadedCard) -> dict[str, Any]:
     """What of a card a simulation's prediction rests on, in JSON form."""
+    from harness.formats.seal import file_sha256
+
     card = loaded.card
     cells: dict[str, Any] = {}
     for name, cell in card.cells.items():
@@ -87,6 +89,8 @@ def _differing(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:
 
 def mismatches(loaded: LoadedCard, simulated: dict[str, Any]) -> list[str]:
     """Each way the card differs from what the simulation replayed, one line each."""
+    from harness.formats.maps import read_rowmap
+
     ours = fingerprint(loaded)
     out: list[str] = []
     if simulated.get("runtime") not in (None, ours["runtime"]):
@@ -143,6 +147,8 @@ def simulation_warnings(loaded: LoadedCard, reports: Path) -> list[str]:
     found = newest_simulation(reports, loaded.card.campaign)
     if found is None:
         return []
+    from harness.formats.records import read_json
+
     try:
         simulated = read_json(found / SIMULATED_INPUTS)
     except HarnessError:

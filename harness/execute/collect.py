@@ -32,8 +32,9 @@ from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
 from harness.execute.recovery_watch import RecoveryWatch
-from harness.formats.records import Journal
-from harness.runtimes.boot import boot, boot_spec, http_json, render
+from harness.formats.records import UNSCORED_STEPS, Journal, write_json_atomic
+from harness.runtimes.boot import RunningRuntime, boot, boot_spec, http_json, render
+from harness.runtimes.counters import scrape_counters
 from harness.runtimes.orphans import BOOT_MARK, journal_boot, stop_orphans
 from harness.runtimes.recorder import finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, write_route_delta
@@ -221,8 +222,17 @@ def collect_counts(
                 # An as-run trace runs until_recovered extensions as the run will, ended by
                 # the same reading of the ring: without them a simulation misses the steady
                 # state the run serves after its transient (and so its speed).
-                until = _recovery_until(loaded, box, remote, phases) if as_run else None
+                spans: list[list[int]] = []
+                until = (
+                    _recovery_until(loaded, box, remote, phases, runtime, spans) if as_run else None
+                )
                 results = run_async(drive(drive_spec, phases, on_phase=on_phase, until=until))
+                if spans:
+                    # Which host steps the run would leave out of its counters: the simulator
+                    # keeps them in the ring (T90, speed) and out of the counted rates.
+                    write_json_atomic(
+                        out_dir / UNSCORED_STEPS, {"schema_version": 1, "host_steps": spans}
+                    )
                 tokens = sum(r.completion_tokens or 0 for r in results)
                 failed = [r for r in results if not r.ok]
                 if failed:
@@ -265,10 +275,17 @@ def collect_counts(
 
 
 def _recovery_until(
-    loaded: LoadedCard, box: Box, remote: str, phases: list[PhasePlan]
+    loaded: LoadedCard,
+    box: Box,
+    remote: str,
+    phases: list[PhasePlan],
+    runtime: RunningRuntime,
+    spans: list[list[int]],
 ) -> UntilHook | None:
     """The hook that ends ``until_recovered`` extensions when the runtime's ring shows the
-    recovery measured, as the runner's does; None without extensions or a ring to read."""
+    recovery measured, as the runner's does, and notes in ``spans`` the host steps each
+    extension ran (from the runtime's ``steps`` counter on each side); None without extensions
+    or a ring to read."""
     ring = loaded.runtime.telemetry.ring
     if ring is None or not ring.header or not any(p.extension for p in phases):
         return None
@@ -279,4 +296,21 @@ def _recovery_until(
     async def measured(phase: PhasePlan) -> bool:
         return await asyncio.to_thread(watch.measured, phase.index)
 
-    return UntilHook(measured)
+    def steps_now() -> int | None:
+        telemetry = runtime.profile.telemetry
+        found = scrape_counters(runtime.base_url, telemetry.counters_http, telemetry.metrics_http)
+        value = (found or {}).get("steps")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    async def begins(phase: PhasePlan) -> None:
+        start = await asyncio.to_thread(steps_now)
+        spans.append([-1 if start is None else start, -1])
+
+    async def ends(phase: PhasePlan) -> None:
+        end = await asyncio.to_thread(steps_now)
+        if spans and spans[-1][0] >= 0 and end is not None:
+            spans[-1][1] = end
+        else:
+            del spans[-1:]  # a runtime without a step counter: nothing to say
+
+    return UntilHook(measured, begins, ends)

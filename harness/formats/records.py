@@ -61,6 +61,11 @@ def _unlinked_on_failure(tmp: Path, path: Path | None = None) -> Iterator[None]:
         raise
 
 
+# Beside a trace `collect --as-run` wrote: the host-step ranges of the unscored until_recovered
+# extensions it sent, which a run leaves out of its counters (read by harness.sim.trace_files).
+UNSCORED_STEPS = "unscored.json"
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
     text = json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str)

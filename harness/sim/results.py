@@ -56,6 +56,9 @@ class ReplayResult:
     # Lookups per host step when not every selection is one (llama.cpp's expert cache looks up
     # each distinct expert of a cached layer once per step); None: tokens x layers x top_k.
     step_lookups: IntArray | None = None
+    # Host-step ranges [start, end) the run served but left out of its counters (the trace's
+    # unscored until_recovered extensions): in the ring, not in run_counters' delta.
+    unscored: tuple[tuple[int, int], ...] = ()
 
     @property
     def hits(self) -> int:
@@ -122,11 +125,22 @@ class ReplayResult:
         warmup = int(measured[0]) if len(measured) else len(self.steps)
         before = self.counters(record_bytes, warmup)
         after = self.counters(record_bytes)
-        return {
+        delta = {key: after[key] - before[key] for key in after}
+        unscored = {key: 0 for key in after}
+        for start, end in self.unscored:  # as the runner does: counters on each side of them
+            first, last = np.searchsorted(self.steps, [start, end], side="left")
+            grew_from = self.counters(record_bytes, int(first))
+            grew_to = self.counters(record_bytes, int(last))
+            for key in after:
+                unscored[key] += grew_to[key] - grew_from[key]
+        out: dict[str, dict[str, int]] = {
             "before": before,
             "after": after,
-            "delta": {key: after[key] - before[key] for key in after},
+            "delta": {key: delta[key] - unscored[key] for key in after},
         }
+        if self.unscored:
+            out["unscored"] = unscored
+        return out
 
     def ring_frame(
         self, cost: CostModel | None = None, record_bytes: int = DEFAULT_RECORD_BYTES

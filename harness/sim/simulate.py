@@ -310,6 +310,7 @@ def simulate_cells(
     for name in loaded.card.cells:
         settings = cell_settings(loaded, name, trace, start, expert_bytes=expert_bytes)
         result = replay_settings(settings, trace, fast=fast)
+        result.unscored = trace.unscored
         oracle = oracle_bound(trace, settings.hot) if settings.mode == "rowmap" else None
         cells.append(SimulatedCell(name, settings, result, oracle))
     return cells

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -25,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import KnobError, TraceError
+from harness.formats.records import UNSCORED_STEPS
 from harness.formats.ring import ROUTE_TRACE_VERSION
 from harness.formats.textfile import parse_json
 from harness.policy.residency import PolicyKnobs
@@ -402,6 +404,23 @@ def _moe_layers(arrays: dict[str, Any], layers: int, path: str) -> tuple[tuple[i
     return tuple(int(x) for x in moe), total
 
 
+def _unscored(path: Path) -> tuple[tuple[int, int], ...]:
+    """The host-step ranges ``collect --as-run`` recorded as unscored extensions, if any."""
+    if not path.is_file():
+        return ()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        spans = tuple((int(a), int(b)) for a, b in data["host_steps"])
+    except (OSError, ValueError, TypeError, KeyError):
+        raise TraceError(
+            f"{path}: not the unscored ranges `collect --as-run` writes "
+            '({"host_steps": [[start, end], ...]}); collect the trace again'
+        ) from None
+    if any(b < a for a, b in spans):
+        raise TraceError(f"{path}: a range ends before it starts; collect the trace again")
+    return spans
+
+
 def load_trace(path: str | os.PathLike[str], *, experts: int | None = None) -> Trace:
     """Read a routing trace in any supported format (see the module docstring).
 
@@ -417,7 +436,9 @@ def load_trace(path: str | os.PathLike[str], *, experts: int | None = None) -> T
     records = _json_lines(name)
     first = records[0][1]
     if first.get("kind") == "header":
-        return _refbox_trace(name, records, experts)
+        trace = _refbox_trace(name, records, experts)
+        trace.unscored = _unscored(Path(name).parent / UNSCORED_STEPS)
+        return trace
     if "top_indices" in first:
         return _megatron_trace(name, records, experts)
     raise TraceError(

@@ -86,6 +86,9 @@ class Trace:
     # The model layer of each trace layer, where the trace left a model's dense layers out
     # (``moe_layers`` of a routes-from-responses .npz); None: trace layer i is model layer i.
     moe_layers: tuple[int, ...] | None = None
+    # Host-step ranges [start, end) a run served but left out of its counters: the unscored
+    # until_recovered extensions `collect --as-run` sent (its unscored.json beside the trace).
+    unscored: tuple[tuple[int, int], ...] = ()
     model_layers: int | None = None  # the model's layers, dense ones included
     # step_bounds() of ``steps`` (the array object it was computed from, and the result).
     _bounds: tuple[IntArray, IntArray, IntArray] | None = field(
@@ -268,6 +271,12 @@ def concat_traces(traces: list[Trace]) -> Trace:
         path=" + ".join(t.path for t in traces),
         fmt=first.format if len(traces) == 1 else "concat",
     )
+    # Each trace's unscored ranges, renumbered as its steps were.
+    shifted = []
+    for trace, renumbered in zip(traces, steps, strict=True):
+        moved = int(renumbered[0]) - int(trace.steps[0])
+        shifted += [(a + moved, b + moved) for a, b in trace.unscored]
+    joined.unscored = tuple(shifted)
     return joined
 
 

@@ -200,3 +200,10 @@ def test_an_as_run_trace_runs_the_until_recovered_extension_as_the_run_does(
     shift = trace.phase == 1
     requests = np.unique(trace.steps[shift & trace.prefill]).size
     assert 2 < requests <= 42, requests
+    # The extension's host steps are noted beside the trace, so a simulation leaves them out
+    # of the counters as the run does (its hit rate stays exact) and keeps them in the ring.
+    assert trace.unscored and all(trace.steps[0] <= a < b for a, b in trace.unscored)
+    extended = np.zeros(trace.rows, dtype=bool)
+    for start, end in trace.unscored:
+        extended |= (trace.steps >= start) & (trace.steps < end)
+    assert extended.any() and (trace.phase[extended] == 1).all()
