@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -134,10 +135,11 @@ def collect_counts(
     out_dir.mkdir(parents=True, exist_ok=True)
     box = open_box(loaded.box_name, loaded.box)
     journal = Journal(out_dir / COLLECT_JOURNAL)
+    local_scratch: str | None = None
     try:
         orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name))
         if loaded.box.kind == "local":
-            remote = tempfile.mkdtemp(prefix="harness-collect-")
+            remote = local_scratch = tempfile.mkdtemp(prefix="harness-collect-")
         else:
             remote = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
         box.mkdirs(remote)
@@ -272,6 +274,11 @@ def collect_counts(
         return Collected(counts, trace, len(results), tokens, orphans)
     finally:
         box.close()
+        if local_scratch is not None:
+            # The boot's folder on this machine (its ring, trace, cache and log: a gigabyte or
+            # more): everything kept was copied to out_dir above. Left behind, 147 collections
+            # filled this machine's disk.
+            shutil.rmtree(local_scratch, ignore_errors=True)
 
 
 def _recovery_until(

@@ -196,6 +196,11 @@ def test_an_as_run_trace_runs_the_until_recovered_extension_as_the_run_does(
     card.write_text(text + "analysis: {window_s: 0.2, converged_span_s: 0.5, hold_s: 0.2}\n")
     collected = run_cli("collect", str(card), "--as-run", "-o", str(tmp_path / "col"))
     assert collected.code == 0, collected.stdout + collected.stderr
+    # The boot's scratch folder on this machine is gone once its trace is copied out (each
+    # one left behind held a gigabyte; 147 of them filled the disk).
+    journal = (tmp_path / "col" / "collect.journal.jsonl").read_text().splitlines()
+    marks = [json.loads(line).get("mark") for line in journal if '"boot_starting"' in line]
+    assert marks and all(mark and not Path(mark).exists() for mark in marks)
     trace = load_trace(tmp_path / "col" / "route-trace.jsonl")
     shift = trace.phase == 1
     requests = np.unique(trace.steps[shift & trace.prefill]).size
