@@ -9,13 +9,12 @@ whether the box's value lies inside; per metric, whether the predicted order of 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
-from harness.analyze.cell_values import cell_value
+from harness.analyze.cell_values import cell_value, finite
 from harness.card import Card
 
 # Runtime-side metrics a simulator predicts, shown predicted against measured.
@@ -146,7 +145,7 @@ def predicted_vs_measured(
             band = (speed or {}).get(cell, {}).get(metric)
             low = high = None
             if band is not None:
-                guess, low, high = (_number(band.get(k)) for k in ("estimate", "low", "high"))
+                guess, low, high = (finite(band.get(k)) for k in ("estimate", "low", "high"))
             if value is None and guess is None:
                 continue
             rows.append(Prediction(metric, cell, guess, value, low, high))
@@ -178,14 +177,6 @@ def _against_control(rows: list[Prediction], control: str | None) -> list[Predic
 
 def _divide(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
-
-
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _orders(rows: list[Prediction]) -> tuple[dict[str, bool], dict[str, tuple[int, int]]]:
