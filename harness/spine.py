@@ -95,23 +95,25 @@ class RunResult:
         return verdict.exit_code()
 
 
-def decide(root: Path) -> Decision:
+def decide(root: Path, *, journal_head: str | None = None) -> Decision:
     """Analyse ``root`` and evaluate its card's gates; writes nothing (the caller holds the
-    lock where a run may be writing)."""
+    lock where a run may be writing). ``journal_head``: a head of the journal the user kept
+    (checked to lie on its chain)."""
     from harness.analyze.campaign import analyze_campaign
     from harness.gate.evaluate import evaluate_gates
     from harness.report.terminal import note_unsealed
 
-    analysis = analyze_campaign(root)
+    analysis = analyze_campaign(root, journal_head=journal_head)
     note_unsealed(analysis)
     return Decision(analysis, evaluate_gates(analysis))
 
 
 def record(decision: Decision) -> Path:
     """Write what the decision leaves: the analysis files, ``verdict.json`` and JUnit, the
-    results-store row, its predictions' errors and the campaign's trends. Returns the analysis
-    folder."""
+    results-store row and the journal's head beside it, its predictions' errors and the
+    campaign's trends. Returns the analysis folder."""
     from harness.analyze.campaign import write_analysis
+    from harness.formats.heads import record_head
     from harness.gate.evaluate import write_verdict
     from harness.history.predictions import append_predictions
     from harness.history.store import append_history
@@ -120,6 +122,7 @@ def record(decision: Decision) -> Path:
     folder = write_analysis(decision.analysis)
     write_verdict(decision.verdict, decision.root)
     append_history(decision.analysis, bool(decision.verdict.passed))
+    record_head(decision.root, "gate")
     append_predictions(decision.analysis)
     record_campaign_trends(decision.analysis)
     return folder
@@ -144,10 +147,16 @@ def _held(root: Path, locked: bool) -> Iterator[None]:
 
 
 def gate_campaign(
-    root: Path | str, *, figures: bool = True, locked: bool = False, allow_unsealed: bool = False
+    root: Path | str,
+    *,
+    figures: bool = True,
+    locked: bool = False,
+    allow_unsealed: bool = False,
+    journal_head: str | None = None,
 ) -> Concluded:
     """``harness gate DIR``: decide, record and render under the campaign lock (``locked``:
-    the caller already holds it).
+    the caller already holds it). ``journal_head``: a head of the journal kept from an earlier
+    gate; the directory fails verification unless it lies on the journal's chain.
 
     A directory not sealed from its start is refused (exit 3, its verdict.json and JUnit
     rewritten as failing) unless ``allow_unsealed``: stripping the seal must not turn into a
@@ -157,7 +166,7 @@ def gate_campaign(
     root = Path(root)
     with _held(root, locked):
         try:
-            decision = decide(root)
+            decision = decide(root, journal_head=journal_head)
         except VerificationError as exc:
             # No old PASS left in place; nothing written where no verdict was before (a
             # mistyped path is no campaign).
@@ -226,7 +235,7 @@ def run_campaign(
     all under one hold of the campaign lock. Progress lines go to ``out``."""
     from harness.card import load_card, scale_workload
     from harness.execute.campaign import execute_campaign, new_campaign_dir
-    from harness.execute.reopen import reopen_campaign
+    from harness.execute.reopen import finish_extension, reopen_campaign
     from harness.formats.lock import campaign_lock
     from harness.formats.records import open_campaign
     from harness.formats.verify import verify_campaign
@@ -242,6 +251,9 @@ def run_campaign(
             held.enter_context(campaign_lock(root))
             # Nothing is booted for a directory that does not hold what its journal sealed:
             # its verdict would be refused after every run had been spent.
+            repaired = finish_extension(root)
+            if repaired is not None:
+                notes.append(repaired)
             verify_campaign(root, resuming=True)
             reopened = reopen_campaign(root, cycles=cycles)
             campaign, loaded, plan = reopened.campaign, reopened.loaded, reopened.plan

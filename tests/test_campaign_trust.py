@@ -10,6 +10,7 @@ directory does not verify", naming the file; never a pass.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -30,7 +31,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
-from harness.formats.records import write_parquet
+from harness.formats.records import Journal, write_parquet
 from tests.campaign_dirs import copy_campaign
 from tests.conftest import DATA, REPO, run_cli, start_campaign
 
@@ -168,7 +169,7 @@ def test_the_untouched_campaign_verifies_and_passes(
     assert "not sealed" not in err
     events = [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()]
     start = next(e for e in events if e["event"] == "campaign_start")
-    assert start["seal"] == 1 and {"card.yaml", "plan.json"} <= set(start["files"])
+    assert start["seal"] == 2 and {"card.yaml", "plan.json"} <= set(start["files"])
     done = [e for e in events if e["event"] == "run_done"]
     assert len(done) == 4 and all("run.json" in e["files"] for e in done)
 
@@ -763,7 +764,8 @@ def test_a_run_killed_between_its_record_and_its_seal_is_redone_by_resume(
     lines = journal.read_text(encoding="utf-8").splitlines()
     last = max(i for i, line in enumerate(lines) if json.loads(line)["event"] == "run_done")
     cut = json.loads(lines[last])["run_id"]
-    journal.write_text("\n".join(lines[:last] + lines[last + 1 :]) + "\n", encoding="utf-8")
+    # The kill: the journal ends before that run_done (what followed was never written).
+    journal.write_text("\n".join(lines[:last]) + "\n", encoding="utf-8")
     code, out, err = cli("gate", str(root), capsys=capsys)
     assert code == EXIT_INFRASTRUCTURE and "never sealed the run as done" in err, err
     resumed = run_cli("run", "--resume", str(root), "--quiet", timeout_s=300)
@@ -787,6 +789,200 @@ def test_resume_refuses_a_directory_that_does_not_verify_before_it_boots(
     assert refused.code == EXIT_INFRASTRUCTURE, refused.stdout + refused.stderr
     assert NOT_VERIFIED in refused.stderr and named in refused.stderr
     assert (root / "journal.jsonl").read_text(encoding="utf-8") == before  # nothing journalled
+
+
+# ---- the journal as a hash chain, its head kept outside the directory --------------------------
+
+
+def _rechain(root: Path, change: Callable[[list[dict]], None]) -> None:  # type: ignore[type-arg]
+    """What a forger who can write the directory does: change events, then recompute every
+    ``prev`` so that the chain holds again."""
+    journal = root / "journal.jsonl"
+    events = [json.loads(x) for x in journal.read_text(encoding="utf-8").splitlines() if x]
+    change(events)
+    lines, prev = [], ""
+    for event in events:
+        event["prev"] = prev
+        line = json.dumps(event)
+        lines.append(line)
+        prev = hashlib.sha256(line.encode("utf-8")).hexdigest()
+    journal.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _forge_card(root: Path) -> None:
+    """The card's bound loosened, its digest re-sealed and the chain recomputed: every check
+    inside the directory holds."""
+    _card_edited(root)
+    digest = hashlib.sha256((root / "card.yaml").read_bytes()).hexdigest()
+
+    def reseal(events: list[dict]) -> None:  # type: ignore[type-arg]
+        next(e for e in events if e["event"] == "campaign_start")["files"]["card.yaml"] = digest
+
+    _rechain(root, reseal)
+
+
+def _head(out: str) -> str:
+    found = re.search(r"journal head: ([0-9a-f]{64})", out)
+    assert found, out
+    return found.group(1)
+
+
+def test_every_journal_line_is_chained_so_an_edit_of_any_event_is_caught(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A look event rewritten moved the final α and nothing noticed: events other than the
+    # sealing ones were not sealed. Now each line carries the digest of the one before it.
+    events = (finished / "journal.jsonl").read_text(encoding="utf-8").splitlines()
+    kinds = [json.loads(line)["event"] for line in events]
+    assert all("prev" in json.loads(line) for line in events)
+    for index in (1, kinds.index("boot"), len(events) - 2):
+        root = copy_campaign(finished, tmp_path / str(index))
+        lines = list(events)
+        edited = json.loads(lines[index])
+        edited["t"] = edited["t"] + 1.0
+        lines[index] = json.dumps(edited)
+        (root / "journal.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, out + err
+        assert f"journal.jsonl: line {index + 2} ({kinds[index + 1]})" in err, err
+    # A line inserted (a planted boot line, say) breaks it the same way.
+    root = copy_campaign(finished, tmp_path / "planted")
+    planted = json.dumps({"event": "boot", "run_id": "x", "pgid": 1, "prev": ""})
+    lines = [*events[:2], planted, *events[2:]]
+    (root / "journal.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and "journal.jsonl: line 3 (boot)" in err, err
+
+
+def test_a_rewrite_with_resealed_digests_is_caught_by_the_head_kept_outside(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    code, out, err = cli("gate", str(root), capsys=capsys)
+    assert code == EXIT_OK, out + err
+    head = _head(out)
+    assert json.loads((root / "verdict.json").read_text())["journal_head"] == head
+    store = tmp_path / "reports" / "history" / "journal-heads.jsonl"
+    kept = [json.loads(x) for x in store.read_text().splitlines()]
+    assert kept[-1]["head"] == head and kept[-1]["when"] == "gate"
+    # Re-sealed and re-chained: nothing inside the directory can tell. The head in the
+    # results store can.
+    _forge_card(root)
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE, out + err
+    assert NOT_VERIFIED in err and "journal.jsonl: rewritten since" in err, err
+    assert str(store) in err
+    assert json.loads((root / "verdict.json").read_text())["passed"] is False
+    # The forger who also deletes the store is caught by the head the CI kept from the log.
+    store.unlink()
+    code, out, err = cli("gate", str(root), "--quiet", "--journal-head", head, capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and "no event line has the head" in err, out + err
+    # Without either, the threat model says what is left: the rewrite verifies (the README's
+    # "What the seal protects against").
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, out + err
+
+
+def test_a_kept_head_passes_an_untouched_or_grown_journal_and_a_bad_one_is_exit_2(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    code, out, err = cli("gate", str(root), capsys=capsys)
+    head = _head(out)
+    Journal(root / "journal.jsonl").append("campaign_resume")  # what a resume appends
+    code, out, err = cli("gate", str(root), "--quiet", "--journal-head", head, capsys=capsys)
+    assert code == EXIT_OK, out + err
+    code, out, err = cli("gate", str(root), "--journal-head", "abc", capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "64 hex digits" in err and "Traceback" not in err, err
+
+
+def test_a_sealed_event_may_name_only_a_path_inside_the_directory(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A sealed event naming /etc/shadow made the verifier say whether that file had a given
+    # digest: a hash oracle for any file of the machine.
+    for name in ("/etc/hostname", "../../../etc/hostname", "runs/../../x"):
+        root = copy_campaign(finished, tmp_path / str(abs(hash(name))))
+        digest = hashlib.sha256(Path("/etc/hostname").read_bytes()).hexdigest()
+        Journal(root / "journal.jsonl").append("sealed", files={name: digest})
+        code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+        assert code == EXIT_INFRASTRUCTURE, out + err
+        assert "not a path inside the campaign directory" in err, err
+
+
+def test_the_lock_is_the_directory_so_deleting_the_lock_file_lets_no_second_harness_in(
+    finished: Path, tmp_path: Path
+) -> None:
+    from harness.formats.lock import CampaignLocked, campaign_lock
+
+    root = copy_campaign(finished, tmp_path)
+    with campaign_lock(root, "harness run (first)"):
+        (root / ".lock").unlink()
+        with pytest.raises(CampaignLocked, match="another harness"), campaign_lock(root):
+            pass
+    with campaign_lock(root):  # released with its holder
+        pass
+
+
+def test_a_campaign_cut_off_while_it_is_made_leaves_no_directory_to_strand(
+    tmp_path: Path,
+) -> None:
+    # Killed (or out of disk) before campaign_start was journalled, the directory used to be
+    # left with a card and a plan: resume ran every run, then gate refused it forever (no
+    # campaign_start). It is now made under a hidden name and renamed into place whole.
+    from tests.campaign_dirs import tiny_card
+
+    card = tiny_card(tmp_path / "cards")
+    with _mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=12k", "tmpfs") as disk:
+        done = run_cli("run", str(card), "--reports", str(disk), "--quiet")
+        assert done.code == EXIT_INFRASTRUCTURE, done.stdout + done.stderr
+        assert "No space left on device" in done.stderr and "Traceback" not in done.stderr
+        assert [p.name for p in (disk / "trust").iterdir()] == []  # nothing, not even a partial
+
+
+def test_an_extension_cut_off_before_its_plan_is_in_place_is_finished_by_resume(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `run --resume --cycles N` journals the grown plan's digest, then renames it over
+    # plan.json. Killed between the two, the directory used to fail verification with no
+    # advice. The state a kill leaves: the grown plan staged, its journal line written.
+    from harness.execute.reopen import reopen_campaign
+    from harness.plan.build import extend_plan, plan_json_text
+
+    root = copy_campaign(finished, tmp_path)
+    plan = reopen_campaign(root).plan
+    grown = extend_plan(plan, plan.cycles + 1)
+    staged = root / ".plan.json.next"
+    staged.write_text(plan_json_text(grown) + "\n")
+    Journal(root / "journal.jsonl").append(
+        "campaign_extended",
+        **{"from": plan.cycles, "to": grown.cycles},
+        runs_before=len(plan.runs),
+        runs_after=len(grown.runs),
+        files={"plan.json": hashlib.sha256(staged.read_bytes()).hexdigest()},
+    )
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and f"harness run --resume {root}` finishes it" in err, err
+    resumed = run_cli("run", "--resume", str(root), "--quiet", timeout_s=300)
+    assert resumed.code == EXIT_OK, resumed.stdout + resumed.stderr
+    assert "finished the extension" in resumed.stdout and not staged.exists()
+    assert json.loads((root / "plan.json").read_text())["cycles"] == grown.cycles
+    assert len(_runs(root)) == len(grown.runs)
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK, out + err
+
+
+def test_an_extension_cut_off_before_its_journal_line_leaves_the_campaign_as_it_was(
+    finished: Path, tmp_path: Path
+) -> None:
+    root = copy_campaign(finished, tmp_path)
+    before = (root / "plan.json").read_text()
+    (root / ".plan.json.next").write_text(before.replace('"cycles"', '"cycles_"'))
+    resumed = run_cli("run", "--resume", str(root), "--quiet", timeout_s=300)
+    assert resumed.code == EXIT_OK, resumed.stdout + resumed.stderr
+    assert "removed the grown plan" in resumed.stdout
+    assert (root / "plan.json").read_text() == before
+    assert not (root / ".plan.json.next").exists()
 
 
 UNSEEN = (

@@ -77,6 +77,7 @@ class CampaignAnalysis:
     runtime: RuntimeTables | None = None  # the runtime's own counters and routing, per cell
     fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
     sealed: bool = True  # False: an older directory, its earlier records read unverified
+    journal_head: str = ""  # the digest of the journal's last event line as verified
     # A simulated campaign's oracle bounds per cell (oracle.json, written by harness simulate).
     oracle: list[dict[str, Any]] = field(default_factory=list)
 
@@ -502,18 +503,21 @@ def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeas
     return None
 
 
-def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysis:
+def analyze_campaign(
+    root: Path, *, predictions: bool = True, journal_head: str | None = None
+) -> CampaignAnalysis:
     """Compute every table of a campaign directory (reads records, writes nothing).
 
     With ``predictions``, a measured campaign also reads its newest simulated sibling for the
-    predicted-against-measured table.
+    predicted-against-measured table. ``journal_head``: a head of the journal the user kept,
+    checked to lie on its chain (:mod:`harness.formats.heads`).
     """
     from harness.formats.records import open_campaign
     from harness.formats.verify import verify_campaign
 
     campaign = open_campaign(root)
     # Nothing is read from a directory that does not hold what its journal sealed.
-    verification = verify_campaign(root)
+    verification = verify_campaign(root, journal_head=journal_head)
     card = read_card_schema(campaign.card_path())
     tables = load_runs(campaign, card)
     runs = tables.runs
@@ -595,6 +599,7 @@ def analyze_campaign(root: Path, *, predictions: bool = True) -> CampaignAnalysi
         runtime=build_runtime_tables(campaign, card, runs, cells),
         fleet=fleet,
         sealed=verification.sealed,
+        journal_head=verification.journal_head,
         oracle=_oracle(root) if simulated else [],
     )
 

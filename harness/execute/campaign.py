@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -13,6 +16,7 @@ from typing import TextIO
 from harness.card import LoadedCard
 from harness.card.frozen import freeze_inputs
 from harness.execute.run import CampaignOutcome
+from harness.formats.heads import record_head
 from harness.formats.records import CampaignDir, write_json_atomic, write_text_atomic
 from harness.plan.build import Plan, plan_json_text
 
@@ -20,14 +24,44 @@ __all__ = ["CampaignOutcome", "execute_campaign", "new_campaign_dir"]
 
 
 def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> CampaignDir:
-    """Create ``reports/<campaign>/<stamp>/`` with the card as run, its inputs and the plan."""
+    """Create ``reports/<campaign>/<stamp>/`` with the card as run, its inputs and the plan.
+
+    The directory is made whole under a hidden name and renamed into place once
+    ``campaign_start`` is journalled, so a kill or a full disk part-way leaves no campaign
+    that resume would run and gate would refuse forever, only a ``.<stamp>-<pid>.partial``
+    folder no command reads. Its journal head is then kept in the results store."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    root = reports_root / loaded.card.campaign / stamp
+    folder = reports_root / loaded.card.campaign
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{stamp}-{os.getpid()}.partial"
+    partial.mkdir()
+    try:
+        _fill(loaded, plan, partial)
+        root = _place(partial, folder, stamp)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    record_head(root, "start")
+    return CampaignDir(root)
+
+
+def _place(partial: Path, folder: Path, stamp: str) -> Path:
+    """Rename the finished ``partial`` to the first free ``<stamp>[-N]`` in ``folder``."""
     suffix = 1
-    while root.exists():
+    while True:
+        root = folder / (stamp if suffix == 1 else f"{stamp}-{suffix}")
+        if not root.exists():
+            try:
+                partial.rename(root)  # a folder of the same name made meanwhile is never empty
+                return root
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
         suffix += 1
-        root = reports_root / loaded.card.campaign / f"{stamp}-{suffix}"
-    root.mkdir(parents=True)
+
+
+def _fill(loaded: LoadedCard, plan: Plan, root: Path) -> None:
+    """Everything a campaign starts with, ``campaign_start`` journalled last."""
     (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
     (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
     # The directory keeps everything the card names, so a resume needs nothing outside it.
@@ -39,9 +73,9 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
             for p in loaded.quality
         ]
         write_json_atomic(root / "quality.json", {"prompts": suite})
-    campaign = CampaignDir(root)
-    campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
-    return campaign
+    CampaignDir(root).journal.append(
+        "campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs)
+    )
 
 
 def execute_campaign(

@@ -9,13 +9,15 @@ atomically and journals ``campaign_extended``; the runner then runs only what is
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.card import LoadedCard, load_card, scale_workload
 from harness.card.frozen import has_frozen_inputs, load_frozen_card
 from harness.errors import BadInput, PlanError, RecordError
-from harness.formats.records import CampaignDir, open_campaign, write_text_atomic
+from harness.formats.records import NEXT_PLAN, CampaignDir, open_campaign, write_text_atomic
+from harness.formats.seal import file_sha256
 from harness.formats.textfile import read_text
 from harness.plan.build import Plan, build_plan, extend_plan, plan_json_text
 
@@ -109,23 +111,58 @@ def _check_growth(root: Path, loaded: LoadedCard, plan: Plan, cycles: int) -> No
 
 
 def extend_campaign(campaign: CampaignDir, plan: Plan, cycles: int) -> Plan:
-    """Grow the campaign's plan to ``cycles`` in all: ``plan.json`` rewritten atomically, then
-    ``campaign_extended`` journalled. Returns the grown plan (the same one when nothing grew)."""
+    """Grow the campaign's plan to ``cycles`` in all. Returns the grown plan (the same one when
+    nothing grew).
+
+    The grown plan is staged (``.plan.json.next``), journalled with its digest
+    (``campaign_extended``), then renamed over ``plan.json``: a kill before the journal line
+    leaves the old campaign as it was, a kill after it leaves what
+    :func:`finish_extension` completes on the next resume."""
     grown = extend_plan(plan, cycles)
     if grown is plan:
         return plan
-    write_text_atomic(campaign.root / "plan.json", plan_json_text(grown) + "\n")
+    staged = campaign.root / NEXT_PLAN
+    write_text_atomic(staged, plan_json_text(grown) + "\n")
     campaign.journal.append(
         "campaign_extended",
         **{"from": plan.cycles, "to": grown.cycles},
         runs_before=len(plan.runs),
         runs_after=len(grown.runs),
+        files={"plan.json": file_sha256(staged)},
     )
+    os.replace(staged, campaign.root / "plan.json")
     return grown
+
+
+def finish_extension(root: Path) -> str | None:
+    """Complete an extension a kill cut off between journalling the grown plan and renaming it
+    into place; drop a staged plan that was never journalled. Returns a note when it did
+    either. Only a staged file whose digest is the one the journal last sealed for
+    ``plan.json`` is put in place; the directory is verified after this either way."""
+    staged = root / NEXT_PLAN
+    if staged.is_symlink() or not staged.is_file():
+        return None
+    sealed = [
+        str(event["files"]["plan.json"])
+        for event in CampaignDir(root).journal.events()
+        if isinstance(event.get("files"), dict) and "plan.json" in event["files"]
+    ]
+    digest = file_sha256(staged)
+    if sealed and sealed[-1] == digest:
+        if file_sha256(root / "plan.json") == digest:
+            staged.unlink()
+            return None
+        os.replace(staged, root / "plan.json")
+        return f"note: finished the extension a stop cut off in {root} (plan.json put in place)"
+    staged.unlink()
+    return (
+        f"note: removed the grown plan of an extension a stop cut off before {root}'s journal "
+        "held it; the campaign is as planned before it"
+    )
 
 
 def _cycles(n: int) -> str:
     return f"{n} cycle" if n == 1 else f"{n} cycles"
 
 
-__all__ = ["Reopened", "extend_campaign", "reopen_campaign"]
+__all__ = ["Reopened", "extend_campaign", "finish_extension", "reopen_campaign"]

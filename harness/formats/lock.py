@@ -1,8 +1,9 @@
-"""One harness per campaign directory: an exclusive OS lock on ``<dir>/.lock``.
+"""One harness per campaign directory: an exclusive OS lock on the directory itself.
 
-``flock`` on an open file, not a marker file: the kernel drops it when its holder exits however
-it exits (SIGKILL included), so a killed harness never leaves a directory stuck. The file holds
-who took it (pid, host, command, since) so that the second command can say who is in the way.
+``flock`` on the open directory, not a marker file: the kernel drops it when its holder exits
+however it exits (SIGKILL included), so a killed harness never leaves a directory stuck, and
+deleting a file lets no second harness in. ``<dir>/.lock`` holds who took it (pid, host,
+command, since) so that the second command can say who is in the way.
 """
 
 from __future__ import annotations
@@ -50,29 +51,45 @@ def _open(path: Path) -> int:
 
 @contextlib.contextmanager
 def campaign_lock(root: Path, command: str | None = None) -> Iterator[None]:
-    """Hold ``root``'s lock for the block; :class:`CampaignLocked` naming the holder if taken."""
-    path = root / LOCK_FILE
-    handle = _open(path)
+    """Hold ``root``'s lock for the block; :class:`CampaignLocked` naming the holder if taken.
+
+    The lock is on the directory itself; ``.lock`` only says who holds it. Deleting the file
+    (or replacing it) therefore lets no second harness in."""
+    try:
+        directory = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise InfrastructureError(
+            f"{root}: cannot open the campaign directory to lock it: {os.strerror(exc.errno or 0)}"
+        ) from None
     try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(directory, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = "a process that has not said who it is yet"
+            with contextlib.suppress(InfrastructureError):
+                handle = _open(root / LOCK_FILE)
+                holder = _holder(handle)
+                os.close(handle)
             raise CampaignLocked(
-                f"{root}: another harness is using this campaign directory: {_holder(handle)}; "
+                f"{root}: another harness is using this campaign directory: {holder}; "
                 "wait for it to end (or stop it), then run this again"
             ) from None
-        who = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": command or " ".join(["harness", *sys.argv[1:]]),
-            "since": time.time(),
-        }
-        with contextlib.suppress(OSError):  # who holds it is a courtesy; the lock is the flock
-            os.ftruncate(handle, 0)
-            os.pwrite(handle, json.dumps(who).encode("utf-8"), 0)
-        yield
+        handle = _open(root / LOCK_FILE)
+        try:
+            who = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": command or " ".join(["harness", *sys.argv[1:]]),
+                "since": time.time(),
+            }
+            with contextlib.suppress(OSError):  # who holds it is a courtesy; the flock is the lock
+                os.ftruncate(handle, 0)
+                os.pwrite(handle, json.dumps(who).encode("utf-8"), 0)
+            yield
+        finally:
+            os.close(handle)
     finally:
-        os.close(handle)  # closing drops the flock
+        os.close(directory)  # closing drops the flock
 
 
 @contextlib.contextmanager

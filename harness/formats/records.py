@@ -18,6 +18,7 @@ field and the fix, never a KeyError or TypeError inside the statistics.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -333,6 +334,45 @@ _APPEND_LOCK = threading.Lock()
 
 
 CAMPAIGN_JOURNAL = "journal.jsonl"
+# A grown plan between its journal line and its rename over plan.json (execute.reopen).
+NEXT_PLAN = ".plan.json.next"
+
+
+def line_digest(line: bytes) -> str:
+    """The SHA-256 of one journal line as written (without its newline): what the next
+    event's ``prev`` carries, and the journal's head when it is the last."""
+    return hashlib.sha256(line).hexdigest()
+
+
+def _parsed_event(line: bytes, path: Path) -> dict[str, Any] | None:
+    """The event a journal line holds, or None for a line that holds none (torn, garbled)."""
+    try:
+        event = parse_json(line.decode("utf-8"), str(path), RecordError)
+    except (RecordError, UnicodeDecodeError):
+        return None
+    if isinstance(event, dict) and isinstance(event.get("event"), str):
+        return event
+    return None
+
+
+def _last_event_line(handle: BinaryIO, path: Path) -> bytes | None:
+    """The last line of an open journal that holds an event, read backwards from the end
+    (a journal grows to megabytes; each append reads a few kilobytes)."""
+    position = handle.seek(0, os.SEEK_END)
+    pending = b""
+    while True:
+        step = min(position, 1 << 16)
+        position -= step
+        handle.seek(position)
+        pending = handle.read(step) + pending
+        pieces = pending.split(b"\n")
+        # The first piece may be the tail of a longer line unless the file starts there.
+        whole, pending = (pieces, b"") if position == 0 else (pieces[1:], pieces[0])
+        for piece in reversed(whole):
+            if piece.strip() and _parsed_event(piece, path) is not None:
+                return piece
+        if position == 0:
+            return None
 
 
 class Journal:
@@ -364,16 +404,25 @@ class Journal:
         self.append("sealed", files={relative: file_sha256(path)})
 
     def append(self, event: str, **fields: Any) -> None:
-        """Append one event and fsync it before returning."""
+        """Append one event and fsync it before returning.
+
+        In a campaign's journal every event carries ``prev``, the SHA-256 of the event line
+        before it (:func:`line_digest`): the journal is a hash chain, so an edited, inserted or
+        removed line breaks it, and a rewritten chain ends in a head other than the one
+        recorded outside the directory (:mod:`harness.formats.heads`)."""
         fields = self._seal(event, fields)
         record = {"schema_version": SCHEMA_VERSION, "t": time.time(), "event": event, **fields}
-        line = json.dumps(record, default=str) + "\n"
+        chained = self.path.name == CAMPAIGN_JOURNAL
         # A fleet's workers append from several threads: one line at a time, whole.
         with (
             _APPEND_LOCK,
             _unlinked_on_failure(self.path, self.path),
             self.path.open("a+b") as handle,
         ):
+            if chained:
+                before = _last_event_line(handle, self.path)
+                record["prev"] = "" if before is None else line_digest(before)
+            line = json.dumps(record, default=str) + "\n"
             # A write cut short (disk full, a kill) leaves a torn last line: end it first, or
             # this event would be glued to it and lost with it.
             end = handle.seek(0, os.SEEK_END)
@@ -385,23 +434,24 @@ class Journal:
             handle.flush()
             os.fsync(handle.fileno())
 
-    def events(self) -> list[dict[str, Any]]:
-        """Every complete event; a torn line (a kill mid-write) is ignored.
+    def event_lines(self) -> list[tuple[int, bytes, dict[str, Any]]]:
+        """Every complete event with its line number (from 1) and its bytes as written.
 
         A resume appends after a torn line, so one may sit anywhere: any line that is not a
         JSON event object (not UTF-8, not JSON, no ``event``) is skipped, never fatal.
         """
         if not self.path.is_file():
             return []
-        events = []
-        for line in read_bytes(self.path, RecordError, "journal").split(b"\n"):
-            try:
-                event = parse_json(line.decode("utf-8"), str(self.path), RecordError)
-            except (RecordError, UnicodeDecodeError):
-                continue
-            if isinstance(event, dict) and isinstance(event.get("event"), str):
-                events.append(event)
-        return events
+        found = []
+        for number, line in enumerate(read_bytes(self.path, RecordError, "journal").split(b"\n")):
+            event = _parsed_event(line, self.path)
+            if event is not None:
+                found.append((number + 1, line, event))
+        return found
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every complete event; a torn line (a kill mid-write) is ignored."""
+        return [event for _, _, event in self.event_lines()]
 
     def done_runs(self) -> set[str]:
         """Run ids whose completion was journalled."""

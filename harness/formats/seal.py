@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-SEAL_VERSION = 1
+# 2: every event of the journal carries ``prev``, the digest of the line before it.
+SEAL_VERSION = 2
 # What a campaign starts with; a later top-level record is sealed by its own ``sealed`` event.
 START_FILES = ("card.yaml", "card.path", "plan.json", "quality.json")
 START_FOLDERS = ("inputs",)

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import VerificationError
-from harness.formats.records import CAMPAIGN_JOURNAL, CampaignDir, Journal, read_json
+from harness.formats.heads import check_heads
+from harness.formats.records import (
+    CAMPAIGN_JOURNAL,
+    NEXT_PLAN,
+    CampaignDir,
+    Journal,
+    line_digest,
+    read_json,
+)
 from harness.formats.seal import file_sha256, folder_files
 
 # The fields of run.json that say which planned run it is.
@@ -33,6 +41,7 @@ class Verification:
 
     sealed: bool  # False: an older, unsealed directory, read with identity checks only
     runs_verified: int
+    journal_head: str = ""  # the digest of the journal's last event line (heads.Head)
 
 
 def _fail(root: Path, path: Path | str, what: str) -> VerificationError:
@@ -40,15 +49,45 @@ def _fail(root: Path, path: Path | str, what: str) -> VerificationError:
     return VerificationError(f"{root / shown}: {what}")
 
 
-def _events(root: Path) -> list[dict[str, Any]]:
+def _event_lines(root: Path) -> list[tuple[int, bytes, dict[str, Any]]]:
     path = root / CAMPAIGN_JOURNAL
     if path.is_symlink() or not path.is_file():
         kind = "missing" if not path.exists() else "not a regular file"
         raise _fail(root, CAMPAIGN_JOURNAL, f"{kind}; the journal is what vouches for the records")
-    events = Journal(path).events()
-    if not any(e["event"] == "campaign_start" for e in events):
+    lines = Journal(path).event_lines()
+    if not any(e["event"] == "campaign_start" for _, _, e in lines):
         raise _fail(root, CAMPAIGN_JOURNAL, "holds no campaign_start event (cut short or replaced)")
-    return events
+    return lines
+
+
+def _chained_from_start(events: list[dict[str, Any]]) -> bool:
+    """Whether the journal was chained from its first event (sealed by version 2 or later)."""
+    for event in events:
+        if event["event"] == "campaign_start":
+            version = event.get("seal")
+            return isinstance(version, int) and not isinstance(version, bool) and version >= 2
+    return False
+
+
+def _check_chain(root: Path, lines: list[tuple[int, bytes, dict[str, Any]]]) -> None:
+    """Each event's ``prev`` is the digest of the event line before it: from the first event
+    of a journal chained from its start, else from the first event that carries one (an older
+    directory resumed by this harness)."""
+    chained = _chained_from_start([e for _, _, e in lines])
+    before: bytes | None = None
+    for number, line, event in lines:
+        if "prev" in event:
+            chained = True
+        if chained:
+            expected = "" if before is None else line_digest(before)
+            if event.get("prev") != expected:
+                raise _fail(
+                    root,
+                    CAMPAIGN_JOURNAL,
+                    f"line {number} ({event['event']}): its prev is not the digest of the event "
+                    "line before it; a line was edited, inserted or removed",
+                )
+        before = line
 
 
 def _sealed_files(events: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -64,6 +103,20 @@ def _sealed_files(events: list[dict[str, Any]]) -> dict[str, list[str]]:
     return written
 
 
+def _confined(root: Path, name: str) -> None:
+    """A sealed name is a path inside the directory: relative, no ``..``, no link out (else the
+    verifier would report on any file of the machine: a hash oracle)."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts:
+        raise _fail(
+            root,
+            CAMPAIGN_JOURNAL,
+            f"seals {name!r:.80}, which is not a path inside the campaign directory",
+        )
+    if not (root / name).resolve().is_relative_to(root.resolve()):
+        raise _fail(root, CAMPAIGN_JOURNAL, f"seals {name!r:.80}, which leads out of the directory")
+
+
 def _check_file(root: Path, name: str, allowed: list[str]) -> None:
     path = root / name
     if path.is_symlink():
@@ -72,6 +125,14 @@ def _check_file(root: Path, name: str, allowed: list[str]) -> None:
         kind = "missing" if not path.exists() else "not a regular file"
         raise _fail(root, name, f"{kind}, but the journal sealed it")
     if file_sha256(path) not in allowed:
+        staged = root / NEXT_PLAN
+        if name == "plan.json" and staged.is_file() and file_sha256(staged) in allowed:
+            raise _fail(
+                root,
+                name,
+                "not yet the grown plan the journal sealed: a stop cut an extension off before "
+                f"renaming {NEXT_PLAN} into place; `harness run --resume {root}` finishes it",
+            )
         raise _fail(root, name, "changed since it was written (its SHA-256 is not the sealed one)")
 
 
@@ -81,6 +142,7 @@ def _check_top_level(root: Path, events: list[dict[str, Any]], *, sealed: bool) 
         if name not in written:
             raise _fail(root, CAMPAIGN_JOURNAL, f"seals no {name}; the journal was replaced")
     for name, digests in written.items():
+        _confined(root, name)
         _check_file(root, name, digests[-1:] if name in _STRICT else digests)
 
 
@@ -184,19 +246,27 @@ def _check_runs(
     return verified
 
 
-def verify_campaign(root: Path, *, resuming: bool = False) -> Verification:
+def verify_campaign(
+    root: Path, *, resuming: bool = False, journal_head: str | None = None
+) -> Verification:
     """Check ``root`` against its seal; a :class:`VerificationError` naming the file if not.
 
-    ``resuming``: the check ``run --resume`` makes before it boots anything. A run whose
-    ``run.json`` says ok without a sealed ``run_done`` (a harness killed between the two) is
-    what the resume redoes, so it passes here; everything else must verify."""
+    The journal first: its hash chain, and every head kept for it outside the directory
+    (:mod:`.heads`; ``journal_head`` is one the user kept). ``resuming``: the check ``run
+    --resume`` makes before it boots anything. A run whose ``run.json`` says ok without a
+    sealed ``run_done`` (a harness killed between the two) is what the resume redoes, so it
+    passes here; everything else must verify."""
     campaign = CampaignDir(root)
-    events = _events(root)
+    lines = _event_lines(root)
+    _check_chain(root, lines)
+    check_heads(root, lines, journal_head)
+    events = [event for _, _, event in lines]
     # Sealed from its start; an older directory resumed by this harness is sealed from then on
     # (its later records are verified, its earlier ones by identity only).
     sealed = any(e["event"] == "campaign_start" and "seal" in e for e in events)
     _check_top_level(root, events, sealed=sealed)
-    return Verification(sealed, _check_runs(root, campaign, events, sealed, resuming))
+    verified = _check_runs(root, campaign, events, sealed, resuming)
+    return Verification(sealed, verified, line_digest(lines[-1][1]))
 
 
 __all__ = ["Verification", "verify_campaign"]

@@ -4,6 +4,7 @@ as every verb that gates prints it (:func:`harness.report.terminal.print_conclus
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import TextIO
 
@@ -14,7 +15,9 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.report.terminal import print_conclusion
     from harness.spine import gate_campaign
 
-    concluded = gate_campaign(Path(args.dir), allow_unsealed=args.allow_unsealed)
+    concluded = gate_campaign(
+        Path(args.dir), allow_unsealed=args.allow_unsealed, journal_head=args.journal_head
+    )
     print_conclusion(concluded, out, quiet=args.quiet)
     return concluded.exit_code
 
@@ -32,4 +35,20 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="gate a directory not sealed from its start (made before sealing, or its seal "
         "stripped), every output saying the verdict is unverified; refused (exit 3) without",
     )
+    gate.add_argument(
+        "--journal-head",
+        type=_head,
+        metavar="HEX",
+        help="a journal head printed by an earlier gate or run (64 hex digits): the directory "
+        "fails verification (exit 3) unless every journal line up to it is unchanged",
+    )
     gate.set_defaults(handler=_cmd_gate)
+
+
+def _head(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", text.strip().lower()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r:.80} is not a journal head: give the 64 hex digits `harness gate` printed "
+            "after 'journal head:'"
+        )
+    return text.strip().lower()

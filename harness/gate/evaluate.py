@@ -64,6 +64,9 @@ class Verdict:
     # Non-empty when the directory is not sealed from its start, so nothing vouched for what
     # it held: said in verdict.json, JUnit, the terminal, record.md and the report.
     unverified: str = ""
+    # The journal's head as verified: kept outside the directory, it catches a rewrite of any
+    # line up to it (harness.formats.heads).
+    journal_head: str = ""
 
     @property
     def outcome(self) -> str:
@@ -118,6 +121,7 @@ class Verdict:
             "ungated": self.ungated,
             "verified": not self.unverified,
             "unverified": self.unverified,
+            "journal_head": self.journal_head,
             "gates": [asdict(g) for g in self.gates],
         }
 
@@ -486,7 +490,13 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
     passed = bool(results) and all(r.passed for r in results) and not incomplete
     unverified = "" if analysis.sealed else UNVERIFIED
     return Verdict(
-        analysis.card.campaign, passed, results, incomplete, ungated_cells(analysis), unverified
+        analysis.card.campaign,
+        passed,
+        results,
+        incomplete,
+        ungated_cells(analysis),
+        unverified,
+        analysis.journal_head,
     )
 
 

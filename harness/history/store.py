@@ -23,6 +23,7 @@ import pandas as pd
 
 from harness.catalog import METRICS
 from harness.errors import RecordError
+from harness.formats.heads import store_dir
 from harness.formats.records import read_parquet, write_parquet
 
 if TYPE_CHECKING:
@@ -39,15 +40,10 @@ COLUMNS = (
 
 
 def history_dir(root: Path) -> Path | None:
-    """``reports/history`` for a campaign at ``reports/<campaign>/<stamp>``, else None.
-
-    Only the standard layout records history, so gating a copied or test folder elsewhere
-    adds nothing to anyone's store.
-    """
-    resolved = root.resolve()
-    if resolved.parent.parent.name != "reports":
-        return None
-    return resolved.parent.parent / HISTORY_DIR
+    """``reports/history`` for a campaign at ``reports/<campaign>/<stamp>``, else None: only
+    the standard layout records history, so gating a copied or test folder elsewhere adds
+    nothing to anyone's store (the journal heads are kept in the same folder)."""
+    return store_dir(root)
 
 
 def _build(analysis: CampaignAnalysis, cell: str) -> dict[str, Any]:

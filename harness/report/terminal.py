@@ -258,6 +258,14 @@ def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
         if unmeasured:
             out.write(unmeasured + "\n")
     out.write(f"report: {concluded.report}\n")
+    if verdict.journal_head:
+        # Kept where an edit of the directory does not reach (a CI's log), the head catches a
+        # rewrite of the journal that re-sealed every digest.
+        out.write(
+            f"journal head: {verdict.journal_head} (keep it; `harness gate "
+            f"{concluded.decision.root} --journal-head {verdict.journal_head}` fails if any "
+            "journal line up to it is rewritten)\n"
+        )
 
 
 def unmeasured_shifts(analysis: CampaignAnalysis) -> str:

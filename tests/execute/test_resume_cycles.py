@@ -94,8 +94,10 @@ def test_a_directory_made_before_inputs_were_frozen_resumes_from_card_path(
     (root / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     journal = root / "journal.jsonl"
     events = [json.loads(line) for line in journal.read_text().splitlines() if line]
-    unsealed = [{k: v for k, v in e.items() if k not in ("seal", "files")} for e in events]
+    unsealed = [{k: v for k, v in e.items() if k not in ("seal", "files", "prev")} for e in events]
     journal.write_text("".join(json.dumps(e) + "\n" for e in unsealed))
+    # ... and no journal head kept for it (that came last).
+    (root.parent.parent / "history" / "journal-heads.jsonl").unlink()
 
     # Its runs complete either way; its verdict is gated only with --allow-unsealed, and is
     # then marked unverified (a stripped seal must not become a PASS).
