@@ -9,7 +9,8 @@ One JSON object a line, each way::
 
     box -> {"hello": {"pid", "pgid", "python", "aiohttp", "harness"}}   or {"error", "missing"}
     harness -> {"ping": 0}          box -> {"pong": <the box's perf_counter>}
-    harness -> {"job": {"spec", "phases", "phase_live", "live_path", "origin", "mark_first"}}
+    harness -> {"job": {"spec", "phases", "phase_live", "live_path", "live_headers", "origin",
+                        "mark_first"}}
     box -> {"result": {...}, "seq": n}   one per request, as it completes
     box -> {"end": {"order": [seq...], "first_after_boot": [seq...], "hung": null or message}}
     box -> {"error": message, "kind": "live" or "crash"}   instead of "end", on a failure
@@ -117,6 +118,7 @@ async def _run(job: dict[str, Any], emit: Emit, stdin: IO[bytes]) -> int:
     ]
     live = {id(phase): body for phase, body in zip(phases, job["phase_live"], strict=True)}
     live_path = job["live_path"]
+    live_headers = dict(job.get("live_headers") or {})  # the boot's admin token
     seqs: dict[int, int] = {}
 
     def on_result(result: RequestResult) -> None:
@@ -131,7 +133,9 @@ async def _run(job: dict[str, Any], emit: Emit, stdin: IO[bytes]) -> int:
         try:
             async with (
                 aiohttp.ClientSession() as session,
-                session.post(spec.base_url + live_path, json=body, timeout=timeout) as response,
+                session.post(
+                    spec.base_url + live_path, json=body, timeout=timeout, headers=live_headers
+                ) as response,
             ):
                 if response.status != 200:
                     text = await response.text()

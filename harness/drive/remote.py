@@ -237,6 +237,7 @@ class BoxDriver:
                 "phases": [dataclasses.asdict(phase) for phase in phases],
                 "phase_live": [phase_live(phase) for phase in phases],
                 "live_path": runtime.profile.telemetry.live_knobs_http,
+                "live_headers": runtime.admin_headers,
                 "origin": None if origin is None else origin + offset,
                 "mark_first": mark_first,
             }

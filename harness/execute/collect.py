@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -137,11 +138,15 @@ def collect_counts(
     journal = Journal(out_dir / COLLECT_JOURNAL)
     local_scratch: str | None = None
     try:
-        orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name))
+        if loaded.box.kind == "local":
+            within = os.path.join(tempfile.gettempdir(), "harness-collect-")
+        else:
+            within = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
+        orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name, within))
         if loaded.box.kind == "local":
             remote = local_scratch = tempfile.mkdtemp(prefix="harness-collect-")
         else:
-            remote = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
+            remote = within
         box.mkdirs(remote)
         uploaded = {}
         for name, relative in cell.files.items():
@@ -243,7 +248,9 @@ def collect_counts(
                         f"counts; first: {failed[0].error}"
                     )
             if dump_path is not None:
-                status, body = http_json(runtime.base_url + dump_path, {})
+                status, body = http_json(
+                    runtime.base_url + dump_path, {}, headers=runtime.admin_headers
+                )
                 if status != 200 or not isinstance(body, dict):
                     raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
             elif recording is not None:

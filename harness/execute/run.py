@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,9 +383,10 @@ class CampaignRunner:
                 self.guards.check_idle(run, runtime)
                 # The next cell on the same boot: back to the boot state, its live settings,
                 # then the washout, so it is not measured on the previous cell's state.
-                runtime.reset_live(live_settings(self.loaded.runtime, cell, uploaded))
+                settings = live_settings(self.loaded.runtime, cell, uploaded)
+                runtime.reset_live(settings)
                 self._washout(runtime, run, record)
-                self._measure(runtime, run, state, local_dir, swap_before, record)
+                self._measure(runtime, run, state, local_dir, swap_before, record, settings)
             else:
                 # Marked, and journalled before it starts: a harness killed between the start and
                 # the journalled group leaves a runtime the resume can still find by its mark.
@@ -413,7 +414,8 @@ class CampaignRunner:
                     # The first run of a shared boot gets the washout too: every run of the
                     # group then starts alike, not the first one less adapted than the rest.
                     self._washout(runtime, run, record)
-                self._measure(runtime, run, state, local_dir, swap_before, record)
+                settings = live_settings(self.loaded.runtime, cell, uploaded)
+                self._measure(runtime, run, state, local_dir, swap_before, record, settings)
         except KeyboardInterrupt as exc:
             record.status = RUN_INTERRUPTED
             record.reason = (
@@ -448,9 +450,11 @@ class CampaignRunner:
         local_dir: Path,
         swap_before: int | None,
         record: RunRecord,
+        settings: Mapping[str, Any],
     ) -> None:
         """Warm up, take the counters, drive, take them again: the measured part of a run on a
-        ready runtime (its own boot or a shared one)."""
+        ready runtime (its own boot or a shared one). ``settings``: the cell's live settings,
+        read back from the runtime at the end (the run fails when it ran with others)."""
         previous = state.previous
         warmups: list[RequestResult] = []
         if run.sends_warmup:
@@ -498,6 +502,8 @@ class CampaignRunner:
             record.reason = (
                 f"{died}{len(failures) + failures_before} of {len(scored)} requests failed; {first}"
             )
+        elif (changed := runtime.read_back(settings)) is not None:
+            record.reason = changed
         elif state.segments_done < state.segments_planned:
             record.reason = (
                 f"runtime exited mid-run: {state.segments_done} of "
@@ -589,7 +595,13 @@ class CampaignRunner:
     def _stop_orphans(self) -> None:
         """Stop runtimes a killed harness left running (on a GPU box one would hold the memory
         the next boot needs)."""
-        stop_orphans(self.campaign.journal, self.box, self.box_name, self.loaded.box_name)
+        stop_orphans(
+            self.campaign.journal,
+            self.box,
+            self.box_name,
+            self.loaded.box_name,
+            within=self.remote_root + "/",
+        )
 
     def _ring_path(self, state: BootState) -> str | None:
         """The runtime's ring file on the box, where it writes one with a header."""

@@ -99,6 +99,13 @@ class LiveContract(Strict):
     washout_requests: int = Field(
         0, ge=0, le=100000, description="requests sent and discarded after each change"
     )
+    state: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="GET path answering, as one JSON object, the live settings the runtime runs "
+        "with (the keys apply and reset send); read after every run, which fails when they "
+        "are not the cell's (something else changed the runtime mid-run)",
+    )
     washout_s: float = Field(
         0, ge=0, le=1e5, allow_inf_nan=False, description="seconds waited after each change"
     )

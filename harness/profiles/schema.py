@@ -302,6 +302,13 @@ class RuntimeProfile(Strict):
     live: LiveContract | None = Field(
         None, description="how a running runtime takes knob changes (cells sharing one boot)"
     )
+    admin_token_env: str | None = Field(
+        None,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="env var the harness sets to a fresh random token at every boot; every live "
+        "knob request (apply, reset, phase tags, live.state) then carries `Authorization: "
+        "Bearer <token>`, so only the harness that booted the runtime can change what it runs",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -136,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--route-trace", default=None, help="routing trace JSONL")
     out.add_argument("--phase", type=int, default=0, help="initial phase tag in the ring (0)")
     out.add_argument(
+        "--dump-dir",
+        default=None,
+        help="the only folder /admin/dump may write into (default: the working directory)",
+    )
+    out.add_argument(
+        "--admin-token",
+        default=None,
+        help="require `Authorization: Bearer TOKEN` on every /admin call; give it as "
+        "REFBOX_ADMIN_TOKEN (a flag shows in ps), as the harness does at every boot",
+    )
+    out.add_argument(
         "--control",
         default=None,
         help="control file polled for knob changes and resets (JSON {seq, knobs, reset}); "
@@ -282,6 +293,8 @@ class ServeConfig:
     hang_after_tokens: int | None
     boot_delay_s: float
     never_ready: bool
+    admin_token: str | None = None  # required on every /admin call when set
+    dump_dir: str = "."  # /admin/dump writes only inside it (resolved)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def build_engine(self) -> Engine:
@@ -420,6 +433,13 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         if path is not None:
             parent = os.path.dirname(os.path.abspath(path))
             need(os.path.isdir(parent), flag, f"directory {parent!r} does not exist")
+    if a.dump_dir is not None:
+        need(os.path.isdir(a.dump_dir), "--dump-dir", f"{a.dump_dir!r} is not a directory")
+    need(
+        a.admin_token is None or len(a.admin_token) >= 16,
+        "--admin-token",
+        "at least 16 characters (the harness gives 32 random hex digits)",
+    )
     model = ModelConfig(
         layers=a.layers,
         experts=a.experts,
@@ -461,6 +481,8 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         hang_after_tokens=a.hang_after_tokens,
         boot_delay_s=a.boot_delay_s,
         never_ready=a.never_ready,
+        admin_token=a.admin_token,
+        dump_dir=os.path.realpath(a.dump_dir if a.dump_dir is not None else os.getcwd()),
     )
 
 

@@ -18,7 +18,15 @@ Endpoints
                                and counters cleared; ring and step numbers go on); body: live
                                knobs applied after it, ``rowmap`` a map file to refill from
     ``POST /admin/dump``       route counts per layer and expert, in the route-count dump
-                               format; body ``{"path": FILE}`` also writes the file
+                               format; body ``{"path": FILE}`` also writes the file (inside
+                               ``--dump-dir`` only)
+    ``GET /admin/state``       the live knobs and the map file loaded last (``rowmap``): what
+                               the harness reads back after every run
+
+Every ``/admin`` call needs ``Authorization: Bearer TOKEN`` when the server was given a token
+(``REFBOX_ADMIN_TOKEN``; the harness makes one per boot), and a change must be
+``Content-Type: application/json`` (415 otherwise: a web page can post text/plain to a port on
+the box, but not JSON without a preflight the server never answers).
     ``GET|POST /start_expert_distribution_record``, ``/stop_…``, ``/dump_…``
                                SGLang's recorder (with ``--expert-distribution-recorder-mode
                                stat``): the dump writes ``expert_distribution_recorder_<time>.pt``
@@ -51,6 +59,7 @@ import asyncio
 import base64
 import codecs
 import contextlib
+import hmac
 import io
 import json
 import os
@@ -60,7 +69,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -89,16 +98,18 @@ class Server:
         self.serial = asyncio.Lock()  # one request at a time
         self.tokens_sent = 0  # lifetime, for --fail-after-tokens / --hang-after-tokens
         self.load_error: BaseException | None = None
+        self.rowmap: str | None = config.args.rowmap  # the map file loaded last (boot or reset)
 
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
-        app = web.Application()
+        app = web.Application(middlewares=[self.guard_admin])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/counters", self.counters)
         app.router.add_get("/admin/knobs", self.get_knobs)
+        app.router.add_get("/admin/state", self.get_state)
         app.router.add_post("/admin/knobs", self.post_knobs)
         app.router.add_post("/admin/reset", self.post_reset)
         app.router.add_post("/admin/dump", self.dump)
@@ -144,9 +155,40 @@ class Server:
         """Cumulative counters as JSON."""
         return web.json_response(self._engine().counters())
 
+    @web.middleware
+    async def guard_admin(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """Every /admin call: the boot's token when one was given (401 without it), and JSON
+        only for a change (415 otherwise: a web page can post text/plain to localhost, never
+        application/json without asking first)."""
+        if request.path.startswith("/admin/"):
+            token = self.config.admin_token
+            given = request.headers.get("Authorization", "")
+            if token is not None and not hmac.compare_digest(
+                given.encode("utf-8", "replace"), f"Bearer {token}".encode()
+            ):
+                return web.json_response(
+                    {"error": "admin calls need this boot's token: Authorization: Bearer TOKEN"},
+                    status=401,
+                )
+            if request.method != "GET" and request.content_type != "application/json":
+                return web.json_response(
+                    {"error": "admin changes are JSON: send Content-Type: application/json"},
+                    status=415,
+                )
+        return await handler(request)
+
     async def get_knobs(self, request: web.Request) -> web.Response:
         """The live knobs."""
         return web.json_response(self._engine().knob_dict())
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        """What this boot runs with now: the live knobs and the map file it loaded last, under
+        the keys a reset takes them (the harness reads it back after every run)."""
+        return web.json_response({**self._engine().knob_dict(), "rowmap": self.rowmap})
 
     async def post_knobs(self, request: web.Request) -> web.Response:
         """Change live knobs from a JSON object; 400 with the message when a value is invalid."""
@@ -182,6 +224,8 @@ class Server:
             except HarnessError as exc:
                 raise KnobError(f"rowmap: {exc}") from exc
         engine.reset(hot)
+        if hot is not None:
+            self.rowmap = str(path)
         return engine.set_knobs(changes) if changes else engine.knob_dict()
 
     async def poll_control(self, path: str, woken: asyncio.Event | None = None) -> None:
@@ -241,6 +285,12 @@ class Server:
         if path is not None:
             if not isinstance(path, str):
                 return web.json_response({"error": "path: must be a string"}, status=400)
+            inside = os.path.realpath(path).startswith(self.config.dump_dir + os.sep)
+            if not inside:
+                return web.json_response(
+                    {"error": f"path: must be inside {self.config.dump_dir} (--dump-dir)"},
+                    status=400,
+                )
             try:
                 write_count_dump(path, counts, now_s)
             except (HarnessError, OSError) as exc:

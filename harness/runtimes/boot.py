@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import tempfile
 import time
 import urllib.error
@@ -167,15 +168,28 @@ def live_settings(
     return live
 
 
+def same_setting(got: Any, wanted: Any) -> bool:
+    """Whether a setting read back from a runtime is the one sent: numbers by value (a card's
+    "64" and a runtime's 64 agree), everything else by its JSON text."""
+    try:
+        return float(got) == float(wanted)
+    except (TypeError, ValueError):
+        return json.dumps(got) == json.dumps(wanted)
+
+
 def http_json(
-    url: str, payload: Mapping[str, Any] | None = None, timeout_s: float = 10
+    url: str,
+    payload: Mapping[str, Any] | None = None,
+    timeout_s: float = 10,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[int, Any]:
-    """GET (or POST ``payload``) and decode JSON; returns (status, body or None)."""
+    """GET (or POST ``payload``) and decode JSON; returns (status, body or None). ``headers``
+    ride along (the boot's admin token)."""
     data = json.dumps(payload).encode() if payload is not None else None
     request = urllib.request.Request(
         url,
         data=data,
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **(headers or {})},
         method="POST" if data else "GET",
     )
     try:
@@ -192,10 +206,20 @@ def http_json(
         return status, body.decode("utf-8", "replace")
 
 
-def http_request(url: str, method: str, body: bytes, timeout_s: float = 30) -> tuple[int, str]:
-    """Send ``body`` (JSON) with ``method``; returns (status, body text), errors included."""
+def http_request(
+    url: str,
+    method: str,
+    body: bytes | None,
+    timeout_s: float = 30,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """Send ``body`` (JSON; None for a GET) with ``method``; returns (status, body text), errors
+    included. ``headers`` ride along (the boot's admin token)."""
     request = urllib.request.Request(
-        url, data=body, headers={"Content-Type": "application/json"}, method=method
+        url,
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method=method,
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -234,6 +258,42 @@ class RunningRuntime:
     base_url: str
     boot_s: float = 0.0
     live_seq: int = 0  # live changes sent to this boot; a control file's {seq}
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The boot's admin token as the header every live knob request carries (none when
+        the profile declares no ``admin_token_env``)."""
+        name = self.profile.admin_token_env
+        token = self.spec.env.get(name) if name else None
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def read_back(self, expected: Mapping[str, Any]) -> str | None:
+        """What the runtime says it runs with (``live.state``) against ``expected``, the live
+        settings the harness gave it: None when they agree (or the profile has no state
+        path), else what differs, naming each setting."""
+        live = self.profile.live
+        if live is None or live.state is None or not expected:
+            return None
+        status, text = http_request(
+            self.base_url + live.state, "GET", None, headers=self.admin_headers
+        )
+        try:
+            state = json.loads(text) if 200 <= status < 300 else None
+        except ValueError:
+            state = None
+        if not isinstance(state, dict):
+            return f"live.state {live.state}: HTTP {status}, not a JSON object: {text[:200]}"
+        differ = [
+            f"{key} {state.get(key)!r:.60} (the cell's {value!r:.60})"
+            for key, value in expected.items()
+            if not same_setting(state.get(key), value)
+        ]
+        if not differ:
+            return None
+        return (
+            "the runtime did not run with the cell's settings (changed mid-run by something "
+            f"other than this harness?): {'; '.join(differ)}"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server log."""
@@ -301,7 +361,10 @@ class RunningRuntime:
             body = action.http.body.replace("{knobs}", json.dumps(knobs)).replace("{seq}", seq)
             # A dead runtime's refusal stays an OSError: a phase tag sent to it is let pass.
             status, answer = http_request(
-                self.base_url + action.http.path, action.http.method, body.encode()
+                self.base_url + action.http.path,
+                action.http.method,
+                body.encode(),
+                headers=self.admin_headers,
             )
             if not 200 <= status < 300:
                 raise RuntimeBootError(
@@ -385,6 +448,9 @@ def boot(
     ``on_started`` has run, so the caller always has the group to stop.
     """
     box.mkdirs(spec.run_dir)
+    if profile.admin_token_env:
+        # A fresh token per boot: only this harness can change what this runtime runs.
+        spec.env[profile.admin_token_env] = secrets.token_hex(16)
     # A stop signal between the start and ``on_started`` would leave a runtime nobody knows of.
     with deferred():
         pgid = box.start_background(spec.argv, spec.env, spec.cwd, spec.log_path)

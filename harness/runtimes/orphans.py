@@ -46,11 +46,15 @@ def kill_orphan(box: Box, pgid: int, identity: str, mark: str | None) -> bool:
     return box.wait_group_gone(pgid, 5.0)
 
 
-def stop_orphans(journal: Journal, box: Box, box_name: str, default_box: str) -> list[int]:
+def stop_orphans(
+    journal: Journal, box: Box, box_name: str, default_box: str, within: str
+) -> list[int]:
     """SIGKILL every runtime ``journal`` saw booted on ``box_name`` and never saw stopped: by
     its group's identity, or by its mark when it was killed before its group was journalled.
     Each is journalled ``orphan_killed``. ``default_box`` is the box of events that name none
-    (a journal written before fleets: the card's only box). Returns the groups it killed."""
+    (a journal written before fleets: the card's only box). Only marks that start with
+    ``within`` (this campaign's folder on the box) count: a journal line naming another
+    folder's mark (another campaign's runtime) kills nothing. Returns the groups it killed."""
     killed: list[int] = []
     stopped = set()
     booted = []
@@ -58,9 +62,11 @@ def stop_orphans(journal: Journal, box: Box, box_name: str, default_box: str) ->
     mark_of: dict[str, str] = {}  # every boot's mark, by run
     for event in journal.events():
         on_this_box = event.get("box", default_box) == box_name
-        if event.get("event") == "boot_starting" and on_this_box and event.get("mark"):
-            marks[str(event.get("run_id"))] = str(event.get("mark"))
-            mark_of[str(event.get("run_id"))] = str(event.get("mark"))
+        mark = event.get("mark")
+        ours = isinstance(mark, str) and mark.startswith(within) and "/../" not in mark + "/"
+        if event.get("event") == "boot_starting" and on_this_box and ours:
+            marks[str(event.get("run_id"))] = str(mark)
+            mark_of[str(event.get("run_id"))] = str(mark)
         if event.get("event") == "boot" and on_this_box:
             booted.append(event)
             marks.pop(str(event.get("run_id")), None)

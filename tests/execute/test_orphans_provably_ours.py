@@ -54,7 +54,7 @@ def test_a_planted_boot_line_kills_nothing_and_a_marked_orphan_is_stopped(tmp_pa
         journal.append("boot_starting", run_id="0000-x", box="local", mark=mark)
         journal.append("boot", run_id="0000-x", pgid=ours,
                        identity=orphan_identity(box, ours), box="local")  # fmt: skip
-        killed = stop_orphans(journal, box, "local", "local")
+        killed = stop_orphans(journal, box, "local", "local", f"{tmp_path}/runs/")
         assert killed == [ours]
         assert _alive(stranger), "a journal line alone must not kill a process group"
         assert not _alive(ours)
@@ -68,7 +68,7 @@ def test_an_orphan_whose_start_time_differs_is_left_alone(tmp_path: Path, identi
         journal = Journal(tmp_path / "journal.jsonl")
         journal.append("boot_starting", run_id="0000-x", box="local", mark=mark)
         journal.append("boot", run_id="0000-x", pgid=pid, identity=identity, box="local")
-        assert stop_orphans(journal, box, "local", "local") == []
+        assert stop_orphans(journal, box, "local", "local", f"{tmp_path}/runs/") == []
         assert _alive(pid)
 
 
@@ -87,5 +87,20 @@ def test_a_mistyped_boot_line_is_skipped_not_a_traceback(tmp_path: Path, pgid: o
         journal.append("boot_starting", run_id="0000-x", box="local", mark=mark)
         journal.append("boot", run_id="0000-x", pgid=ours,
                        identity=orphan_identity(box, ours), box="local")  # fmt: skip
-        assert stop_orphans(journal, box, "local", "local") == [ours]
+        assert stop_orphans(journal, box, "local", "local", f"{tmp_path}/runs/") == [ours]
         assert not _alive(ours)
+
+
+def test_a_mark_outside_this_campaigns_folder_kills_nothing(tmp_path: Path) -> None:
+    # The mark is journalled, so a line appended to the journal could name another campaign's
+    # runtime by its mark (its HARNESS_BOOT_DIR) and have it killed as an orphan of this one.
+    # Only marks inside this campaign's folder on the box count now.
+    box = LocalBox("local", BoxSpec())
+    other = str(tmp_path / "other-campaign" / "runs" / "0000-x")
+    with _group({BOOT_MARK: other}) as theirs:
+        journal = Journal(tmp_path / "journal.jsonl")
+        journal.append("boot_starting", run_id="0000-x", box="local", mark=other)
+        sneaky = f"{tmp_path}/runs/../other-campaign/runs/0000-x"
+        journal.append("boot_starting", run_id="0001-y", box="local", mark=sneaky)
+        assert stop_orphans(journal, box, "local", "local", f"{tmp_path}/runs/") == []
+        assert _alive(theirs)

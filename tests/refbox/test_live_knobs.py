@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -19,7 +20,14 @@ from harness.formats.maps import write_rowmap
 from harness.profiles.box import BoxSpec
 from harness.profiles.live import LiveAction, LiveContract, LiveFile
 from harness.profiles.schema import RuntimeProfile
-from harness.runtimes.boot import RunningRuntime, boot, boot_spec, http_json, live_settings
+from harness.runtimes.boot import (
+    RunningRuntime,
+    boot,
+    boot_spec,
+    http_json,
+    http_request,
+    live_settings,
+)
 from tests.conftest import REPO
 
 PROFILE = load_runtime_profile(REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml")
@@ -88,9 +96,11 @@ def refbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRuntime]
 
 
 def _knobs(runtime: RunningRuntime) -> dict[str, object]:
-    status, body = http_json(runtime.base_url + "/admin/knobs")
-    assert status == 200
-    return dict(body)
+    status, text = http_request(
+        runtime.base_url + "/admin/knobs", "GET", None, headers=runtime.admin_headers
+    )
+    assert status == 200, text
+    return dict(json.loads(text))
 
 
 def _tokens(runtime: RunningRuntime) -> int:
@@ -189,3 +199,25 @@ def test_a_runtime_that_reads_its_control_file_on_a_signal_gets_it(tmp_path: Pat
         assert runtime.box.group_alive(runtime.pgid)  # the signal reloaded, it did not stop
     finally:
         assert runtime.stop()
+
+
+def test_the_harness_reads_back_what_the_runtime_ran_with_and_names_what_differs(
+    refbox: RunningRuntime,
+) -> None:
+    # The admin token keeps other processes off the HTTP surface; a control file or a signal
+    # reaches the runtime another way. After every run the harness reads back what the boot
+    # ran with (live.state), and a run whose settings were changed under it fails.
+    cell = Cell(env=dict(SMALL), knobs={"policy": "adaptive", "drain_every": 64})
+    settings = live_settings(PROFILE, cell, {})
+    assert refbox.admin_headers and refbox.read_back(settings) is None
+    assert http_json(refbox.base_url + "/admin/knobs", {"drain_every": 5})[0] == 401
+    control = Path(refbox.spec.run_dir) / "control.json"
+    control.write_text(json.dumps({"seq": 99, "knobs": {"drain_every": 5}}))
+    deadline = time.monotonic() + 10
+    while "refbox: control 99 applied" not in refbox.box.read_text(refbox.spec.log_path):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    changed = refbox.read_back(settings)
+    assert changed is not None and "drain_every 5 (the cell's 64)" in changed, changed
+    refbox.post_live({"drain_every": 64})
+    assert refbox.read_back(settings) is None

@@ -89,9 +89,16 @@ def _get(url: str) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read() or b"null")
 
 
-def _post(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def _post(
+    url: str,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
     data = json.dumps(body or {}).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": content_type, **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -129,7 +136,8 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Box, Path]]:
     tmp = tmp_path_factory.mktemp("box")
     b = Box(*SMALL, "--ring", str(tmp / "ring"), "--ring-capacity", "4096",
             "--route-trace", str(tmp / "trace.jsonl"), "--counters", str(tmp / "counters.json"),
-            "--drain-every", "4", "--promote-threshold", "0.5", "--cold-dir", str(tmp))  # fmt: skip
+            "--drain-every", "4", "--promote-threshold", "0.5", "--cold-dir", str(tmp),
+            "--dump-dir", str(tmp))  # fmt: skip
     b.wait_ready()
     yield b, tmp
     b.stop()
@@ -343,3 +351,41 @@ def test_carry_over_a_boot_leaves_slows_the_next_boot_whatever_its_tag(tmp_path:
     assert boot("control") == 0.0  # after a control that leaves nothing
     state.write_text("something else entirely\nnot a number")
     assert boot("control") == 0.0  # a state file not of ours leaves nothing
+
+
+def test_the_admin_surface_takes_only_the_boots_token_json_and_dumps_into_its_folder(
+    tmp_path: Path,
+) -> None:
+    # Any local process could reset the runtime to another map mid-run (the candidate then
+    # measured as the control), a web page could post text/plain to it, and /admin/dump wrote
+    # a file at any path. Now: the boot's token, JSON only, dumps inside --dump-dir.
+    token = "0123456789abcdef0123456789abcdef"
+    rowmap = tmp_path / "map.json"
+    hot = {"hot": list(range(4, 16)), "cold": list(range(4))}  # SMALL's 12 hot slots
+    rowmap.write_text(json.dumps({"layers": {str(i): hot for i in range(3)}}))
+    b = Box(*SMALL, "--dump-dir", str(tmp_path), env={"REFBOX_ADMIN_TOKEN": token})
+    try:
+        b.wait_ready()
+        auth = {"Authorization": f"Bearer {token}"}
+        for path, body in (("/admin/reset", {"rowmap": str(rowmap)}), ("/admin/knobs", {})):
+            assert _post(b.url(path), body)[0] == 401
+            assert _post(b.url(path), body, {"Authorization": "Bearer wrong"})[0] == 401
+        assert _get(b.url("/admin/state"))[0] == 401
+        status, _ = _post(b.url("/admin/knobs"), {"drain_every": 3}, auth, "text/plain")
+        assert status == 415
+        status, state = _post(b.url("/admin/reset"), {"rowmap": str(rowmap)}, auth)
+        assert status == 200, state
+        request = urllib.request.Request(b.url("/admin/state"), headers=auth)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            state = json.loads(response.read())
+        assert state["rowmap"] == str(rowmap) and "drain_every" in state
+        outside = tmp_path.parent / f"{tmp_path.name}-outside.json"
+        for path in (str(outside), str(tmp_path / ".." / outside.name)):
+            status, answer = _post(b.url("/admin/dump"), {"path": path}, auth)
+            assert status == 400 and "--dump-dir" in answer["error"], answer
+        assert not outside.exists()
+        status, _ = _post(b.url("/admin/dump"), {"path": str(tmp_path / "d.json")}, auth)
+        assert status == 200 and (tmp_path / "d.json").is_file()
+        assert _get(b.url("/health"))[0] == 200  # the serving side needs no token
+    finally:
+        b.stop()
