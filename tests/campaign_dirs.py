@@ -3,8 +3,10 @@ change a campaign directory (verification, locking, output faults)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import run_cli
@@ -42,3 +44,19 @@ def copy_campaign(root: Path, dest: Path) -> Path:
     target = dest / "reports" / root.parent.name / root.name
     shutil.copytree(root, target, symlinks=True, ignore=shutil.ignore_patterns("box"))
     return target
+
+
+def rechain_journal(journal: Path, change: Callable[[list[dict]], None] | None = None) -> None:  # type: ignore[type-arg]
+    """Rewrite a journal's events (after ``change``) with every ``prev`` recomputed, as the
+    harness would have chained them: a test that writes another history than the one run, or
+    a forger who can write the directory."""
+    events = [json.loads(x) for x in journal.read_text(encoding="utf-8").splitlines() if x]
+    if change is not None:
+        change(events)
+    lines, prev = [], ""
+    for event in events:
+        event["prev"] = prev
+        line = json.dumps(event)
+        lines.append(line)
+        prev = hashlib.sha256(line.encode("utf-8")).hexdigest()
+    journal.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -32,7 +32,7 @@ import pytest
 from harness.cli import main
 from harness.errors import EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.formats.records import Journal, write_parquet
-from tests.campaign_dirs import copy_campaign
+from tests.campaign_dirs import copy_campaign, rechain_journal
 from tests.conftest import DATA, REPO, run_cli, start_campaign
 
 DEMO = DATA / "campaigns" / "demo-shaped"
@@ -797,16 +797,7 @@ def test_resume_refuses_a_directory_that_does_not_verify_before_it_boots(
 def _rechain(root: Path, change: Callable[[list[dict]], None]) -> None:  # type: ignore[type-arg]
     """What a forger who can write the directory does: change events, then recompute every
     ``prev`` so that the chain holds again."""
-    journal = root / "journal.jsonl"
-    events = [json.loads(x) for x in journal.read_text(encoding="utf-8").splitlines() if x]
-    change(events)
-    lines, prev = [], ""
-    for event in events:
-        event["prev"] = prev
-        line = json.dumps(event)
-        lines.append(line)
-        prev = hashlib.sha256(line.encode("utf-8")).hexdigest()
-    journal.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rechain_journal(root / "journal.jsonl", change)
 
 
 def _forge_card(root: Path) -> None:

@@ -304,6 +304,9 @@ def test_failed_and_missing_runs_are_shown(tiny_root: Path, tmp_path: Path) -> N
         )
     ]
     journal.write_text("\n".join(kept) + "\n")
+    from tests.campaign_dirs import rechain_journal  # it imports this module's card
+
+    rechain_journal(journal)
     Journal(journal).append("run_failed", run_id=runs[1].name, reason=record["reason"])
     analysis = analyze_campaign(root)
     verdict = evaluate_gates(analysis)
