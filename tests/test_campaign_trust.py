@@ -874,6 +874,47 @@ def test_a_rewrite_with_resealed_digests_is_caught_by_the_head_kept_outside(
     assert code == EXIT_OK, out + err
 
 
+
+def _plan_drop_run_whole(root: Path) -> str:
+    """A run dropped from plan.json with its folder and every journal line about it."""
+    plan = json.loads((root / "plan.json").read_text())
+    gone = plan["runs"].pop()["run_id"]
+    (root / "plan.json").write_text(json.dumps(plan, indent=2))
+    shutil.rmtree(root / "runs" / gone)
+    return gone
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (_plan_cycles, "cycles 99, but the card plans"),
+        (_plan_drop_run_whole, "not the plan its frozen card builds (3 runs against 4"),
+    ],
+)
+def test_a_resealed_plan_is_held_to_the_plan_its_frozen_card_builds(
+    finished: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edit: Callable[[Path], str],
+    said: str,
+) -> None:
+    # Even with no journal head kept anywhere, a plan.json grown to 99 cycles (or with a run
+    # dropped), re-sealed and re-chained, is not the plan the campaign's own frozen card gives.
+    root = copy_campaign(finished, tmp_path)
+    gone = edit(root)
+    digest = hashlib.sha256((root / "plan.json").read_bytes()).hexdigest()
+
+    def reseal(events: list[dict]) -> None:  # type: ignore[type-arg]
+        next(e for e in events if e["event"] == "campaign_start")["files"]["plan.json"] = digest
+        events[:] = [e for e in events if e.get("run_id") != gone]
+
+    _rechain(root, reseal)
+    (tmp_path / "reports" / "history" / "journal-heads.jsonl").unlink(missing_ok=True)
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE, out + err
+    assert NOT_VERIFIED in err and "plan.json: " in err and said in err, err
+
+
 def test_a_kept_head_passes_an_untouched_or_grown_journal_and_a_bad_one_is_exit_2(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -512,12 +512,14 @@ def analyze_campaign(
     predicted-against-measured table. ``journal_head``: a head of the journal the user kept,
     checked to lie on its chain (:mod:`harness.formats.heads`).
     """
+    from harness.analyze.plan_check import check_plan
     from harness.formats.records import open_campaign
     from harness.formats.verify import verify_campaign
 
     campaign = open_campaign(root)
     # Nothing is read from a directory that does not hold what its journal sealed.
     verification = verify_campaign(root, journal_head=journal_head)
+    check_plan(root, campaign.plan(), campaign.journal.events())
     card = read_card_schema(campaign.card_path())
     tables = load_runs(campaign, card)
     runs = tables.runs
