@@ -20,6 +20,7 @@ against compare_cycles campaign by campaign.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -93,6 +94,13 @@ class Layout:
         """Every block follows a washout of its own arm."""
         return self.washout > 0
 
+    @property
+    def washout_units(self) -> int:
+        """How many orders of carry-over a washout absorbs: one, and one more for every whole
+        block of traffic it lasts (state that survives a block of other traffic, the second
+        order, needs a washout longer than a block)."""
+        return 1 + math.floor(self.washout) if self.washed else 0
+
 
 @dataclass(frozen=True)
 class _Unit:
@@ -116,7 +124,12 @@ def _units(layout: Layout, cycles: int) -> list[_Unit]:
             for slot, arm in enumerate(cycle_pattern(j)):
                 cell = 0 if arm == "A" else 1 + lane
                 if layout.washed:
-                    out.append(_Unit(box, j, lane, slot, cell, False, layout.washout))
+                    # A washout absorbs one order of carry-over, and one more for every whole
+                    # block of traffic it lasts: carry-over that survives a block of other
+                    # traffic (the second order) needs a washout longer than a block.
+                    parts = layout.washout_units
+                    for _ in range(parts):
+                        out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
                 out.append(_Unit(box, j, lane, slot, cell, True, 1.0))
     return out
 
@@ -176,7 +189,7 @@ def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
     scored = np.flatnonzero(seq.keep)
     # A washout runs on the same box right before its block: what ran before the block's
     # washout is what ran before the washout's own turn.
-    ran = seq.prev[scored - 1 if layout.washed else scored]
+    ran = seq.prev[scored - layout.washout_units if layout.washed else scored]
     labels = [_label(None if int(c) < 0 else int(c)) for c in ran]
     out = []
     for j in range(cycles):
