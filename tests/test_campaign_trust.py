@@ -874,7 +874,6 @@ def test_a_rewrite_with_resealed_digests_is_caught_by_the_head_kept_outside(
     assert code == EXIT_OK, out + err
 
 
-
 def _plan_drop_run_whole(root: Path) -> str:
     """A run dropped from plan.json with its folder and every journal line about it."""
     plan = json.loads((root / "plan.json").read_text())

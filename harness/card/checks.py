@@ -367,6 +367,8 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     )
     _check_kt_frequency_file(name, cell, out)
     _check_eplb_recorder(name, cell, runtime, out)
+    _check_dispatch_needs_a2a(name, cell, runtime, out)
+    _check_paged_experts(name, cell, runtime, out)
     for knob, spec in runtime.knobs.items():
         if spec.required and spec.default is None and knob not in cell.knobs:
             out.add(
@@ -423,6 +425,44 @@ def _check_eplb_recorder(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
         "EPLB's window, so neither the run's counts nor EPLB's balance would be what they "
         "claim; drop enable_eplb here, or run EPLB on a profile without `expert_recorder`",
     )
+
+
+def _check_dispatch_needs_a2a(
+    name: str, cell: Cell, runtime: RuntimeProfile, out: Problems
+) -> None:
+    """SGLang refuses ``--ep-dispatch-algorithm static`` (or ``lp``) without an all-to-all
+    backend (0.5.23, ``srt/arg_groups/parallel_hook.py``, ``handle_eplb_and_dispatch``: a
+    ValueError at boot), since each rank would pick a different replica of an expert. Said
+    here, not after a boot on a GPU box."""
+    if "ep_dispatch_algorithm" not in runtime.knobs or "moe_a2a_backend" not in runtime.knobs:
+        return
+    algorithm = str(cell.knobs.get("ep_dispatch_algorithm", ""))
+    backend = str(cell.knobs.get("moe_a2a_backend", "none"))
+    if algorithm in ("static", "lp") and backend == "none":
+        out.add(
+            ("cells", name, "knobs", "ep_dispatch_algorithm"),
+            f"{algorithm} dispatch needs an all-to-all backend: SGLang refuses it at boot with "
+            "moe_a2a_backend none (each rank would pick a different replica); set "
+            "moe_a2a_backend (e.g. deepep), or use ep_dispatch_algorithm dynamic",
+        )
+
+
+def _check_paged_experts(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """SGLang's Paged Experts refuses at boot what it does not support (0.5.23,
+    ``srt/layers/moe/paged_experts/method.py``, ``check_paged_experts_compat``): more than one
+    GPU, EPLB, and no resident count. Said here, before a GPU box is booted."""
+    if "enable_paged_experts" not in runtime.knobs:
+        return
+    if str(cell.knobs.get("enable_paged_experts", "")).lower() not in ("true", "1", "yes", "on"):
+        return
+    loc: Loc = ("cells", name, "knobs", "enable_paged_experts")
+    if "paged_experts_num_resident" not in cell.knobs:
+        out.add(loc, "needs paged_experts_num_resident (experts per layer kept on the GPU)")
+    for knob in ("tp_size", "ep_size", "pp_size", "dp_size"):
+        if str(cell.knobs.get(knob, "1")) != "1":
+            out.add(loc, f"runs on a single GPU only: SGLang refuses it with {knob} > 1")
+    if str(cell.knobs.get("enable_eplb", "")).lower() in ("true", "1", "yes", "on"):
+        out.add(loc, "SGLang refuses it with enable_eplb")
 
 
 def _check_values(

@@ -354,6 +354,10 @@ class RuntimeProfile(Strict):
             raise ValueError(
                 f"telemetry.response_routes names knob {routes.knob!r}, not in `knobs`"
             )
+        recorder = self.telemetry.expert_recorder
+        for name in (recorder.replicas_knob, recorder.sharding_knob) if recorder else ():
+            if name is not None and name not in self.knobs:
+                raise ValueError(f"telemetry.expert_recorder names knob {name!r}, not in `knobs`")
         for pin in self.knob_pins:
             unknown = sorted({pin.knob, *pin.when_set} - set(self.knobs))
             if unknown:

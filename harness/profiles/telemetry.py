@@ -161,6 +161,17 @@ class ExpertRecorderSpec(Strict):
     timeout_s: float = Field(
         120, gt=0, le=1e5, allow_inf_nan=False, description="wait this long for a dump's files"
     )
+    replicas_knob: str | None = Field(
+        None,
+        description="knob saying how many ranks record every token (SGLang's tp_size: without "
+        "an all-to-all backend every rank routes the whole batch, and the stat dump sums the "
+        "ranks), so the dumped counts are divided by its value",
+    )
+    sharding_knob: str | None = Field(
+        None,
+        description="knob whose setting other than `none` makes each rank route only its own "
+        "tokens (SGLang's moe_a2a_backend): the counts are then not divided",
+    )
 
 
 class AppliedCheck(Strict):

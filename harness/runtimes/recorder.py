@@ -22,17 +22,24 @@ workload read 0.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import shlex
 import time
 import urllib.error
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from harness.errors import InfrastructureError
-from harness.formats.expert_distribution import combine_dumps, gpu_hits, read_dump
+from harness.formats.expert_distribution import (
+    ExpertDistribution,
+    combine_dumps,
+    gpu_hits,
+    read_dump,
+)
 from harness.formats.maps import write_count_dump
 from harness.profiles.telemetry import ExpertRecorderSpec
 from harness.runtimes.boot import RunningRuntime, http_request, render
@@ -73,6 +80,30 @@ def start_recording(runtime: RunningRuntime, spec: ExpertRecorderSpec, run_dir: 
     runtime.box.mkdirs(folder)
     _post(runtime, spec.start_http, 30)
     return Recording(spec, folder)
+
+
+def per_token_counts(
+    dist: ExpertDistribution, spec: ExpertRecorderSpec, knobs: Mapping[str, str]
+) -> ExpertDistribution:
+    """The dump's counts as one count per routed token: divided by the ranks that each
+    recorded every token (``spec.replicas_knob``; SGLang 0.5.23's stat dump all-reduces its
+    count over the world group, ``eplb/expert_distribution.py``, and under tensor parallelism
+    without an all-to-all backend every rank routes the whole batch). Counts that are not
+    whole multiples of it mean the ranks recorded different tokens: refused, not guessed."""
+    if spec.replicas_knob is None:
+        return dist
+    sharded = spec.sharding_knob is not None and knobs.get(spec.sharding_knob, "none") != "none"
+    replicas = int(knobs.get(spec.replicas_knob, "1") or "1")
+    if sharded or replicas <= 1:
+        return dist
+    if np.any(dist.counts % replicas):
+        raise InfrastructureError(
+            f"expert-distribution dump: counts are not whole multiples of {spec.replicas_knob} "
+            f"{replicas}, so its ranks did not each record every token (data-parallel "
+            f"attention, or an all-to-all backend {spec.sharding_knob or 'knob'} does not "
+            "name?): set the knobs the ranks ran with, or record with one rank"
+        )
+    return dataclasses.replace(dist, counts=dist.counts // replicas)
 
 
 def finish_recording(
@@ -116,7 +147,7 @@ def finish_recording(
         local = folder / posixpath.basename(remote)
         box.get_file(remote, local)
         dumps.append(read_dump(local))
-    dist = combine_dumps(dumps, str(folder))
+    dist = per_token_counts(combine_dumps(dumps, str(folder)), spec, runtime.spec.knobs)
     counts = dist.counts.sum(axis=0)
     write_count_dump(local_dir / counts_name, np.asarray(counts), time.time())
     counters: dict[str, float] = {ROUTE_COUNTER: float(counts.sum())}

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from harness.card import load_card
-from harness.errors import CardError
+from harness.card import load_card, load_runtime_profile
+from harness.errors import CardError, InfrastructureError
 from harness.profiles.telemetry import Telemetry
 from harness.runtimes.boot import boot_spec
 from tests.conftest import REPO
@@ -131,6 +132,82 @@ def test_eplb_on_a_profile_that_drives_the_recorder_is_refused(tmp_path: Path) -
         load_card(folder / "card.yaml")
     lines = caught.value.lines()
     assert any("knobs.enable_eplb" in line and "EPLB shares" in line for line in lines), lines
+
+
+def _sglang_card(folder: Path, knobs: str) -> Path:
+    """The KT card moved to the plain sglang profile, the control given ``knobs`` (YAML lines)."""
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    text = (
+        CARD.read_text(encoding="utf-8")
+        .replace("runtime: sglang-kt", "runtime: sglang")
+        .replace("    files: {init_expert_location: maps/kt-frequency-refbox.pt}\n", "")
+    )
+    lines = [line for line in text.splitlines() if not line.strip().startswith("kt_")]
+    text = "\n".join(lines).replace(
+        "      model: /models/Qwen3-30B-A3B\n", "      model: /models/Qwen3-30B-A3B\n" + knobs, 1
+    )
+    (folder / "card.yaml").write_text(text + "\n", encoding="utf-8")
+    return folder / "card.yaml"
+
+
+@pytest.mark.parametrize("algorithm", ["static", "lp"])
+def test_static_dispatch_without_an_all_to_all_backend_is_refused_before_any_boot(
+    tmp_path: Path, algorithm: str
+) -> None:
+    # SGLang 0.5.23 raises at boot for static (or lp) dispatch with moe_a2a_backend none
+    # (srt/arg_groups/parallel_hook.py, handle_eplb_and_dispatch): said at validate instead.
+    knobs = f'      ep_size: "2"\n      ep_dispatch_algorithm: {algorithm}\n'
+    with pytest.raises(CardError) as caught:
+        load_card(_sglang_card(tmp_path, knobs))
+    lines = caught.value.lines()
+    assert any(
+        "knobs.ep_dispatch_algorithm" in line and "needs an all-to-all backend" in line
+        for line in lines
+    ), lines
+    ok = tmp_path / "with-backend"
+    ok.mkdir()
+    load_card(_sglang_card(ok, knobs + "      moe_a2a_backend: deepep\n"))
+
+
+def test_paged_experts_is_a_single_gpu_knob_with_its_resident_count(tmp_path: Path) -> None:
+    # SGLang 0.5.23's check_paged_experts_compat raises at boot for tp/ep/pp/dp > 1, EPLB, or
+    # no resident count: refused at validate instead.
+    bad = '      enable_paged_experts: true\n      tp_size: "2"\n'
+    with pytest.raises(CardError) as caught:
+        load_card(_sglang_card(tmp_path, bad))
+    lines = " ".join(caught.value.lines())
+    assert "needs paged_experts_num_resident" in lines and "tp_size > 1" in lines, lines
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    good = '      enable_paged_experts: true\n      paged_experts_num_resident: "32"\n'
+    loaded = load_card(_sglang_card(ok, good))
+    cell = next(iter(loaded.card.cells.values()))
+    spec = boot_spec(loaded.runtime, cell, port=8000, run_dir="/r", python="python3",
+                     bind_host="127.0.0.1", cache_dir="/c", uploaded={})  # fmt: skip
+    assert "--enable-paged-experts" in spec.argv
+    assert spec.argv[spec.argv.index("--paged-experts-num-resident") + 1] == "32"
+
+
+def test_counts_every_tensor_parallel_rank_recorded_are_divided_back() -> None:
+    # SGLang's stat dump all-reduces its counts over the world group, and under tp_size N
+    # without an all-to-all backend every rank routes the whole batch: N times the counts.
+    from harness.formats.expert_distribution import ExpertDistribution
+    from harness.profiles.telemetry import ExpertRecorderSpec
+    from harness.runtimes.recorder import per_token_counts
+
+    spec = ExpertRecorderSpec(dir="x", replicas_knob="tp_size", sharding_knob="moe_a2a_backend")
+    true = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
+    dumped = ExpertDistribution(true * 4, None, "stat")
+    assert np.array_equal(per_token_counts(dumped, spec, {"tp_size": "4"}).counts, true)
+    sharded = {"tp_size": "4", "moe_a2a_backend": "deepep"}
+    assert np.array_equal(per_token_counts(dumped, spec, sharded).counts, true * 4)
+    assert np.array_equal(per_token_counts(dumped, spec, {}).counts, true * 4)
+    with pytest.raises(InfrastructureError, match="not whole multiples of tp_size 4"):
+        per_token_counts(ExpertDistribution(true * 4 + 1, None, "stat"), spec, {"tp_size": "4"})
+    profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang.yaml")
+    assert profile.telemetry.expert_recorder is not None
+    assert profile.telemetry.expert_recorder.replicas_knob == "tp_size"
 
 
 @pytest.mark.parametrize(
