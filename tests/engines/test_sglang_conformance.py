@@ -1,25 +1,40 @@
-"""SGLang's released sources judge the flags the sglang profile sends.
+"""SGLang's released sources judge the flags the sglang profile sends and the dumps it reads.
 
-No SGLang server runs on a CPU, but its server arguments are declared as annotated fields of
-dataclasses (sglang 0.5.23: ``srt/arg_groups/fields/*.py``; a field ``tp_size`` is the flag
-``--tp-size``, ``Arg(aliases=[...])`` adds others). The released wheel is downloaded once
-(``pip download --no-deps``, into the harness cache) and its declarations are read with
-``ast`` at run time: a profile flag no field declares is one a current build refuses at boot
-(``--enable-expert-distribution-metrics`` was, until this test). Nothing of theirs is copied.
+No SGLang server runs on a CPU, but two parts of it need no GPU. The released wheel (sglang
+0.5.23) is downloaded once (``pip download --no-deps``, into the harness cache) and read at run
+time; nothing of theirs is copied here.
+
+- Its server arguments are annotated fields of dataclasses (``srt/arg_groups/fields/*.py``; a
+  field ``tp_size`` is the flag ``--tp-size``, ``Arg(aliases=[...])`` adds others), read with
+  ``ast``: a profile flag no field declares is one the build refuses at boot
+  (``--enable-expert-distribution-metrics`` was, until this test).
+- Its expert-distribution recorder (``srt/eplb/expert_distribution.py``): the single-pass
+  gatherer that counts ``topk_ids``, the stat accumulator and ``_dump_to_file`` are taken out of
+  the source unchanged and run in vLLM's venv (real torch) on two tensor-parallel ranks over
+  gloo, each recording the same routing as TP ranks do. What they dump is read by the harness's
+  own reader: the counts are twice the routing, and the profile's ``replicas_knob`` divides
+  them back.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
+from harness.card import load_runtime_profile
+from harness.formats.expert_distribution import combine_dumps, read_dump
 from harness.runtimes.build_script import cache_root
+from harness.runtimes.recorder import per_token_counts
 from tests.conftest import REPO
+from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +42,8 @@ RELEASE = "sglang==0.5.23"
 DECLARING = ("sglang/srt/arg_groups/", "sglang/srt/server_args.py")
 
 
-@pytest.fixture(scope="module")
-def declared_flags() -> set[str]:
-    """Every flag the released build's argument dataclasses declare."""
+def _wheel() -> Path:
+    """The released wheel, downloaded once into the harness cache."""
     folder = cache_root() / "sglang-wheels"
     folder.mkdir(parents=True, exist_ok=True)
     found = sorted(folder.glob("sglang-0.5.23-*.whl"))
@@ -40,8 +54,14 @@ def declared_flags() -> set[str]:
             check=True, timeout=900,
         )  # fmt: skip
         found = sorted(folder.glob("sglang-0.5.23-*.whl"))
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def declared_flags() -> set[str]:
+    """Every flag the released build's argument dataclasses declare."""
     flags: set[str] = set()
-    with zipfile.ZipFile(found[0]) as wheel:
+    with zipfile.ZipFile(_wheel()) as wheel:
         for member in wheel.namelist():
             if not member.endswith(".py") or not member.startswith(DECLARING):
                 continue
@@ -72,3 +92,111 @@ def test_every_flag_of_the_sglang_profile_is_one_the_release_declares(
     # The flag 0.5.23 dropped, and what replaced it.
     assert "--enable-expert-distribution-metrics" not in declared_flags
     assert "--expert-balancedness-report-mode" in sent
+
+
+# Runs in vLLM's venv, once per rank: SGLang's recorder pieces from the released source, the
+# server's surroundings (its arguments, device, env) given as SGLang's own defaults for a
+# stat recording on CPU.
+RUN_RECORDER = r"""
+import ast, json, logging, math, sys, time, types, typing
+from abc import ABC
+from pathlib import Path
+import torch
+import torch.distributed
+
+source_path, rank, world, store, out_dir, routing_path = sys.argv[1:7]
+rank, world = int(rank), int(world)
+torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                     world_size=world)
+source = open(source_path, encoding="utf-8").read()
+wanted = {"_SinglePassGatherer", "_LayerBasedGpuSinglePassGatherer",
+          "_SelectExpertsSinglePassGatherer", "_Accumulator", "_UtilizationRateAccumulatorMixin",
+          "_StatAccumulator", "_Buffer", "_CircularBuffer", "_InfiniteBuffer", "_dump_to_file",
+          "_convert_global_physical_count_to_logical_count"}
+tree = ast.parse(source)
+code = "from __future__ import annotations\n" + "\n\n".join(
+    ast.get_source_segment(source, node) for node in tree.body
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted)
+moe = types.SimpleNamespace(expert_distribution_recorder_mode="stat",
+                            expert_distribution_recorder_buffer_size=-1,
+                            moe_a2a_backend="none",
+                            eplb_min_rebalancing_utilization_threshold=1.0)
+space = {"torch": torch, "math": math, "time": time, "Path": Path, "ABC": ABC,
+         "logger": logging.getLogger("sglang"), "_SINGLE_PASS_GATHERER_KEY_PRIMARY": "primary",
+         "get_exec": lambda: types.SimpleNamespace(moe=moe),
+         "get_device": lambda: "cpu",
+         "get_device_namespace": lambda: types.SimpleNamespace(device="cpu"),
+         "reports_expert_balancedness": lambda: False,
+         "envs": types.SimpleNamespace(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR=
+                                       types.SimpleNamespace(get=lambda: out_dir))}
+space.update({name: getattr(typing, name) for name in typing.__all__})
+torch.get_device_module = lambda *a: types.SimpleNamespace(empty_cache=lambda: None)
+exec(code, space)
+routing = json.load(open(routing_path))  # [passes][layers][tokens][top_k]
+layers, experts = len(routing[0]), int(sys.argv[7])
+meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
+                             num_logical_experts=experts, num_local_physical_experts=experts,
+                             physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
+                             ep_size=1)
+gatherer = space["_SelectExpertsSinglePassGatherer"](meta, rank)
+accumulator = space["_StatAccumulator"](meta, rank)
+for index, passes in enumerate(routing):
+    gatherer.reset()
+    for layer, topk_ids in enumerate(passes):
+        gatherer.on_select_experts(layer, torch.tensor(topk_ids))
+    accumulator.append(index, "primary", gatherer.collect(), {})
+accumulator.dump("file")
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_sglangs_own_recorder_sums_tp_ranks(torch_python: str, tmp_path: Path) -> None:  # noqa: F811
+    # SGLang's own gatherer, stat accumulator and dump, on two TP ranks: the counts are twice
+    # the routing, and the profile's replicas_knob (tp_size) divides them back.
+    with zipfile.ZipFile(_wheel()) as wheel:
+        source = tmp_path / "expert_distribution.py"
+        source.write_bytes(wheel.read("sglang/srt/eplb/expert_distribution.py"))
+    passes, layers, tokens, top_k, experts = 3, 4, 5, 2, 8
+    rng = np.random.default_rng(11)
+    routing = np.stack([
+        np.stack([
+            np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)])
+            for _ in range(layers)
+        ])
+        for _ in range(passes)
+    ])  # fmt: skip
+    (tmp_path / "routing.json").write_text(json.dumps(routing.tolist()))
+    out = tmp_path / "dumps"
+    ranks = [
+        subprocess.Popen(
+            [
+                torch_python,
+                "-c",
+                RUN_RECORDER,
+                str(source),
+                str(rank),
+                "2",
+                str(tmp_path / "store"),
+                str(out),
+                str(tmp_path / "routing.json"),
+                str(experts),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for rank in ranks:
+        _, err = rank.communicate(timeout=300)
+        assert rank.returncode == 0, err
+    (dump,) = sorted(out.glob("expert_distribution_recorder_*.pt"))  # rank 0 writes it
+    true = np.zeros((passes, layers, experts), dtype=np.int64)
+    for p, layer in np.ndindex(passes, layers):
+        np.add.at(true[p, layer], routing[p, layer].ravel(), 1)
+    dist = combine_dumps([read_dump(dump)], str(out))
+    assert np.array_equal(dist.counts, 2 * true)  # SGLang's all-reduce sums both TP ranks
+    profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang.yaml")
+    recorder = profile.telemetry.expert_recorder
+    assert recorder is not None
+    assert np.array_equal(per_token_counts(dist, recorder, {"tp_size": "2"}).counts, true)
