@@ -6,9 +6,9 @@ Simulates mirrored campaigns (100,000 a case; 10,000 and 5,000 with
 campaigns at once (:mod:`harness.stats.design_sim`, whose labels the tests check against
 :func:`harness.stats.decision.compare_cycles`). Every design ``design:`` offers is run on the
 same bank: ABBA/BAAB with a quarter-block washout before every block (the default; D̄ is the
-deployed effect by design), with a washout of a block and a quarter (``washout: 1.25``: it also
-clears carry-over that survives a block of other traffic, the second order, at 1.8× the wall
-time) and without one (``washout: 0``; the deployed effect from the crossover model, fail
+deployed effect by design), with a whole-block washout (``washout: 1``, the paired design: it
+also clears carry-over that survives a block of other traffic, the second order, at 1.6× the
+wall time) and without one (``washout: 0``; the deployed effect from the crossover model, fail
 closed below 3 cycles). Beside them, for the record, D̄ without washout
 and without the check (what the decision was before the crossover model).
 
@@ -98,10 +98,10 @@ BANK = (
 DESIGNS = (
     ("washout", 0.25, True),
     ("no washout", 0.0, True),
-    ("whole-block washout", 1.25, True),
+    ("whole-block washout", 1.0, True),
 )
 # Power is per cycle: a longer washout scores the same blocks, so its power is the washout's
-# (at 2.25 blocks of wall time a block instead of 1.25); not simulated twice.
+# (at 2 blocks of wall time a block instead of 1.25); not simulated twice.
 POWER_DESIGNS = DESIGNS[:2]
 BEFORE = ("no washout, D̄ alone", 0.0, False)
 POWER = (

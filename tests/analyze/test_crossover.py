@@ -95,7 +95,7 @@ DISAGREE = Scenario(block_sd=0.02, effect=0.03, interaction_sd=0.04)
         (2, Layout(), CARRY_3),
         (6, Layout(washout=0.25), CARRY_3),
         (6, Layout(washout=0.25), OUTLASTS),
-        (6, Layout(washout=1.25), OUTLASTS),
+        (6, Layout(washout=1.0), OUTLASTS),
         (5, Layout(treatments=2), CARRY_3),
         (6, Layout(washout=0.25, boxes=2), DISAGREE),
         (6, Layout(washout=0.25, boxes=2, random_boxes=True), DISAGREE),
@@ -223,7 +223,8 @@ def test_washed_blocks_report_carry_over_the_washout_left() -> None:
 def test_a_washout_longer_than_a_block_clears_carry_over_that_outlasts_one() -> None:
     # Second-order carry-over (-3% into the control block after a candidate, -1.5% into the
     # one after that), the effect deployed 0. A quarter-block washout lets the second order
-    # through (the audit's 9.4% false better, at looks 3..8); `washout: 1.25` outlasts it.
+    # through (the audit's 9.4% false better, at looks 3..8); a whole block (`washout: 1`, the
+    # paired design) outlasts it.
     from harness.benchmarks.sequential import ALPHA, FIRST, MARGIN, MAX
     from harness.stats.design_sim import BETTER, run_looks
     from harness.stats.sequential import SequentialPlan
@@ -233,14 +234,14 @@ def test_a_washout_longer_than_a_block_clears_carry_over_that_outlasts_one() -> 
         block_sd=0.03, carry_control=math.log(0.97), second_control=math.log(0.985)
     ).null()
     rates = {}
-    for washout in (0.25, 1.25):
+    for washout in (0.25, 1.0):
         layout = Layout(washout=washout)
         blocks = simulate_blocks(np.random.default_rng(7), 20_000, MAX, scenario, layout)
         codes, _ = run_looks(blocks, plan.scheduled(), plan.nominal_alpha, MARGIN, layout=layout)
         rates[washout] = float((codes == BETTER).mean())
     assert rates[0.25] > 0.06
-    assert rates[1.25] <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / 20_000), rates
-    assert Layout(washout=1.25).washout_units == 2 and Layout(washout=0.25).washout_units == 1
+    assert rates[1.0] <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / 20_000), rates
+    assert Layout(washout=1.0).washout_units == 2 and Layout(washout=0.25).washout_units == 1
 
 
 def test_a_deterministic_counter_on_a_shared_boot_rules_carry_over_out_exactly() -> None:
