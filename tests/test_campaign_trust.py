@@ -868,10 +868,11 @@ def test_a_rewrite_with_resealed_digests_is_caught_by_the_head_kept_outside(
     store.unlink()
     code, out, err = cli("gate", str(root), "--quiet", "--journal-head", head, capsys=capsys)
     assert code == EXIT_INFRASTRUCTURE and "no event line has the head" in err, out + err
-    # Without either, the threat model says what is left: the rewrite verifies (the README's
-    # "What the seal protects against").
+    # Without either, this forgery is still caught: card.yaml is also the frozen copy whose
+    # hash inputs/manifest.json keeps, and the plan is rebuilt from it. (A forger who rewrites
+    # the manifest too is the README's "What the seal protects against" remainder.)
     code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
-    assert code == EXIT_OK, out + err
+    assert code == EXIT_INFRASTRUCTURE and "card.yaml: edited since the campaign started" in err
 
 
 def _plan_drop_run_whole(root: Path) -> str:
