@@ -38,7 +38,7 @@ from harness.errors import BadInput, CardError, MapError
 from harness.formats.prompts import Prompt, load_pool, normalise
 from harness.formats.yamlfile import Loc, YamlDoc, dotted
 from harness.profiles.box import BoxSpec
-from harness.profiles.schema import KnobSpec, RuntimeProfile
+from harness.profiles.schema import KnobSpec, RuntimeProfile, switch_state
 
 
 class Problems:
@@ -416,7 +416,7 @@ def _check_eplb_recorder(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     rather than measured wrong."""
     if runtime.telemetry.expert_recorder is None:
         return
-    if str(cell.knobs.get("enable_eplb", "")).lower() not in ("true", "1", "yes", "on"):
+    if not _switched_on(cell, "enable_eplb"):
         return
     out.add(
         ("cells", name, "knobs", "enable_eplb"),
@@ -453,7 +453,7 @@ def _check_paged_experts(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     GPU, EPLB, and no resident count. Said here, before a GPU box is booted."""
     if "enable_paged_experts" not in runtime.knobs:
         return
-    if str(cell.knobs.get("enable_paged_experts", "")).lower() not in ("true", "1", "yes", "on"):
+    if not _switched_on(cell, "enable_paged_experts"):
         return
     loc: Loc = ("cells", name, "knobs", "enable_paged_experts")
     if "paged_experts_num_resident" not in cell.knobs:
@@ -461,7 +461,7 @@ def _check_paged_experts(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     for knob in ("tp_size", "ep_size", "pp_size", "dp_size"):
         if str(cell.knobs.get(knob, "1")) != "1":
             out.add(loc, f"runs on a single GPU only: SGLang refuses it with {knob} > 1")
-    if str(cell.knobs.get("enable_eplb", "")).lower() in ("true", "1", "yes", "on"):
+    if _switched_on(cell, "enable_eplb"):
         out.add(loc, "SGLang refuses it with enable_eplb")
 
 
@@ -483,6 +483,12 @@ def _check_values(
         problem = spec.check(_knob_text(value))
         if problem:
             out.add((*loc, key), problem)
+
+
+def _switched_on(cell: Cell, knob: str) -> bool:
+    """Whether the cell turns a switch knob on (true, 1, on; a YAML boolean included)."""
+    value = cell.knobs.get(knob)
+    return value is not None and switch_state(_knob_text(value)) is True
 
 
 def _knob_text(value: KnobValue) -> str:

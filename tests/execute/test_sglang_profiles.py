@@ -109,27 +109,8 @@ def test_a_kt_frequency_cell_with_a_json_file_is_refused_before_any_boot(tmp_pat
 
 def test_eplb_on_a_profile_that_drives_the_recorder_is_refused(tmp_path: Path) -> None:
     # EPLB reads and resets the recorder the harness starts and dumps around every run.
-    folder = tmp_path
-    for name in ("prompts", "maps"):
-        (folder / name).symlink_to(REPO / "campaigns" / name)
-    text = (
-        CARD.read_text(encoding="utf-8")
-        .replace("runtime: sglang-kt", "runtime: sglang")
-        .replace("      kt_weight_path: /models/Qwen3-30B-A3B-AMXINT4\n", "")
-        .replace("      kt_method: AMXINT4\n", "")
-    )
-    lines = [line for line in text.splitlines() if not line.strip().startswith("kt_")]
-    text = "\n".join(lines).replace(
-        "    files: {init_expert_location: maps/kt-frequency-refbox.pt}\n", ""
-    )
-    text = text.replace(
-        "      model: /models/Qwen3-30B-A3B\n",
-        '      model: /models/Qwen3-30B-A3B\n      enable_eplb: true\n      ep_size: "2"\n',
-        1,
-    )
-    (folder / "card.yaml").write_text(text + "\n", encoding="utf-8")
     with pytest.raises(CardError) as caught:
-        load_card(folder / "card.yaml")
+        load_card(_sglang_card(tmp_path, '      enable_eplb: true\n      ep_size: "2"\n'))
     lines = caught.value.lines()
     assert any("knobs.enable_eplb" in line and "EPLB shares" in line for line in lines), lines
 
