@@ -519,7 +519,9 @@ def analyze_campaign(
     campaign = open_campaign(root)
     # Nothing is read from a directory that does not hold what its journal sealed.
     verification = verify_campaign(root, journal_head=journal_head)
-    check_plan(root, campaign.plan(), campaign.journal.events())
+    planned = campaign.plan()
+    events = campaign.journal.events()
+    check_plan(root, planned, events)
     card = read_card_schema(campaign.card_path())
     tables = load_runs(campaign, card)
     runs = tables.runs
@@ -527,13 +529,12 @@ def analyze_campaign(
     bad = runs[runs["status"] != "ok"]
     for _, row in bad.iterrows():
         warnings.append(f"run {row['run_id']} {row['status']}: {row.get('reason', '')}")
-    events = campaign.journal.events()
     warnings.extend(tables.imported_notes)
     warnings.extend(extension_warnings(card, events))
     mismatch = embedded_mismatch(tables.logit_embedded)
     if mismatch is not None:
         warnings.append(mismatch)
-    look = look_state(card, planned_cycles(campaign.plan()), events)
+    look = look_state(card, planned_cycles(planned), events)
     comparisons: list[CellComparison] = []
     imported = (root / "IMPORTED").is_file()
     if card.control is not None and card.design.order != "sequential":

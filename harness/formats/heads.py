@@ -29,7 +29,7 @@ from harness.errors import VerificationError
 from harness.formats.records import CAMPAIGN_JOURNAL, Journal, line_digest
 
 HEADS_FILE = "journal-heads.jsonl"
-_STORE = "history"  # harness.history.store.HISTORY_DIR: the results store's folder
+HISTORY_DIR = "history"  # the results store's folder (harness.history.store), beside campaigns
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,6 @@ class Head:
 
     digest: str
     events: int
-
-    def __str__(self) -> str:
-        return f"{self.digest} ({self.events} events)"
 
 
 def store_dir(root: Path) -> Path | None:
@@ -52,7 +49,7 @@ def store_dir(root: Path) -> Path | None:
     resolved = root.resolve()
     if resolved.parent.parent.name != "reports":
         return None
-    return resolved.parent.parent / _STORE
+    return resolved.parent.parent / HISTORY_DIR
 
 
 def _key(root: Path) -> str:
@@ -118,12 +115,10 @@ def recorded_heads(root: Path) -> list[dict[str, Any]]:
     return found
 
 
-def check_heads(
-    root: Path, lines: list[tuple[int, bytes, dict[str, Any]]], expected: str | None = None
-) -> None:
+def check_heads(root: Path, digests: list[str], expected: str | None = None) -> None:
     """Every head recorded for ``root`` (and ``expected``, a head given back by the user) must
-    name a line of the chain ``lines``; a :class:`VerificationError` naming the journal if not."""
-    digests = [line_digest(line) for _, line, _ in lines]
+    name a line of the chain whose event lines have ``digests``; a :class:`VerificationError`
+    naming the journal if not."""
     journal = root / CAMPAIGN_JOURNAL
     for entry in recorded_heads(root):
         at = int(entry["events"])
@@ -144,6 +139,7 @@ def check_heads(
 
 __all__ = [
     "HEADS_FILE",
+    "HISTORY_DIR",
     "Head",
     "check_heads",
     "journal_head",

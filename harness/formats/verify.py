@@ -69,17 +69,18 @@ def _chained_from_start(events: list[dict[str, Any]]) -> bool:
     return False
 
 
-def _check_chain(root: Path, lines: list[tuple[int, bytes, dict[str, Any]]]) -> None:
-    """Each event's ``prev`` is the digest of the event line before it: from the first event
-    of a journal chained from its start, else from the first event that carries one (an older
-    directory resumed by this harness)."""
+def _check_chain(
+    root: Path, lines: list[tuple[int, bytes, dict[str, Any]]], digests: list[str]
+) -> None:
+    """Each event's ``prev`` is the digest of the event line before it (``digests``, one per
+    line): from the first event of a journal chained from its start, else from the first event
+    that carries one (an older directory resumed by this harness)."""
     chained = _chained_from_start([e for _, _, e in lines])
-    before: bytes | None = None
-    for number, line, event in lines:
+    for index, (number, _, event) in enumerate(lines):
         if "prev" in event:
             chained = True
         if chained:
-            expected = "" if before is None else line_digest(before)
+            expected = digests[index - 1] if index else ""
             if event.get("prev") != expected:
                 raise _fail(
                     root,
@@ -87,7 +88,6 @@ def _check_chain(root: Path, lines: list[tuple[int, bytes, dict[str, Any]]]) -> 
                     f"line {number} ({event['event']}): its prev is not the digest of the event "
                     "line before it; a line was edited, inserted or removed",
                 )
-        before = line
 
 
 def _sealed_files(events: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -258,15 +258,16 @@ def verify_campaign(
     passes here; everything else must verify."""
     campaign = CampaignDir(root)
     lines = _event_lines(root)
-    _check_chain(root, lines)
-    check_heads(root, lines, journal_head)
+    digests = [line_digest(line) for _, line, _ in lines]
+    _check_chain(root, lines, digests)
+    check_heads(root, digests, journal_head)
     events = [event for _, _, event in lines]
     # Sealed from its start; an older directory resumed by this harness is sealed from then on
     # (its later records are verified, its earlier ones by identity only).
     sealed = any(e["event"] == "campaign_start" and "seal" in e for e in events)
     _check_top_level(root, events, sealed=sealed)
     verified = _check_runs(root, campaign, events, sealed, resuming)
-    return Verification(sealed, verified, line_digest(lines[-1][1]))
+    return Verification(sealed, verified, digests[-1])
 
 
 __all__ = ["Verification", "verify_campaign"]

@@ -23,7 +23,7 @@ import pandas as pd
 
 from harness.catalog import METRICS
 from harness.errors import RecordError
-from harness.formats.heads import store_dir
+from harness.formats.heads import HISTORY_DIR, store_dir
 from harness.formats.records import read_parquet, write_parquet
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["HISTORY_DIR", "append_history", "history_dir", "history_rows", "read_history"]
 
-HISTORY_DIR = "history"
 COLUMNS = (
     "campaign", "stamp", "dir", "finished_at", "box", "cell", "cache_state", "control", "metric",
     "value", "block_values", "label", "ratio", "passed", "binary_sha256", "version",

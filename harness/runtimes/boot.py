@@ -274,15 +274,9 @@ class RunningRuntime:
         live = self.profile.live
         if live is None or live.state is None or not expected:
             return None
-        status, text = http_request(
-            self.base_url + live.state, "GET", None, headers=self.admin_headers
-        )
-        try:
-            state = json.loads(text) if 200 <= status < 300 else None
-        except ValueError:
-            state = None
-        if not isinstance(state, dict):
-            return f"live.state {live.state}: HTTP {status}, not a JSON object: {text[:200]}"
+        status, state = http_json(self.base_url + live.state, headers=self.admin_headers)
+        if not (200 <= status < 300 and isinstance(state, dict)):
+            return f"live.state {live.state}: HTTP {status}, not a JSON object: {state!s:.200}"
         differ = [
             f"{key} {state.get(key)!r:.60} (the cell's {value!r:.60})"
             for key, value in expected.items()

@@ -124,10 +124,7 @@ def _units(layout: Layout, cycles: int) -> list[_Unit]:
             for slot, arm in enumerate(cycle_pattern(j)):
                 cell = 0 if arm == "A" else 1 + lane
                 if layout.washed:
-                    # A washout absorbs one order of carry-over, and one more for every whole
-                    # block of traffic it lasts: carry-over that survives a block of other
-                    # traffic (the second order) needs a washout longer than a block.
-                    parts = layout.washout_units
+                    parts = layout.washout_units  # one unit per order of carry-over it absorbs
                     for _ in range(parts):
                         out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
                 out.append(_Unit(box, j, lane, slot, cell, True, 1.0))
