@@ -120,9 +120,10 @@ def scored_requests(loaded: LoadedCard) -> float:
 
 def washout_requests(loaded: LoadedCard) -> int:
     """Requests of a block's own cell sent, and not scored, before it is measured
-    (``design.washout`` × the requests a run scores, at least one; 0 when the card sends none)."""
+    (``design.washout`` × the requests a run scores, at least one; 0 when the card sends none,
+    and on a card of one cell, a soak say, where no other arm's block runs before a block)."""
     share = loaded.card.design.washout
-    if share <= 0:
+    if share <= 0 or len(loaded.card.cells) < 2:
         return 0
     return max(1, math.ceil(share * scored_requests(loaded)))
 

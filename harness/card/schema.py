@@ -195,15 +195,18 @@ class Design(Strict):
     )
     look_every: int = Field(1, ge=1, le=1000, description="cycles added between sequential looks")
     washout: float = Field(
-        0.25,
+        1.0,
         ge=0,
         le=4,
         allow_inf_nan=False,
         description="before every warm block is measured, requests of its own cell sent and "
-        "not scored, as a share of a block's scored requests (0.25: a quarter block, at least "
-        "one request): each scored block then follows its own arm, so the comparison is the "
-        "effect deployed, not the cell after a control block; 0 sends none and leaves "
-        "carry-over to the crossover model, which costs power and fails closed below 3 cycles",
+        "not scored, as a share of a block's scored requests (1: a whole block, the paired "
+        "AABB/BBAA design; at least one request): each scored block then follows its own arm, "
+        "so the comparison is the effect deployed, not the cell after a control block, and "
+        "state that outlives one block of other traffic clears too; 0.25 (a quarter block) "
+        "costs less wall time and clears only state a quarter block of own traffic clears; 0 "
+        "sends none and leaves carry-over to the crossover model, which costs power and fails "
+        "closed below 3 cycles",
     )
     boot: BootDesign = Field(
         "per-block",

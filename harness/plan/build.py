@@ -131,6 +131,8 @@ class Plan:
                 f"scored, before it is measured (design.washout {share:g}): the comparison is "
                 "the effect deployed"
             )
+        if len(self.card.card.cells) < 2:
+            return "washout: none (one cell: no other arm runs before a block)"
         return (
             "washout: none (design.washout 0): carry-over is left to the crossover model, "
             "which needs 3 cycles before any label of timed metrics stands"

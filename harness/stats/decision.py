@@ -64,9 +64,9 @@ from harness.stats.power import (
 from harness.stats.sequential import SequentialPlan
 
 DEFAULT_MARGIN_PCT = 2.0
-# The washout share simulations assume for washed blocks (only its time matters there, and
-# the simulations that advise cycles carry no drift).
-WASHED_SHARE = 0.25
+# The washout share simulations assume for washed blocks: the default's (the simulations that
+# advise cycles carry neither drift nor carry-over, so its length changes nothing there).
+WASHED_SHARE = 1.0
 # Wilcoxon's smallest two-sided p with m cycles is 2/2^m: below 6 cycles it can never reach 0.05.
 WILCOXON_MIN_CYCLES = 6
 

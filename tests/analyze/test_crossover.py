@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from harness.card.schema import Design
 from harness.stats.crossover import MIN_CARRY_CYCLES, design_matrix, fit_arm_many, fit_crossover
 from harness.stats.cycles import Cycle
 from harness.stats.decision import compare_cycles
@@ -242,6 +243,8 @@ def test_a_washout_longer_than_a_block_clears_carry_over_that_outlasts_one() -> 
     assert rates[0.25] > 0.06
     assert rates[1.0] <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / 20_000), rates
     assert Layout(washout=1.0).washout_units == 2 and Layout(washout=0.25).washout_units == 1
+    # The card's default is the design that holds it (it was the quarter block).
+    assert Layout(washout=Design().washout).washout_units == 2
 
 
 def test_a_deterministic_counter_on_a_shared_boot_rules_carry_over_out_exactly() -> None:

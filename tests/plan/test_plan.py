@@ -224,3 +224,17 @@ def test_plan_boot_s_prints_every_boot_design() -> None:
     assert "boot designs at 480 s a boot (card: per-cycle)" in result.stdout
     bad = run_cli("plan", str(DATA / "cards" / "e2e" / "same-boot.yaml"), "--boot-s", "x")
     assert bad.code == 2 and "not a number of seconds" in bad.stderr
+
+
+def test_the_default_washout_is_a_whole_block_and_a_card_of_one_cell_sends_none() -> None:
+    # A whole block of the cell's own requests before each warm block (the paired design,
+    # which clears carry-over that outlasts a block of other traffic); a soak's one cell has no
+    # other arm before it, so a washout there would only lengthen it.
+    from harness.card.phase_length import scored_requests, washout_requests
+
+    valid = load_card(DATA / "cards" / "valid.yaml")
+    assert valid.card.design.washout == 1.0
+    assert washout_requests(valid) == scored_requests(valid)
+    soak = build_plan(load_card(REPO / "campaigns" / "soak.yaml"))
+    assert washout_requests(soak.card) == 0
+    assert soak.washout_text() == "washout: none (one cell: no other arm runs before a block)"
