@@ -235,6 +235,7 @@ def run_campaign(
     all under one hold of the campaign lock. Progress lines go to ``out``."""
     from harness.card import load_card, scale_workload
     from harness.execute.campaign import execute_campaign, new_campaign_dir
+    from harness.execute.engine_inputs import check_engine_inputs
     from harness.execute.reopen import finish_extension, reopen_campaign
     from harness.formats.lock import campaign_lock
     from harness.formats.records import open_campaign
@@ -274,6 +275,7 @@ def run_campaign(
                 )
             loaded = scale_workload(load_card(Path(card)), scale)
             plan = build_plan(loaded, scale=scale)
+            check_engine_inputs(loaded)  # before anything is made or booted
             campaign = new_campaign_dir(loaded, plan, Path(reports))
             held.enter_context(campaign_lock(campaign.root))
         for note in notes:

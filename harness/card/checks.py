@@ -9,9 +9,11 @@ to :class:`Problems` instead of raising, so the user sees every problem at once.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from harness.card.inputs import Locator
 from harness.card.resolve import (
@@ -208,6 +210,9 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
                 out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))
             elif key == "rowmap":
                 _check_rowmap(where.path(rel), ("cells", name, "files", key), out)
+            elif key == "init_expert_location" and kt_frequency_cell(cell):
+                local_box = card.box == "local" and card.boxes is None
+                _check_kt_frequency_shape(where.path(rel), cell, local_box, name, out)
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
 
@@ -393,11 +398,54 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     )
 
 
+def kt_frequency_cell(cell: Cell) -> bool:
+    """Whether KTransformers places this cell's GPU experts from a frequency file."""
+    return str(cell.knobs.get("kt_expert_placement_strategy", "")) == "frequency"
+
+
+def model_config(model: object) -> dict[str, Any] | None:
+    """A model folder's ``config.json`` on this machine, or None where there is none to read."""
+    if not isinstance(model, str) or not model:
+        return None
+    path = Path(model).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _check_kt_frequency_shape(
+    path: Path, cell: Cell, local_box: bool, name: str, out: Problems
+) -> None:
+    """The frequency file as KTransformers' loader judges it at boot: 3-D always, and the model's
+    layers and experts where its config.json is readable here (a card on the local box); a
+    remote model's is read from its box when the campaign starts (execute/engine_inputs.py)."""
+    from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
+
+    if path.suffix.lower() != ".pt":
+        return  # _check_kt_frequency_file says what is wrong with it
+    field = ("cells", name, "files", "init_expert_location")
+    try:
+        shape = logical_count_shape(path)
+    except BadInput as exc:
+        out.add(field, str(exc))
+        return
+    config = model_config(cell.knobs.get("model")) if local_box else None
+    refusal = kt_frequency_refusal(shape, config or {})
+    if refusal is not None:
+        out.add(
+            field,
+            f"{path.name}: {refusal}; record the model's own counts on the fit split and write "
+            "them with `harness fit-map COUNTS --format kt-frequency -o FILE.pt`",
+        )
+
+
 def _check_kt_frequency_file(name: str, cell: Cell, out: Problems) -> None:
     """KTransformers' frequency placement reads its counts only from a ``.pt``
     (``init_loc.endswith(".pt")`` in its SGLang build's kt_ep_wrapper.py): handed a ``.json``
     it logs a warning and places experts uniformly, so the cell would measure the control."""
-    if str(cell.knobs.get("kt_expert_placement_strategy", "")) != "frequency":
+    if not kt_frequency_cell(cell):
         return
     path = cell.files.get("init_expert_location")
     if path is not None and not str(path).endswith(".pt"):

@@ -45,6 +45,8 @@ __all__ = [
     "DUMP_GLOB",
     "ExpertDistribution",
     "combine_dumps",
+    "kt_frequency_refusal",
+    "logical_count_shape",
     "read_dump",
     "read_logical_count",
     "write_logical_count",
@@ -245,3 +247,51 @@ def write_logical_count(path: str | os.PathLike[str], counts: npt.ArrayLike) -> 
         Path(path).write_text(json.dumps({"logical_count": table.tolist()}) + "\n")
     else:
         write_torch_file(path, {"logical_count": table})
+
+
+def logical_count_shape(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """The shape of a ``.pt`` location or frequency file's counts as stored (a dict's
+    ``logical_count``, or a bare tensor): what KTransformers' loader checks before it sums."""
+    name = os.fspath(path)
+    data = read_torch_file(name)
+    if isinstance(data, dict):
+        if "logical_count" not in data:
+            raise BadInput(f"{name}: no logical_count (keys: {', '.join(sorted(map(str, data)))})")
+        data = data["logical_count"]
+    if not isinstance(data, np.ndarray):
+        raise BadInput(f"{name}: logical_count is not a tensor")
+    return tuple(int(n) for n in data.shape)
+
+
+# The attributes KTransformers reads for the experts per layer, in its order of preference.
+_KT_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def kt_frequency_refusal(shape: tuple[int, ...], config: dict[str, Any]) -> str | None:
+    """Why KTransformers' frequency placement refuses counts of ``shape`` for a model whose
+    ``config.json`` is ``config`` (None: it takes them). Its SGLang build's
+    ``_init_kt_gpu_experts_masks`` (kt_ep_wrapper.py) raises at boot unless the tensor is 3-D
+    ``[passes, num_hidden_layers, experts]``, experts read from the first of
+    num_local_experts, num_experts, n_routed_experts that the config sets. A config without
+    them is not judged here (KT then gives up on its own, before placing anything)."""
+    if len(shape) != 3:
+        return (
+            f"KTransformers refuses a {len(shape)}-D frequency tensor {list(shape)}: it wants "
+            "[passes, layers, experts]"
+        )
+    layers = config.get("num_hidden_layers")
+    experts = next((config[k] for k in _KT_EXPERT_KEYS if config.get(k) is not None), None)
+    if not isinstance(layers, int) or not isinstance(experts, int):
+        return None
+    _, file_layers, file_experts = shape
+    if file_layers != layers:
+        return (
+            f"the file has {file_layers} layers and the model {layers} (num_hidden_layers, "
+            "dense layers included): KTransformers refuses it at boot"
+        )
+    if file_experts != experts:
+        return (
+            f"the file has {file_experts} experts per layer and the model {experts}: "
+            "KTransformers refuses it at boot"
+        )
+    return None

@@ -20,10 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
 from harness.formats.maps import write_count_dump
 from harness.formats.torchfile import write_torch_file
 from harness.runtimes.build_script import cache_root
 from harness.sim.fitmap import frequency_hot
+from tests.conftest import REPO
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.sim.test_fitmap import cli
 
@@ -149,3 +151,25 @@ def test_kts_loader_refuses_a_two_dimensional_file_and_ignores_a_json(
     as_json.write_text(json.dumps({"logical_count": _dense_prefix_counts().tolist()}))
     done = _kt_masks(torch_python, kt_sources, as_json)
     assert done.returncode == 0 and "WITHOUT activation frequency data" in done.stderr
+
+
+def test_the_harness_refuses_exactly_the_frequency_files_kts_loader_refuses(
+    torch_python: str,  # noqa: F811
+    kt_sources: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # `validate` and `run` judge a frequency file against the model's config.json before a
+    # boot; KT's own loader is the judge of that judgement, on the shipped reference-runtime
+    # file (8 x 64), a file of the right layers and the wrong experts, and a right one.
+    config = {"num_hidden_layers": LAYERS, "n_routed_experts": EXPERTS}
+    wrong_experts = tmp_path / "wrong-experts.pt"
+    write_torch_file(wrong_experts, {"logical_count": np.ones((1, LAYERS, EXPERTS // 2))})
+    right = tmp_path / "right.pt"
+    write_torch_file(right, {"logical_count": _dense_prefix_counts()[None]})
+    shipped = REPO / "campaigns" / "maps" / "kt-frequency-refbox.pt"
+    for path in (shipped, wrong_experts, right):
+        ours = kt_frequency_refusal(logical_count_shape(path), config)
+        done = _kt_masks(torch_python, kt_sources, path)
+        assert (ours is None) == (done.returncode == 0), (path.name, ours, done.stderr[-800:])
+        if ours is not None:
+            assert "doesn't match model" in done.stderr, done.stderr[-800:]

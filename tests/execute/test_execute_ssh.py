@@ -23,7 +23,7 @@ from harness.execute.preflight import check_box
 from harness.execute.run import CampaignRunner
 from harness.formats.records import RUN_OK, CampaignDir, read_json, read_parquet
 from harness.plan.build import Run, build_plan
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, REPO, run_cli
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 
 CARD_TEMPLATE = DATA / "cards" / "ssh" / "ab-loopback.yaml"
@@ -253,3 +253,42 @@ def test_preflight_flags_a_missing_runtime_binary(sshd: LoopbackSshd, tmp_path: 
     assert not checks["runtime binary"].ok and "llama-server" in checks["runtime binary"].detail
     assert checks["runtime binary"].fix and checks["python"].fix
     assert not checks["harness on box"].ok  # its boot command still runs `-m harness.refbox`
+
+
+def test_a_frequency_file_the_boxs_model_would_refuse_stops_the_run_before_any_boot(
+    sshd: LoopbackSshd,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # `validate` cannot read a model on another box; `run` reads its config.json over the
+    # box's shell before anything is made or booted: the shipped frequency file (8 x 64, the
+    # reference runtime's) against a 48-layer model is exit 2, naming the cell, both shapes and
+    # the fix, and no campaign directory is left.
+    for name in ("prompts", "maps"):
+        (tmp_path / name).symlink_to(REPO / "campaigns" / name)
+    model = tmp_path / "box-models" / "qwen3-moe"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 48, "num_experts": 128}), encoding="utf-8"
+    )
+    box = (
+        f"box:\n  kind: ssh\n  host: 127.0.0.1\n  port: {sshd.port}\n  user: {sshd.user}\n"
+        f"  key: {sshd.client_key}\n  python: {sys.executable}\n"
+        f"  workdir: {tmp_path / 'box-workdir'}\n  known_hosts: {sshd.known_hosts}\n"
+        "  platform: linux-cuda\n"
+    )
+    text = (
+        (REPO / "campaigns" / "sglang-kt-placement.yaml")
+        .read_text(encoding="utf-8")
+        .replace("box: local\n", box)
+        .replace("/models/Qwen3-30B-A3B\n", f"{model}\n")
+    )
+    card = tmp_path / "card.yaml"
+    card.write_text(text, encoding="utf-8")
+    assert load_card(card).card.cells  # validate passes: the model is not on this box
+    reports = tmp_path / "reports"
+    done = run_cli("run", str(card), "--reports", str(reports), "--quiet")
+    assert done.code == 2, done.stdout + done.stderr
+    assert "cells.frequency.files.init_expert_location" in done.stderr
+    assert "8 layers and the model 48" in done.stderr and f"{model}/config.json" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not reports.exists() or not any(reports.rglob("journal.jsonl"))

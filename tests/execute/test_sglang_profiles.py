@@ -5,6 +5,7 @@ reference runtime in tests/execute/test_recorder_campaign.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,38 @@ def test_a_kt_frequency_cell_with_a_json_file_is_refused_before_any_boot(tmp_pat
         and "--format kt-frequency" in line
         for line in lines
     ), lines
+
+
+def _kt_card_with_model(folder: Path, model: Path, layers: int, experts: int) -> Path:
+    """The KT card with its model at ``model`` (a config.json of ``layers`` x ``experts``)."""
+    for name in ("prompts", "maps"):
+        (folder / name).symlink_to(REPO / "campaigns" / name)
+    model.mkdir(parents=True)
+    config = {"num_hidden_layers": layers, "num_experts": experts, "model_type": "qwen3_moe"}
+    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    text = CARD.read_text(encoding="utf-8").replace("/models/Qwen3-30B-A3B\n", f"{model}\n")
+    (folder / "card.yaml").write_text(text, encoding="utf-8")
+    return folder / "card.yaml"
+
+
+def test_a_frequency_file_of_another_model_is_refused_before_any_boot(tmp_path: Path) -> None:
+    # The shipped file is the reference runtime's, 8 layers x 64 experts: KT's loader raises at
+    # boot for a model of any other shape (tests/engines/test_kt_conformance.py runs it). A
+    # model on this machine's box is read at validate, naming both shapes and the fix.
+    card = _kt_card_with_model(tmp_path, tmp_path / "model", 48, 128)
+    with pytest.raises(CardError) as caught:
+        load_card(card)
+    lines = caught.value.lines()
+    assert any(
+        "cells.frequency.files.init_expert_location" in line
+        and "8 layers and the model 48" in line
+        and "--format kt-frequency" in line
+        for line in lines
+    ), lines
+    # The model it was made for loads.
+    other = tmp_path / "other"
+    other.mkdir()
+    assert load_card(_kt_card_with_model(other, other / "model", 8, 64)).card.cells
 
 
 def test_eplb_on_a_profile_that_drives_the_recorder_is_refused(tmp_path: Path) -> None:

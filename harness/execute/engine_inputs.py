@@ -1,0 +1,68 @@
+"""Engine inputs judged against the model on the box, before a campaign boots anything.
+
+A KTransformers frequency file must have the model's ``num_hidden_layers`` rows and experts per
+layer, or its loader raises at boot (``_init_kt_gpu_experts_masks``): after minutes of weights
+loading, on every frequency cell. ``validate`` checks what it can read on this machine (the
+file's dimensions, and a local box's model); the model on a remote box is read here, over the
+box's shell, when a campaign starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.boxes.boxes import open_box
+from harness.card import LoadedCard
+from harness.card.checks import kt_frequency_cell
+from harness.errors import BadInput, HarnessError
+from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
+
+__all__ = ["check_engine_inputs"]
+
+
+def _frequency_cells(loaded: LoadedCard) -> list[tuple[str, Path, str]]:
+    """(cell, frequency file here, model folder on the box) of every KT frequency cell."""
+    found = []
+    for name, cell in loaded.card.cells.items():
+        relative = cell.files.get("init_expert_location")
+        model = cell.knobs.get("model")
+        frequency = kt_frequency_cell(cell) and str(relative or "").endswith(".pt")
+        if frequency and relative and isinstance(model, str) and model:
+            found.append((name, loaded.resolve(str(relative)), model))
+    return found
+
+
+def check_engine_inputs(loaded: LoadedCard) -> None:
+    """Raise BadInput (exit 2) naming the cell, the file and the model when an engine would
+    refuse a cell's input at boot. A box that cannot be reached, a Slurm box (no shell) or a
+    model folder without a readable ``config.json`` is left to the boot, which says why."""
+    cells = _frequency_cells(loaded)
+    if not cells:
+        return
+    for box_name, spec in loaded.boxes:
+        if spec.kind == "slurm":
+            continue
+        try:
+            box = open_box(box_name, spec)
+        except HarnessError:
+            continue
+        try:
+            for cell, path, model in cells:
+                config_path = f"{model.rstrip('/')}/config.json"
+                try:
+                    config = json.loads(box.read_text(config_path) or "null")
+                except (HarnessError, OSError, ValueError):
+                    continue
+                if not isinstance(config, dict):
+                    continue
+                refusal = kt_frequency_refusal(logical_count_shape(path), config)
+                if refusal is not None:
+                    raise BadInput(
+                        f"cells.{cell}.files.init_expert_location: {path.name}: {refusal} "
+                        f"(the model's {config_path} on box {box_name}); record the model's "
+                        "own counts on the fit split and write them with `harness fit-map "
+                        "COUNTS --format kt-frequency -o FILE.pt`"
+                    )
+        finally:
+            box.close()
