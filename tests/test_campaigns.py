@@ -117,6 +117,11 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     ladder = summary["seed_tables"]["recovery"]
     assert ladder["directions"] == [["agent", "prose"]]
     assert [r["cell"] for r in ladder["rows"]] == ["stale", "seed"]
+    # Seed 000's story: the fitted map recovers from the shift faster than the stale one (in
+    # 1 s windows both read 1.0 s; the card's quarter-second windows resolve it).
+    stale_t90, seed_t90 = (row["t90"][0] for row in ladder["rows"])
+    assert seed_t90["median_s"] < stale_t90["median_s"], ladder["rows"]
+    assert seed_t90["vs_control"] < 1.0, seed_t90
     assert summary["sequential"]["cycles"] in (4, 5, 6)
     # Every look is journalled with what it saw, at a nominal level below the fixed design's,
     # and the plan grows to the cycles the last look used (the sequential design end to end).

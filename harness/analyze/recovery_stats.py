@@ -7,8 +7,9 @@ A cell's T90 in one shift direction is summarised over its runs as follows (docs
 - among the other runs, "never" (did not recover within the phase) counts as infinitely slow, so
   the median is "never" when at least half never recovered, and the range's top reads "never";
 - "vs control" is the ratio of the cell's median to the control's, with a percentile bootstrap
-  interval over runs (each arm's runs resampled with replacement, seeded); where a median is
-  "never" the ratio has no finite value and the table says why instead.
+  interval over runs (each arm's runs resampled with replacement, seeded) widened by the
+  windows' resolution (a T90 is known to one window either side); where a median is "never"
+  the ratio has no finite value and the table says why instead.
 
 Pure functions of the shift rows they are handed.
 """
@@ -75,17 +76,25 @@ def ratio_interval(
     cell: Sequence[float],
     control: Sequence[float],
     *,
+    resolution_s: float = 0.0,
     confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of median(cell) ÷ median(control), "never" as inf.
+    """Percentile bootstrap interval of median(cell) ÷ median(control), "never" as inf,
+    widened by the times' resolution.
 
     Each replicate redraws both arms' runs with replacement. A replicate whose ratio is
     undefined (both medians never, or 0/0) is dropped; with more than half dropped, or fewer
     than 2 runs on a side, there is no interval (None). The bounds may be 0 (the control's
     median never in the replicate) or inf (the cell's). Quantiles are order statistics, with
     no interpolation across an infinite bound.
+
+    A T90 is the start of the first window that enters and stays, so the crossing it stands
+    for lies within ``resolution_s`` (one window) either side: each replicate's median is
+    taken at its worst case — the cell's low and the control's high for the lower bound, and
+    the other way round for the upper — so runs that all read the same window give an interval
+    as wide as the windows leave the truth, not one of zero width.
     """
     if len(cell) < 2 or len(control) < 2:
         return None
@@ -94,13 +103,16 @@ def ratio_interval(
     b = np.asarray(control, dtype=np.float64)
     meds_a = _replicate_medians(a, rng, resamples)
     meds_b = _replicate_medians(b, rng, resamples)
+    w = max(0.0, resolution_s)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratios = meds_a / meds_b
-    ratios = ratios[~np.isnan(ratios)]
-    if ratios.size * 2 < resamples:
+        low = np.maximum(meds_a - w, 0.0) / (meds_b + w)
+        high = (meds_a + w) / np.maximum(meds_b - w, 0.0)
+    keep = ~(np.isnan(low) | np.isnan(high))
+    if int(keep.sum()) * 2 < resamples:
         return None
     tail = (1 - confidence) / 2
-    lo, hi = np.quantile(ratios, [tail, 1 - tail], method="inverted_cdf")
+    lo = np.quantile(low[keep], tail, method="inverted_cdf")
+    hi = np.quantile(high[keep], 1 - tail, method="inverted_cdf")
     return float(lo), float(hi)
 
 

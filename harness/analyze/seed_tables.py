@@ -194,6 +194,7 @@ def _summarise(
     base: list[float] | None,
     base_median: float | None,
     seed: int,
+    resolution_s: float = 0.0,
 ) -> tuple[T90, list[float]]:
     """One cell's T90 in one direction; also its measurable runs' times (for the control's)."""
     excess = _excess(sel) if not sel.empty else pd.Series([], dtype=bool)
@@ -206,7 +207,7 @@ def _summarise(
         note = ratio_reason(median, base_median)
         if note is None and median is not None and base_median:
             ratio = median / base_median
-        ci = ratio_interval(times, base, seed=seed)
+        ci = ratio_interval(times, base, resolution_s=resolution_s, seed=seed)
     # Peak and converged are measured in every run, a flat one too: a fitted map's 0.9% beside
     # a stale map's 12.1% is the contrast T90 n/a alone would hide.
     measured = sel
@@ -274,8 +275,9 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
             sel = _in_direction(mine, direction)
             base = None if cell == control else control_times.get((state, direction))
             summary, _ = _summarise(
-                direction, sel, base, median_never_slowest(base or []), card.design.seed
-            )
+                direction, sel, base, median_never_slowest(base or []), card.design.seed,
+                card.analysis.window_s,
+            )  # fmt: skip
             if cell == control and summary.median_s is not None:
                 summary = replace(summary, vs_control=1.0)  # itself, by definition
             t90s.append(summary)

@@ -56,3 +56,14 @@ def test_ratio_interval_bounds_may_be_infinite_or_zero() -> None:
     lo, hi = ratio_interval([1.0, 1.0, 1.0], [1.0, INF, INF], seed=0) or (9.0, 9.0)
     assert lo == 0.0 and hi == pytest.approx(1.0)
     assert ratio_interval([INF, INF], [INF, INF]) is None  # every replicate undefined
+
+
+def test_runs_that_all_read_one_window_get_the_windows_width_not_zero() -> None:
+    # The demo's eight runs a side read 0.75 s and 1.25 s in quarter-second windows, every
+    # one: a bootstrap over runs alone said 0.60x [0.60, 0.60]. Each T90 is known to a window
+    # either side, so the interval is as wide as the windows leave it, and no wider.
+    assert ratio_interval([0.75] * 8, [1.25] * 8) == (pytest.approx(0.6), pytest.approx(0.6))
+    lo, hi = ratio_interval([0.75] * 8, [1.25] * 8, resolution_s=0.25) or (0.0, 0.0)
+    assert lo == pytest.approx(0.5 / 1.5) and hi == pytest.approx(1.0)
+    # A window as long as the times themselves resolves nothing.
+    assert ratio_interval([1.0] * 6, [1.0] * 6, resolution_s=1.0) == (0.0, INF)
