@@ -1,4 +1,5 @@
-"""KTransformers' own placement code judges the frequency file `harness fit-map` writes.
+"""KTransformers' own code judges the frequency file `harness fit-map` writes, the check that
+refuses one of another model's shape, and the reading of its recorder's two-file dumps.
 
 No SGLang or KT server runs on a CPU, and their packages do not import without a GPU stack, but
 the function that turns a frequency file into GPU expert masks is plain torch: sglang-kt
@@ -7,7 +8,10 @@ the function that turns a frequency file into GPU expert masks is plain torch: s
 downloaded once (`pip download --no-deps`, into the harness cache), those two functions are
 taken out of their sources unchanged and run in vLLM's venv (real torch) with the server
 arguments a 48-layer, 128-expert model with one dense layer (DeepSeek's `first_k_dense_replace`)
-would give them. Nothing of theirs is copied here: the test reads their files at run time.
+would give them. Its recorder (sglang/srt/eplb/expert_distribution.py: the stat gatherer and
+accumulator, the GPU-mask gatherer and accumulator, and `dump_record`) runs the same way on one
+rank and writes the counts and the masks to their two files. Nothing of theirs is copied here:
+the test reads their files at run time.
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
+from harness.card import load_runtime_profile
+from harness.formats.expert_distribution import (
+    combine_dumps,
+    gpu_hits,
+    kt_frequency_refusal,
+    logical_count_shape,
+    read_dump,
+)
 from harness.formats.maps import write_count_dump
 from harness.formats.torchfile import write_torch_file
 from harness.runtimes.build_script import cache_root
+from harness.runtimes.recorder import per_token_counts
 from harness.sim.fitmap import frequency_hot
 from tests.conftest import REPO
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
@@ -173,3 +185,124 @@ def test_the_harness_refuses_exactly_the_frequency_files_kts_loader_refuses(
         assert (ours is None) == (done.returncode == 0), (path.name, ours, done.stderr[-800:])
         if ours is not None:
             assert "doesn't match model" in done.stderr, done.stderr[-800:]
+
+
+# Runs in vLLM's venv: sglang-kt 0.7.2's recorder as a KT server records with
+# --record-kt-gpu-expert-distribution on rank 0 — its gatherer and stat accumulator for the
+# counts, its GPU-mask gatherer and accumulator, and its recorder's own `dump_record`, which
+# writes the counts and the masks to two files. Their build allocates the gatherer's counts on
+# "cuda"; on this CPU torch that one allocation is placed on the CPU (the only shim).
+RUN_KT_RECORDER = r"""
+import ast, json, logging, math, sys, textwrap, time, types, typing
+from abc import ABC
+from pathlib import Path
+import torch
+import torch.distributed
+
+source_path, store, out_dir, routing_path, masks_path, experts = sys.argv[1:7]
+experts = int(experts)
+torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+source = open(source_path, encoding="utf-8").read()
+tree = ast.parse(source)
+wanted = {"_SinglePassGatherer", "_LayerBasedGpuSinglePassGatherer",
+          "_SelectExpertsSinglePassGatherer", "_Accumulator", "_UtilizationRateAccumulatorMixin",
+          "_StatAccumulator", "_Buffer", "_CircularBuffer", "_InfiniteBuffer", "_dump_to_file",
+          "_convert_global_physical_count_to_logical_count", "_GpuExpertMaskGatherer",
+          "_GpuExpertMaskAccumulator"}
+parts = [ast.get_source_segment(source, node) for node in tree.body
+         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted]
+recorder = next(n for n in tree.body
+                if isinstance(n, ast.ClassDef) and n.name == "_ExpertDistributionRecorderReal")
+dump_record = next(n for n in recorder.body
+                   if isinstance(n, ast.FunctionDef) and n.name == "dump_record")
+parts.append(textwrap.dedent(ast.get_source_segment(source, dump_record, padded=True)))
+
+class CpuTorch(types.ModuleType):
+    def __getattr__(self, name):
+        return getattr(torch, name)
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, **kwargs)
+
+cpu_torch = CpuTorch("torch")
+torch.get_device_module = lambda *a: types.SimpleNamespace(empty_cache=lambda: None)
+server_args = types.SimpleNamespace(expert_distribution_recorder_mode="stat",
+                                    expert_distribution_recorder_buffer_size=-1,
+                                    enable_expert_distribution_metrics=False,
+                                    record_kt_gpu_expert_distribution=True,
+                                    eplb_min_rebalancing_utilization_threshold=1.0,
+                                    device="cpu")
+space = {"torch": cpu_torch, "math": math, "time": time, "Path": Path, "ABC": ABC,
+         "logger": logging.getLogger("sglang"), "_SINGLE_PASS_GATHERER_KEY_PRIMARY": "primary",
+         "envs": types.SimpleNamespace(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR=
+                                       types.SimpleNamespace(get=lambda: out_dir))}
+space.update({name: getattr(typing, name) for name in typing.__all__})
+exec("from __future__ import annotations\n" + "\n\n".join(parts), space)
+routing = json.load(open(routing_path))  # [passes][layers][tokens][top_k]
+masks = json.load(open(masks_path))  # [passes][layers][experts], which experts were on the GPU
+layers = len(routing[0])
+meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
+                             num_logical_experts=experts, num_local_physical_experts=experts,
+                             physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
+                             ep_size=1)
+gatherer = space["_SelectExpertsSinglePassGatherer"](meta, 0)
+accumulator = space["_StatAccumulator"](server_args, meta, 0)
+mask_gatherer = space["_GpuExpertMaskGatherer"](meta, device="cpu")
+mask_accumulator = space["_GpuExpertMaskAccumulator"](server_args, meta)
+for index, passes in enumerate(routing):  # as _on_forward_pass_end records one pass
+    gatherer.reset()
+    for layer, topk_ids in enumerate(passes):
+        gatherer.on_select_experts(layer, torch.tensor(topk_ids))
+        mask_gatherer.on_layer(layer, torch.tensor(masks[index][layer], dtype=torch.bool))
+    accumulator.append(index, "primary", gatherer.collect(), {})
+    mask_accumulator.append(mask_gatherer.collect())
+    mask_gatherer.reset()
+this = types.SimpleNamespace(_accumulator=accumulator, _record_kt_gpu_expert_distribution=True,
+                             _gpu_expert_mask_accumulator=mask_accumulator,
+                             _reset=lambda: None)
+space["dump_record"](this, "file")
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_kts_own_recorder_writes_the_two_files_whose_hits_the_harness_reads(
+    torch_python: str,  # noqa: F811
+    kt_sources: dict[str, Path],  # the wheels, downloaded once
+    tmp_path: Path,
+) -> None:
+    # A KT server's dump is two files: the counts, and the GPU masks of every pass beside
+    # them. KT's own recorder code writes both; the harness reads them with the sglang-kt
+    # profile's globs, as finish_recording does, into route counts and GPU hits and misses.
+    folder = cache_root() / "kt-wheels"
+    (wheel,) = sorted(folder.glob("sglang_kt-0.7.2-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        source = tmp_path / "expert_distribution.py"
+        source.write_bytes(archive.read("sglang/srt/eplb/expert_distribution.py"))
+    passes, layers, tokens, top_k, experts = 4, 3, 6, 2, 8
+    rng = np.random.default_rng(23)
+    routing = np.array([[[rng.choice(experts, top_k, replace=False) for _ in range(tokens)]
+                         for _ in range(layers)] for _ in range(passes)])  # fmt: skip
+    masks = rng.random((passes, layers, experts)) < 0.4  # dynamic placement moves them
+    (tmp_path / "routing.json").write_text(json.dumps(routing.tolist()))
+    (tmp_path / "masks.json").write_text(json.dumps(masks.tolist()))
+    out = tmp_path / "dumps"
+    done = subprocess.run(
+        [torch_python, "-c", RUN_KT_RECORDER, str(source), str(tmp_path / "store"), str(out),
+         str(tmp_path / "routing.json"), str(tmp_path / "masks.json"), str(experts)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang-kt.yaml")
+    recorder = profile.telemetry.expert_recorder
+    assert recorder is not None
+    files = sorted({p for pattern in recorder.glob for p in out.glob(pattern)})
+    assert sorted(p.name.split("_")[0] for p in files) == ["expert", "gpu"], files
+    dist = per_token_counts(
+        combine_dumps([read_dump(p) for p in files], str(out)), recorder, {"tp_size": "1"}
+    )
+    true = np.zeros((passes, layers, experts), dtype=np.int64)
+    for p, layer in np.ndindex(passes, layers):
+        np.add.at(true[p, layer], routing[p, layer].ravel(), 1)
+    assert np.array_equal(dist.counts, true)
+    hits = int((true * masks).sum())
+    assert gpu_hits(dist) == (hits, int(true.sum()) - hits)
