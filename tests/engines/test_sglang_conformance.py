@@ -9,11 +9,12 @@ time; nothing of theirs is copied here.
   ``ast``: a profile flag no field declares is one the build refuses at boot
   (``--enable-expert-distribution-metrics`` was, until this test).
 - Its expert-distribution recorder (``srt/eplb/expert_distribution.py``): the single-pass
-  gatherer that counts ``topk_ids``, the stat accumulator and ``_dump_to_file`` are taken out of
-  the source unchanged and run in vLLM's venv (real torch) on two tensor-parallel ranks over
-  gloo, each recording the same routing as TP ranks do. What they dump is read by the harness's
-  own reader: the counts are twice the routing, and the profile's ``replicas_knob`` divides
-  them back.
+  gatherer that counts ``topk_ids``, the stat and per-pass accumulators and ``_dump_to_file``
+  are taken out of the source unchanged and run in vLLM's venv (real torch) on two
+  tensor-parallel ranks over gloo, each recording the same routing as TP ranks do. What they
+  dump (rank 0's all-reduced counts in stat mode, a file of passes per rank in per_pass mode) is
+  read by the harness's own reader: the counts are twice the routing, and the profile's
+  ``replicas_knob`` divides them back.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ from pathlib import Path
 import torch
 import torch.distributed
 
-source_path, rank, world, store, out_dir, routing_path = sys.argv[1:7]
+source_path, rank, world, store, out_dir, routing_path, experts, mode = sys.argv[1:9]
 rank, world = int(rank), int(world)
 torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                      world_size=world)
@@ -112,12 +113,12 @@ source = open(source_path, encoding="utf-8").read()
 wanted = {"_SinglePassGatherer", "_LayerBasedGpuSinglePassGatherer",
           "_SelectExpertsSinglePassGatherer", "_Accumulator", "_UtilizationRateAccumulatorMixin",
           "_StatAccumulator", "_Buffer", "_CircularBuffer", "_InfiniteBuffer", "_dump_to_file",
-          "_convert_global_physical_count_to_logical_count"}
+          "_convert_global_physical_count_to_logical_count", "_DetailAccumulator"}
 tree = ast.parse(source)
 code = "from __future__ import annotations\n" + "\n\n".join(
     ast.get_source_segment(source, node) for node in tree.body
     if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted)
-moe = types.SimpleNamespace(expert_distribution_recorder_mode="stat",
+moe = types.SimpleNamespace(expert_distribution_recorder_mode=mode,
                             expert_distribution_recorder_buffer_size=-1,
                             moe_a2a_backend="none",
                             eplb_min_rebalancing_utilization_threshold=1.0)
@@ -133,13 +134,15 @@ space.update({name: getattr(typing, name) for name in typing.__all__})
 torch.get_device_module = lambda *a: types.SimpleNamespace(empty_cache=lambda: None)
 exec(code, space)
 routing = json.load(open(routing_path))  # [passes][layers][tokens][top_k]
-layers, experts = len(routing[0]), int(sys.argv[7])
+layers, experts = len(routing[0]), int(experts)
 meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
                              num_logical_experts=experts, num_local_physical_experts=experts,
                              physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
                              ep_size=1)
 gatherer = space["_SelectExpertsSinglePassGatherer"](meta, rank)
-accumulator = space["_StatAccumulator"](meta, rank)
+# SGLang's own choice of accumulator for the mode (_Accumulator.get_class): stat sums the
+# passes over ranks; per_pass keeps each pass, each rank writing a file of its own.
+accumulator = space["_StatAccumulator" if mode == "stat" else "_DetailAccumulator"](meta, rank)
 for index, passes in enumerate(routing):
     gatherer.reset()
     for layer, topk_ids in enumerate(passes):
@@ -150,9 +153,15 @@ torch.distributed.destroy_process_group()
 """
 
 
-def test_sglangs_own_recorder_sums_tp_ranks(torch_python: str, tmp_path: Path) -> None:  # noqa: F811
-    # SGLang's own gatherer, stat accumulator and dump, on two TP ranks: the counts are twice
-    # the routing, and the profile's replicas_knob (tp_size) divides them back.
+@pytest.mark.parametrize("mode", ["stat", "per_pass"])
+def test_sglangs_own_recorder_sums_tp_ranks(
+    torch_python: str,  # noqa: F811
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    # SGLang's own gatherer, accumulator and dump, on two TP ranks: the counts are twice the
+    # routing, and the profile's replicas_knob (tp_size) divides them back. In stat mode rank 0
+    # writes the all-reduced counts; in per_pass mode each rank writes its own file of passes.
     with zipfile.ZipFile(_wheel()) as wheel:
         source = tmp_path / "expert_distribution.py"
         source.write_bytes(wheel.read("sglang/srt/eplb/expert_distribution.py"))
@@ -180,6 +189,7 @@ def test_sglangs_own_recorder_sums_tp_ranks(torch_python: str, tmp_path: Path) -
                 str(out),
                 str(tmp_path / "routing.json"),
                 str(experts),
+                mode,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -190,11 +200,12 @@ def test_sglangs_own_recorder_sums_tp_ranks(torch_python: str, tmp_path: Path) -
     for rank in ranks:
         _, err = rank.communicate(timeout=300)
         assert rank.returncode == 0, err
-    (dump,) = sorted(out.glob("expert_distribution_recorder_*.pt"))  # rank 0 writes it
+    dumps = sorted(out.glob("expert_distribution_recorder_*.pt"))
+    assert len(dumps) == (1 if mode == "stat" else 2), dumps  # rank 0's, or one per rank
     true = np.zeros((passes, layers, experts), dtype=np.int64)
     for p, layer in np.ndindex(passes, layers):
         np.add.at(true[p, layer], routing[p, layer].ravel(), 1)
-    dist = combine_dumps([read_dump(dump)], str(out))
+    dist = combine_dumps([read_dump(dump) for dump in dumps], str(out))
     assert np.array_equal(dist.counts, 2 * true)  # SGLang's all-reduce sums both TP ranks
     profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang.yaml")
     recorder = profile.telemetry.expert_recorder
