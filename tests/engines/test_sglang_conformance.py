@@ -15,6 +15,9 @@ time; nothing of theirs is copied here.
   dump (rank 0's all-reduced counts in stat mode, a file of passes per rank in per_pass mode) is
   read by the harness's own reader: the counts are twice the routing, and the profile's
   ``replicas_knob`` divides them back.
+- Its ``--init-expert-location`` loader (``srt/eplb/expert_location.py`` and its EPLB
+  algorithms, imported unchanged from the wheel's files, the server's runtime context given):
+  the counts ``fit-map --format sglang-pt|sglang-json`` writes, for a dense-prefix model.
 - Its routed-experts response field: the detokenizer's encoder, the ``SglExt`` model the
   completion response carries it in, and SGLang's own decoder, run the same way on captured
   routing; the harness's reader gets the rows back.
@@ -297,3 +300,95 @@ def test_sglangs_own_routing_serializer_is_what_the_harness_decodes(
     got = decode_routes(out["body"], spec, rows, "request 1", top_k=top_k)
     assert np.array_equal(got, routing)
     assert np.array_equal(got.ravel(), np.array(out["decoded"]))
+
+
+# Runs in vLLM's venv with the released eplb package (expert_location.py and eplb_algorithms/,
+# unchanged) importable as sglang.srt.eplb. What a server would have set up around it is given:
+# its runtime context (the --init-expert-location path, redundant experts, one EP rank over
+# gloo, on CPU), no elastic EP, and the model class's get_model_config_for_expert_location, taken from
+# DeepSeek-V2's source (num_hidden_layers rows, dense layers included).
+RUN_LOCATION = r"""
+import ast, json, sys, textwrap, types
+import torch
+
+root, deepseek, init_file, layers, experts, redundant, store = sys.argv[1:8]
+sys.path.insert(0, root)
+torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+ns = types.SimpleNamespace
+moe = ns(init_expert_location=init_file, ep_num_redundant_experts=int(redundant),
+         eplb_algorithm="auto", ep_dispatch_algorithm="static", ep_join_mode="none",
+         moe_a2a_backend="none")
+context = types.ModuleType("sglang.srt.runtime_context")
+context.get_device = lambda: ns(device="cpu")
+context.get_exec = lambda: ns(moe=moe)
+context.get_parallel = lambda: ns(ep_size=1, nnodes=1, elastic_ep_initial_size=None, tp_size=1)
+context.get_resources = lambda: ns()
+sys.modules["sglang.srt.runtime_context"] = context
+elastic = types.ModuleType("sglang.srt.elastic_ep.elastic_ep")
+elastic.elastic_expanded_world_enabled = lambda: False
+sys.modules["sglang.srt.elastic_ep"] = types.ModuleType("sglang.srt.elastic_ep")
+sys.modules["sglang.srt.elastic_ep.elastic_ep"] = elastic
+from sglang.srt.eplb import expert_location
+
+source = open(deepseek, encoding="utf-8").read()
+method = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)
+              and n.name == "get_model_config_for_expert_location")
+space = {"ModelConfigForExpertLocation": expert_location.ModelConfigForExpertLocation}
+exec(textwrap.dedent(ast.get_source_segment(source, method, padded=True)), space)
+model_class = ns(get_model_config_for_expert_location=
+                 lambda config: space["get_model_config_for_expert_location"](None, config))
+loader = types.ModuleType("sglang.srt.model_loader")
+loader.get_model_architecture = lambda model_config: (model_class, "DeepseekV2ForCausalLM")
+sys.modules["sglang.srt.model_loader"] = loader
+hf = ns(num_hidden_layers=int(layers), n_routed_experts=int(experts), n_group=None)
+meta = expert_location.compute_initial_expert_location_metadata(ns(hf_config=hf), moe_ep_rank=0)
+print(json.dumps(meta.physical_to_logical_map.tolist()))
+"""
+
+
+@pytest.mark.parametrize("suffix", ["pt", "json"])
+def test_sglangs_own_loader_takes_fit_maps_counts_for_a_dense_prefix_model(
+    torch_python: str,  # noqa: F811
+    tmp_path: Path,
+    suffix: str,
+) -> None:
+    # `fit-map --format sglang-pt|sglang-json` writes SGLang's --init-expert-location counts;
+    # SGLang's own loader (compute_initial_expert_location_metadata -> init_by_eplb -> its EPLB
+    # algorithm) places them for a DeepSeek-shaped model whose layer 0 is dense: every layer
+    # holds every expert, and the redundant slots go to each MoE layer's hottest experts by the
+    # counts the harness wrote, so the file is read the right way round.
+    from harness.formats.maps import write_count_dump
+    from tests.sim.test_fitmap import cli
+
+    layers, experts, dense, redundant = 4, 8, 1, 2
+    counts = np.random.default_rng(9).permutation(layers * experts).reshape(layers, experts) + 1
+    counts[:dense] = 0
+    dump = tmp_path / "counts.json"
+    write_count_dump(dump, counts, 1.0)
+    init = tmp_path / f"location.{suffix}"
+    code, text = cli("fit-map", str(dump), "--format", f"sglang-{suffix}", "-o", str(init))
+    assert code == 0, text
+    root = tmp_path / "site"
+    with zipfile.ZipFile(_wheel()) as wheel:
+        for member in wheel.namelist():
+            if member.startswith("sglang/srt/eplb/") and member.endswith(".py"):
+                (root / member).parent.mkdir(parents=True, exist_ok=True)
+                (root / member).write_bytes(wheel.read(member))
+        deepseek = tmp_path / "deepseek_v2.py"
+        deepseek.write_bytes(wheel.read("sglang/srt/models/deepseek_v2.py"))
+    for package in ("sglang", "sglang/srt"):
+        (root / package / "__init__.py").touch()
+    done = subprocess.run(
+        [torch_python, "-c", RUN_LOCATION, str(root), str(deepseek), str(init), str(layers),
+         str(experts), str(redundant), str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    placed = np.array(json.loads(done.stdout))
+    assert placed.shape == (layers, experts + redundant)
+    for layer in range(layers):
+        assert set(placed[layer]) == set(range(experts)), layer
+    for layer in range(dense, layers):
+        replicas = np.bincount(placed[layer], minlength=experts)
+        hottest = set(np.argsort(-counts[layer])[:redundant].tolist())
+        assert set(np.flatnonzero(replicas > 1).tolist()) == hottest, (layer, replicas)
