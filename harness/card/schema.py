@@ -117,7 +117,11 @@ class Workload(Strict):
     max_tokens: int = Field(64, ge=1, le=10**7, description="tokens generated per request")
     concurrency: int = Field(1, ge=1, le=64, description="concurrent requests (C1…C64)")
     warmup_requests: int = Field(
-        1, ge=0, le=10**6, description="requests sent first and not scored"
+        1,
+        ge=0,
+        le=10**6,
+        description="requests sent first and not scored, of the first phase's domains (so a "
+        "run starts steady on them and each shift is from what ran before)",
     )
     passes: int = Field(
         1, ge=1, le=10**4, description="passes over the held-out prompts when no phases"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.card import load_card
 from harness.drive.workload import build_phases
 from tests.conftest import REPO
@@ -25,3 +27,20 @@ def test_single_domain_phases_and_the_quality_suite_come_last() -> None:
     assert [p.name for p in phases] == ["mixed", "agent", "prose", "quality"]
     assert {i.domain for i in phases[1].items} == {"agent"}
     assert len(phases[-1].items) == 12
+
+
+def test_warm_up_and_washout_are_the_first_phases_traffic() -> None:
+    # They were drawn from every domain of the pool, so the demo's tier had learnt prose (and
+    # python, math, ...) before its agent -> prose shift, and the stale map's transient read
+    # 4-8% where, warmed on agent traffic as its first phase runs, it reads ~24%.
+    loaded = load_card(REPO / "campaigns" / "demo.yaml")
+    (warmup,) = build_phases(loaded, warmup=True, count=5)
+    assert [item.warmup for item in warmup.items] == [True] * 5
+    assert {item.domain for item in warmup.items} == {"agent"}
+    # A workload without phases warms on its whole held-out pool, as before.
+    card = loaded.card.model_copy(
+        update={"workload": loaded.card.workload.model_copy(update={"phases": None})}
+    )
+    bare = dataclasses.replace(loaded, card=card)
+    (pooled,) = build_phases(bare, warmup=True, count=12)
+    assert len({item.domain for item in pooled.items}) > 1
