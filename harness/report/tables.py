@@ -224,8 +224,9 @@ T90_DEFINITION = (
     '– slowest run; "n/a (no excess)" where the peak did not exceed the converged value by more '
     "than the windows' noise (no T90 exists; such runs are left out). vs control = median ÷ "
     "the control's median, with a 95% bootstrap interval over runs widened by a window either "
-    "side, since a T90 is known to one window (∞: the cell's resampled median was never). T2x: the same to 2 × converged (0 s when the cold share never "
-    "exceeded 2 × converged). Peak and converged cold share: medians over runs."
+    "side, since a T90 is known to one window (∞: the cell's resampled median was never). "
+    "T2x: the same to 2 × converged (0 s when the cold share never exceeded 2 × converged). "
+    "Peak and converged cold share: medians over runs."
 )
 
 

@@ -305,8 +305,8 @@ def test_sglangs_own_routing_serializer_is_what_the_harness_decodes(
 # Runs in vLLM's venv with the released eplb package (expert_location.py and eplb_algorithms/,
 # unchanged) importable as sglang.srt.eplb. What a server would have set up around it is given:
 # its runtime context (the --init-expert-location path, redundant experts, one EP rank over
-# gloo, on CPU), no elastic EP, and the model class's get_model_config_for_expert_location, taken from
-# DeepSeek-V2's source (num_hidden_layers rows, dense layers included).
+# gloo, on CPU), no elastic EP, and the model class's get_model_config_for_expert_location,
+# taken from DeepSeek-V2's source (num_hidden_layers rows, dense layers included).
 RUN_LOCATION = r"""
 import ast, json, sys, textwrap, types
 import torch
