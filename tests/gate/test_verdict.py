@@ -190,14 +190,14 @@ WASHED = DATA / "campaigns" / "demo-washed"
 def test_a_stripped_seal_never_gates_exit_0_without_the_flag_and_says_unverified_with_it(
     tmp_path: Path,
 ) -> None:
-    # The adversary's edit: remove `seal` and `files` from every event of a sealed, passing
-    # campaign, so the directory reads as one made before sealing (it once gated PASS, exit 0,
-    # with one stderr note).
+    # The adversary's edit: remove `seal`, `files` and the chain's `prev` from every event of a
+    # sealed, passing campaign, so the directory reads as one made before sealing (it once
+    # gated PASS, exit 0, with one stderr note).
     root = tmp_path / "washed"
     shutil.copytree(WASHED, root)
     journal = root / "journal.jsonl"
     events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
-    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files")} for e in events]
+    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files", "prev")} for e in events]
     journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
     refused = run_cli("gate", str(root))
     assert refused.code == 3, refused.stdout + refused.stderr
