@@ -403,7 +403,7 @@ def kt_frequency_cell(cell: Cell) -> bool:
     return str(cell.knobs.get("kt_expert_placement_strategy", "")) == "frequency"
 
 
-def model_config(model: object) -> dict[str, Any] | None:
+def _model_config(model: object) -> dict[str, Any] | None:
     """A model folder's ``config.json`` on this machine, or None where there is none to read."""
     if not isinstance(model, str) or not model:
         return None
@@ -431,7 +431,7 @@ def _check_kt_frequency_shape(
     except BadInput as exc:
         out.add(field, str(exc))
         return
-    config = model_config(cell.knobs.get("model")) if local_box else None
+    config = _model_config(cell.knobs.get("model")) if local_box else None
     refusal = kt_frequency_refusal(shape, config or {})
     if refusal is not None:
         out.add(

@@ -54,7 +54,7 @@ def build_phases(loaded: LoadedCard, warmup: bool, count: int | None = None) -> 
         # Warm-up and washout are the first phase's traffic, so a run starts steady on it and
         # each shift the card declares is a shift from what ran before: drawn from every domain,
         # they primed the runtime with the next phase's experts too and hid its transient.
-        first = (workload.phases[0].domains or None) if workload.phases else None
+        first = workload.phases[0].domains if workload.phases else None
         items = tuple(item(i, "warmup", -1, first) for i in range(n))
         return [PhasePlan("warmup", -1, items)] if items else []
     phases = []

@@ -40,6 +40,7 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
     cells = _frequency_cells(loaded)
     if not cells:
         return
+    shapes = [logical_count_shape(path) for _, path, _ in cells]  # read once, not per box
     for box_name, spec in loaded.boxes:
         if spec.kind == "slurm":
             continue
@@ -48,7 +49,7 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
         except HarnessError:
             continue
         try:
-            for cell, path, model in cells:
+            for (cell, path, model), shape in zip(cells, shapes, strict=True):
                 config_path = f"{model.rstrip('/')}/config.json"
                 try:
                     config = json.loads(box.read_text(config_path) or "null")
@@ -56,7 +57,7 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
                     continue
                 if not isinstance(config, dict):
                     continue
-                refusal = kt_frequency_refusal(logical_count_shape(path), config)
+                refusal = kt_frequency_refusal(shape, config)
                 if refusal is not None:
                     raise BadInput(
                         f"cells.{cell}.files.init_expert_location: {path.name}: {refusal} "
