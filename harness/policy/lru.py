@@ -84,6 +84,9 @@ class GlobalLruCache:
         self._evictions = 0
         self._small = [0, 0]  # hits, misses of ubatches of up to SMALL_BATCH tokens
         self._bypassed = 0  # ubatches that did not use the cache
+        # Keys in the order the cache served them (hits touched, then uploads), when a caller
+        # asks: the sequence an oracle bound must be computed on to be a floor under this cache.
+        self.trail: list[int] | None = None
 
     def _check(self, layer: int, expert: int) -> None:
         if not (0 <= layer < self._layers and 0 <= expert < self._experts):
@@ -96,6 +99,8 @@ class GlobalLruCache:
 
     def _upload(self, key: int) -> None:
         self._misses += 1
+        if self.trail is not None:
+            self.trail.append(key)
         if self._capacity == 0:
             return  # nothing fits: the expert is used from host memory, never kept
         if len(self._order) >= self._capacity:
@@ -111,6 +116,8 @@ class GlobalLruCache:
         if key in self._order:
             self._order.move_to_end(key)
             self._hits += 1
+            if self.trail is not None:
+                self.trail.append(key)
             return True
         self._upload(key)
         return False
@@ -140,6 +147,8 @@ class GlobalLruCache:
                 if base + expert in self._order:
                     self._order.move_to_end(base + expert)
                     self._hits += 1
+                    if self.trail is not None:
+                        self.trail.append(base + expert)
                 else:
                     cold.append(expert)
             for expert in sorted(cold):

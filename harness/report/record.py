@@ -315,8 +315,8 @@ def _oracle(rows: list[dict[str, Any]] | None, definition: str) -> list[str]:
         return []
     out = ["## Oracle bounds", ""]
     out += _table(
-        ["cell", "hot slots a layer", "policy's loads", "Belady's MIN", "policy ÷ MIN",
-         "best frozen map's cold share", "policy's cold share"],
+        ["cell", "slots", "policy's loads", "Belady's MIN", "policy ÷ MIN",
+         "best frozen set's cold share", "policy's cold share"],
         [[r["cell"], r["hot_slots"], r["policy_loads"], r["min_loads"], r["over"],
           r["static_share"], r["policy_share"]] for r in rows],
     )  # fmt: skip

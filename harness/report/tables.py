@@ -544,12 +544,22 @@ def tiers_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
 
 
 ORACLE_DEFINITION = (
-    "Over the whole replayed trace, from each cell's boot map: Belady's MIN with bypass is the "
-    "fewest expert loads (cold reads plus swaps) any policy could make with these hot slots, "
-    "knowing the future and swapping without a budget; the best frozen map is each layer's "
-    "most looked-up experts on this very trace. What the policy makes beyond them is what any "
-    "change could still gain."
+    "Over the whole replayed trace, from each cell's boot state. A rowmap cell (slots a layer): "
+    "Belady's MIN with bypass is the fewest expert loads (cold reads plus swaps) any policy could "
+    "make with these hot slots, knowing the future and swapping without a budget; the best "
+    "frozen set is each layer's most looked-up experts on this very trace. A cache cell (slots "
+    "in all, any layer's): MIN admitting every miss, over the lookups in the order the cache "
+    "served them, is the fewest loads any eviction order could make from the same preload; the "
+    "best frozen set is the cache's size in the trace's most looked-up records, pinned. What the "
+    "policy makes beyond them is what any change could still gain."
 )
+
+
+def _slots_text(slots: object, scope: object) -> str:
+    """"48 a layer" for a rowmap's hot slots, "256 in all" for a cache's records."""
+    if not isinstance(slots, int):
+        return "—"
+    return f"{slots:,} in all" if scope == "cache" else f"{slots:,} a layer"
 
 
 def oracle_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
@@ -561,7 +571,7 @@ def oracle_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
         rows.append(
             {
                 "cell": str(b.get("cell", "")),
-                "hot_slots": str(b.get("hot_slots", "")),
+                "hot_slots": _slots_text(b.get("hot_slots"), b.get("scope", "layer")),
                 "policy_loads": f"{policy:,}" if isinstance(policy, int) else "—",
                 "min_loads": f"{best:,}" if isinstance(best, int) else "—",
                 "over": f"{over:.2f}×" if over is not None else "—",

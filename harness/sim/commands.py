@@ -95,12 +95,17 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
         )
         if "oracle_loads" in s:
             over = s["loads_over_oracle"]
+            cache = s["oracle_scope"] == "cache"
+            slots = f"{s['oracle_hot_slots']:,} " + (
+                "records in all, every miss admitted" if cache else "hot slots a layer"
+            )
             out.write(
-                f"    oracle over the whole trace, {s['oracle_hot_slots']} hot slots a layer: "
+                f"    oracle over the whole trace, {slots}: "
                 f"Belady's MIN {s['oracle_loads']:,} loads against the policy's "
                 f"{s['replay_loads']:,}"
                 + (f" ({over:.2f}x)" if over else "")
-                + f"; the best frozen map in hindsight {100 * s['best_static_cold_share']:.2f}% "
+                + f"; the best frozen {'set' if cache else 'map'} in hindsight "
+                f"{100 * s['best_static_cold_share']:.2f}% "
                 f"cold against {100 * s['replay_cold_share']:.2f}%\n"
             )
         if cell.speed:

@@ -328,13 +328,16 @@ def replay_lru(
     budget_bytes: int,
     expert_bytes: int,
     cached_layers: Sequence[int] | None = None,
+    trail: list[int] | None = None,
 ) -> ReplayResult:
     """Replay through llama.cpp's expert cache (:class:`~harness.policy.lru.GlobalLruCache`):
     host step by host step, each cached layer's distinct experts once per step. Lookups count
-    only the cached layers' fetches, as the cache's own hit rate does."""
+    only the cached layers' fetches, as the cache's own hit rate does. ``trail``, when given,
+    receives the (layer × experts + expert) keys in the order the cache served them."""
     cache = GlobalLruCache(
         budget_bytes, expert_bytes, trace.layers, trace.experts_count, cached_layers
     )
+    cache.trail = trail
     starts, _ = trace.step_bounds()
     ends = np.r_[starts[1:], trace.rows]
     lookups = np.zeros(len(starts), dtype=np.int64)

@@ -37,7 +37,7 @@ from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_a
 from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs, parse_priority
 from harness.sim.cost_fit import CostFit, predict_speed, write_cost
-from harness.sim.oracle import OracleBound, oracle_bound
+from harness.sim.oracle import OracleBound, cache_oracle_bound, oracle_bound
 from harness.sim.replay import replay_cache, replay_fast, replay_lru, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
 from harness.sim.traces import Trace, concat_traces, trace_from_arrays
@@ -265,7 +265,7 @@ class SimulatedCell:
     name: str
     settings: CellSettings
     result: ReplayResult
-    oracle: OracleBound | None = None  # rowmap cells: MIN's loads on the same trace and slots
+    oracle: OracleBound | None = None  # MIN's loads on the same lookups and slots
     speed: dict[str, dict[str, float]] = field(default_factory=dict)  # with a fitted cost
 
     def summary(self) -> dict[str, Any]:
@@ -288,6 +288,7 @@ class SimulatedCell:
                 replay_loads=whole["expert_loads"],
                 oracle_loads=self.oracle.loads,
                 oracle_hot_slots=self.oracle.hot_slots,
+                oracle_scope=self.oracle.scope,
                 best_static_cold_share=self.oracle.static_share,
                 replay_cold_share=whole["cold_lookups"] / (whole["lookups"] or 1),
                 loads_over_oracle=(
@@ -309,11 +310,31 @@ def simulate_cells(
     cells = []
     for name in loaded.card.cells:
         settings = cell_settings(loaded, name, trace, start, expert_bytes=expert_bytes)
-        result = replay_settings(settings, trace, fast=fast)
+        result, oracle = _replay_with_bound(settings, trace, fast)
         result.unscored = trace.unscored
-        oracle = oracle_bound(trace, settings.hot) if settings.mode == "rowmap" else None
         cells.append(SimulatedCell(name, settings, result, oracle))
     return cells
+
+
+def _replay_with_bound(
+    settings: CellSettings, trace: Trace, fast: bool
+) -> tuple[ReplayResult, OracleBound | None]:
+    """A cell's replay and its oracle bound, on the lookups in the order its policy served them."""
+    keys_count = trace.layers * trace.experts_count
+    if settings.mode == "lru":
+        trail: list[int] = []
+        cached = settings.cached_layers
+        result = replay_lru(trace, settings.cache_bytes, settings.record_bytes, cached, trail)
+        capacity = max(0, settings.cache_bytes // settings.record_bytes - 1)
+        bound = cache_oracle_bound(trail, [], capacity, keys_count) if capacity else None
+        return result, bound
+    result = replay_settings(settings, trace, fast=fast)
+    if settings.mode == "cache":  # token by token, layer by layer, as the runtime fetches
+        offsets = (np.arange(trace.layers, dtype=np.int64) * trace.experts_count)[:, None]
+        keys = np.where(trace.experts >= 0, trace.experts + offsets, -1)
+        start = [layer * trace.experts_count + expert for layer, expert in settings.hotlist]
+        return result, cache_oracle_bound(keys, start, settings.cache_records, keys_count)
+    return result, oracle_bound(trace, settings.hot)
 
 
 def _without_warmup(trace: Trace) -> Trace:
@@ -447,6 +468,7 @@ def simulate_card(
                     {
                         "cell": b["cell"],
                         "hot_slots": b["oracle_hot_slots"],
+                        "scope": b["oracle_scope"],
                         "policy_loads": b["replay_loads"],
                         "min_loads": b["oracle_loads"],
                         "best_static_cold_share": b["best_static_cold_share"],

@@ -61,12 +61,14 @@ def _domain_trace(path: Path, first: int, seed: int) -> None:
     np.save(path, np.array(rows))
 
 
-def simulate_domains(tmp_path: Path) -> CliResult:
-    """`harness simulate` of the small card over two domains' traces into tmp_path/sim."""
+def simulate_domains(tmp_path: Path, extra_cells: str = "") -> CliResult:
+    """`harness simulate` of the small card over two domains' traces into tmp_path/sim;
+    ``extra_cells``: YAML lines (indented two spaces) of cells added after the card's own."""
     _domain_trace(tmp_path / "prose.npy", 0, 1)
     _domain_trace(tmp_path / "code.npy", 8, 2)
     write_rowmap(tmp_path / "seed.json", [list(range(8, 16))] * 4, 16)
-    (tmp_path / "card.yaml").write_text(CARD.format(pool=POOL))
+    card = CARD.format(pool=POOL).replace("control: stale\n", f"{extra_cells}control: stale\n")
+    (tmp_path / "card.yaml").write_text(card)
     return run_cli("simulate", str(tmp_path / "card.yaml"), "--traces",
                    str(tmp_path / "prose.npy"), str(tmp_path / "code.npy"),
                    "--out", str(tmp_path / "sim"))  # fmt: skip
