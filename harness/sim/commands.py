@@ -36,7 +36,8 @@ Replay routing traces through the reference runtime's own policy code.
       every trace; print and write the predicted ladder against the control
       (reports/<campaign>-sweep/<stamp>/); --pick K writes a card with the control and the
       Pareto front on the card's gated metrics. A sweep point booting a map no cell of the
-      card boots is flagged WRONG MAP.
+      card boots is flagged WRONG MAP. With --cost FILE every point's speed is priced by the
+      fit, and the picked card's simulation carries the fit's intervals.
 """
 
 

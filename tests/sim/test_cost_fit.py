@@ -11,9 +11,11 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
+from harness.analyze.cell_values import cell_value
 from harness.sim.cost_fit import TERMS, fit_cost, read_cost
 from tests.conftest import DATA, REPO, run_cli
 from tests.sim.test_simulate import simulate_domains
@@ -128,3 +130,32 @@ def test_a_campaign_without_rings_cannot_be_fitted(tmp_path: Path) -> None:
         ring.unlink()
     result = run_cli("fit-cost", str(root), "-o", str(tmp_path / "cost.json"))
     assert result.code in (2, 3) and "Traceback" not in result.stderr
+
+
+def test_a_sweep_priced_by_a_fit_predicts_speed_and_its_pick_carries_the_intervals(
+    tmp_path: Path,
+) -> None:
+    # `simulate --sweep … --cost FILE`: every point's ring is priced by the fit (not the default
+    # 4 ms a step), so the ladder's decode speed is the box's; the picked card's simulation
+    # carries the fit and its per-cell speed intervals, for the measured run to be held to.
+    root = tmp_path / "reports" / "demo" / "20260101T000000Z"
+    shutil.copytree(WASHED, root)
+    cost = tmp_path / "cost.json"
+    assert run_cli("fit-cost", str(root), "-o", str(cost)).code == 0
+    shutil.copytree(REPO / "campaigns", tmp_path / "campaigns")  # --pick writes beside the card
+    card = tmp_path / "campaigns" / "demo.yaml"
+    trace = next((root / "runs").glob("0000-*")) / "route-trace.jsonl"
+    swept = run_cli("simulate", str(card), "--traces", str(trace), "--reports",
+                    str(tmp_path / "reports"), "--sweep", "drain_every=8,64", "--pick", "2",
+                    "--jobs", "1", "--cost", str(cost))  # fmt: skip
+    assert swept.code == 0, swept.stdout + swept.stderr
+    (sweep,) = list((tmp_path / "reports" / "demo-sweep").iterdir())
+    ladder = pd.read_parquet(sweep / "ladder.parquet").set_index("point")
+    box = cell_value(analyze_campaign(root, predictions=False).cells, "stale", "warm",
+                     "ring_decode_tok_s")  # fmt: skip
+    control = float(ladder.loc[ladder.index[0], "decode_tok_s"])
+    assert box is not None and abs(control / box - 1) < 0.15, (control, box)
+    (sim,) = list((tmp_path / "reports" / "demo-pick-sim").iterdir())
+    assert (sim / "cost.json").is_file()
+    speed = json.loads((sim / "predicted_speed.json").read_text())
+    assert speed["cells"], speed

@@ -5,7 +5,8 @@ Writes ``reports/<campaign>-sweep/<stamp>/`` (or ``--out``): the ladder printed 
 ``--pick K`` also the picked card beside the source card (``<stem>-pick.yaml`` or
 ``--pick-out``), checked by loading it, and its simulated campaign under
 ``reports/<campaign>-pick-sim/`` so that running the picked card shows predicted against
-measured with default paths.
+measured with default paths. With ``--cost FILE`` (``harness fit-cost``) every point is priced
+by the fitted cost, and the picked card's simulation carries the fit's speed intervals.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     if args.pick is not None and args.pick < 2:
         raise BadInput(f"--pick {args.pick}: pick at least 2 (the control and one cell to boot)")
     loaded = load_card(Path(args.card))
+    cost_fit = None
+    if args.cost:  # before the traces: a bad cost file is found without loading them
+        from harness.sim.cost_fit import read_cost
+
+        cost_fit = read_cost(Path(args.cost))
     target = (
         Path(args.pick_out) if args.pick_out else loaded.directory / f"{loaded.path.stem}-pick.yaml"
     )
@@ -109,6 +115,7 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
         scheduler=args.scheduler,
         progress=text_progress(sys.stderr),
         expert_bytes=args.expert_bytes,
+        cost_fit=cost_fit,
     )
     pick = pick_points(sweep, args.pick) if args.pick else None
     text = ladder_text(sweep, pick.front if pick else None, pick.chosen if pick else None)
@@ -130,8 +137,9 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     picked = load_card(target)  # the written card must validate, or this is our bug
     write_parquet(picked_frame(sweep, pick), root / "picked.parquet")
     sim_root, _ = simulate_card(
-        picked, traces, reports=Path(args.reports), cost=cost, expert_bytes=args.expert_bytes
-    )
+        picked, traces, reports=Path(args.reports), cost=cost, expert_bytes=args.expert_bytes,
+        cost_fit=cost_fit,
+    )  # fmt: skip
     out.write(
         f"picked {len(pick.chosen)} cells ({', '.join(pick.chosen)}): wrote {target}\n"
         f"its simulated campaign (what `harness run {target.name}` will be compared with): "

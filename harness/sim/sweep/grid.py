@@ -29,6 +29,7 @@ import pandas as pd
 from harness.card import LoadedCard
 from harness.errors import BadInput
 from harness.formats.records import write_parquet
+from harness.sim.cost_fit import CostFit
 from harness.sim.results import CostModel
 from harness.sim.simulate import CellSettings, cell_settings
 from harness.sim.sweep.evaluate import LADDER_METRICS, PointTask
@@ -125,9 +126,11 @@ def plan_tasks(
     base: str,
     cost: CostModel,
     expert_bytes: int | None = None,
+    cost_fit: CostFit | None = None,
 ) -> tuple[list[PointTask], dict[str, CellSettings]]:
     """Every (point, trace) task, in point then trace order, and each point's settings on the
-    first trace (for the map check and the report)."""
+    first trace (for the map check and the report). With ``cost_fit`` (``--cost``) each point's
+    ring is priced by the fitted model, its cold and swap terms scaled to the point's rows."""
     if base not in loaded.card.cells:
         raise BadInput(f"--base {base!r}: not a cell of the card ({', '.join(loaded.card.cells)})")
     cell = loaded.card.cells[base]
@@ -145,7 +148,7 @@ def plan_tasks(
                     point.id,
                     index,
                     settings,
-                    cost,
+                    cost_fit.model(settings.record_bytes) if cost_fit is not None else cost,
                     analysis.window_s,
                     analysis.converged_span_s,
                     analysis.hold_s,
@@ -205,10 +208,13 @@ def run_sweep(
     progress: Progress | None = None,
     on_result: Any = None,
     expert_bytes: int | None = None,
+    cost_fit: CostFit | None = None,
 ) -> Sweep:
     """Replay every point on every trace (locally in ``jobs`` processes, or on Dask)."""
     base = base or control_name(loaded)
-    tasks, settings = plan_tasks(loaded, traces, points, base, cost or CostModel(), expert_bytes)
+    tasks, settings = plan_tasks(
+        loaded, traces, points, base, cost or CostModel(), expert_bytes, cost_fit
+    )
     warnings = map_warnings(loaded, settings, points, traces[0], expert_bytes)
     found = run_tasks(
         tasks, traces, jobs=jobs, scheduler=scheduler, progress=progress, on_result=on_result
