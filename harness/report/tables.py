@@ -556,7 +556,7 @@ ORACLE_DEFINITION = (
 
 
 def _slots_text(slots: object, scope: object) -> str:
-    """"48 a layer" for a rowmap's hot slots, "256 in all" for a cache's records."""
+    """A rowmap's hot slots read "48 a layer", a cache's records "256 in all"."""
     if not isinstance(slots, int):
         return "—"
     return f"{slots:,} in all" if scope == "cache" else f"{slots:,} a layer"
