@@ -27,7 +27,12 @@ PREDICTED_METRICS = (
     "ring_decode_tok_s",
     "ring_itl_p50_ms",
     "ring_itl_p95_ms",
+    # The client's side, predicted only from a fitted cost with the campaign's HTTP path: a
+    # simulated ring has no requests, so without the fit there is nothing to show.
+    "decode_tok_s",
+    "tpot_p50_ms",
 )
+CLIENT_ONLY = frozenset({"decode_tok_s", "tpot_p50_ms"})
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ def predicted_vs_measured(
             low = high = None
             if band is not None:
                 guess, low, high = (finite(band.get(k)) for k in ("estimate", "low", "high"))
-            if value is None and guess is None:
+            if (value is None and guess is None) or (metric in CLIENT_ONLY and band is None):
                 continue
             rows.append(Prediction(metric, cell, guess, value, low, high))
     if not rows:

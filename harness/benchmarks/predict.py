@@ -7,7 +7,8 @@ collect one run's routing (``harness collect --as-run``), simulate the card with
 cost (``harness simulate --cost``) *before* running it, run it, and read the predicted against
 the measured from its analysis. Every step is a real command on a real runtime.
 
-Figures, per campaign and cell: predicted ÷ measured ring decode speed and step p50 (target
+Figures, per campaign and cell: predicted ÷ measured ring decode speed and step p50, and the
+client's decode tok/s and TPOT p50 (the fit's HTTP path added to each request's steps; target
 within 10%), the cell's speed against the control predicted ÷ measured (what a decision reads;
 it holds when the machine runs at another speed than when the cost was fitted, which absolute
 speeds do not), T90 (within 25% or 2 s); for the ladder, the cell pairs whose speed order the
@@ -114,14 +115,20 @@ def _t90_figure(campaign: str, row: Prediction) -> Figure:
                       "a side has no T90 (never, or no excess)", "", None)  # fmt: skip
     error = row.predicted - row.measured
     allowed = max(T90_TARGET * row.measured, T90_SLACK_S)
+    band = "" if row.low is None else f" [{row.low:.3g}, {_open(row.high)}]"
+    inside = {True: "inside", False: "outside", None: "no interval"}[row.within]
     return Figure(
         f"{campaign} {row.cell}: T90, predicted − measured",
         error,
         "s",
-        f"predicted {row.predicted:.3g} s, measured {row.measured:.3g} s",
+        f"predicted {row.predicted:.3g} s{band}, measured {row.measured:.3g} s ({inside})",
         f"within {T90_TARGET:.0%} or {T90_SLACK_S:g} s",
         abs(error) <= allowed,
     )
+
+
+def _open(high: float | None) -> str:
+    return "open" if high is None else f"{high:.3g}"
 
 
 def _pairs(campaign: str, rows: list[Prediction]) -> list[Figure]:
@@ -187,6 +194,10 @@ def run_bench(quick: bool = False) -> list[Figure]:
                         figures.append(_relative_figure(campaign, row))
                 elif row.metric == "ring_itl_p50_ms":
                     figures.append(_ratio_figure(campaign, row, "step p50"))
+                elif row.metric == "decode_tok_s":
+                    figures.append(_ratio_figure(campaign, row, "client decode tok/s"))
+                elif row.metric == "tpot_p50_ms":
+                    figures.append(_ratio_figure(campaign, row, "client TPOT p50"))
                 elif row.metric == "t90_s":
                     figures.append(_t90_figure(campaign, row))
             if len({r.cell for r in rows}) > 2:

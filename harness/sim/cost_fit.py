@@ -14,6 +14,16 @@ fitted per row of ``record_bytes`` (the campaign's own size), and a prediction f
 another size scales them by the ratio (an extrapolation in size that the fit cannot check:
 say so when the sizes differ). Rings without bytes fit them per lookup as recorded.
 
+A client sees more than the ring's steps. At concurrency 1 a request is one prefill then its
+decode steps, and its TPOT is the mean of those steps plus what the HTTP path adds to every
+streamed token. Per run the fit matches the ring's requests to the run's (from the last back,
+each with its completion tokens less one decode steps) and takes, per timed request, its client
+TPOT less the mean of its decode steps (ms a token the ring does not see: the HTTP path and the
+host's time between steps); the median over requests, then over runs (interval from the same
+resamples of runs), turns a replay's per-request step means into the client's TPOT p50 and
+decode tok/s (the geomean of 1 ÷ TPOT, as the runs' metric is). An
+empirical calibration of one box's HTTP path at concurrency 1, not a model of it.
+
 Beside the fitted swap term sits seed 000's own reading of the same thing, measured on the same
 rings: a step that applies swaps runs at ~1.9× the p95 of a swap-free step
 (``swap_cost_ratio``, and ms per applied swap) — the model's figure and the measurement's, side
@@ -23,6 +33,7 @@ by side.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,19 +42,23 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from harness.analyze.recovery import DECODE_TOKENS, swap_cost
+from harness.analyze.metrics import request_metrics
+from harness.analyze.recovery import DECODE_TOKENS, phase_recovery, swap_cost
 from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json, write_json_atomic
 from harness.formats.ring import RING_FIELDS
 from harness.sim.cost import CostModel
 
 __all__ = [
+    "CLIENT_METRICS",
     "SPEED_METRICS",
     "TERMS",
     "CostFit",
     "fit_cost",
+    "predict_recovery",
     "predict_speed",
     "read_cost",
+    "request_steps",
     "write_cost",
 ]
 
@@ -71,6 +86,9 @@ class CostFit:
     measured_swap: dict[str, float | None] = field(default_factory=dict)
     seed: int = 0
     record_bytes: int | None = None  # the row size the cold and swap terms are for
+    # The HTTP path, where the runs had requests: ms a streamed token costs beyond its decode
+    # step (median over runs), each resample's beside ``replicates``.
+    client: dict[str, Any] | None = None
 
     def _scale(self, record_bytes: int | None) -> float:
         if self.record_bytes is None or record_bytes is None or self.record_bytes <= 0:
@@ -105,6 +123,7 @@ class CostFit:
             "residuals_ns": self.residuals_ns,
             "seed": self.seed,
             "record_bytes": self.record_bytes,
+            "client": self.client,
         }
 
 
@@ -145,10 +164,12 @@ def _solve(x: FloatArray, y: FloatArray) -> FloatArray:
     return np.asarray(coef, dtype=np.float64)
 
 
-def _rings(root: Path) -> list[pd.DataFrame]:
-    """The rings of the campaign's ok runs, in plan order."""
+def _rings(root: Path) -> tuple[list[pd.DataFrame], list[float | None]]:
+    """The rings of the campaign's ok runs, in plan order, and each run's HTTP path
+    (:func:`_client_path`; None where the run sent no timed request)."""
     campaign = open_campaign(root)
     rings = []
+    clients = []
     for run in campaign.plan().get("runs", []):
         run_id = str(run.get("run_id", ""))
         record = campaign.run_record(run_id)
@@ -158,7 +179,77 @@ def _rings(root: Path) -> list[pd.DataFrame]:
         ring = pd.read_parquet(path, columns=list(RING_FIELDS))
         if len(ring):
             rings.append(ring)
-    return rings
+            requests = campaign.run_dir(run_id) / "requests.parquet"
+            clients.append(_client_path(ring, pd.read_parquet(requests))
+                           if requests.is_file() else None)  # fmt: skip
+    return rings, clients
+
+
+def request_steps(
+    dur_ns: npt.ArrayLike, decode: npt.ArrayLike, prefill: npt.ArrayLike
+) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Each request's mean decode step in ns and its decode steps, at concurrency 1, in order:
+    a request is a run of prefill steps and the decode steps after them (one whose decode steps
+    were all left out has mean NaN). Steps before the first prefill belong to none."""
+    dur = np.asarray(dur_ns, dtype=np.float64)
+    is_decode = np.asarray(decode, dtype=bool)
+    is_prefill = np.asarray(prefill, dtype=bool)
+    starts = is_prefill & ~np.r_[False, is_prefill[:-1]]  # the first of a run of prefill steps
+    request = np.cumsum(starts)
+    size = int(request[-1]) + 1 if request.size else 1
+    chosen = is_decode & (request > 0)
+    sums = np.bincount(request[chosen], weights=dur[chosen], minlength=size)[1:]
+    counts = np.bincount(request[chosen], minlength=size)[1:].astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return np.asarray(means, dtype=np.float64), counts
+
+
+def _client_path(ring: pd.DataFrame, requests: pd.DataFrame) -> float | None:
+    """One run's HTTP path: the median over its timed requests of client TPOT less the mean
+    of the request's own decode steps in the ring, in ms. The ring's requests are matched to
+    the run's from the last one back (a probe at boot may precede them), and each match must
+    have the request's completion tokens less one decode steps; None where they do not."""
+    if requests.empty:
+        return None
+    tokens = ring["tokens"].to_numpy()
+    means, counts = request_steps(ring["dur_ns"], tokens == DECODE_TOKENS, tokens > DECODE_TOKENS)
+    ordered = requests.sort_values("t_start_s", kind="stable").reset_index(drop=True)
+    if means.size < len(ordered):
+        return None
+    means, counts = means[means.size - len(ordered) :], counts[counts.size - len(ordered) :]
+    if not np.array_equal(counts, ordered["completion_tokens"].to_numpy(dtype=np.int64) - 1):
+        return None  # another order or another concurrency: no request-by-request match
+    position = {int(r): i for i, r in enumerate(ordered["request"])}
+    scored = request_metrics(ordered)
+    gaps = [
+        float(t) - means[position[int(r)]] / 1e6
+        for r, t in zip(scored["request"], scored["tpot_ms"], strict=True)
+        if math.isfinite(float(t)) and math.isfinite(means[position[int(r)]])
+    ]
+    return float(np.median(gaps)) if gaps else None
+
+
+def _client_summary(
+    clients: list[float | None], picks: list[npt.NDArray[np.int64]]
+) -> dict[str, Any] | None:
+    """The HTTP path's ms a token, the median over runs, with a 95% interval over the fit's
+    resamples of runs (one per kept replicate, in the same order)."""
+    if not any(c is not None for c in clients):
+        return None
+
+    def median(indices: Any) -> float:
+        chosen = [clients[i] for i in indices if clients[i] is not None]
+        return float(np.median(chosen)) if chosen else math.nan
+
+    point = median(range(len(clients)))
+    table = np.asarray([median(pick) for pick in picks], dtype=np.float64)
+    low, high = np.nanpercentile(table, [2.5, 97.5])
+    return {
+        "runs": sum(c is not None for c in clients),
+        "tpot_overhead_ms": {"estimate": point, "ci": [float(low), float(high)]},
+        "replicates": [float(v) for v in table],
+    }
 
 
 def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> CostFit:
@@ -166,7 +257,7 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
     from harness.formats.verify import verify_campaign
 
     verify_campaign(root)  # a fit from records that do not verify would predict from anything
-    rings = _rings(root)
+    rings, clients = _rings(root)
     if not rings:
         raise BadInput(
             f"{root}: no ok run with a telemetry ring (ring.parquet): fit-cost needs a campaign "
@@ -196,12 +287,14 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
     decode = x[:, 1] == DECODE_TOKENS
     rng = np.random.default_rng(seed)
     draws = []
+    picks = []
     for _ in range(replicates):
         pick = rng.integers(0, len(parts), len(parts))
         xs = np.concatenate([parts[i][0] for i in pick])
         if np.linalg.matrix_rank(xs) < xs.shape[1]:
             continue  # a resample without swaps (or cold lookups) cannot price them
         draws.append(_solve(xs, np.concatenate([parts[i][1] for i in pick])))
+        picks.append(pick)
     if len(draws) < replicates // 2:
         raise BadInput(
             f"{root}: too few runs carry swaps or cold lookups for an interval "
@@ -231,6 +324,7 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
         },
         seed=seed,
         record_bytes=reference,
+        client=_client_summary(clients, picks),
     )
 
 
@@ -269,6 +363,7 @@ def read_cost(path: Path) -> CostFit:
             measured_swap=dict(data.get("measured_swap") or {}),
             seed=int(data.get("seed", 0)),
             record_bytes=(None if data.get("record_bytes") is None else int(data["record_bytes"])),
+            client=_read_client(data.get("client"), len(replicates)),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise BadInput(
@@ -303,11 +398,16 @@ def predict_speed(
     cold: npt.ArrayLike,
     swaps: npt.ArrayLike,
     record_bytes: int | None = None,
+    *,
+    prefill: npt.ArrayLike | None = None,
+    scored: npt.ArrayLike | None = None,
 ) -> dict[str, dict[str, float]]:
     """Decode speed and inter-token percentiles of a replay's decode steps, each with a 95%
     interval: every resampled fit prices the steps (cold and swap terms scaled to rows of
     ``record_bytes``), plus residuals drawn from the fit's own (so percentiles carry the box's
-    step-to-step noise, not only the model's mean)."""
+    step-to-step noise, not only the model's mean). With ``prefill`` (each step's flag) and a fit
+    that has the campaign's HTTP path, the client's TPOT p50 and decode tok/s too, over the
+    requests whose steps are ``scored`` (not warm-up), each draw with its resample's path."""
     tok = np.asarray(tokens, dtype=np.int64)
     decode = tok == DECODE_TOKENS
     if not decode.any():
@@ -317,17 +417,110 @@ def predict_speed(
     tok_d = tok[decode]
     pool = np.asarray(fit.residuals_ns or [0.0], dtype=np.float64)
     rng = np.random.default_rng(fit.seed)
+    client = fit.client if prefill is not None else None
+    if client is not None:
+        flags = np.asarray(prefill, dtype=bool)
+        keep = np.ones(tok.size, dtype=bool) if scored is None else np.asarray(scored, dtype=bool)
+    overheads = [client["tpot_overhead_ms"]["estimate"], *client["replicates"]] if client else []
 
-    def priced(model: CostModel) -> dict[str, float]:
+    def priced(model: CostModel, draw: int) -> dict[str, float]:
         base = model.durations(tok_d, cold_d, swaps_d).astype(np.float64)
         noisy = np.maximum(base + rng.choice(pool, base.size), 1.0)
-        return _speeds(noisy)
+        out = _speeds(noisy)
+        if client is not None:
+            steps = np.zeros(tok.size, dtype=np.float64)
+            steps[decode] = noisy
+            means, _ = request_steps(steps, decode & keep, flags)
+            means = means[np.isfinite(means)] / 1e6 + overheads[draw]
+            out["tpot_p50_ms"] = float(np.median(means)) if means.size else math.nan
+            out["decode_tok_s"] = (
+                float(np.exp(np.mean(np.log(1e3 / means)))) if means.size else math.nan
+            )
+        return out
 
-    point = priced(fit.model(record_bytes))
-    draws = [priced(m) for m in fit.replicate_models(record_bytes)]
+    point = priced(fit.model(record_bytes), 0)
+    draws = [priced(m, i + 1) for i, m in enumerate(fit.replicate_models(record_bytes))]
+    metrics = SPEED_METRICS + (CLIENT_METRICS if client is not None else ())
     out: dict[str, dict[str, float]] = {}
-    for metric in SPEED_METRICS:
+    for metric in metrics:
         values = np.asarray([d[metric] for d in draws], dtype=np.float64)
+        values = values[np.isfinite(values)]
         low, high = np.percentile(values, [2.5, 97.5]) if values.size else (math.nan, math.nan)
         out[metric] = {"estimate": point[metric], "low": float(low), "high": float(high)}
+    return out
+
+
+# What a client sees, predicted from the replay's requests and the fit's HTTP path.
+CLIENT_METRICS = ("tpot_p50_ms", "decode_tok_s")
+
+
+def _read_client(data: Any, replicates: int) -> dict[str, Any] | None:
+    """cost.json's HTTP-path block (absent in a fit without requests), checked for shape."""
+    if data is None:
+        return None
+    rows = [float(v) for v in data["replicates"]]
+    if len(rows) != replicates:
+        raise ValueError("client replicates do not match the fit's")
+    term = data["tpot_overhead_ms"]
+    return {
+        "runs": int(data["runs"]),
+        "tpot_overhead_ms": {"estimate": float(term["estimate"]),
+                             "ci": [float(term["ci"][0]), float(term["ci"][1])]},
+        "replicates": rows,
+    }  # fmt: skip
+
+
+def predict_recovery(
+    fit: CostFit,
+    ring_of: Callable[[CostModel], pd.DataFrame],
+    record_bytes: int | None,
+    *,
+    window_s: float,
+    converged_span_s: float,
+    hold_s: float,
+) -> dict[str, dict[str, float | None]]:
+    """T90 and T2x in seconds (the worst measurable shift, as a run's metrics take them) with a
+    95% interval: ``ring_of`` prices the replay's ring with each resampled fit, decode steps
+    given residuals drawn from the fit's own; the interval is then widened by one window either
+    side, the resolution of both the prediction and the box's reading. A draw that never
+    recovers is infinitely slow (an open upper end, null); a replay with no measurable shift
+    predicts nothing here."""
+    rng = np.random.default_rng(fit.seed + 1)
+    pool = np.asarray(fit.residuals_ns or [0.0], dtype=np.float64)
+
+    def times(model: CostModel, noisy: bool) -> dict[str, float] | None:
+        ring = ring_of(model)
+        if noisy:
+            dur = ring["dur_ns"].to_numpy(dtype=np.float64).copy()
+            decode = ring["tokens"].to_numpy() == DECODE_TOKENS
+            dur[decode] = np.maximum(dur[decode] + rng.choice(pool, int(decode.sum())), 1.0)
+            ring = ring.assign(dur_ns=dur.astype(np.int64))
+            ring = ring.assign(t_ns=np.cumsum(ring["dur_ns"].to_numpy()))
+        shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
+        measurable = [s for s in shifts if s.excess]
+        if not measurable:
+            return None
+        return {
+            metric: max(math.inf if v is None else float(v) for v in values)
+            for metric, values in (
+                ("t90_s", [s.t90_s for s in measurable]),
+                ("t2x_s", [s.t2x_s for s in measurable]),
+            )
+        }
+
+    point = times(fit.model(record_bytes), noisy=False)
+    if point is None:
+        return {}
+    draws = [d for m in fit.replicate_models(record_bytes) if (d := times(m, noisy=True))]
+    out: dict[str, dict[str, float | None]] = {}
+    for metric, estimate in point.items():
+        values = np.asarray([d[metric] for d in draws], dtype=np.float64)
+        if not math.isfinite(estimate) or values.size == 0:
+            continue  # never recovered at the point estimate: the sim's own "never" stands
+        low, high = (float(v) for v in np.percentile(values, [2.5, 97.5]))
+        out[metric] = {
+            "estimate": estimate,
+            "low": max(0.0, low - window_s) if math.isfinite(low) else None,
+            "high": high + window_s if math.isfinite(high) else None,
+        }
     return out

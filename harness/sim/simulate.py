@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +37,7 @@ from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.plan.build import build_plan, plan_json_text
 from harness.policy.residency import PolicyKnobs, parse_priority
-from harness.sim.cost_fit import CostFit, predict_speed, write_cost
+from harness.sim.cost_fit import CostFit, predict_recovery, predict_speed, write_cost
 from harness.sim.oracle import OracleBound, cache_oracle_bound, oracle_bound
 from harness.sim.replay import replay_cache, replay_fast, replay_lru, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
@@ -267,6 +268,9 @@ class SimulatedCell:
     result: ReplayResult
     oracle: OracleBound | None = None  # MIN's loads on the same lookups and slots
     speed: dict[str, dict[str, float]] = field(default_factory=dict)  # with a fitted cost
+    # T90/T2x in seconds with a fitted cost's interval (an open end is None: some draws never
+    # recovered).
+    recovery: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """Cold share, swaps and loads, for the command's table; beside them the oracle's loads
@@ -353,6 +357,25 @@ def _without_warmup(trace: Trace) -> Trace:
     )
 
 
+def _scored(result: ReplayResult) -> np.ndarray:
+    """Host steps of requests a client times: not warm-up, not an unscored extension."""
+    scored = np.asarray(result.phase >= 0, dtype=bool).copy()
+    for start, end in result.unscored:
+        scored[start:end] = False
+    return scored
+
+
+def _priced_ring(cell: SimulatedCell, cost: CostModel) -> pd.DataFrame:
+    """The cell's replay as its ring, each host step priced by ``cost``."""
+    frame = cell.result.ring_frame(cost, cell.settings.record_bytes)
+    # The runtime's ring tags warm-up and washout steps with the phase it booted with (0): the
+    # runner posts the phase knob only for scored phases. The trace's -1 tag is for the
+    # counters; in the ring it would read as a shift of its own, never recovered, and hide
+    # every cell's T90.
+    frame["phase"] = frame["phase"].clip(lower=0)
+    return frame
+
+
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame({k: pd.Series([], dtype=v) for k, v in columns.items()})
 
@@ -432,12 +455,7 @@ def simulate_card(
         frame = frames.get(id(cell.result))
         if frame is None:
             priced = cost_fit.model(cell.settings.record_bytes) if cost_fit else cost
-            frame = cell.result.ring_frame(priced, cell.settings.record_bytes)
-            # The runtime's ring tags warm-up and washout steps with the phase it booted with
-            # (0): the runner posts the phase knob only for scored phases. The trace's -1 tag
-            # is for the counters; in the ring it would read as a shift of its own, never
-            # recovered, and hide every cell's T90.
-            frame["phase"] = frame["phase"].clip(lower=0)
+            frame = _priced_ring(cell, priced)
             frames[id(cell.result)] = frame
         write_parquet(frame, run_dir / "ring.parquet")
         write_parquet(_empty(REQUEST_COLUMNS), run_dir / "requests.parquet")
@@ -485,14 +503,23 @@ def simulate_card(
             tokens = np.where(result.prefill, 0, result.tokens)  # prefill steps never decode
             cell.speed = predict_speed(
                 cost_fit, tokens, result.cold_lookups, result.step_swaps,
-                cell.settings.record_bytes,
+                cell.settings.record_bytes, prefill=result.prefill, scored=_scored(result),
             )  # fmt: skip
+            analysis = loaded.card.analysis
+            cell.recovery = predict_recovery(
+                cost_fit,
+                partial(_priced_ring, cell),
+                cell.settings.record_bytes,
+                window_s=analysis.window_s,
+                converged_span_s=analysis.converged_span_s,
+                hold_s=analysis.hold_s,
+            )
         write_json_atomic(
             root / "predicted_speed.json",
             {
                 "schema_version": 1,
                 "cost": cost_fit.source,
-                "cells": {name: cell.speed for name, cell in cells.items()},
+                "cells": {name: {**cell.speed, **cell.recovery} for name, cell in cells.items()},
             },
         )
     campaign.journal.append("campaign_end", done=len(plan.runs), failed=0)

@@ -11,12 +11,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.cell_values import cell_value
-from harness.sim.cost_fit import TERMS, fit_cost, read_cost
+from harness.sim.cost_fit import TERMS, fit_cost, read_cost, request_steps
 from tests.conftest import DATA, REPO, run_cli
 from tests.sim.test_simulate import simulate_domains
 
@@ -73,6 +74,20 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
         assert speed.low is not None and speed.high is not None and speed.within is not None
         assert speed.ratio is not None and abs(speed.ratio - 1) < 0.10, speed
     assert "ring_decode_tok_s" in predicted.order_held
+    # T90 and T2x in seconds carry the fit's interval (widened by a window): the box inside.
+    for cell in ("stale", "seed"):
+        t90 = rows[("t90_s", cell)]
+        assert t90.low is not None and t90.high is not None, t90
+        assert t90.predicted is not None and t90.low <= t90.predicted <= t90.high
+        assert t90.within, t90
+    # The client's side, from the fit's HTTP path: every run's requests matched its ring's
+    # (16 of 16), a fraction of a millisecond a token; rows with intervals for both cells.
+    client = json.loads(cost.read_text())["client"]
+    assert client["runs"] == 16 and 0 < client["tpot_overhead_ms"]["estimate"] < 1.0
+    for metric in ("decode_tok_s", "tpot_p50_ms"):
+        for cell in ("stale", "seed"):
+            row = rows[(metric, cell)]
+            assert row.low is not None and row.high is not None and row.measured is not None
     # The cell against the control on each side: what survives the machine's own drift.
     seed_speed = rows[("ring_decode_tok_s", "seed")]
     assert seed_speed.relative_ratio is not None and abs(seed_speed.relative_ratio - 1) < 0.10
@@ -159,3 +174,12 @@ def test_a_sweep_priced_by_a_fit_predicts_speed_and_its_pick_carries_the_interva
     assert (sim / "cost.json").is_file()
     speed = json.loads((sim / "predicted_speed.json").read_text())
     assert speed["cells"], speed
+
+
+def test_a_rings_requests_are_its_prefill_runs_and_the_decode_steps_after_them() -> None:
+    # Steps: a probe's decode before any prefill (no request), a two-step prefill (one request)
+    # and three decode steps, then a prefill and one decode step.
+    tokens = np.array([1, 8, 8, 1, 1, 1, 5, 1])
+    dur = np.array([9, 50, 50, 1, 2, 3, 40, 7], dtype=np.float64)
+    means, counts = request_steps(dur, tokens == 1, tokens > 1)
+    assert counts.tolist() == [3, 1] and means.tolist() == [2.0, 7.0]
