@@ -23,6 +23,7 @@ shows the path works, at sizes too small for the targets).
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from harness.analyze.campaign import analyze_campaign
 from harness.analyze.predicted import Prediction
 from harness.benchmarks import Figure
 from harness.sim.cost_fit import fit_cost, write_cost
+from harness.sim.run_cost_fit import RunCostFit, fit_run_cost, predict_run_speed
 
 _CARDS = Path(__file__).resolve().parents[2] / "campaigns"
 SPEED_TARGET = 0.10
@@ -161,6 +163,31 @@ def _pairs(campaign: str, rows: list[Prediction]) -> list[Figure]:
     ]
 
 
+def _per_run_figures(
+    campaign: str, fit: RunCostFit, simulated: Path, rows: list[Prediction]
+) -> list[Figure]:
+    """The per-run fit (what a ring-less runtime gets) priced on the simulated campaign's
+    counters, against the measured client decode speed: predicted ÷ measured per cell."""
+    (sibling,) = sorted(simulated.iterdir())[-1:]
+    measured = {r.cell: r.measured for r in rows if r.metric == "decode_tok_s"}
+    deltas: dict[str, dict[str, Any]] = {}
+    for run in sorted(sibling.glob("runs/*/run.json")):
+        cell = json.loads(run.read_text(encoding="utf-8"))["cell"]
+        counters = json.loads((run.parent / "counters.json").read_text(encoding="utf-8"))
+        deltas.setdefault(cell, counters["delta"])  # a simulation's runs of a cell are alike
+    figures = []
+    for cell, value in measured.items():
+        delta = deltas.get(cell)
+        if delta is None or value is None:
+            continue
+        band = predict_run_speed(fit, delta).get("decode_tok_s")
+        if band is None:
+            continue
+        row = Prediction("decode_tok_s", cell, band["estimate"], value, band["low"], band["high"])
+        figures.append(_ratio_figure(campaign, row, "client decode tok/s from the per-run fit"))
+    return figures
+
+
 def run_bench(quick: bool = False) -> list[Figure]:
     """Fit from the demo, predict a second demo and the ladder before running them."""
     scale = 0.25 if quick else 1.0
@@ -172,6 +199,8 @@ def run_bench(quick: bool = False) -> list[Figure]:
         fit = fit_cost(fitted)
         write_cost(fit, root / "cost.json")
         figures.append(Figure("fit: R²", fit.r2, "", f"{fit.steps:,} steps of {fit.runs} runs"))
+        per_run = fit_run_cost(fitted)
+        figures.append(Figure("per-run fit: R²", per_run.r2, "", f"{per_run.runs} runs"))
         for name, campaign, cycles in (
             ("demo", "demo", demo_cycles),
             ("queue-rate-ladder", "queue-rate-ladder", ladder_cycles),
@@ -202,6 +231,7 @@ def run_bench(quick: bool = False) -> list[Figure]:
                     figures.append(_t90_figure(campaign, row))
             if len({r.cell for r in rows}) > 2:
                 figures.extend(_pairs(campaign, rows))
+            figures.extend(_per_run_figures(campaign, per_run, reports / f"{campaign}-sim", rows))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return figures

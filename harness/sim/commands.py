@@ -136,6 +136,8 @@ def _speed_text(speed: dict[str, dict[str, float]]) -> str:
 def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
     from harness.sim.cost_fit import TERMS, fit_cost, write_cost
 
+    if args.per_run:
+        return _fit_run_cost(args, out)
     fit = fit_cost(Path(args.campaign), seed=args.seed)
     write_cost(fit, Path(args.output))
     out.write(
@@ -164,6 +166,25 @@ def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
             f"at {ratio:.2f}x the swap-free p95, {per_swap:.4f} ms per applied swap\n"
         )
     out.write(
+        f"cost model: {args.output} (harness simulate CARD --traces ... --cost {args.output})\n"
+    )
+    return EXIT_OK
+
+
+def _fit_run_cost(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.formats.records import write_json_atomic
+    from harness.sim.run_cost_fit import fit_run_cost
+
+    fit = fit_run_cost(Path(args.campaign), seed=args.seed)
+    write_json_atomic(Path(args.output), fit.to_json())
+    low, high = fit.load_range
+    out.write(
+        f"fitted from {fit.runs} runs (one point each): R² {fit.r2:.4f}\n"
+        f"  ms a decode token with no expert loads: {fit.base_ms:.4f} "
+        f"[{fit.base_ci[0]:.4f}, {fit.base_ci[1]:.4f}] (95%, runs resampled)\n"
+        f"  ms per expert load a token: {fit.per_load_ms:.4f} "
+        f"[{fit.per_load_ci[0]:.4f}, {fit.per_load_ci[1]:.4f}]\n"
+        f"  fitted over {low:.4g}–{high:.4g} loads a token; a cell outside is extrapolated\n"
         f"cost model: {args.output} (harness simulate CARD --traces ... --cost {args.output})\n"
     )
     return EXIT_OK
@@ -353,6 +374,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     cost.add_argument("campaign", metavar="DIR", help="a finished campaign directory")
     cost.add_argument("-o", "--output", default="cost.json", help="where to write (cost.json)")
     cost.add_argument("--seed", type=int, default=0, help="seed of the run resampling (0)")
+    cost.add_argument(
+        "--per-run",
+        action="store_true",
+        help="fit from run aggregates, for runtimes without a ring (vLLM, SGLang, llama.cpp): "
+        "client ms per decode token against expert loads (or cache misses) per token, one "
+        "point per run",
+    )
     cost.set_defaults(handler=_cmd_fit_cost)
 
     fit = verbs.add_parser(

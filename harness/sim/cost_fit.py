@@ -48,6 +48,8 @@ from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json, write_json_atomic
 from harness.formats.ring import RING_FIELDS
 from harness.sim.cost import CostModel
+from harness.sim.run_cost_fit import KIND as RUN_KIND
+from harness.sim.run_cost_fit import RunCostFit, read_run_cost
 
 __all__ = [
     "CLIENT_METRICS",
@@ -260,8 +262,9 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
     rings, clients = _rings(root)
     if not rings:
         raise BadInput(
-            f"{root}: no ok run with a telemetry ring (ring.parquet): fit-cost needs a campaign "
-            "on a runtime that writes one (the reference runtime, or seed 000's hook)"
+            f"{root}: no ok run with a telemetry ring (ring.parquet): a per-step fit needs a "
+            "campaign on a runtime that writes one (the reference runtime, or seed 000's hook); "
+            "for a runtime with counters only, fit from run aggregates with --per-run"
         )
     sizes = [row_bytes(r) for r in rings]
     known = [b for b in sizes if b is not None]
@@ -338,11 +341,14 @@ def write_cost(fit: CostFit, path: Path) -> None:
     write_json_atomic(path, fit.to_json())
 
 
-def read_cost(path: Path) -> CostFit:
-    """Read a cost.json written by :func:`write_cost` (BadInput naming the field otherwise)."""
+def read_cost(path: Path) -> CostFit | RunCostFit:
+    """Read a cost.json written by :func:`write_cost` or ``fit-cost --per-run`` (BadInput
+    naming the field otherwise)."""
     data = read_json(path)
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         raise BadInput(f"{path}: not a cost model written by `harness fit-cost` (schema_version 1)")
+    if data.get("kind") == RUN_KIND:
+        return read_run_cost(path, data)
     try:
         terms = data["terms"]
         estimate = {t: float(terms[t]["estimate"]) for t in TERMS}

@@ -41,6 +41,7 @@ from harness.sim.cost_fit import CostFit, predict_recovery, predict_speed, write
 from harness.sim.oracle import OracleBound, cache_oracle_bound, oracle_bound
 from harness.sim.replay import replay_cache, replay_fast, replay_lru, replay_reference
 from harness.sim.results import DEFAULT_RECORD_BYTES, CostModel, ReplayResult
+from harness.sim.run_cost_fit import RunCostFit, predict_run_speed
 from harness.sim.traces import Trace, concat_traces, trace_from_arrays
 
 __all__ = ["CellSettings", "SimulatedCell", "cell_settings", "simulate_card"]
@@ -390,14 +391,18 @@ def simulate_card(
     cost: CostModel | None = None,
     fast: bool = True,
     expert_bytes: int | None = None,
-    cost_fit: CostFit | None = None,
+    cost_fit: CostFit | RunCostFit | None = None,
 ) -> tuple[Path, list[SimulatedCell]]:
     """Write a simulated campaign directory; returns it and the per-cell replays.
 
     With ``cost_fit`` (``--cost``) the ring is priced by the fitted model, and every cell's
     decode speed and inter-token percentiles are predicted with the fit's intervals
-    (``predicted_speed.json``, beside a copy of the fit as ``cost.json``)."""
-    cost = cost_fit.model() if cost_fit is not None else (cost or CostModel())
+    (``predicted_speed.json``, beside a copy of the fit as ``cost.json``). A per-run fit
+    (``fit-cost --per-run``) leaves the ring at ``cost`` and predicts each cell's client speed
+    from its replayed loads per token."""
+    per_run = cost_fit if isinstance(cost_fit, RunCostFit) else None
+    step_fit = cost_fit if isinstance(cost_fit, CostFit) else None
+    cost = step_fit.model() if step_fit is not None else (cost or CostModel())
     trace = concat_traces(traces)
     plan = build_plan(loaded)
     if out is None:
@@ -454,7 +459,7 @@ def simulate_card(
         now = time.time()
         frame = frames.get(id(cell.result))
         if frame is None:
-            priced = cost_fit.model(cell.settings.record_bytes) if cost_fit else cost
+            priced = step_fit.model(cell.settings.record_bytes) if step_fit else cost
             frame = _priced_ring(cell, priced)
             frames[id(cell.result)] = frame
         write_parquet(frame, run_dir / "ring.parquet")
@@ -496,24 +501,30 @@ def simulate_card(
                 ],
             },
         )
-    if cost_fit is not None:
-        write_cost(cost_fit, root / "cost.json")
+    if per_run is not None:
+        write_json_atomic(root / "cost.json", per_run.to_json())
+        for cell in cells.values():
+            delta = cell.result.run_counters(cell.settings.record_bytes)["delta"]
+            cell.speed = predict_run_speed(per_run, delta)
+    if step_fit is not None:
+        write_cost(step_fit, root / "cost.json")
         for cell in cells.values():
             result = cell.result
             tokens = np.where(result.prefill, 0, result.tokens)  # prefill steps never decode
             cell.speed = predict_speed(
-                cost_fit, tokens, result.cold_lookups, result.step_swaps,
+                step_fit, tokens, result.cold_lookups, result.step_swaps,
                 cell.settings.record_bytes, prefill=result.prefill, scored=_scored(result),
             )  # fmt: skip
             analysis = loaded.card.analysis
             cell.recovery = predict_recovery(
-                cost_fit,
+                step_fit,
                 partial(_priced_ring, cell),
                 cell.settings.record_bytes,
                 window_s=analysis.window_s,
                 converged_span_s=analysis.converged_span_s,
                 hold_s=analysis.hold_s,
             )
+    if cost_fit is not None:
         write_json_atomic(
             root / "predicted_speed.json",
             {

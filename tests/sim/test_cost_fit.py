@@ -183,3 +183,34 @@ def test_a_rings_requests_are_its_prefill_runs_and_the_decode_steps_after_them()
     dur = np.array([9, 50, 50, 1, 2, 3, 40, 7], dtype=np.float64)
     means, counts = request_steps(dur, tokens == 1, tokens > 1)
     assert counts.tolist() == [3, 1] and means.tolist() == [2.0, 7.0]
+
+
+def test_a_per_run_fit_predicts_client_speed_from_a_replays_loads(tmp_path: Path) -> None:
+    # For runtimes with counters and request timings but no ring: one point per run (client ms
+    # per decode token against expert loads per token served). The demo's two maps load at
+    # different rates, so the line is fitted; a replay's counters then price each cell.
+    root = tmp_path / "reports" / "demo" / "20260101T000000Z"
+    shutil.copytree(WASHED, root)
+    cost = tmp_path / "run-cost.json"
+    fitted = run_cli("fit-cost", str(root), "--per-run", "-o", str(cost))
+    assert fitted.code == 0, fitted.stderr
+    assert "fitted from 16 runs (one point each)" in fitted.stdout
+    data = json.loads(cost.read_text())
+    assert data["kind"] == "per-run" and data["per_load_ms"]["estimate"] > 0
+    assert data["r2"] > 0.5  # the load rate explains most of the runs' spread
+    trace = next((root / "runs").glob("0000-*")) / "route-trace.jsonl"
+    sim = run_cli("simulate", str(REPO / "campaigns" / "demo.yaml"), "--traces", str(trace),
+                  "--reports", str(tmp_path / "reports"), "--cost", str(cost))  # fmt: skip
+    assert sim.code == 0, sim.stderr
+    predicted = analyze_campaign(root).seed_tables.predicted
+    assert predicted is not None
+    rows = {(r.metric, r.cell): r for r in predicted.rows}
+    for cell in ("stale", "seed"):
+        row = rows[("decode_tok_s", cell)]
+        assert row.low is not None and row.high is not None and row.low < row.high
+    assert predicted.order_held["decode_tok_s"]  # the seed map's fewer loads: the faster cell
+    # A per-run cost cannot price a sweep's host steps: refused, naming the way round.
+    swept = run_cli("simulate", str(REPO / "campaigns" / "demo.yaml"), "--traces", str(trace),
+                    "--sweep", "drain_every=8,64", "--cost", str(cost), "--out",
+                    str(tmp_path / "sweep"))  # fmt: skip
+    assert swept.code == 2 and "prices whole runs" in swept.stderr, swept.stderr

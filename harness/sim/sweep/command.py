@@ -80,9 +80,16 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     loaded = load_card(Path(args.card))
     cost_fit = None
     if args.cost:  # before the traces: a bad cost file is found without loading them
-        from harness.sim.cost_fit import read_cost
+        from harness.sim.cost_fit import CostFit, read_cost
 
-        cost_fit = read_cost(Path(args.cost))
+        fitted = read_cost(Path(args.cost))
+        if not isinstance(fitted, CostFit):
+            raise BadInput(
+                f"--cost {args.cost}: a per-run cost (fit-cost --per-run) prices whole runs, not "
+                "the sweep's host steps; sweep without --cost, then simulate the picked card "
+                "with it"
+            )
+        cost_fit = fitted
     target = (
         Path(args.pick_out) if args.pick_out else loaded.directory / f"{loaded.path.stem}-pick.yaml"
     )
