@@ -59,10 +59,11 @@ class Prediction:
 
     @property
     def within(self) -> bool | None:
-        """Whether the measured value lies in the predicted interval (None: no interval)."""
-        if self.low is None or self.high is None or self.measured is None:
+        """Whether the measured value lies in the predicted interval (None: no interval). A
+        recovery time's interval may be open above (some draws never recovered)."""
+        if self.low is None or self.measured is None:
             return None
-        return self.low <= self.measured <= self.high
+        return self.low <= self.measured and (self.high is None or self.measured <= self.high)
 
     @property
     def ratio(self) -> float | None:

@@ -363,8 +363,8 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             "measured_text": fmt.num(r.measured),
             "error_text": fmt.num(r.error),
             "interval_text": (
-                f"[{fmt.num(r.low)}, {fmt.num(r.high)}]"
-                if r.low is not None and r.high is not None
+                f"[{fmt.num(r.low)}, {fmt.num(r.high) if r.high is not None else '∞'}]"
+                if r.low is not None
                 else "—"
             ),
             "ratio_text": f"{r.ratio:.3f}" if r.ratio is not None else "—",
