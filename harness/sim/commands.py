@@ -113,6 +113,15 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
             out.write(
                 "    predicted (fitted cost, 95% interval): " + _speed_text(cell.speed) + "\n"
             )
+        for metric, label in (("t90_s", "T90"), ("t2x_s", "T2x")):
+            band = cell.recovery.get(metric)
+            if band is not None and band.get("estimate") is not None:
+                high = band.get("high")
+                out.write(
+                    f"    predicted {label}: {band['estimate']:.2f} s "
+                    f"[{band.get('low') or 0:.2f}, {'open' if high is None else f'{high:.2f}'}]"
+                    " (fitted cost, 95%, widened by a window)\n"
+                )
     out.write(f"campaign directory: {root}\n")
     return EXIT_OK
 
@@ -123,6 +132,8 @@ def _speed_text(speed: dict[str, dict[str, float]]) -> str:
         ("ring_decode_tok_s", "decode", " tok/s", 0),
         ("ring_itl_p50_ms", "step p50", " ms", 3),
         ("ring_itl_p95_ms", "p95", " ms", 3),
+        ("decode_tok_s", "client decode", " tok/s", 0),
+        ("tpot_p50_ms", "client TPOT p50", " ms", 3),
     ):
         if metric in speed:
             v = speed[metric]

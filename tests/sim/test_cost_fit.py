@@ -63,6 +63,7 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
                   "--reports", str(tmp_path / "reports"), "--cost", str(cost))  # fmt: skip
     assert sim.code == 0, sim.stderr
     assert sim.stdout.count("predicted (fitted cost, 95% interval): decode") == 2
+    assert sim.stdout.count("client TPOT p50") == 2 and sim.stdout.count("predicted T90: ") == 2
     sibling = next((tmp_path / "reports" / "demo-sim").iterdir())
     assert json.loads((sibling / "cost.json").read_text())["terms"]["swap_ns"]["estimate"] > 0
     predicted = analyze_campaign(root).seed_tables.predicted
