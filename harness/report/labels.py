@@ -45,6 +45,11 @@ def varied_settings(card: Card) -> list[str]:
     return [k for k in keys if len({flat.get(k) for flat in flats}) > 1]
 
 
+def frozen_cells(card: Card) -> set[str]:
+    """Cells whose policy knob freezes adaptation: nothing in them can recover from a shift."""
+    return {name for name, cell in card.cells.items() if str(cell.knobs.get(POLICY_KNOB)) in FROZEN}
+
+
 def adaptation(card: Card) -> str | None:
     """ "adaptation frozen", "adaptation on", "frozen and adaptive cells", or None (not stated)."""
     values = [cell.knobs.get(POLICY_KNOB) for cell in card.cells.values()]

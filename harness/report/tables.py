@@ -110,11 +110,13 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     # With adaptation frozen in every cell nothing can recover: a T90 of "never" would read as a
     # slow recovery, so the recovery columns say why they are empty; peak and converged stay.
     frozen = adaptation(analysis.card) == "adaptation frozen"
-    # ...and notes that a frozen map "never recovered" say the same thing twice, louder: kept
-    # out, the others renumbered so each row's marks still point at its notes.
+    # ...and notes on a frozen map's T90 ("never recovered", "no excess", a phase too short to
+    # measure one) say the same thing again, louder: kept out, the others renumbered so each
+    # row's marks still point at its notes.
     notes, numbers = list(ladder.notes), {i: i for i in range(1, len(ladder.notes) + 1)}
     if frozen:
-        kept = [(i, n) for i, n in enumerate(ladder.notes, 1) if "never recovered" not in n]
+        t90_only = ("never recovered", "no excess", "under converged_span_s", "shorter than")
+        kept = [(i, n) for i, n in enumerate(ladder.notes, 1) if not any(w in n for w in t90_only)]
         notes = [n for _, n in kept]
         numbers = {old: new for new, (old, _) in enumerate(kept, 1)}
     rows = []

@@ -271,9 +271,15 @@ def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
 def unmeasured_shifts(analysis: CampaignAnalysis) -> str:
     """What `run` and `gate` repeat of validate's warning, now measured: shift phases that ended
     before their recovery was (T90 "never", or a phase shorter than converged_span_s + hold_s);
-    "" when every one was measured."""
+    "" when every one was measured. A cell with adaptation frozen has no recovery to measure,
+    so its runs are left out (no longer phase would give it one)."""
+    from harness.report.labels import frozen_cells
+
     shifts = analysis.shifts
     if shifts.empty or "notes" not in shifts.columns:
+        return ""
+    shifts = shifts[~shifts["cell"].isin(frozen_cells(analysis.card))]
+    if shifts.empty:
         return ""
     notes = shifts["notes"].astype(str)
     short = notes.str.contains("under converged_span_s|T90: never recovered", regex=True)

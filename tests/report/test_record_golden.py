@@ -153,6 +153,7 @@ def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reaso
 ) -> None:
     from harness.report import tables
     from harness.report.labels import adaptation, section_title
+    from harness.report.terminal import unmeasured_shifts
 
     root = tmp_path / "demo" / "20261201T100919Z"
     shutil.copytree(RECORDS, root, ignore=shutil.ignore_patterns("README.md"))
@@ -168,10 +169,15 @@ def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reaso
         (t,) = row["t90"]
         assert t["text"] == t["ratio"] == t["t2x"] == "n/a (adaptation frozen)"
         assert t["peak"].endswith("%")  # the cold shares a frozen map is judged on stay
-    # No footnote says a frozen map "never recovered", and every row's marks point at a note.
-    assert not any("never recovered" in n for n in recovery["notes"])
+    # No footnote on a frozen map's T90 ("never recovered", "no excess", a phase too short to
+    # measure one), and every row's marks point at a note.
+    for words in ("never recovered", "no excess", "under converged_span_s"):
+        assert not any(words in n for n in recovery["notes"]), words
     marks = [i for row in recovery["rows"] for i in row["note_ids"]]
     assert all(1 <= i <= len(recovery["notes"]) for i in marks)
+    # Nor does `run` tell a frozen card to lengthen its phases: nothing there would recover.
+    assert unmeasured_shifts(analyze_campaign(RECORDS)).startswith("warning: in 11 of 12 runs")
+    assert unmeasured_shifts(analysis) == ""
 
 
 def test_titles_say_what_each_comparison_varies_against_the_control() -> None:
