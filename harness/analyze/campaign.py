@@ -608,7 +608,7 @@ def analyze_campaign(
 
 
 def _oracle(root: Path) -> list[dict[str, Any]]:
-    """The oracle bounds a simulation wrote, one dict per rowmap cell; none when absent."""
+    """The oracle bounds a simulation wrote, one dict per cell; none when absent."""
     path = root / "oracle.json"
     if not path.is_file():
         return []
