@@ -205,9 +205,7 @@ def run_metrics(
             out["boots"] = int(ring["boot"].nunique())
         out["ring_cold_share"] = summary.get("cold_share")
         shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
-        measurable = [s for s in shifts if s.excess]  # no excess: T90 n/a, not never
-        out["t90_s"] = _nan_max([s.t90_s for s in measurable])
-        out["t2x_s"] = _nan_max([s.t2x_s for s in measurable])
+        out.update(worst_recovery(shifts))
     return out, shifts
 
 
@@ -256,6 +254,16 @@ def rss_metrics(samples: pd.DataFrame) -> dict[str, float | None]:
         "rss_growth_pct": rss_growth_pct(samples),
         "rss_peak_bytes": float(rss.max()) if rss.size else None,
         "sampled_swapout_pages": float(swap[-1] - swap[0]) if swap.size > 1 else None,
+    }
+
+
+def worst_recovery(shifts: list[ShiftRecovery]) -> dict[str, float | None]:
+    """A run's T90 and T2x: the slowest of its shifts that had an excess (no excess: n/a, not
+    never); None when one never recovered, or when no shift had an excess."""
+    measurable = [s for s in shifts if s.excess]
+    return {
+        "t90_s": _nan_max([s.t90_s for s in measurable]),
+        "t2x_s": _nan_max([s.t2x_s for s in measurable]),
     }
 
 

@@ -71,8 +71,7 @@ class GlobalLruCache:
         bad = [layer for layer in chosen if not 0 <= layer < layers]
         if bad:
             raise KnobError(f"cached_layers: {bad[0]} is outside 0..{layers - 1}")
-        # One spare slot past the last, as upstream allocates it.
-        self._capacity = max(0, int(budget_bytes) // int(expert_bytes) - 1)
+        self._capacity = self.slots_for(int(budget_bytes), int(expert_bytes))
         self._expert_bytes = int(expert_bytes)
         self._layers = layers
         self._experts = experts
@@ -87,6 +86,11 @@ class GlobalLruCache:
         # Keys in the order the cache served them (hits touched, then uploads), when a caller
         # asks: the sequence an oracle bound must be computed on to be a floor under this cache.
         self.trail: list[int] | None = None
+
+    @staticmethod
+    def slots_for(budget_bytes: int, expert_bytes: int) -> int:
+        """Experts a budget holds: one spare slot past the last, as upstream allocates it."""
+        return max(0, budget_bytes // expert_bytes - 1)
 
     def _check(self, layer: int, expert: int) -> None:
         if not (0 <= layer < self._layers and 0 <= expert < self._experts):

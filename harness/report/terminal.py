@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from harness.formats.termtext import shown
+from harness.report.labels import frozen_cells
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -273,8 +274,6 @@ def unmeasured_shifts(analysis: CampaignAnalysis) -> str:
     before their recovery was (T90 "never", or a phase shorter than converged_span_s + hold_s);
     "" when every one was measured. A cell with adaptation frozen has no recovery to measure,
     so its runs are left out (no longer phase would give it one)."""
-    from harness.report.labels import frozen_cells
-
     shifts = analysis.shifts
     if shifts.empty or "notes" not in shifts.columns:
         return ""

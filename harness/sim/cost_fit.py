@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from harness.analyze.metrics import request_metrics
+from harness.analyze.metrics import request_metrics, worst_recovery
 from harness.analyze.recovery import DECODE_TOKENS, phase_recovery, swap_cost
 from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json, write_json_atomic
@@ -50,6 +50,7 @@ from harness.formats.ring import RING_FIELDS
 from harness.sim.cost import CostModel
 from harness.sim.run_cost_fit import KIND as RUN_KIND
 from harness.sim.run_cost_fit import RunCostFit, read_run_cost
+from harness.stats.cycles import geomean
 
 __all__ = [
     "CLIENT_METRICS",
@@ -439,9 +440,8 @@ def predict_speed(
             means, _ = request_steps(steps, decode & keep, flags)
             means = means[np.isfinite(means)] / 1e6 + overheads[draw]
             out["tpot_p50_ms"] = float(np.median(means)) if means.size else math.nan
-            out["decode_tok_s"] = (
-                float(np.exp(np.mean(np.log(1e3 / means)))) if means.size else math.nan
-            )
+            positive = means.size and bool((means > 0).all())
+            out["decode_tok_s"] = geomean(1e3 / means) if positive else math.nan
         return out
 
     point = priced(fit.model(record_bytes), 0)
@@ -503,16 +503,11 @@ def predict_recovery(
             ring = ring.assign(dur_ns=dur.astype(np.int64))
             ring = ring.assign(t_ns=np.cumsum(ring["dur_ns"].to_numpy()))
         shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
-        measurable = [s for s in shifts if s.excess]
-        if not measurable:
+        if not any(s.excess for s in shifts):
             return None
-        return {
-            metric: max(math.inf if v is None else float(v) for v in values)
-            for metric, values in (
-                ("t90_s", [s.t90_s for s in measurable]),
-                ("t2x_s", [s.t2x_s for s in measurable]),
-            )
-        }
+        # The runs' own reading of the worst shift; None there is "never", slowest of all.
+        worst = worst_recovery(shifts)
+        return {metric: math.inf if v is None else v for metric, v in worst.items()}
 
     point = times(fit.model(record_bytes), noisy=False)
     if point is None:

@@ -83,9 +83,8 @@ def _run_points(root: Path) -> list[tuple[float, float]]:
     points = []
     for run in campaign.plan().get("runs", []):
         run_id = str(run.get("run_id", ""))
-        record = campaign.run_record(run_id)
         folder = campaign.run_dir(run_id)
-        if record is None or record.get("status") != "ok":
+        if not campaign.is_done(run_id):
             continue
         requests_path, counters_path = folder / "requests.parquet", folder / "counters.json"
         if not requests_path.is_file() or not counters_path.is_file():

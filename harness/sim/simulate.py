@@ -36,6 +36,7 @@ from harness.errors import KnobError, MapError
 from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
 from harness.plan.build import build_plan, plan_json_text
+from harness.policy.lru import GlobalLruCache
 from harness.policy.residency import PolicyKnobs, parse_priority
 from harness.sim.cost_fit import CostFit, predict_recovery, predict_speed, write_cost
 from harness.sim.oracle import OracleBound, cache_oracle_bound, oracle_bound
@@ -248,13 +249,15 @@ def _lru_settings(
 
 
 def replay_settings(settings: CellSettings, trace: Trace, *, fast: bool = True,
-                    threads: int | None = None) -> ReplayResult:  # fmt: skip
-    """The replay a cell's settings ask for: the rowmap policy, ds4's cache or llama.cpp's."""
+                    threads: int | None = None,
+                    trail: list[int] | None = None) -> ReplayResult:  # fmt: skip
+    """The replay a cell's settings ask for: the rowmap policy, ds4's cache or llama.cpp's
+    (``trail``: the keys llama.cpp's cache served, in order, for its oracle bound)."""
     if settings.mode == "cache":
         return replay_cache(trace, settings.cache_records, settings.hotlist, settings.priority)
     if settings.mode == "lru":
         cached = settings.cached_layers
-        return replay_lru(trace, settings.cache_bytes, settings.record_bytes, cached)
+        return replay_lru(trace, settings.cache_bytes, settings.record_bytes, cached, trail)
     if fast:
         return replay_fast(trace, settings.knobs, settings.hot, changes=[], threads=threads)
     return replay_reference(trace, settings.knobs, settings.hot, changes=[])
@@ -326,14 +329,12 @@ def _replay_with_bound(
 ) -> tuple[ReplayResult, OracleBound | None]:
     """A cell's replay and its oracle bound, on the lookups in the order its policy served them."""
     keys_count = trace.layers * trace.experts_count
+    trail: list[int] = []
+    result = replay_settings(settings, trace, fast=fast, trail=trail)
     if settings.mode == "lru":
-        trail: list[int] = []
-        cached = settings.cached_layers
-        result = replay_lru(trace, settings.cache_bytes, settings.record_bytes, cached, trail)
-        capacity = max(0, settings.cache_bytes // settings.record_bytes - 1)
+        capacity = GlobalLruCache.slots_for(settings.cache_bytes, settings.record_bytes)
         bound = cache_oracle_bound(trail, [], capacity, keys_count) if capacity else None
         return result, bound
-    result = replay_settings(settings, trace, fast=fast)
     if settings.mode == "cache":  # token by token, layer by layer, as the runtime fetches
         offsets = (np.arange(trace.layers, dtype=np.int64) * trace.experts_count)[:, None]
         keys = np.where(trace.experts >= 0, trace.experts + offsets, -1)
