@@ -446,33 +446,54 @@ async def _extend(
     send: Callable[[WorkItem], Awaitable[RequestResult | None]],
 ) -> list[RequestResult]:
     """Send a phase's extension until ``until`` says its recovery is measured (checked first,
-    then every CHECK_EVERY_S while the workers send) or the extension runs out."""
+    then every CHECK_EVERY_S while the workers send) or the extension runs out.
+
+    A stop is confirmed once the requests in flight at the check have finished: their steps
+    join the phase, and may move its converged span or break the hold the check saw (one CI run
+    of the ladder read "never recovered" so), so the extension goes on until the phase as it
+    ended reads as measured — the test the analysis then applies to it."""
     extension = _Extension(phase)
+    hung = False
 
     async def watch() -> None:
+        # Never cancelled inside ``measured`` (a drain in a thread): a second drain beside it
+        # would read the ring twice. It waits on the stop instead of sleeping through it.
         while not extension.stop.is_set():
             if await until.measured(phase):
                 extension.stop.set()
                 return
-            await asyncio.sleep(CHECK_EVERY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(extension.stop.wait(), CHECK_EVERY_S)
+
+    async def sending(item: WorkItem) -> RequestResult | None:
+        nonlocal hung
+        result = await send(item)
+        hung = hung or result is None
+        return result
 
     if await until.measured(phase):
         return []
     if until.begins is not None:
         await until.begins(phase)
-    checker = asyncio.create_task(watch())
+    results: list[RequestResult] = []
     try:
-        batches = await asyncio.gather(
-            *(_timed_worker(extension, send) for _ in range(concurrency))
-        )
+        while True:
+            extension.stop.clear()
+            checker = asyncio.create_task(watch())
+            try:
+                batches = await asyncio.gather(
+                    *(_timed_worker(extension, sending) for _ in range(concurrency))
+                )
+            finally:
+                extension.stop.set()
+                await checker
+            results.extend(r for batch in batches for r in batch)
+            exhausted = extension.position >= len(extension.items)
+            if hung or exhausted or await until.measured(phase):
+                return results
     finally:
-        extension.stop.set()
-        checker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await checker
         if until.ends is not None:
             await until.ends(phase)
-    return [r for batch in batches for r in batch]
 
 
 async def drive(
