@@ -210,8 +210,17 @@ def test_a_per_run_fit_predicts_client_speed_from_a_replays_loads(tmp_path: Path
         row = rows[("decode_tok_s", cell)]
         assert row.low is not None and row.high is not None and row.low < row.high
     assert predicted.order_held["decode_tok_s"]  # the seed map's fewer loads: the faster cell
-    # A per-run cost cannot price a sweep's host steps: refused, naming the way round.
+    # A sweep prices each point's client speed with the same line, from the point's own loads
+    # a token: the control point (the base cell, stale) reads what the simulation of that cell
+    # predicted, and the table says what priced it.
+    (sim_root,) = (tmp_path / "reports" / "demo-sim").iterdir()
+    simulated = json.loads((sim_root / "predicted_speed.json").read_text())["cells"]["stale"]
     swept = run_cli("simulate", str(REPO / "campaigns" / "demo.yaml"), "--traces", str(trace),
-                    "--sweep", "drain_every=8,64", "--cost", str(cost), "--out",
-                    str(tmp_path / "sweep"))  # fmt: skip
-    assert swept.code == 2 and "prices whole runs" in swept.stderr, swept.stderr
+                    "--sweep", "drain_every=8,64", "--base", "stale", "--cost", str(cost),
+                    "--out", str(tmp_path / "sweep"), "--jobs", "1")  # fmt: skip
+    assert swept.code == 0, swept.stderr
+    assert "the client's decode speed from each point's expert loads a token" in swept.stdout
+    ladder = pd.read_parquet(tmp_path / "sweep" / "ladder.parquet").set_index("point")
+    control = float(ladder.loc["control", "decode_tok_s"])
+    assert control == pytest.approx(simulated["decode_tok_s"]["estimate"], rel=1e-9)
+    assert ladder["decode_tok_s"].nunique() > 1  # another drain rate, other loads, other speed

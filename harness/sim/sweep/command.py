@@ -14,9 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from harness.errors import EXIT_OK, BadInput
+
+if TYPE_CHECKING:
+    from harness.sim.cost_fit import CostFit
+    from harness.sim.run_cost_fit import RunCostFit
 
 __all__ = ["add_sweep_arguments", "sweep_command"]
 
@@ -78,18 +82,11 @@ def sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     if args.pick is not None and args.pick < 2:
         raise BadInput(f"--pick {args.pick}: pick at least 2 (the control and one cell to boot)")
     loaded = load_card(Path(args.card))
-    cost_fit = None
+    cost_fit: CostFit | RunCostFit | None = None
     if args.cost:  # before the traces: a bad cost file is found without loading them
-        from harness.sim.cost_fit import CostFit, read_cost
+        from harness.sim.cost_fit import read_cost
 
-        fitted = read_cost(Path(args.cost))
-        if not isinstance(fitted, CostFit):
-            raise BadInput(
-                f"--cost {args.cost}: a per-run cost (fit-cost --per-run) prices whole runs, not "
-                "the sweep's host steps; sweep without --cost, then simulate the picked card "
-                "with it"
-            )
-        cost_fit = fitted
+        cost_fit = read_cost(Path(args.cost))
     target = (
         Path(args.pick_out) if args.pick_out else loaded.directory / f"{loaded.path.stem}-pick.yaml"
     )

@@ -19,6 +19,7 @@ import numpy as np
 from harness.analyze.metrics import counter_metrics
 from harness.analyze.recovery import phase_recovery, ring_summary
 from harness.sim.results import CostModel, ReplayResult
+from harness.sim.run_cost_fit import RunCostFit, predict_run_speed
 from harness.sim.simulate import CellSettings, replay_settings
 from harness.sim.traces import Trace
 
@@ -49,6 +50,9 @@ class PointTask:
     hold_s: float
     phase_names: tuple[str, ...]
     threads: int | None = None  # replay threads; 1 where points run in parallel processes
+    # A per-run fit (``fit-cost --per-run``): decode speed is the client's, from the point's
+    # loads per token, not the ring's (which stays priced by ``cost``).
+    run_cost: RunCostFit | None = None
 
 
 def replay_point(task: PointTask, trace: Trace) -> ReplayResult:
@@ -67,7 +71,8 @@ def evaluate(task: PointTask, trace: Trace) -> dict[str, Any]:
     phase (None where undefined, e.g. T90 of a trace without a shift)."""
     result = replay_point(task, trace)
     record_bytes = task.settings.record_bytes
-    counters = counter_metrics(result.run_counters(record_bytes))
+    run_counters = result.run_counters(record_bytes)
+    counters = counter_metrics(run_counters)
     ring = result.ring_frame(task.cost, record_bytes)
     summary = ring_summary(ring, task.window_s, converged_span_s=task.converged_span_s)
     row: dict[str, Any] = {
@@ -81,6 +86,10 @@ def evaluate(task: PointTask, trace: Trace) -> dict[str, Any]:
         "decode_tok_s": summary["decode_tok_s"],
         "expert_loads": counters["expert_loads"],
     }
+    if task.run_cost is not None:
+        speed = predict_run_speed(task.run_cost, run_counters["delta"]).get("decode_tok_s", {})
+        row["decode_tok_s"] = speed.get("estimate")
+        row["decode_extrapolated"] = speed.get("extrapolated", 0.0) if speed else None
     shifts = phase_recovery(
         ring, task.window_s, converged_span_s=task.converged_span_s, hold_s=task.hold_s
     )

@@ -6,7 +6,8 @@ replayed on every trace (:mod:`harness.sim.sweep.evaluate`, :mod:`harness.sim.sw
 rows (one per point and trace) reduce to the ladder, one row per point, across traces:
 
 * cold share, hit rate, churn, modelled decode speed and cold share per phase: the mean over
-  traces (every trace weighs the same, whatever its length);
+  traces (every trace weighs the same, whatever its length); decode speed is the ring's under
+  the cost model or a step fit, or the client's under a per-run fit (:attr:`Sweep.pricing`);
 * T90, overall and per shift direction: the worst (largest) over traces; never recovered is inf;
 * swaps and expert loads: the sum over traces;
 
@@ -31,6 +32,7 @@ from harness.errors import BadInput
 from harness.formats.records import write_parquet
 from harness.sim.cost_fit import CostFit
 from harness.sim.results import CostModel
+from harness.sim.run_cost_fit import RunCostFit
 from harness.sim.simulate import CellSettings, cell_settings
 from harness.sim.sweep.evaluate import LADDER_METRICS, PointTask
 from harness.sim.sweep.spec import FILE_KNOBS, Point, point_cell
@@ -63,6 +65,7 @@ class Sweep:
     ladder: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     settings: dict[str, CellSettings] = field(default_factory=dict)
+    pricing: str = ""  # what decode speed and seconds are priced by, said under the table
 
 
 def control_name(loaded: LoadedCard) -> str:
@@ -126,11 +129,12 @@ def plan_tasks(
     base: str,
     cost: CostModel,
     expert_bytes: int | None = None,
-    cost_fit: CostFit | None = None,
+    cost_fit: CostFit | RunCostFit | None = None,
 ) -> tuple[list[PointTask], dict[str, CellSettings]]:
     """Every (point, trace) task, in point then trace order, and each point's settings on the
-    first trace (for the map check and the report). With ``cost_fit`` (``--cost``) each point's
-    ring is priced by the fitted model, its cold and swap terms scaled to the point's rows."""
+    first trace (for the map check and the report). With a step fit (``--cost``) each point's
+    ring is priced by the fitted model, its cold and swap terms scaled to the point's rows; with
+    a per-run fit each point's client decode speed comes from its loads per token."""
     if base not in loaded.card.cells:
         raise BadInput(f"--base {base!r}: not a cell of the card ({', '.join(loaded.card.cells)})")
     cell = loaded.card.cells[base]
@@ -143,16 +147,19 @@ def plan_tasks(
         for index, trace in enumerate(traces):
             settings = cell_settings(loaded, base, trace, cell=swept, expert_bytes=expert_bytes)
             first.setdefault(point.id, settings)
+            step_fit = cost_fit if isinstance(cost_fit, CostFit) else None
+            priced = step_fit.model(settings.record_bytes) if step_fit else cost
             tasks.append(
                 PointTask(
                     point.id,
                     index,
                     settings,
-                    cost_fit.model(settings.record_bytes) if cost_fit is not None else cost,
+                    priced,
                     analysis.window_s,
                     analysis.converged_span_s,
                     analysis.hold_s,
                     phases,
+                    run_cost=cost_fit if isinstance(cost_fit, RunCostFit) else None,
                 )
             )
     return tasks, first
@@ -208,7 +215,7 @@ def run_sweep(
     progress: Progress | None = None,
     on_result: Any = None,
     expert_bytes: int | None = None,
-    cost_fit: CostFit | None = None,
+    cost_fit: CostFit | RunCostFit | None = None,
 ) -> Sweep:
     """Replay every point on every trace (locally in ``jobs`` processes, or on Dask)."""
     base = base or control_name(loaded)
@@ -222,7 +229,28 @@ def run_sweep(
     rows = pd.DataFrame(found)
     rows.insert(1, "label", rows["point"].map({p.id: p.label() for p in points}))
     ladder = ladder_frame(rows.drop(columns=["label"]), points)
-    return Sweep(loaded, base, points, [t.path for t in traces], rows, ladder, warnings, settings)
+    return Sweep(
+        loaded, base, points, [t.path for t in traces], rows, ladder, warnings, settings,
+        pricing=_pricing(cost_fit),
+    )  # fmt: skip
+
+
+def _pricing(cost_fit: CostFit | RunCostFit | None) -> str:
+    """What the ladder's decode speed and seconds are priced by, in a line."""
+    if isinstance(cost_fit, RunCostFit):
+        low, high = cost_fit.load_range
+        return (
+            f"tok/s: the client's decode speed from each point's expert loads a token, priced by "
+            f"the per-run fit of {cost_fit.source} ({cost_fit.runs} runs, loads {low:.3g}-"
+            f"{high:.3g} a token; † outside them, an extrapolation); T90 and churn in the "
+            "default cost model's seconds (a per-run fit prices no step)"
+        )
+    if isinstance(cost_fit, CostFit):
+        return f"tok/s, T90 and churn priced by the step fit of {cost_fit.source}"
+    return (
+        "tok/s, T90 and churn priced by the default cost model (not the box's; fit-cost a "
+        "finished campaign and pass --cost for the box's)"
+    )
 
 
 def ladder_value(ladder: pd.DataFrame, point: str, column: str) -> float:
@@ -265,6 +293,7 @@ def write_sweep(sweep: Sweep, root: Path, text: str, figure: bytes | None) -> No
             for p in sweep.points
         ],
         "warnings": sweep.warnings,
+        "pricing": sweep.pricing,
     }  # fmt: skip
     (root / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     (root / "sweep.md").write_text(text, encoding="utf-8")

@@ -67,13 +67,18 @@ def ladder_text(
         cells = [mark, str(row["point"]), str(row["label"])]
         for column in columns:
             delta = row.get(f"{column} Δ%")
-            cells.append(_cell(column, float(row[column]), None if delta is None else float(delta)))
+            text = _cell(column, float(row[column]), None if delta is None else float(delta))
+            if column == "decode_tok_s" and (row.get("decode_extrapolated") or 0) > 0:
+                text += " †"
+            cells.append(text)
         table.append(cells)
     widths = [max(len(r[i]) for r in table) for i in range(len(heads))]
     for r in table:
         lines.append("  ".join(text.ljust(w) for text, w in zip(r, widths, strict=True)).rstrip())
     if front is not None:
         lines.append("* Pareto front on the gated metrics; > picked for the card")
+    if sweep.pricing:
+        lines.append(sweep.pricing)
     return "\n".join(lines) + "\n"
 
 
