@@ -57,6 +57,10 @@ DEFAULT_HOLD_S = 4.0
 NS_PER_S = 1_000_000_000
 # Tokens a decode step emits: one request decoding (C1). Prefill steps emit other counts.
 DECODE_TOKENS = 1
+# Words in every note this module writes about timing a recovery (T90, T2x, speed recovery, or a
+# phase too short to time one), and in none about the phase's cold share itself: a report on a
+# frozen map, where nothing recovers, leaves those notes out (:func:`times_recovery`).
+RECOVERY_TIMING_MARKS = ("never recovered", "(T90 n/a)", "converged_span_s + hold_s")
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -402,6 +406,12 @@ def recovery_from_windows(
             )
         )
     return out
+
+
+def times_recovery(note: str) -> bool:
+    """Whether a recovery note (as written here, or grouped by the seed tables) is about timing
+    a recovery rather than about the phase's cold share."""
+    return any(mark in note for mark in RECOVERY_TIMING_MARKS)
 
 
 def recovery_measured(

@@ -26,6 +26,7 @@ import pandas as pd
 
 from harness.analyze.cell_values import cell_keys, cell_value, finite, jsonable, median_of, ratio_of
 from harness.analyze.predicted import PredictedVsMeasured
+from harness.analyze.recovery import times_recovery
 from harness.analyze.recovery_stats import (
     median_never_slowest,
     ratio_interval,
@@ -123,6 +124,9 @@ class RecoveryLadder:
     notes: tuple[str, ...]
     window_s: float
     hold_s: float
+    # 1-based ids of the notes about timing a recovery (not about a phase's cold share): a
+    # report on a frozen map, where nothing recovers, leaves them out.
+    timing_notes: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -321,6 +325,7 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
         notes=tuple(notes),
         window_s=card.analysis.window_s,
         hold_s=card.analysis.hold_s,
+        timing_notes=tuple(i for i, note in enumerate(notes, 1) if times_recovery(note)),
     )
 
 

@@ -115,8 +115,7 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     # row's marks still point at its notes.
     notes, numbers = list(ladder.notes), {i: i for i in range(1, len(ladder.notes) + 1)}
     if frozen:
-        t90_only = ("never recovered", "no excess", "under converged_span_s", "shorter than")
-        kept = [(i, n) for i, n in enumerate(ladder.notes, 1) if not any(w in n for w in t90_only)]
+        kept = [(i, n) for i, n in enumerate(ladder.notes, 1) if i not in ladder.timing_notes]
         notes = [n for _, n in kept]
         numbers = {old: new for new, (old, _) in enumerate(kept, 1)}
     rows = []

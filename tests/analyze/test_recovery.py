@@ -16,7 +16,9 @@ from harness.analyze.recovery import (
     ring_summary,
     swap_cost,
     time_to_stay,
+    times_recovery,
 )
+from harness.analyze.seed_tables import _general
 from harness.errors import BadInput, RingError
 
 STEP_NS = 500_000_000  # four steps per 2 s window
@@ -244,6 +246,26 @@ def test_phase_recovery_no_excess_and_never_recovers() -> None:
     assert second.t90_s is None
     assert second.t2x_s is None
     assert any(n.startswith("T90: never recovered") for n in second.notes)
+
+
+def test_every_note_on_timing_a_recovery_is_known_as_one() -> None:
+    # A frozen map's report leaves these notes out by times_recovery: no excess (plain and
+    # within noise), never recovered, a phase too short, and that note as the seed tables
+    # group it; a phase without lookups is about its cold share and stays.
+    flat = [0] * 5 + [1] * 10 + [2] * 10
+    share = [1] * 5 + [3] * 10 + [30, 25, 20, 18, 16, 3, 3, 3, 3, 25]
+    first, second = phase_recovery(_ring_from_windows(flat, share), converged_span_s=6.0)
+    wobble = [5.0, 7.0, 5.0, 6.0, 4.0, 6.0, 5.0, 6.0, 5.0, 5.0]
+    (noise,) = phase_recovery(_ring_from_windows([0] * 3 + [1] * 10, [5.0] * 3 + wobble), 2.0)
+    (short,) = phase_recovery(_ring_from_windows([0] * 3 + [1] * 2, [5.0] * 3 + [40.0, 5.0]), 2.0)
+    notes = [*first.notes, *second.notes, *noise.notes, *short.notes]
+    kinds = ("no excess:", "never recovered", "no excess beyond noise", "phase lasted")
+    for kind in kinds:
+        assert any(kind in n for n in notes), (kind, notes)
+    assert all(times_recovery(n) for n in notes), notes
+    grouped = _general(next(n for n in short.notes if n.startswith("phase lasted")))
+    assert grouped.startswith("phase shorter than") and times_recovery(grouped)
+    assert not times_recovery("no lookups in this phase: no cold share")
 
 
 # --- swap cost, churn, inter-token p99 ------------------------------------------------------------
