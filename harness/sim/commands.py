@@ -63,11 +63,10 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.sim.trace_files import load_trace
 
     loaded = load_card(Path(args.card))
-    cost_fit = None
-    if args.cost:  # before the traces: a bad cost file is found without loading them
-        from harness.sim.cost_fit import read_cost
+    from harness.sim.cost_fit import CostFit, read_cost
 
-        cost_fit = read_cost(Path(args.cost))
+    # Before the traces: a bad cost file is found without loading them.
+    cost_fit = read_cost(Path(args.cost)) if args.cost else None
     traces = [load_trace(path, experts=args.experts) for path in args.traces]
     cost = CostModel(
         step_ns=round(args.step_ms * 1e6),
@@ -113,6 +112,10 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
             out.write(
                 "    predicted (fitted cost, 95% interval): " + _speed_text(cell.speed) + "\n"
             )
+            if isinstance(cost_fit, CostFit) and (
+                note := cost_fit.size_note(cell.settings.record_bytes)
+            ):
+                out.write(f"    note: {note}\n")
         for metric, label in (("t90_s", "T90"), ("t2x_s", "T2x")):
             band = cell.recovery.get(metric)
             if band is not None and band.get("estimate") is not None:
@@ -145,29 +148,44 @@ def _speed_text(speed: dict[str, dict[str, float]]) -> str:
 
 
 def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.sim.cost_fit import TERMS, fit_cost, write_cost
+    from harness.sim.cost_fit import fit_cost, write_cost
 
     if args.per_run:
+        if len(args.campaign) > 1:
+            raise BadInput("--per-run fits one campaign's runs: give one DIR")
         return _fit_run_cost(args, out)
-    fit = fit_cost(Path(args.campaign), seed=args.seed)
+    fit = fit_cost([Path(c) for c in args.campaign], seed=args.seed)
     write_cost(fit, Path(args.output))
     out.write(
         f"fitted from {fit.steps:,} host steps of {fit.runs} runs: R² {fit.r2:.4f}, residual SD "
         f"{fit.residual_sd_ns / 1e6:.3f} ms "
         f"(decode steps {fit.decode_residual_sd_ns / 1e6:.3f} ms)\n"
     )
+    size = f"{fit.record_bytes:,} bytes" if fit.record_bytes else "a row"
     names = {"step_ns": "per step", "token_ns": "per token", "cold_lookup_ns": "per cold lookup",
-             "swap_ns": "per applied swap"}  # fmt: skip
-    for term in TERMS:
+             "swap_ns": "per applied swap",
+             "cold_size_ns": f"per cold lookup, more per {size} more of row",
+             "swap_size_ns": f"per applied swap, more per {size} more of row"}  # fmt: skip
+    for term in fit.terms:
         low, high = fit.interval[term]
         out.write(
             f"  {names[term]}: {fit.estimate[term] / 1e6:.4f} ms "
             f"[{low / 1e6:.4f}, {high / 1e6:.4f}] (95%, runs resampled)\n"
         )
-    if fit.record_bytes:
+    if fit.record_bytes and len(fit.row_sizes) > 1:
+        sizes = ", ".join(f"{b:,}" for b in fit.row_sizes)
+        out.write(
+            f"  cold lookup and swap terms are for expert rows of {fit.record_bytes:,} bytes, "
+            f"and grow along a line fitted over rows of {sizes} bytes (read from the rings' "
+            "bytes_read); a cell of another size reads the line, outside it extrapolates\n"
+        )
+        if fit.size_warning:
+            out.write(f"WARNING: {fit.size_warning}\n")
+    elif fit.record_bytes:
         out.write(
             f"  cold lookup and swap terms are for expert rows of {fit.record_bytes:,} bytes "
-            "(read from the rings' bytes_read); a cell of another size scales them\n"
+            "(read from the rings' bytes_read); a cell of another size scales them whole (fit "
+            "from campaigns of two expert_bytes, fit-cost DIR DIR, to measure how they grow)\n"
         )
     ratio = fit.measured_swap.get("swap_cost_ratio")
     per_swap = fit.measured_swap.get("swap_ms_per_swap")
@@ -186,7 +204,7 @@ def _fit_run_cost(args: argparse.Namespace, out: TextIO) -> int:
     from harness.formats.records import write_json_atomic
     from harness.sim.run_cost_fit import fit_run_cost
 
-    fit = fit_run_cost(Path(args.campaign), seed=args.seed)
+    fit = fit_run_cost(Path(args.campaign[0]), seed=args.seed)
     write_json_atomic(Path(args.output), fit.to_json())
     low, high = fit.load_range
     out.write(
@@ -382,7 +400,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "fit-cost",
         help="fit a host step's cost (per step, token, cold lookup, swap) from a campaign's rings",
     )
-    cost.add_argument("campaign", metavar="DIR", help="a finished campaign directory")
+    cost.add_argument(
+        "campaign",
+        metavar="DIR",
+        nargs="+",
+        help="a finished campaign directory; several are pooled (campaigns of two expert_bytes "
+        "split each cold and swap cost into its cost at one row size and its growth with size)",
+    )
     cost.add_argument("-o", "--output", default="cost.json", help="where to write (cost.json)")
     cost.add_argument("--seed", type=int, default=0, help="seed of the run resampling (0)")
     cost.add_argument(

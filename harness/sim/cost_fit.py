@@ -8,11 +8,15 @@ it leaves unexplained: R², the residual spread, and the residuals themselves (a
 of the decode steps' residuals, which a prediction adds back so that its p95 carries the
 box's noise and not only the model's mean).
 
-A cold lookup reads one expert row and a swap copies one, so both scale with the row's size:
+A cold lookup reads one expert row and a swap copies one, so both grow with the row's size:
 where the rings record ``bytes_read``, each run's row size is read from it and the two terms are
-fitted per row of ``record_bytes`` (the campaign's own size), and a prediction for a cell of
-another size scales them by the ratio (an extrapolation in size that the fit cannot check:
-say so when the sizes differ). Rings without bytes fit them per lookup as recorded.
+fitted per row of ``record_bytes`` (the runs' median size). Fitted from runs of one size, a
+prediction for a cell of another size scales them by the ratio (all of a lookup's cost taken to
+be bytes: an extrapolation in size that the fit cannot check). Fitted from runs of two sizes or
+more (``fit-cost DIR DIR``, campaigns of two ``expert_bytes``), each term is split into its cost
+at ``record_bytes`` and its growth per row of that size more (``SIZE_TERMS``), a line in size
+that a cell between the fitted sizes reads off and one outside extrapolates. Rings without bytes
+fit them per lookup as recorded.
 
 A client sees more than the ring's steps. At concurrency 1 a request is one prefill then its
 decode steps, and its TPOT is the mean of those steps plus what the HTTP path adds to every
@@ -67,6 +71,10 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 TERMS = ("step_ns", "token_ns", "cold_lookup_ns", "swap_ns")
+# Fitted only from runs of two row sizes or more: ns a cold lookup (a swap) grows by per
+# ``record_bytes`` of row beyond ``record_bytes`` (with one size, the whole term scales instead).
+SIZE_TERMS = ("cold_size_ns", "swap_size_ns")
+_count_words = {4: "four", 6: "six"}
 REPLICATES = 200
 RESIDUAL_SAMPLE = 4000
 FloatArray = npt.NDArray[np.float64]
@@ -84,7 +92,7 @@ class CostFit:
     r2: float
     residual_sd_ns: float
     decode_residual_sd_ns: float
-    replicates: list[list[float]]  # one [step, token, cold, swap] per resample
+    replicates: list[list[float]]  # one [step, token, cold, swap(, cold_size, swap_size)] each
     residuals_ns: list[float]  # a seeded sample of decode steps' residuals
     measured_swap: dict[str, float | None] = field(default_factory=dict)
     seed: int = 0
@@ -92,6 +100,54 @@ class CostFit:
     # The HTTP path, where the runs had requests: ms a streamed token costs beyond its decode
     # step (median over runs), each resample's beside ``replicates``.
     client: dict[str, Any] | None = None
+    row_sizes: tuple[int, ...] = ()  # the distinct row sizes of the fitted runs
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The fitted terms: TERMS, and SIZE_TERMS where runs of two sizes were fitted."""
+        return TERMS + SIZE_TERMS if SIZE_TERMS[0] in self.estimate else TERMS
+
+    @property
+    def size_warning(self) -> str | None:
+        """Where a fitted line in size falls as rows grow (its whole interval below zero): the
+        pooled campaigns differ in more than their rows — another machine speed, other traffic —
+        and the split put that difference on size."""
+        falling = [
+            name
+            for term, name in zip(SIZE_TERMS, ("cold lookup", "swap"), strict=True)
+            if term in self.interval and self.interval[term][1] < 0
+        ]
+        if not falling:
+            return None
+        return (
+            f"the {' and '.join(falling)} cost fitted to fall as rows grow: the campaigns pooled "
+            "differ in more than expert_bytes (another machine speed, other traffic), and the fit "
+            "put that on size; fit from campaigns run side by side on one box, alike but for "
+            "expert_bytes"
+        )
+
+    def size_note(self, record_bytes: int | None) -> str | None:
+        """What pricing rows of ``record_bytes`` rests on, where it is not the fitted size."""
+        if self.record_bytes is None or record_bytes is None or record_bytes == self.record_bytes:
+            return None
+        if self.size_warning is not None:
+            return f"rows of {record_bytes:,} bytes priced by a doubtful line in size: " + (
+                self.size_warning
+            )
+        if record_bytes in self.row_sizes:
+            return None
+        if len(self.row_sizes) >= 2 and min(self.row_sizes) <= record_bytes <= max(self.row_sizes):
+            return None  # read off the fitted line in size
+        if len(self.row_sizes) >= 2:
+            return (
+                f"rows of {record_bytes:,} bytes lie outside the fitted sizes "
+                f"({min(self.row_sizes):,}-{max(self.row_sizes):,}): the line in size is "
+                "extrapolated"
+            )
+        return (
+            f"rows of {record_bytes:,} bytes, fitted at {self.record_bytes:,}: cold and swap "
+            "costs scaled by the ratio (fit from campaigns of two expert_bytes to measure it)"
+        )
 
     def _scale(self, record_bytes: int | None) -> float:
         if self.record_bytes is None or record_bytes is None or self.record_bytes <= 0:
@@ -101,7 +157,7 @@ class CostFit:
     def model(self, record_bytes: int | None = None) -> CostModel:
         """The point estimate as the simulator's cost model (no term below 0 ns), its cold and
         swap terms scaled to rows of ``record_bytes``."""
-        return _model((self.estimate[t] for t in TERMS), self._scale(record_bytes))
+        return _model([self.estimate[t] for t in self.terms], self._scale(record_bytes))
 
     def replicate_models(self, record_bytes: int | None = None) -> list[CostModel]:
         """One cost model per resample of runs, for predictions with the fit's uncertainty."""
@@ -116,7 +172,7 @@ class CostFit:
             "runs": self.runs,
             "steps": self.steps,
             "terms": {
-                t: {"estimate": self.estimate[t], "ci": list(self.interval[t])} for t in TERMS
+                t: {"estimate": self.estimate[t], "ci": list(self.interval[t])} for t in self.terms
             },
             "r2": self.r2,
             "residual_sd_ns": self.residual_sd_ns,
@@ -126,13 +182,20 @@ class CostFit:
             "residuals_ns": self.residuals_ns,
             "seed": self.seed,
             "record_bytes": self.record_bytes,
+            "row_sizes": list(self.row_sizes),
             "client": self.client,
         }
 
 
-def _model(values: Any, scale: float = 1.0) -> CostModel:
-    step, token, cold, swap = (float(v) for v in values)
-    cold, swap = cold * scale, swap * scale
+def _model(values: list[float], scale: float = 1.0) -> CostModel:
+    """A cost model from fitted terms, for rows ``scale`` times the fit's size: the cold and
+    swap terms scaled whole (one size fitted) or along their fitted lines in size."""
+    step, token, cold, swap = (float(v) for v in values[:4])
+    if len(values) > 4:
+        cold_size, swap_size = (float(v) for v in values[4:6])
+        cold, swap = cold + cold_size * (scale - 1.0), swap + swap_size * (scale - 1.0)
+    else:
+        cold, swap = cold * scale, swap * scale
     step_ns, token_ns, cold_ns, swap_ns = (max(0, round(v)) for v in (step, token, cold, swap))
     return CostModel(step_ns=step_ns, token_ns=token_ns, cold_lookup_ns=cold_ns, swap_ns=swap_ns)
 
@@ -150,16 +213,18 @@ def row_bytes(ring: pd.DataFrame) -> int | None:
     return round(float(np.median(read[some] / loads[some])))
 
 
-def _design(ring: pd.DataFrame, scale: float) -> tuple[FloatArray, FloatArray]:
-    x = np.column_stack(
-        [
-            np.ones(len(ring)),
-            ring["tokens"].to_numpy(dtype=np.float64),
-            ring["cold_lookups"].to_numpy(dtype=np.float64) * scale,
-            ring["swaps"].to_numpy(dtype=np.float64) * scale,
-        ]
-    )
-    return x, ring["dur_ns"].to_numpy(dtype=np.float64)
+def _design(ring: pd.DataFrame, scale: float, split: bool = False) -> tuple[FloatArray, FloatArray]:
+    """The regressors of a ring's steps: 1, tokens, cold lookups, swaps — the last two in
+    rows of the fit's size (``scale`` this run's row over it); or, ``split`` (runs of several
+    sizes), as counted, with each again times ``scale - 1`` for the size terms."""
+    cold = ring["cold_lookups"].to_numpy(dtype=np.float64)
+    swaps = ring["swaps"].to_numpy(dtype=np.float64)
+    columns = [np.ones(len(ring)), ring["tokens"].to_numpy(dtype=np.float64)]
+    if split:
+        columns += [cold, swaps, cold * (scale - 1.0), swaps * (scale - 1.0)]
+    else:
+        columns += [cold * scale, swaps * scale]
+    return np.column_stack(columns), ring["dur_ns"].to_numpy(dtype=np.float64)
 
 
 def _solve(x: FloatArray, y: FloatArray) -> FloatArray:
@@ -255,34 +320,48 @@ def _client_summary(
     }
 
 
-def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> CostFit:
-    """Fit the step cost from every ok run's ring in ``root`` (BadInput when none can)."""
+def fit_cost(root: Path | list[Path], *, seed: int = 0, replicates: int = REPLICATES) -> CostFit:
+    """Fit the step cost from every ok run's ring in ``root`` — one campaign, or several
+    pooled (runs of two row sizes split the cold and swap terms) — BadInput when none can."""
     from harness.formats.verify import verify_campaign
 
-    verify_campaign(root)  # a fit from records that do not verify would predict from anything
-    rings, clients = _rings(root)
+    roots = [root] if isinstance(root, Path) else list(root)
+    rings: list[pd.DataFrame] = []
+    clients: list[float | None] = []
+    for each in roots:
+        verify_campaign(each)  # a fit from records that do not verify would predict from anything
+        more, paths = _rings(each)
+        rings += more
+        clients += paths
+    source = ", ".join(str(r) for r in roots)  # what cost.json and every message name
     if not rings:
         raise BadInput(
-            f"{root}: no ok run with a telemetry ring (ring.parquet): a per-step fit needs a "
+            f"{source}: no ok run with a telemetry ring (ring.parquet): a per-step fit needs a "
             "campaign on a runtime that writes one (the reference runtime, or seed 000's hook); "
             "for a runtime with counters only, fit from run aggregates with --per-run"
         )
     sizes = [row_bytes(r) for r in rings]
     known = [b for b in sizes if b is not None]
     reference = round(float(np.median(known))) if known and len(known) == len(sizes) else None
+    # Runs of two sizes or more (a few bytes apart is the same size read through rounding).
+    sizes_seen = sorted({int(b) for b in known}) if reference else []
+    split = bool(reference) and max(sizes_seen) > 1.05 * min(sizes_seen)
+    row_sizes = sizes_seen if split else [reference] if reference else []
+    terms = TERMS + SIZE_TERMS if split else TERMS
     # Each run's cold and swap counts in rows of the reference size (1 where bytes are unknown).
     parts = [
-        _design(r, (b / reference) if reference and b else 1.0)
+        _design(r, (b / reference) if reference and b else 1.0, split)
         for r, b in zip(rings, sizes, strict=True)
     ]
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
     if np.linalg.matrix_rank(x) < x.shape[1]:
-        varied = [t for t, col in zip(TERMS[1:], x[:, 1:].T, strict=True) if np.ptp(col) > 0]
+        varied = [t for t, col in zip(terms[1:], x[:, 1:].T, strict=True) if np.ptp(col) > 0]
         raise BadInput(
-            f"{root}: the rings cannot separate the four costs (only {', '.join(varied) or 'no'} "
-            "term(s) vary across steps): fit from a campaign whose runs have prefill and decode "
-            "steps, cold lookups and swaps (an adaptive cell, a domain shift)"
+            f"{source}: the rings cannot separate the {_count_words[len(terms)]} costs (only "
+            f"{', '.join(varied) or 'no'} term(s) vary across steps): fit from a campaign whose "
+            "runs have prefill and decode steps, cold lookups and swaps (an adaptive cell, a "
+            "domain shift)" + (", at each row size" if split else "")
         )
     coef = _solve(x, y)
     residual = y - x @ coef
@@ -301,7 +380,7 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
         picks.append(pick)
     if len(draws) < replicates // 2:
         raise BadInput(
-            f"{root}: too few runs carry swaps or cold lookups for an interval "
+            f"{source}: too few runs carry swaps or cold lookups for an interval "
             f"({len(draws)} of {replicates} resamples could price every term): fit from more runs"
         )
     table = np.asarray(draws)
@@ -312,11 +391,11 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
         sample = rng.choice(decode_residual, RESIDUAL_SAMPLE, replace=False)
     measured = [swap_cost(r) for r in rings]
     return CostFit(
-        source=str(root),
+        source=source,
         runs=len(rings),
         steps=int(y.size),
-        estimate={t: float(c) for t, c in zip(TERMS, coef, strict=True)},
-        interval={t: (float(lo), float(hi)) for t, lo, hi in zip(TERMS, low, high, strict=True)},
+        estimate={t: float(c) for t, c in zip(terms, coef, strict=True)},
+        interval={t: (float(lo), float(hi)) for t, lo, hi in zip(terms, low, high, strict=True)},
         r2=r2,
         residual_sd_ns=float(residual.std(ddof=x.shape[1])),
         decode_residual_sd_ns=float(decode_residual.std()) if decode_residual.size else 0.0,
@@ -329,6 +408,7 @@ def fit_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> Cost
         seed=seed,
         record_bytes=reference,
         client=_client_summary(clients, picks),
+        row_sizes=tuple(row_sizes),
     )
 
 
@@ -352,8 +432,9 @@ def read_cost(path: Path) -> CostFit | RunCostFit:
         return read_run_cost(path, data)
     try:
         terms = data["terms"]
-        estimate = {t: float(terms[t]["estimate"]) for t in TERMS}
-        interval = {t: (float(terms[t]["ci"][0]), float(terms[t]["ci"][1])) for t in TERMS}
+        names = TERMS + SIZE_TERMS if SIZE_TERMS[0] in terms else TERMS
+        estimate = {t: float(terms[t]["estimate"]) for t in names}
+        interval = {t: (float(terms[t]["ci"][0]), float(terms[t]["ci"][1])) for t in names}
         replicates = [[float(v) for v in row] for row in data["replicates"]]
         residuals = [float(v) for v in data["residuals_ns"]]
         fit = CostFit(
@@ -371,13 +452,14 @@ def read_cost(path: Path) -> CostFit | RunCostFit:
             seed=int(data.get("seed", 0)),
             record_bytes=(None if data.get("record_bytes") is None else int(data["record_bytes"])),
             client=_read_client(data.get("client"), len(replicates)),
+            row_sizes=tuple(int(b) for b in data.get("row_sizes") or ()),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise BadInput(
             f"{path}: cost model field missing or mistyped ({exc}); fit it again"
         ) from None
-    bad = [t for t in TERMS if not math.isfinite(estimate[t])]
-    if bad or any(len(row) != len(TERMS) for row in replicates):
+    bad = [t for t in names if not math.isfinite(estimate[t])]
+    if bad or any(len(row) != len(names) for row in replicates):
         raise BadInput(f"{path}: cost model terms are not finite numbers; fit it again")
     return fit
 

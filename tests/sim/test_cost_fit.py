@@ -17,8 +17,8 @@ import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.cell_values import cell_value
-from harness.sim.cost_fit import TERMS, fit_cost, read_cost, request_steps
-from tests.conftest import DATA, REPO, run_cli
+from harness.sim.cost_fit import TERMS, CostFit, fit_cost, read_cost, request_steps
+from tests.conftest import DATA, REPO, run_cli, shipped_card_variant
 from tests.sim.test_simulate import simulate_domains
 
 WASHED = DATA / "campaigns" / "demo-washed"
@@ -42,6 +42,61 @@ def test_the_fit_gives_back_the_costs_a_simulation_was_priced_with(tmp_path: Pat
         low, high = fit.interval[term]  # exact data: every resample gives the same costs
         assert low == pytest.approx(known[term], rel=1e-6)
         assert high == pytest.approx(known[term], rel=1e-6)
+
+
+def test_campaigns_of_two_row_sizes_split_the_cold_and_swap_costs_into_a_line_in_size(
+    tmp_path: Path,
+) -> None:
+    # Two simulations of the demo, rows of 1 MiB and 2 MiB, priced with cold lookups and swaps
+    # that grow along a line in size but not in proportion to it (0.05 ms a 1-MiB lookup, 0.08
+    # ms a 2-MiB one: a fixed 0.02 ms and 0.03 ms a MiB). Pooled, the fit must give that line
+    # back exactly — the proportional scaling of a one-size fit would price 2 MiB at 0.10 ms.
+    trace = next((WASHED / "runs").glob("0000-*")) / "route-trace.jsonl"
+    priced = {1048576: ("0.05", "0.4"), 2097152: ("0.08", "0.6")}
+    sims = []
+    for size, (cold, swap) in priced.items():
+        card = shipped_card_variant(
+            "demo.yaml",
+            tmp_path / f"card{size}",
+            {"expert_bytes: 2097152": f"expert_bytes: {size}"},
+        )
+        out = tmp_path / f"sim{size}"
+        sim = run_cli("simulate", str(card), "--traces", str(trace), "--out", str(out),
+                      "--step-ms", "0.3", "--token-ms", "0.2", "--cold-ms", cold,
+                      "--swap-ms", swap)  # fmt: skip
+        assert sim.code == 0, sim.stderr
+        sims.append(str(out))
+    fitted = run_cli("fit-cost", *sims, "-o", str(tmp_path / "cost.json"))
+    assert fitted.code == 0, fitted.stderr
+    assert (
+        "R² 1.0000" in fitted.stdout and "fitted over rows of 1,048,576, 2,097,152" in fitted.stdout
+    )
+    fit = read_cost(tmp_path / "cost.json")
+    assert isinstance(fit, CostFit) and fit.row_sizes == (1048576, 2097152)
+    for size, (cold, swap) in priced.items():
+        model = fit.model(size)
+        assert model.cold_lookup_ns == pytest.approx(float(cold) * 1e6, abs=2)
+        assert model.swap_ns == pytest.approx(float(swap) * 1e6, abs=2)
+        assert fit.size_note(size) is None
+    wider = fit.model(3 * 1048576)  # along the line: 0.02 + 3 × 0.03 ms
+    assert wider.cold_lookup_ns == pytest.approx(0.11e6, abs=2)
+    assert "outside the fitted sizes" in str(fit.size_note(3 * 1048576))
+    # One campaign alone fits one size, and says how another would be priced.
+    (one,) = sims[:1]
+    alone = fit_cost(Path(one))
+    assert alone.row_sizes == (1048576,) and "scaled by the ratio" in str(alone.size_note(2097152))
+
+
+def test_a_line_in_size_that_falls_as_rows_grow_is_called_doubtful() -> None:
+    # Two real fixtures recorded on other days, with other cards (the demo at 2 MiB rows, the
+    # ladder at 1 MiB): pooled, the split puts their machine and traffic difference on size and
+    # prices the larger row cheaper. The fit says so, and so does every cell it prices at
+    # another size than its own.
+    fit = fit_cost([WASHED, DATA / "campaigns" / "ladder-shaped"])
+    assert fit.row_sizes == (1048576, 2097152)
+    assert fit.size_warning is not None and "differ in more than expert_bytes" in fit.size_warning
+    assert "doubtful line in size" in str(fit.size_note(1048576))
+    assert fit.size_note(fit.record_bytes) is None
 
 
 def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path) -> None:
