@@ -348,7 +348,7 @@ def _without_warmup(trace: Trace) -> Trace:
     keep = trace.phase >= 0
     if keep.all() or not keep.any():
         return trace
-    return trace_from_arrays(
+    kept = trace_from_arrays(
         trace.experts[keep],
         prefill=trace.prefill[keep],
         phase=trace.phase[keep],
@@ -357,13 +357,16 @@ def _without_warmup(trace: Trace) -> Trace:
         path=trace.path,
         fmt=trace.format,
     )
+    kept.unscored = trace.unscored  # host-step numbers, kept as they were: still unscored
+    return kept
 
 
 def _scored(result: ReplayResult) -> np.ndarray:
     """Host steps of requests a client times: not warm-up, not an unscored extension."""
     scored = np.asarray(result.phase >= 0, dtype=bool).copy()
-    for start, end in result.unscored:
-        scored[start:end] = False
+    for start, end in result.unscored:  # host-step numbers, not positions: as run_counters
+        first, last = np.searchsorted(result.steps, [start, end], side="left")
+        scored[int(first) : int(last)] = False
     return scored
 
 

@@ -12,10 +12,12 @@ import pandas as pd
 import pytest
 
 from harness.analyze.campaign import analyze_campaign
+from harness.card import load_card
 from harness.formats.maps import write_rowmap
 from harness.gate.evaluate import evaluate_gates
 from harness.sim.commands import register
 from harness.sim.replay import replay_fast
+from harness.sim.simulate import _scored, _without_warmup, simulate_cells
 from harness.sim.trace_files import load_trace
 from harness.sim.traces import concat_traces
 from tests.conftest import CliResult, run_cli
@@ -214,3 +216,16 @@ def test_an_as_run_trace_runs_the_until_recovered_extension_as_the_run_does(
     for start, end in trace.unscored:
         extended |= (trace.steps >= start) & (trace.steps < end)
     assert extended.any() and (trace.phase[extended] == 1).all()
+    # A simulation of it times only the requests a client scores: the extension's host steps
+    # are left out of the steps that price the client's TPOT, and only they — also in the
+    # replay of a cold run, which starts after the trace's warm-up (so its host-step numbers
+    # are not positions, and the extension must survive dropping the warm-up).
+    cold = _without_warmup(trace)
+    assert cold.rows < trace.rows and cold.unscored == trace.unscored
+    (result, *_) = (c.result for c in simulate_cells(load_card(card), cold))
+    left_out = np.zeros(len(result.steps), dtype=bool)
+    for start, end in trace.unscored:
+        left_out |= (result.steps >= start) & (result.steps < end)
+    scored = _scored(result)
+    assert left_out.any() and not scored[left_out].any()
+    assert scored[~left_out & (result.phase >= 0)].all()
