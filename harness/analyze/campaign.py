@@ -481,7 +481,9 @@ def _simulation_mismatches(root: Path, sibling: Path) -> list[str]:
         return [f"could not compare the card with the simulation: {problem}"]
 
 
-def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeasured | None:
+def _predictions(
+    root: Path, card: Card, cells: pd.DataFrame, shifts: pd.DataFrame
+) -> PredictedVsMeasured | None:
     """Predicted against measured from the newest simulated sibling of the same campaign."""
     for sibling in simulated_siblings(root, card.campaign):
         try:
@@ -492,8 +494,9 @@ def _predictions(root: Path, card: Card, cells: pd.DataFrame) -> PredictedVsMeas
             continue
         source = f"{sibling.parent.name}/{sibling.name}"
         found = predicted_vs_measured(
-            card, cells, predicted.cells, source, _predicted_speed(sibling)
-        )
+            card, cells, predicted.cells, source, _predicted_speed(sibling),
+            shifts=(shifts, predicted.shifts),
+        )  # fmt: skip
         if found is not None:
             return replace(
                 found,
@@ -578,7 +581,9 @@ def analyze_campaign(
         flags.extend(fleet.flags)
     simulated = (root / "SIMULATED").is_file()
     cells = _cell_table(runs, card)
-    predicted = _predictions(root, card, cells) if predictions and not simulated else None
+    predicted = (
+        _predictions(root, card, cells, tables.shifts) if predictions and not simulated else None
+    )
     seed_tables = build_seed_tables(
         card, cells, tables.shifts, tables.domains, pd.DataFrame(comparison_rows(comparisons)),
         predicted, runs,

@@ -5,16 +5,23 @@ measured campaign reads the newest such sibling and pairs its cell table with it
 Where the simulation priced its ring with a fitted cost model (``simulate --cost``), its
 ``predicted_speed.json`` gives the speeds with the fit's 95% intervals, and each row says
 whether the box's value lies inside; per metric, whether the predicted order of the cells held.
+
+T90 and T2x are read from each side's shifts, not from the cell table's medians (which drop a
+run that never recovered as if it had not run): per run the worst shift with an excess, "never"
+the slowest of all, and the median over the runs that had one — "never" where at least half of
+them never recovered. A box that never recovered is then outside any closed predicted interval.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
 from harness.analyze.cell_values import cell_value, finite
+from harness.analyze.recovery_stats import median_never_slowest
 from harness.card import Card
 
 # Runtime-side metrics a simulator predicts, shown predicted against measured.
@@ -33,6 +40,7 @@ PREDICTED_METRICS = (
     "tpot_p50_ms",
 )
 CLIENT_ONLY = frozenset({"decode_tok_s", "tpot_p50_ms"})
+RECOVERY_METRICS = ("t90_s", "t2x_s")
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,9 @@ class Prediction:
     # and what survives the machine running at another speed than when the cost was fitted.
     predicted_vs_control: float | None = None
     measured_vs_control: float | None = None
+    # A recovery time whose median run never recovered (its value None above).
+    predicted_never: bool = False
+    measured_never: bool = False
 
     @property
     def relative_ratio(self) -> float | None:
@@ -60,7 +71,10 @@ class Prediction:
     @property
     def within(self) -> bool | None:
         """Whether the measured value lies in the predicted interval (None: no interval). A
-        recovery time's interval may be open above (some draws never recovered)."""
+        recovery time's interval may be open above (some draws never recovered): only that one
+        holds a box that never recovered."""
+        if self.low is not None and self.measured_never:
+            return self.high is None
         if self.low is None or self.measured is None:
             return None
         return self.low <= self.measured and (self.high is None or self.measured <= self.high)
@@ -138,28 +152,56 @@ def predicted_vs_measured(
     predicted: pd.DataFrame,
     source: str,
     speed: dict[str, dict[str, dict[str, float]]] | None = None,
+    shifts: tuple[pd.DataFrame, pd.DataFrame] | None = None,
 ) -> PredictedVsMeasured | None:
     """Rows for every predicted metric either side has; None when neither has any. ``speed``
     is a fitted cost's prediction per cell and metric (estimate, low, high), which replaces the
-    simulated ring's own figure (priced without the box's noise) and brings an interval."""
+    simulated ring's own figure (priced without the box's noise) and brings an interval.
+    ``shifts`` (measured, predicted: each campaign's shifts table) gives T90 and T2x with
+    "never" counted (:func:`recovery_median`)."""
     state = card.design.cache_states[0]
     rows = []
     for metric in PREDICTED_METRICS:
         for cell in card.cells:
             value = cell_value(measured, cell, state, metric)
             guess = cell_value(predicted, cell, state, metric)
+            never = {"measured_never": False, "predicted_never": False}
+            if shifts is not None and metric in RECOVERY_METRICS:
+                value = recovery_median(shifts[0], cell, state, metric)
+                guess = recovery_median(shifts[1], cell, state, metric)
+                never = {"measured_never": value == math.inf, "predicted_never": guess == math.inf}
+                value, guess = (None if v == math.inf else v for v in (value, guess))
             band = (speed or {}).get(cell, {}).get(metric)
             low = high = None
             if band is not None:
                 guess, low, high = (finite(band.get(k)) for k in ("estimate", "low", "high"))
-            if (value is None and guess is None) or (metric in CLIENT_ONLY and band is None):
+                never["predicted_never"] = False  # the fit's estimate recovered, or gave none
+            seen = value is not None or guess is not None or any(never.values())
+            if not seen or (metric in CLIENT_ONLY and band is None):
                 continue
-            rows.append(Prediction(metric, cell, guess, value, low, high))
+            rows.append(Prediction(metric, cell, guess, value, low, high, **never))
     if not rows:
         return None
     rows = _against_control(rows, card.control)
     orders, pairs = _orders(rows)
     return PredictedVsMeasured(source, state, tuple(rows), orders, pairs)
+
+
+def recovery_median(shifts: pd.DataFrame, cell: str, state: str, metric: str) -> float | None:
+    """A cell's T90 or T2x over its runs with "never" counted: per run, the worst shift with an
+    excess (never: inf); the median over runs that had one (inf when at least half never
+    recovered); None when no run had a shift with an excess."""
+    if shifts.empty or metric not in shifts.columns:
+        return None
+    mine = shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
+    if "excess" in mine.columns:
+        mine = mine[mine["excess"].fillna(True).astype(bool)]
+    worst = []
+    for _, run in mine.groupby("run_id"):
+        times = [finite(v) for v in run[metric]]
+        finite_times = [t for t in times if t is not None]
+        worst.append(math.inf if len(finite_times) < len(times) else max(finite_times))
+    return median_never_slowest(worst)
 
 
 def _against_control(rows: list[Prediction], control: str | None) -> list[Prediction]:

@@ -360,8 +360,8 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             "cell": r.cell,
             "predicted": r.predicted,
             "measured": r.measured,
-            "predicted_text": fmt.num(r.predicted),
-            "measured_text": fmt.num(r.measured),
+            "predicted_text": "never" if r.predicted_never else fmt.num(r.predicted),
+            "measured_text": "never" if r.measured_never else fmt.num(r.measured),
             "error_text": fmt.num(r.error),
             "interval_text": (
                 f"[{fmt.num(r.low)}, {fmt.num(r.high) if r.high is not None else '∞'}]"

@@ -119,10 +119,11 @@ def _cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
         for metric, label in (("t90_s", "T90"), ("t2x_s", "T2x")):
             band = cell.recovery.get(metric)
             if band is not None and band.get("estimate") is not None:
-                high = band.get("high")
+                low, high = band.get("low"), band.get("high")
                 out.write(
                     f"    predicted {label}: {band['estimate']:.2f} s "
-                    f"[{band.get('low') or 0:.2f}, {'open' if high is None else f'{high:.2f}'}]"
+                    f"[{'—' if low is None else f'{low:.2f}'}, "
+                    f"{'open' if high is None else f'{high:.2f}'}]"
                     " (fitted cost, 95%, widened by a window)\n"
                 )
     out.write(f"campaign directory: {root}\n")
@@ -148,7 +149,7 @@ def _speed_text(speed: dict[str, dict[str, float]]) -> str:
 
 
 def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
-    from harness.sim.cost_fit import fit_cost, write_cost
+    from harness.sim.cost_fit import MIN_RUNS, fit_cost, write_cost
 
     if args.per_run:
         if len(args.campaign) > 1:
@@ -187,6 +188,19 @@ def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
             "(read from the rings' bytes_read); a cell of another size scales them whole (fit "
             "from campaigns of two expert_bytes, fit-cost DIR DIR, to measure how they grow)\n"
         )
+    if fit.client is not None:
+        overhead = fit.client["tpot_overhead_ms"]
+        low, high = overhead["ci"]
+        out.write(
+            f"  the HTTP path, beyond a token's decode step: {overhead['estimate']:.4f} ms "
+            f"[{low:.4f}, {high:.4f}] a token (median of {fit.client['runs']} runs; client TPOT "
+            "and decode tok/s are predicted with it)\n"
+        )
+    else:
+        out.write(
+            f"  the HTTP path: not fitted (under {MIN_RUNS} runs whose requests match their "
+            "ring one by one, at concurrency 1): no client TPOT or decode tok/s is predicted\n"
+        )
     ratio = fit.measured_swap.get("swap_cost_ratio")
     per_swap = fit.measured_swap.get("swap_ms_per_swap")
     if ratio is not None and per_swap is not None:
@@ -204,13 +218,13 @@ def _fit_run_cost(args: argparse.Namespace, out: TextIO) -> int:
     from harness.formats.records import write_json_atomic
     from harness.sim.run_cost_fit import fit_run_cost
 
-    fit = fit_run_cost(Path(args.campaign[0]), seed=args.seed)
+    fit = fit_run_cost(Path(args.campaign[0]))
     write_json_atomic(Path(args.output), fit.to_json())
     low, high = fit.load_range
     out.write(
         f"fitted from {fit.runs} runs (one point each): R² {fit.r2:.4f}\n"
         f"  ms a decode token with no expert loads: {fit.base_ms:.4f} "
-        f"[{fit.base_ci[0]:.4f}, {fit.base_ci[1]:.4f}] (95%, runs resampled)\n"
+        f"[{fit.base_ci[0]:.4f}, {fit.base_ci[1]:.4f}] (95%, t on runs − 2 degrees of freedom)\n"
         f"  ms per expert load a token: {fit.per_load_ms:.4f} "
         f"[{fit.per_load_ci[0]:.4f}, {fit.per_load_ci[1]:.4f}]\n"
         f"  fitted over {low:.4g}–{high:.4g} loads a token; a cell outside is extrapolated\n"

@@ -76,6 +76,10 @@ TERMS = ("step_ns", "token_ns", "cold_lookup_ns", "swap_ns")
 SIZE_TERMS = ("cold_size_ns", "swap_size_ns")
 _count_words = {4: "four", 6: "six"}
 REPLICATES = 200
+# Runs a fit needs, and runs whose requests matched the ring one by one for the HTTP path: with
+# fewer, resamples of runs repeat a handful of values and a "95%" interval is far too narrow
+# (one run gives every resample the same fit: an interval of zero width).
+MIN_RUNS = 4
 RESIDUAL_SAMPLE = 4000
 FloatArray = npt.NDArray[np.float64]
 
@@ -302,8 +306,9 @@ def _client_summary(
     clients: list[float | None], picks: list[npt.NDArray[np.int64]]
 ) -> dict[str, Any] | None:
     """The HTTP path's ms a token, the median over runs, with a 95% interval over the fit's
-    resamples of runs (one per kept replicate, in the same order)."""
-    if not any(c is not None for c in clients):
+    resamples of runs (one per kept replicate, in the same order); None under MIN_RUNS runs
+    with a match."""
+    if sum(c is not None for c in clients) < MIN_RUNS:
         return None
 
     def median(indices: Any) -> float:
@@ -334,6 +339,11 @@ def fit_cost(root: Path | list[Path], *, seed: int = 0, replicates: int = REPLIC
         rings += more
         clients += paths
     source = ", ".join(str(r) for r in roots)  # what cost.json and every message name
+    if 0 < len(rings) < MIN_RUNS:
+        raise BadInput(
+            f"{source}: {len(rings)} ok run(s) with a telemetry ring; a fit needs {MIN_RUNS} or "
+            "more (its intervals resample runs, and a few runs resample to the same few fits)"
+        )
     if not rings:
         raise BadInput(
             f"{source}: no ok run with a telemetry ring (ring.parquet): a per-step fit needs a "
@@ -601,9 +611,11 @@ def predict_recovery(
         if not math.isfinite(estimate) or values.size == 0:
             continue  # never recovered at the point estimate: the sim's own "never" stands
         low, high = (float(v) for v in np.percentile(values, [2.5, 97.5]))
+        # The draws carry residual noise the point estimate's ring has not; where its mean
+        # moves them past the estimate, the interval still holds its own estimate.
         out[metric] = {
             "estimate": estimate,
-            "low": max(0.0, low - window_s) if math.isfinite(low) else None,
-            "high": high + window_s if math.isfinite(high) else None,
+            "low": min(max(0.0, low - window_s), estimate) if math.isfinite(low) else None,
+            "high": max(high + window_s, estimate) if math.isfinite(high) else None,
         }
     return out

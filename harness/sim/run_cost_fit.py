@@ -6,13 +6,18 @@ observation instead: its client time per decode token (the scored requests' deco
 their decode tokens) against its expert loads per token served (the counters' delta: loads, or
 the cache's misses where a runtime counts no loads; tokens from the counters, else the scored
 requests' prompt and completion tokens). A straight line through the runs, ms a token at no
-loads and ms per load a token, with 95% intervals from resampling runs and R².
+loads and ms per load a token, with R² and 95% intervals from the regression's own standard
+errors on n − 2 degrees of freedom (Student's t). Not from resampling runs: with the four to a
+dozen runs a campaign gives, a bootstrap of runs has too few distinct resamples, and its
+"95%" line covered the true one about half the time at four runs (two a rate).
 
 A replay's counters then give a cell's loads per token, and the line its decode time per token:
 ``decode_tok_s`` (1000 ÷ it) and ``tpot_p50_ms`` (it: the mean stands for the median, which
-per-run data cannot give). The line needs runs whose load rates differ — two maps, a cache of
-another size, an adaptive cell — and prices only what it saw: a rate outside the fitted range
-is an extrapolation, flagged in the prediction.
+per-run data cannot give), with the line's 95% interval at that rate — the fit's uncertainty,
+which widens away from the runs' mean rate; not the box's run-to-run spread. The line needs
+runs whose load rates differ — two maps, a cache of another size, an adaptive cell — and prices
+only what it saw: a rate outside the fitted range is an extrapolation, flagged in the
+prediction.
 """
 
 from __future__ import annotations
@@ -24,15 +29,22 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from harness.analyze.metrics import request_metrics
 from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json
 
-__all__ = ["KIND", "RunCostFit", "fit_run_cost", "predict_run_speed", "read_run_cost"]
+__all__ = [
+    "KIND",
+    "RunCostFit",
+    "fit_points",
+    "fit_run_cost",
+    "predict_run_speed",
+    "read_run_cost",
+]
 
 KIND = "per-run"
-REPLICATES = 200
 MIN_RUNS = 4
 
 
@@ -47,9 +59,21 @@ class RunCostFit:
     base_ci: tuple[float, float]
     per_load_ci: tuple[float, float]
     r2: float
-    replicates: list[list[float]]  # one [base_ms, per_load_ms] per resample of runs
+    points: list[list[float]]  # [loads per token, ms per decode token] of each fitted run
     load_range: tuple[float, float]  # loads per token across the fitted runs
-    seed: int = 0
+
+    def line_interval(self, rate: float) -> tuple[float, float]:
+        """The fitted line's 95% interval at ``rate`` loads per token (t on n − 2 degrees of
+        freedom; it widens with the distance from the runs' mean rate)."""
+        x = np.asarray([p[0] for p in self.points], dtype=np.float64)
+        y = np.asarray([p[1] for p in self.points], dtype=np.float64)
+        residual = y - (self.base_ms + self.per_load_ms * x)
+        n = x.size
+        sd = math.sqrt(float((residual**2).sum()) / (n - 2))
+        spread = float(((x - x.mean()) ** 2).sum())
+        half = _t95(n) * sd * math.sqrt(1.0 / n + (rate - float(x.mean())) ** 2 / spread)
+        point = self.base_ms + self.per_load_ms * rate
+        return point - half, point + half
 
     def to_json(self) -> dict[str, Any]:
         """cost.json's content."""
@@ -61,10 +85,14 @@ class RunCostFit:
             "base_ms": {"estimate": self.base_ms, "ci": list(self.base_ci)},
             "per_load_ms": {"estimate": self.per_load_ms, "ci": list(self.per_load_ci)},
             "r2": self.r2,
-            "replicates": self.replicates,
+            "points": self.points,
             "load_range": list(self.load_range),
-            "seed": self.seed,
         }
+
+
+def _t95(n: int) -> float:
+    """The two-sided 95% t quantile for a line fitted through ``n`` points."""
+    return float(stats.t.ppf(0.975, n - 2))
 
 
 def load_rate(delta: dict[str, Any], tokens: float | None = None) -> float | None:
@@ -108,22 +136,26 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def fit_run_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> RunCostFit:
+def fit_run_cost(root: Path) -> RunCostFit:
     """Fit the per-run line from every ok run in ``root`` (BadInput when it cannot)."""
     from harness.formats.verify import verify_campaign
 
     verify_campaign(root)
-    points = _run_points(root)
+    return fit_points(_run_points(root), str(root))
+
+
+def fit_points(points: list[tuple[float, float]], source: str) -> RunCostFit:
+    """The line through (loads per token, ms per decode token) points, one a run."""
     if len(points) < MIN_RUNS:
         raise BadInput(
-            f"{root}: {len(points)} ok run(s) with timed requests and load counters (expert "
+            f"{source}: {len(points)} ok run(s) with timed requests and load counters (expert "
             f"loads or misses); a per-run fit needs {MIN_RUNS} or more"
         )
     x = np.asarray([p[0] for p in points], dtype=np.float64)
     y = np.asarray([p[1] for p in points], dtype=np.float64)
     if np.ptp(x) <= 0:
         raise BadInput(
-            f"{root}: every run loaded experts at the same rate ({x[0]:.4g} a token): a per-run "
+            f"{source}: every run loaded experts at the same rate ({x[0]:.4g} a token): a per-run "
             "fit needs runs whose load rates differ (two maps, another cache size, an adaptive "
             "cell)"
         )
@@ -131,25 +163,22 @@ def fit_run_cost(root: Path, *, seed: int = 0, replicates: int = REPLICATES) -> 
     residual = y - (base + per_load * x)
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else 1.0
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(replicates):
-        pick = rng.integers(0, len(points), len(points))
-        if np.ptp(x[pick]) > 0:
-            draws.append(_line(x[pick], y[pick]))
-    table = np.asarray(draws, dtype=np.float64)
-    low, high = np.percentile(table, [2.5, 97.5], axis=0)
+    n = x.size
+    sd = math.sqrt(float((residual**2).sum()) / (n - 2))
+    spread = float(((x - x.mean()) ** 2).sum())
+    t = _t95(n)
+    slope_se = sd / math.sqrt(spread)
+    base_se = sd * math.sqrt(1.0 / n + float(x.mean()) ** 2 / spread)
     return RunCostFit(
-        source=str(root),
-        runs=len(points),
+        source=source,
+        runs=n,
         base_ms=base,
         per_load_ms=per_load,
-        base_ci=(float(low[0]), float(high[0])),
-        per_load_ci=(float(low[1]), float(high[1])),
+        base_ci=(base - t * base_se, base + t * base_se),
+        per_load_ci=(per_load - t * slope_se, per_load + t * slope_se),
         r2=r2,
-        replicates=[[float(a), float(b)] for a, b in table],
+        points=[[float(a), float(b)] for a, b in points],
         load_range=(float(x.min()), float(x.max())),
-        seed=seed,
     )
 
 
@@ -160,8 +189,7 @@ def predict_run_speed(fit: RunCostFit, delta: dict[str, Any]) -> dict[str, dict[
     if rate is None:
         return {}
     point = fit.base_ms + fit.per_load_ms * rate
-    draws = np.asarray([a + b * rate for a, b in fit.replicates], dtype=np.float64)
-    low, high = (float(v) for v in np.percentile(draws, [2.5, 97.5]))
+    low, high = fit.line_interval(rate)
     outside = not fit.load_range[0] <= rate <= fit.load_range[1]
     flag = {"extrapolated": 1.0} if outside else {}
     if point <= 0 or low <= 0:
@@ -183,14 +211,16 @@ def read_run_cost(path: Path, data: dict[str, Any]) -> RunCostFit:
             base_ci=(float(data["base_ms"]["ci"][0]), float(data["base_ms"]["ci"][1])),
             per_load_ci=(float(data["per_load_ms"]["ci"][0]), float(data["per_load_ms"]["ci"][1])),
             r2=float(data["r2"]),
-            replicates=[[float(a), float(b)] for a, b in data["replicates"]],
+            points=[[float(a), float(b)] for a, b in data["points"]],
             load_range=(float(data["load_range"][0]), float(data["load_range"][1])),
-            seed=int(data.get("seed", 0)),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise BadInput(
             f"{path}: per-run cost model field missing or mistyped ({exc}); fit it again"
         ) from None
-    if not all(math.isfinite(v) for v in (fit.base_ms, fit.per_load_ms)) or not fit.replicates:
+    finite = all(math.isfinite(v) for p in fit.points for v in p)
+    if not all(math.isfinite(v) for v in (fit.base_ms, fit.per_load_ms)) or not finite:
         raise BadInput(f"{path}: per-run cost model terms are not finite numbers; fit it again")
+    if len(fit.points) < MIN_RUNS or len({p[0] for p in fit.points}) < 2:
+        raise BadInput(f"{path}: a per-run cost model needs {MIN_RUNS} runs at two rates or more")
     return fit

@@ -7,8 +7,10 @@ their intervals and whether the box's values lie inside."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,18 @@ import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.cell_values import cell_value
-from harness.sim.cost_fit import TERMS, CostFit, fit_cost, read_cost, request_steps
+from harness.card import load_card
+from harness.sim.cost_fit import (
+    TERMS,
+    CostFit,
+    fit_cost,
+    predict_recovery,
+    read_cost,
+    request_steps,
+)
+from harness.sim.run_cost_fit import fit_points
+from harness.sim.simulate import _priced_ring, simulate_cells
+from harness.sim.trace_files import load_trace
 from tests.conftest import DATA, REPO, run_cli, shipped_card_variant
 from tests.sim.test_simulate import simulate_domains
 
@@ -232,6 +245,24 @@ def test_a_sweep_priced_by_a_fit_predicts_speed_and_its_pick_carries_the_interva
     assert speed["cells"], speed
 
 
+def test_a_fit_from_too_few_runs_is_refused(tmp_path: Path) -> None:
+    # Two runs: every resample of runs is one of three fits, and a "95%" interval over them
+    # would claim a precision two runs cannot give (one run: an interval of zero width).
+    trace = next((WASHED / "runs").glob("0000-*")) / "route-trace.jsonl"
+    few = {
+        "order: abba": "order: sequential",
+        "cycles: 4 ": "cycles: 1 ",
+        "  max_cycles: 6 ": "  # max_cycles: 6 ",
+        "sequential: true": "sequential: false",
+    }
+    card = shipped_card_variant("demo.yaml", tmp_path / "card", few)
+    sim = run_cli("simulate", str(card), "--traces", str(trace), "--out", str(tmp_path / "sim"))
+    assert sim.code == 0, sim.stderr
+    refused = run_cli("fit-cost", str(tmp_path / "sim"), "-o", str(tmp_path / "cost.json"))
+    assert refused.code == 2 and "a fit needs 4 or more" in refused.stderr, refused.stderr
+    assert not (tmp_path / "cost.json").exists()
+
+
 def test_a_rings_requests_are_its_prefill_runs_and_the_decode_steps_after_them() -> None:
     # Steps: a probe's decode before any prefill (no request), a two-step prefill (one request)
     # and three decode steps, then a prefill and one decode step.
@@ -279,3 +310,40 @@ def test_a_per_run_fit_predicts_client_speed_from_a_replays_loads(tmp_path: Path
     control = float(ladder.loc["control", "decode_tok_s"])
     assert control == pytest.approx(simulated["decode_tok_s"]["estimate"], rel=1e-9)
     assert ladder["decode_tok_s"].nunique() > 1  # another drain rate, other loads, other speed
+
+
+def test_a_per_run_lines_interval_covers_the_true_line_at_four_runs() -> None:
+    # Four runs, two at each load rate (the fewest a per-run fit takes), noise of SD 1 ms about
+    # y = 10 + 10x: the line's 95% interval at each end must cover the true line in about 95%
+    # of campaigns. A bootstrap of runs covered it in 46% (every resample is one run, the
+    # other, or their mean).
+    rng = np.random.default_rng(7)
+    x = np.array([0.0, 0.0, 1.0, 1.0])
+    covered = {0.0: 0, 1.0: 0}
+    trials = 2000
+    for _ in range(trials):
+        y = 10.0 + 10.0 * x + rng.normal(0.0, 1.0, x.size)
+        fit = fit_points(list(zip(x.tolist(), y.tolist(), strict=True)), "synthetic")
+        for rate in covered:
+            low, high = fit.line_interval(rate)
+            covered[rate] += low <= 10.0 + 10.0 * rate <= high
+    for rate, hits in covered.items():
+        assert 0.93 < hits / trials < 0.97, (rate, hits / trials)
+
+
+def test_a_predicted_recovery_holds_its_own_estimate(tmp_path: Path) -> None:
+    # Residuals that run 4 ms slow on average (a misfit of the decode steps) move every priced
+    # draw later than the point estimate's noiseless ring: the interval must still hold it.
+    root = tmp_path / "c"
+    shutil.copytree(WASHED, root)
+    fit = dataclasses.replace(fit_cost(root), residuals_ns=[4e6] * 50)
+    trace = load_trace(next((root / "runs").glob("0000-*")) / "route-trace.jsonl")
+    card = load_card(REPO / "campaigns" / "demo.yaml")
+    stale = next(c for c in simulate_cells(card, trace) if c.name == "stale")
+    analysis = card.card.analysis
+    band = predict_recovery(fit, partial(_priced_ring, stale), stale.settings.record_bytes,
+                            window_s=analysis.window_s, converged_span_s=analysis.converged_span_s,
+                            hold_s=analysis.hold_s)["t90_s"]  # fmt: skip
+    estimate, low, high = band["estimate"], band["low"], band["high"]
+    assert estimate is not None and low is not None and low <= estimate
+    assert high is None or estimate <= high
