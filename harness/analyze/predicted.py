@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from harness.analyze.cell_values import cell_value, finite
-from harness.analyze.recovery_stats import median_never_slowest
+from harness.analyze.recovery_stats import median_never_slowest, run_times, shift_excess
 from harness.card import Card
 
 # Runtime-side metrics a simulator predicts, shown predicted against measured.
@@ -194,13 +194,11 @@ def recovery_median(shifts: pd.DataFrame, cell: str, state: str, metric: str) ->
     if shifts.empty or metric not in shifts.columns:
         return None
     mine = shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
-    if "excess" in mine.columns:
-        mine = mine[mine["excess"].fillna(True).astype(bool)]
     worst = []
     for _, run in mine.groupby("run_id"):
-        times = [finite(v) for v in run[metric]]
-        finite_times = [t for t in times if t is not None]
-        worst.append(math.inf if len(finite_times) < len(times) else max(finite_times))
+        times, _ = run_times(run[metric], shift_excess(run))
+        if times:
+            worst.append(max(times))
     return median_never_slowest(worst)
 
 

@@ -23,6 +23,7 @@ or a mapping of numpy arrays). Every pass over steps is vectorised (np.add.reduc
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -406,6 +407,19 @@ def recovery_from_windows(
             )
         )
     return out
+
+
+def general_note(note: str) -> str:
+    """A recovery note without its per-run numbers, so equal notes group across runs (a
+    ladder's 18 runs read 14 notes of "1 of 18 runs" apiece while each carried its own peak).
+    Beside the notes' words, which :func:`recovery_from_windows` writes."""
+    note = re.sub(r"^phase lasted [0-9.]+ s, under", "phase shorter than", note)
+    return re.sub(
+        r"the peak \([0-9.]+%\) is within the windows' sampling noise of the converged value "
+        r"\([0-9.]+% \+ [0-9.]+ points\)",
+        "the peak is within the windows' sampling noise of the converged value",
+        note,
+    )
 
 
 def times_recovery(note: str) -> bool:

@@ -21,11 +21,19 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from harness.analyze.cell_values import finite
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95
+
+
+def shift_excess(shifts: pd.DataFrame) -> pd.Series[Any]:
+    """Which shifts had an excess (records analysed before the column existed: those with T90)."""
+    if "excess" in shifts.columns:
+        return shifts["excess"].fillna(True).astype(bool)
+    return pd.Series([True] * len(shifts), index=shifts.index)
 
 
 def run_times(times: Iterable[Any], excess: Iterable[Any]) -> tuple[list[float], int]:

@@ -16,7 +16,6 @@ report all read them from here. Pure functions of the frames they are handed.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -26,12 +25,13 @@ import pandas as pd
 
 from harness.analyze.cell_values import cell_keys, cell_value, finite, jsonable, median_of, ratio_of
 from harness.analyze.predicted import PredictedVsMeasured
-from harness.analyze.recovery import times_recovery
+from harness.analyze.recovery import general_note, times_recovery
 from harness.analyze.recovery_stats import (
     median_never_slowest,
     ratio_interval,
     ratio_reason,
     run_times,
+    shift_excess,
     time_range,
 )
 from harness.analyze.swap_table import SwapCost, swap_cost_frame, swap_cost_table
@@ -170,18 +170,6 @@ class RecoveryLadder:
         return pd.DataFrame(rows)
 
 
-def _general(note: str) -> str:
-    """A recovery note without its per-run numbers, so equal notes group across runs (a
-    ladder's 18 runs read 14 notes of "1 of 18 runs" apiece while each carried its own peak)."""
-    note = re.sub(r"^phase lasted [0-9.]+ s, under", "phase shorter than", note)
-    return re.sub(
-        r"the peak \([0-9.]+%\) is within the windows' sampling noise of the converged value "
-        r"\([0-9.]+% \+ [0-9.]+ points\)",
-        "the peak is within the windows' sampling noise of the converged value",
-        note,
-    )
-
-
 def t90_median(values: Iterable[Any]) -> tuple[float | None, int]:
     """Median T90 where "never" (None) counts as infinitely slow; and how many never recovered.
 
@@ -190,13 +178,6 @@ def t90_median(values: Iterable[Any]) -> tuple[float | None, int]:
     """
     times = [math.inf if finite(v) is None else float(v) for v in values]
     return median_never_slowest(times), sum(1 for v in times if math.isinf(v))
-
-
-def _excess(sel: pd.DataFrame) -> pd.Series[Any]:
-    """Which shifts had an excess (records analysed before the column existed: those with T90)."""
-    if "excess" in sel.columns:
-        return sel["excess"].fillna(True).astype(bool)
-    return pd.Series([True] * len(sel), index=sel.index)
 
 
 def _summarise(
@@ -208,7 +189,7 @@ def _summarise(
     resolution_s: float = 0.0,
 ) -> tuple[T90, list[float]]:
     """One cell's T90 in one direction; also its measurable runs' times (for the control's)."""
-    excess = _excess(sel) if not sel.empty else pd.Series([], dtype=bool)
+    excess = shift_excess(sel) if not sel.empty else pd.Series([], dtype=bool)
     times, no_excess = run_times(sel["t90_s"] if not sel.empty else [], excess)
     t2x, _ = run_times(sel["t2x_s"] if not sel.empty else [], excess)
     median = median_never_slowest(times)
@@ -295,7 +276,7 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
             for note in sel.get("notes", []):
                 for part in str(note).split("; "):
                     if part:
-                        row_notes.append(f"{direction[0]}→{direction[1]}: {_general(part)}")
+                        row_notes.append(f"{direction[0]}→{direction[1]}: {general_note(part)}")
         converged = {
             phase: median_of(mine[mine["to_phase"] == phase]["converged_tok_s"])
             if not mine.empty

@@ -118,6 +118,15 @@ class ReplayResult:
             "decode_tokens": decode_tokens,
         }
 
+    def unscored_positions(self) -> list[tuple[int, int]]:
+        """The unscored extensions as [first, last) positions into the replay's host steps
+        (``unscored`` holds host-step numbers, which start where the trace does)."""
+        spans = []
+        for start, end in self.unscored:
+            first, last = np.searchsorted(self.steps, [start, end], side="left")
+            spans.append((int(first), int(last)))
+        return spans
+
     def run_counters(self, record_bytes: int = DEFAULT_RECORD_BYTES) -> dict[str, dict[str, int]]:
         """``before``/``after``/``delta`` as a run's ``counters.json``: ``before`` is read after
         the warmup (leading host steps tagged phase -1), so the delta leaves it out."""
@@ -127,10 +136,9 @@ class ReplayResult:
         after = self.counters(record_bytes)
         delta = {key: after[key] - before[key] for key in after}
         unscored = {key: 0 for key in after}
-        for start, end in self.unscored:  # as the runner does: counters on each side of them
-            first, last = np.searchsorted(self.steps, [start, end], side="left")
-            grew_from = self.counters(record_bytes, int(first))
-            grew_to = self.counters(record_bytes, int(last))
+        for first, last in self.unscored_positions():  # as the runner: counters either side
+            grew_from = self.counters(record_bytes, first)
+            grew_to = self.counters(record_bytes, last)
             for key in after:
                 unscored[key] += grew_to[key] - grew_from[key]
         out: dict[str, dict[str, int]] = {

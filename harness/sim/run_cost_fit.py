@@ -67,12 +67,9 @@ class RunCostFit:
         freedom; it widens with the distance from the runs' mean rate)."""
         x = np.asarray([p[0] for p in self.points], dtype=np.float64)
         y = np.asarray([p[1] for p in self.points], dtype=np.float64)
-        residual = y - (self.base_ms + self.per_load_ms * x)
-        n = x.size
-        sd = math.sqrt(float((residual**2).sum()) / (n - 2))
-        spread = float(((x - x.mean()) ** 2).sum())
-        half = _t95(n) * sd * math.sqrt(1.0 / n + (rate - float(x.mean())) ** 2 / spread)
         point = self.base_ms + self.per_load_ms * rate
+        sd = _residual_sd(x, y, self.base_ms, self.per_load_ms)
+        half = _t95(x.size) * _line_se(x, sd, rate)
         return point - half, point + half
 
     def to_json(self) -> dict[str, Any]:
@@ -88,6 +85,19 @@ class RunCostFit:
             "points": self.points,
             "load_range": list(self.load_range),
         }
+
+
+def _residual_sd(x: np.ndarray, y: np.ndarray, base: float, slope: float) -> float:
+    """The SD of the points about the line ``base + slope * x``, on n − 2 degrees of freedom."""
+    residual = y - (base + slope * x)
+    return math.sqrt(float((residual**2).sum()) / (x.size - 2))
+
+
+def _line_se(x: np.ndarray, sd: float, rate: float) -> float:
+    """The standard error of a line fitted through points at ``x`` (residual SD ``sd``), read
+    at ``rate``: sd · √(1/n + (rate − x̄)²/Sxx). At rate 0 it is the intercept's."""
+    spread = float(((x - x.mean()) ** 2).sum())
+    return sd * math.sqrt(1.0 / x.size + (rate - float(x.mean())) ** 2 / spread)
 
 
 def _t95(n: int) -> float:
@@ -164,11 +174,10 @@ def fit_points(points: list[tuple[float, float]], source: str) -> RunCostFit:
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else 1.0
     n = x.size
-    sd = math.sqrt(float((residual**2).sum()) / (n - 2))
-    spread = float(((x - x.mean()) ** 2).sum())
     t = _t95(n)
-    slope_se = sd / math.sqrt(spread)
-    base_se = sd * math.sqrt(1.0 / n + float(x.mean()) ** 2 / spread)
+    sd = _residual_sd(x, y, base, per_load)
+    slope_se = sd / math.sqrt(float(((x - x.mean()) ** 2).sum()))
+    base_se = _line_se(x, sd, 0.0)
     return RunCostFit(
         source=source,
         runs=n,

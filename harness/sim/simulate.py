@@ -364,9 +364,8 @@ def _without_warmup(trace: Trace) -> Trace:
 def _scored(result: ReplayResult) -> np.ndarray:
     """Host steps of requests a client times: not warm-up, not an unscored extension."""
     scored = np.asarray(result.phase >= 0, dtype=bool).copy()
-    for start, end in result.unscored:  # host-step numbers, not positions: as run_counters
-        first, last = np.searchsorted(result.steps, [start, end], side="left")
-        scored[int(first) : int(last)] = False
+    for first, last in result.unscored_positions():
+        scored[first:last] = False
     return scored
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from harness.analyze.recovery import (
     RING_COLUMNS,
     cold_share_windows,
+    general_note,
     phase_recovery,
     recovery_time,
     ring_summary,
@@ -18,7 +19,6 @@ from harness.analyze.recovery import (
     time_to_stay,
     times_recovery,
 )
-from harness.analyze.seed_tables import _general
 from harness.errors import BadInput, RingError
 
 STEP_NS = 500_000_000  # four steps per 2 s window
@@ -263,11 +263,11 @@ def test_every_note_on_timing_a_recovery_is_known_as_one() -> None:
     for kind in kinds:
         assert any(kind in n for n in notes), (kind, notes)
     assert all(times_recovery(n) for n in notes), notes
-    grouped = _general(next(n for n in short.notes if n.startswith("phase lasted")))
+    grouped = general_note(next(n for n in short.notes if n.startswith("phase lasted")))
     assert grouped.startswith("phase shorter than") and times_recovery(grouped)
     assert not times_recovery("no lookups in this phase: no cold share")
     # Grouped over runs without their own numbers, so one note counts every run it is true of.
-    (within_noise,) = (_general(n) for n in noise.notes if "beyond noise" in n)
+    (within_noise,) = (general_note(n) for n in noise.notes if "beyond noise" in n)
     assert "%" not in within_noise and "points" not in within_noise and times_recovery(within_noise)
 
 

@@ -142,12 +142,13 @@ def plan_tasks(
     phases = tuple(p.name for p in loaded.card.workload.phases or [])
     tasks = []
     first: dict[str, CellSettings] = {}
+    step_fit = cost_fit if isinstance(cost_fit, CostFit) else None
+    run_cost = cost_fit if isinstance(cost_fit, RunCostFit) else None
     for point in points:
         swept = point_cell(cell, point)
         for index, trace in enumerate(traces):
             settings = cell_settings(loaded, base, trace, cell=swept, expert_bytes=expert_bytes)
             first.setdefault(point.id, settings)
-            step_fit = cost_fit if isinstance(cost_fit, CostFit) else None
             priced = step_fit.model(settings.record_bytes) if step_fit else cost
             tasks.append(
                 PointTask(
@@ -159,7 +160,7 @@ def plan_tasks(
                     analysis.converged_span_s,
                     analysis.hold_s,
                     phases,
-                    run_cost=cost_fit if isinstance(cost_fit, RunCostFit) else None,
+                    run_cost=run_cost,
                 )
             )
     return tasks, first
