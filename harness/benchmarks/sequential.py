@@ -30,19 +30,39 @@ after itself against the control after itself — is exactly 0:
 
 For each: one-sided false *better* (target ≤ α/2 within Monte Carlo error) and, with +5% and
 +10% deployed effects at 3% and 6% block noise, power and mean cycles.
+
+That bank shares the decision's own picture of carry-over: a shift of the block after a switch,
+which a washout clears by the whole block. A second bank does not
+(:mod:`harness.stats.traffic_sim`): carry-over is a state of the box that every request moves
+towards its arm's level, with a half-life (or, for a page cache that only traffic evicts, a
+turnover time) of a quarter block to three blocks of traffic, into the control, into the
+candidate, or heat (the candidate 3% faster on a cool box, every request slower as the box heats
+under candidate traffic), at 2% block noise. It runs the default design, the demo's (a quarter-
+block washout, looks at 4…6), the ladder's (a quarter-block washout, 3 fixed cycles, read as
+ABBA/BAAB) and no washout, through the same decision, and holds each to the same ≤ α/2.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from harness.benchmarks import Figure
+from harness.stats.box_state import check_state
 from harness.stats.cycles import margin_log
-from harness.stats.design_sim import BETTER, Layout, Scenario, run_looks, simulate_blocks
+from harness.stats.design_sim import (
+    BETTER,
+    CARRY,
+    Layout,
+    Scenario,
+    run_looks,
+    simulate_blocks,
+)
 from harness.stats.sequential import SequentialPlan
+from harness.stats.traffic_sim import BoxState, TrafficScenario, probed_blocks, simulate_traffic
 
 FIRST, MAX = 3, 8
 ALPHA = 0.05
@@ -94,9 +114,8 @@ BANK = (
 )
 
 # Designs: (name, washout share, the carry-over check). A washout absorbs one order of
-# carry-over and one more per whole block it lasts (design_sim.Layout.washout_units), so the
-# whole-block washout, the default, is the design for carry-over that survives a block of other
-# traffic.
+# carry-over per whole block it lasts (design_sim.Layout.washout_units): the whole-block
+# washout, the default, clears the first order and the quarter block none.
 DEFAULT_WASHOUT = 1.0
 DESIGNS = (
     ("washout", DEFAULT_WASHOUT, True),
@@ -183,6 +202,7 @@ def run_bench(quick: bool = False) -> list[Figure]:
                         power >= 0.8 if headline else None,
                     )
                 )
+    figures.extend(traffic_bank(quick))
     figures.append(
         Figure(
             "look levels reach",
@@ -192,3 +212,137 @@ def run_bench(quick: bool = False) -> list[Figure]:
         )
     )
     return figures
+
+
+# The second bank: carry-over as a state that relaxes with traffic (harness.stats.traffic_sim).
+TRAFFIC_NOISE = 0.02
+LIVES = (0.25, 0.5, 1.0, 2.0, 3.0)  # blocks of traffic
+TRAFFIC_SEED = 5400
+
+
+def traffic_states(life: float) -> tuple[tuple[str, BoxState, float], ...]:
+    """(name, state, the candidate's intrinsic effect before the null is set) of each kind."""
+    return (
+        ("state into control", BoxState("decay", life, DOWN3, 0.0), 0.0),
+        (
+            "state into candidate",
+            BoxState("decay", life, 0.0, UP3, target_control=1.0, target_candidate=0.0),
+            0.0,
+        ),
+        ("heat", BoxState("decay", life, DOWN3, DOWN3), UP3),
+        ("page cache (evicted by traffic only)", BoxState("evict", life, DOWN3, 0.0), 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class TrafficDesign:
+    """A design of the second bank: its washout share and its looks."""
+
+    name: str
+    washout: float
+    first: int
+    last: int
+    sequential: bool = True
+
+
+TRAFFIC_DESIGNS = (
+    TrafficDesign("default (washout 1, looks 3..8)", DEFAULT_WASHOUT, FIRST, MAX),
+    TrafficDesign("demo (washout 0.25, looks 4..6)", 0.25, 4, 6),
+    TrafficDesign("ladder (washout 0.25, 3 cycles)", 0.25, 3, 3, sequential=False),
+    TrafficDesign("no washout (looks 3..8)", 0.0, FIRST, MAX),
+)
+
+
+def traffic_bank(quick: bool = False) -> list[Figure]:
+    """False *better* of every design on every state kind and life, decided by the analysis's
+    labels (design_sim.run_looks), the deployed effect exactly 0: unprobed (the box's state
+    unread, which no design here holds beyond a short life) and with a probe that reads the
+    state (harness.stats.box_state withholds a label while it has not settled)."""
+    n = 10_000 if quick else 100_000
+    half = ALPHA / 2
+    se = math.sqrt(half * (1 - half) / n)
+    allowed = half + 2 * se
+    figures: list[Figure] = []
+    seed = TRAFFIC_SEED
+    for design in TRAFFIC_DESIGNS:
+        plan = SequentialPlan(design.first, design.last, 1, ALPHA)
+        looks = plan.scheduled() if design.sequential else [design.last]
+        level = plan.nominal_alpha if design.sequential else (lambda _m: ALPHA)
+        layout = Layout(washout=design.washout)
+        held_by = {"unprobed": 0, "state probed": 0}
+        cases = 0
+        for life in LIVES:
+            for kind, state, effect in traffic_states(life):
+                seed += 1
+                scenario = TrafficScenario(effect, TRAFFIC_NOISE, state).null()
+                blocks = simulate_traffic(
+                    np.random.default_rng(seed), n, design.last, scenario, layout
+                )
+                cases += 1
+                for how, held in (
+                    ("unprobed", None),
+                    ("state probed", _probe_holds(layout, state)),
+                ):
+                    codes, _ = run_looks(blocks, looks, level, MARGIN, layout=layout, held=held)
+                    rate = float((codes == BETTER).mean())
+                    carried = float((codes == CARRY).mean())
+                    held_by[how] += rate <= allowed
+                    figures.append(
+                        Figure(
+                            f"traffic-time {kind}, life {life:g} block(s): false better, "
+                            f"{design.name}, {how}",
+                            rate * 100,
+                            "%",
+                            f"{n} campaigns at {TRAFFIC_NOISE * 100:g}% block noise; ended "
+                            f"carry-over {carried * 100:.1f}% (MC SE {se * 100:.2f} points)",
+                            f"<= {half * 100:.1f}%" if how == "state probed" else "",
+                            rate <= allowed if how == "state probed" else None,
+                        )
+                    )
+        power, used = _probed_power(design, looks, level, layout, n)
+        figures.append(
+            Figure(
+                f"traffic-time power +5% at 3%, a flat probe, {design.name}",
+                power * 100,
+                "%",
+                f"mean {used:.2f} cycles, {n} campaigns (the check withholds nothing)",
+            )
+        )
+        for how, count in held_by.items():
+            figures.append(
+                Figure(
+                    f"traffic-time cases held, {design.name}, {how}",
+                    count,
+                    f"of {cases}",
+                    f"lives {', '.join(f'{v:g}' for v in LIVES)} blocks, four state kinds",
+                )
+            )
+    return figures
+
+
+def _probe_holds(layout: Layout, state: BoxState) -> Callable[[int], bool]:
+    """Whether the box-state check withholds a label at the look of m cycles: a probe that reads
+    the state exactly (harness.stats.box_state on the simulated readings)."""
+
+    def held(m: int) -> bool:
+        return any(c.unsettled for c in check_state(probed_blocks(layout, m, state)))
+
+    return held
+
+
+def _probed_power(
+    design: TrafficDesign,
+    looks: list[int],
+    level: Callable[[int], float],
+    layout: Layout,
+    n: int,
+) -> tuple[float, float]:
+    """+5% at 3% block noise on a box with no state: the probe reads a constant, and the check
+    must cost no power (it withholds nothing)."""
+    flat = BoxState("decay", 1.0, 0.0, 0.0, target_control=0.5, target_candidate=0.5)
+    scenario = TrafficScenario(math.log(1.05), 0.03, flat)
+    rng = np.random.default_rng(TRAFFIC_SEED)
+    blocks = simulate_traffic(rng, n, design.last, scenario, layout)
+    held = _probe_holds(layout, flat)
+    codes, used = run_looks(blocks, looks, level, MARGIN, layout=layout, held=held)
+    return float((codes == BETTER).mean()), float(used.mean())

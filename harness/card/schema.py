@@ -206,11 +206,12 @@ class Design(Strict):
         description="before every warm block is measured, requests of its own cell sent and "
         "not scored, as a share of a block's scored requests (1: a whole block, the paired "
         "AABB/BBAA design; at least one request): each scored block then follows its own arm, "
-        "so the comparison is the effect deployed, not the cell after a control block, and "
-        "state that outlives one block of other traffic clears too; 0.25 (a quarter block) "
-        "costs less wall time and clears only state a quarter block of own traffic clears; 0 "
-        "sends none and leaves carry-over to the crossover model, which costs power and fails "
-        "closed below 3 cycles",
+        "and state of the box that its own traffic clears within the washout cannot reach it; "
+        "state that outlives it (a box that heats for blocks, a page cache) still can, "
+        "whatever is declared (`harness bench sequential` prints, per design, which half-lives "
+        "of such state its labels hold against); 0.25 (a quarter block) costs less wall time "
+        "and clears only state a quarter block of own traffic clears; 0 sends none and leaves "
+        "carry-over to the crossover model, which costs power and fails closed below 3 cycles",
     )
     boot: BootDesign = Field(
         "per-block",

@@ -96,10 +96,13 @@ class Layout:
 
     @property
     def washout_units(self) -> int:
-        """How many orders of carry-over a washout absorbs: one, and one more for every whole
-        block of traffic it lasts (state that survives a block of other traffic, the second
-        order, needs a washout longer than a block)."""
-        return 1 + math.floor(self.washout) if self.washed else 0
+        """How many orders of carry-over a washout absorbs: one for every whole block of
+        traffic it lasts. In traffic time a block's worth of the arm's own requests clears one
+        block of after-effects, so after a one-block washout the scored block is the second
+        block after the switch and second-order carry-over reaches it; a part of a block clears
+        no whole order (it once counted as one, and a one-block washout as two: an audit
+        measured what that let through, and harness.stats.traffic_sim models why)."""
+        return math.floor(self.washout) if self.washed else 0
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,12 @@ def _units(layout: Layout, cycles: int) -> list[_Unit]:
             box = int(fleet_box(boxes, j, lane))
             for slot, arm in enumerate(cycle_pattern(j)):
                 cell = 0 if arm == "A" else 1 + lane
-                if layout.washed:
-                    parts = layout.washout_units  # one unit per order of carry-over it absorbs
-                    for _ in range(parts):
-                        out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
-                out.append(_Unit(box, j, lane, slot, cell, True, 1.0))
+                parts = layout.washout_units  # one unit per order of carry-over it absorbs
+                for _ in range(parts):
+                    out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
+                # A washout shorter than a block absorbs no order: it only takes time.
+                rest = layout.washout if layout.washed and not parts else 0.0
+                out.append(_Unit(box, j, lane, slot, cell, True, 1.0 + rest))
     return out
 
 
@@ -186,7 +190,7 @@ def layout_cycles(layout: Layout, cycles: int) -> list[Cycle]:
     scored = np.flatnonzero(seq.keep)
     # A washout runs on the same box right before its block: what ran before the block's
     # washout is what ran before the washout's own turn.
-    ran = seq.prev[scored - layout.washout_units if layout.washed else scored]
+    ran = seq.prev[scored - layout.washout_units]
     labels = [_label(None if int(c) < 0 else int(c)) for c in ran]
     out = []
     for j in range(cycles):
@@ -356,8 +360,11 @@ def run_looks(
     *,
     layout: Layout | None = None,
     carry_check: bool = True,
+    held: Callable[[int], bool] | None = None,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
-    """The label each campaign stops on and the cycles it used, looking at ``looks``."""
+    """The label each campaign stops on and the cycles it used, looking at ``looks``.
+    ``held(m)`` True withholds every *better*/*worse* at the look of m cycles (a box state
+    the probes found unsettled: harness.stats.box_state)."""
     n = blocks.shape[0]
     final = np.full(n, INCONCLUSIVE, dtype=np.int8)
     used = np.full(n, looks[-1], dtype=np.int64)
@@ -366,6 +373,8 @@ def run_looks(
         codes = decide_many(
             blocks[:, : 4 * m], margin, level(m), layout=layout, carry_check=carry_check
         )
+        if held is not None and held(m):
+            codes[(codes == BETTER) | (codes == WORSE)] = CARRY
         decided = running & np.isin(codes, DECIDED)
         final[decided] = codes[decided]
         used[decided] = m
