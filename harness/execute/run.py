@@ -40,6 +40,7 @@ from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, UntilHoo
 from harness.drive.remote import BoxDriver, prepare_drive
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import HarnessError, InfrastructureError
+from harness.execute.box_state import BoxStateReader
 from harness.execute.cohorts import CohortBook
 from harness.execute.frames import chunks_frame, counter_delta, requests_frame
 from harness.execute.guard_steps import Guards
@@ -457,15 +458,20 @@ class CampaignRunner:
         read back from the runtime at the end (the run fails when it ran with others)."""
         previous = state.previous
         warmups: list[RequestResult] = []
+        probes = BoxStateReader(self.box, self.loaded.runtime, record.knobs)
+        probes.read("start")
+        own = 0
         if run.sends_warmup:
             warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+            own = len(warmups)
             # The design's washout (a warm block's own requests, sent and not scored): the
             # block then follows its own arm whatever ran on the box before it. Sent once per
             # run, not again on a resumed run's later segments.
             washout = washout_requests(self.loaded)
             if washout and previous is None:
-                self._drive(runtime, build_phases(self.loaded, True, washout), run)
+                own += len(self._drive(runtime, build_phases(self.loaded, True, washout), run))
             record.runtime["washout_requests"] = record.runtime.get("washout_requests", 0) + washout
+        probes.read("scored")
         if state.monitor is not None:
             state.monitor.scored = True
         routes_before = self._route_snapshot(state.remote_dir)
@@ -474,6 +480,9 @@ class CampaignRunner:
         if before is not None:
             before.update(route_counters(routes_before))
         self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+        probes.read("end")
+        if previous is None:  # a resumed run's readings would straddle the cut: none kept
+            probes.record(record.runtime, own)
         routes_after = self._route_snapshot(state.remote_dir)
         after = _with_log(_counters(runtime), runtime)
         if after is not None:

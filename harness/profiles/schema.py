@@ -245,6 +245,41 @@ class LogitDumps(Strict):
 FileRoute = Annotated[str, Field(pattern=r"^(arg|env):\S+$")]
 
 
+class StateProbe(Strict):
+    """A state of the box that carries from one block into the next (heat, a page cache, a
+    skewed tier), read on the box before each block's warm-up and washout, as its scored
+    requests begin and as they end; harness.stats.box_state withholds a label while it has not
+    settled and says what washout would settle it. One of ``command`` (prints a number) or
+    ``file`` (a number, or with ``key`` a JSON object's numeric field)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="the probe's name in records")
+    command: str | None = Field(
+        None,
+        description="shell command run on the box that prints one number; {knob} is the "
+        "cell's setting of that knob (e.g. nvidia-smi's temperature.gpu)",
+    )
+    file: str | None = Field(
+        None, description="file on the box holding the state; {knob} as in `command`"
+    )
+    key: str | None = Field(None, description="the JSON field of `file` that holds the number")
+    missing: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="the reading when `file` does not exist yet (e.g. 0: a cool box); unset, "
+        "a missing file is no reading",
+    )
+    needs: list[str] = Field(
+        default_factory=list,
+        description="knobs the probe reads: a cell without them is not probed",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StateProbe:
+        if (self.command is None) == (self.file is None):
+            raise ValueError(f"box_state probe {self.name!r}: give one of `command` or `file`")
+        return self
+
+
 class RuntimeProfile(Strict):
     """A runtime the harness can boot: a YAML file under campaigns/runtimes/."""
 
@@ -302,6 +337,10 @@ class RuntimeProfile(Strict):
     live: LiveContract | None = Field(
         None, description="how a running runtime takes knob changes (cells sharing one boot)"
     )
+    box_state: list[StateProbe] = Field(
+        default_factory=list,
+        description="probes of state the box carries between blocks (harness.stats.box_state)",
+    )
     admin_token_env: str | None = Field(
         None,
         pattern=r"^[A-Z_][A-Z0-9_]*$",
@@ -348,6 +387,13 @@ class RuntimeProfile(Strict):
                 raise ValueError(
                     f"telemetry.applied names knob {check.knob!r}, not in `knobs` "
                     "(or files.NAME for a file in `files`)"
+                )
+        for probe in self.box_state:
+            unknown = sorted(set(probe.needs) - set(self.knobs))
+            if unknown:
+                raise ValueError(
+                    f"box_state probe {probe.name!r} needs knobs {', '.join(unknown)}, not in "
+                    "`knobs`"
                 )
         routes = self.telemetry.response_routes
         if routes is not None and routes.knob not in self.knobs:

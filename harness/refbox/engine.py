@@ -37,6 +37,7 @@ from harness.errors import KnobError
 from harness.formats.ring import ROUTE_TRACE_VERSION, RingGeometry, RingWriter
 from harness.policy import kernels as policy_kernels
 from harness.policy.residency import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
+from harness.refbox.heat import BoxHeat, HeatSettings
 from harness.refbox.model import (
     BOS,
     F32,
@@ -79,6 +80,8 @@ class EngineOptions:
     drift_pct_per_min: float = 0.0
     drift_origin_s: float = 0.0
     carry_over_pct: float = 0.0  # this boot's carried-over slowdown (options.carried_over_pct)
+    heat: HeatSettings | None = None  # the box's heat (--heat-*), None = no heat state
+    step_slowdown_pct: float = 0.0  # every decode step this much slower (--step-slowdown-pct)
     phase: int = 0
     # SGLang's recorder dialect: None (off) or "stat"; masks: KT's GPU masks in each dump.
     expert_recorder: str | None = None
@@ -167,6 +170,8 @@ class Engine:
                 }
             )
         self._burn = np.ones((32, 32), dtype=np.float32)
+        # The box's heat outlives a reset (it is the box's, not the boot's): reset() keeps it.
+        self.heat = BoxHeat(opts.heat) if opts.heat is not None else None
         self.recorder: ExpertRecorder | None = None
         if opts.expert_recorder is not None:
             self.recorder = ExpertRecorder(
@@ -301,6 +306,7 @@ class Engine:
         with self.lock:
             self.requests += 1
         if max_tokens <= 0:
+            self._request_done()
             return
         logits = self._step([BOS, *prompt], state, prefill=True, routes=routes)
         for i in range(max_tokens):
@@ -312,6 +318,12 @@ class Engine:
                 if self.closed:  # shutting down: stop generating rather than finish the request
                     return
                 logits = self._step([token], state, prefill=False, routes=routes)
+        self._request_done()
+
+    def _request_done(self) -> None:
+        """A request completed (every token generated): the box's heat moves one request."""
+        if self.heat is not None:
+            self.heat.request_done()
 
     def _step(
         self,
@@ -362,7 +374,7 @@ class Engine:
                     self.source.swap(swap.layer, swap.promoted, swap.evicted)
             if routes is not None:
                 routes.extend(r.copy() for r in step_routes)  # the model may reuse its buffers
-            self._drift(time.perf_counter_ns() - t0)
+            self._drift(time.perf_counter_ns() - t0, prefill=prefill)
             t1 = time.perf_counter_ns()
             self.swaps += len(applied)
             if prefill:
@@ -419,18 +431,23 @@ class Engine:
             assert logits is not None
             return logits
 
-    def _drift(self, work_ns: int) -> None:
-        """Injected drift and carry-over: extra real work proportional to the step.
+    def _drift(self, work_ns: int, *, prefill: bool) -> None:
+        """Injected drift, carry-over, heat and a set slowdown: extra real work proportional to
+        the step.
 
         Drift grows with the minutes since its origin; carry-over is a fixed share for the
-        whole boot, set when the boot before it on the box was another cell's.
+        whole boot, set when the boot before it on the box was another cell's; heat slows decode
+        steps by its slowdown times the box's heat now, which moves as requests complete.
         """
         pct = self.opts.drift_pct_per_min
         carry = self.opts.carry_over_pct
-        if pct <= 0.0 and carry <= 0.0:
+        heat = self.heat.step_slowdown_pct() if self.heat is not None and not prefill else 0.0
+        if not prefill:
+            heat += self.opts.step_slowdown_pct
+        if pct <= 0.0 and carry <= 0.0 and heat <= 0.0:
             return
         minutes = max(0.0, time.time() - self.opts.drift_origin_s) / 60.0
-        extra_s = work_ns * 1e-9 * (pct * minutes + carry) / 100.0
+        extra_s = work_ns * 1e-9 * (pct * minutes + carry + heat) / 100.0
         deadline = time.perf_counter() + extra_s
         burn = self._burn
         while time.perf_counter() < deadline:

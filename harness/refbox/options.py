@@ -9,6 +9,7 @@ engine; :mod:`harness.refbox.server` does that.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -22,6 +23,7 @@ from harness.errors import HarnessError, KnobError
 from harness.formats.maps import read_hotlist, read_rowmap
 from harness.policy.residency import ExpertCache, PolicyKnobs, parse_priority
 from harness.refbox.engine import Engine, EngineOptions
+from harness.refbox.heat import HeatSettings, read_heat, write_heat
 from harness.refbox.model import ModelConfig
 
 __all__ = ["ServeConfig", "build_parser", "error_message", "parse_serve_args"]
@@ -224,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="epoch seconds the drift counts from, shared across boots (default: boot time)",
     )
     fault.add_argument(
+        "--step-slowdown-pct",
+        type=_float,
+        default=0.0,
+        help="make every decode step P%% slower, by real extra work, for the whole boot: a cell "
+        "that is a set amount slower than another at any state of the box (0)",
+    )
+    fault.add_argument(
         "--carry-over-pct",
         type=_float,
         default=0.0,
@@ -247,6 +256,38 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="file holding the tag of the last boot on this box (and the percent it leaves); "
         "read, then overwritten, at boot",
+    )
+    fault.add_argument(
+        "--heat-state",
+        metavar="FILE",
+        default=None,
+        help="file holding the box's heat S in 0..1 (state a box keeps and traffic relaxes: "
+        "a skewed tier, a page cache, heat), shared by every boot on the box that names it: "
+        "read at boot, rewritten atomically after every completed request; missing: S = 0",
+    )
+    fault.add_argument(
+        "--heat-source",
+        metavar="X",
+        type=_float,
+        default=0.0,
+        help="what this boot's traffic drives the heat towards, 0..1: each completed request "
+        "sets S to X + (S - X) * 2^(-1/H), H per --heat-half-life-requests (0: it cools the box)",
+    )
+    fault.add_argument(
+        "--heat-slowdown-pct",
+        metavar="P",
+        type=_float,
+        default=0.0,
+        help="make every decode step P%% x S slower, by real extra work, S being the box's heat "
+        "when the step runs (per --heat-state; 0: off)",
+    )
+    fault.add_argument(
+        "--heat-half-life-requests",
+        metavar="H",
+        type=_float,
+        default=HeatSettings.half_life_requests,
+        help="completed requests that halve the distance between the heat and --heat-source "
+        f"({HeatSettings.half_life_requests:g})",
     )
     return p
 
@@ -350,6 +391,31 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
     ):
         need(value >= 0, flag, f"must be >= 0, got {value}")
+    need(
+        0 <= a.step_slowdown_pct < math.inf,
+        "--step-slowdown-pct",
+        f"must be a finite number >= 0, got {a.step_slowdown_pct}",
+    )
+    need(
+        0 <= a.heat_slowdown_pct < math.inf,
+        "--heat-slowdown-pct",
+        f"must be a finite number >= 0, got {a.heat_slowdown_pct}",
+    )
+    need(0 <= a.heat_source <= 1, "--heat-source", f"must be in 0..1, got {a.heat_source}")
+    need(
+        0 < a.heat_half_life_requests < math.inf,
+        "--heat-half-life-requests",
+        f"must be a finite number > 0, got {a.heat_half_life_requests}",
+    )
+    for flag, value in (
+        ("--heat-slowdown-pct", a.heat_slowdown_pct),
+        ("--heat-source", a.heat_source),
+    ):
+        need(
+            value == 0 or a.heat_state is not None,
+            flag,
+            "needs --heat-state (the file that holds the box's heat across boots)",
+        )
     for flag, value in (
         ("--carry-over-pct", a.carry_over_pct),
         ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
@@ -465,6 +531,8 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         carry_over_pct=carried_over_pct(
             a.carry_over_state, a.carry_over_tag, a.carry_over_pct, a.carry_over_leaves_pct
         ),
+        heat=box_heat(a.heat_state, a.heat_source, a.heat_slowdown_pct, a.heat_half_life_requests),
+        step_slowdown_pct=a.step_slowdown_pct,
         phase=a.phase,
         expert_recorder=recorder_mode,
         expert_recorder_masks=a.record_kt_gpu_expert_distribution,
@@ -519,6 +587,38 @@ def carried_over_pct(state: str | None, tag: str, pct: float, leaves_pct: float 
     except OSError as exc:
         raise _UsageError(f"--carry-over-state: cannot write {state}: {exc.strerror}") from exc
     return (pct if previous is not None and previous != tag else 0.0) + left
+
+
+def box_heat(
+    state: str | None, source: float, slowdown_pct: float, half_life_requests: float
+) -> HeatSettings | None:
+    """This boot's heat settings with the heat the box has now (None without a state file).
+
+    The file is written back at once with what it held (a cool box's when it is missing), so a
+    path that cannot be written fails the boot here, before the port is bound, not a request.
+    """
+    if state is None:
+        return None
+    try:
+        heat, requests = read_heat(state)
+    except OSError as exc:
+        raise _UsageError(f"--heat-state: cannot read {state}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise _UsageError(
+            f"--heat-state: {exc}; delete it to start from a cool box (heat 0)"
+        ) from exc
+    try:
+        write_heat(state, heat, requests)
+    except OSError as exc:
+        raise _UsageError(f"--heat-state: cannot write {state}: {exc.strerror}") from exc
+    return HeatSettings(
+        path=state,
+        source=source,
+        slowdown_pct=slowdown_pct,
+        half_life_requests=half_life_requests,
+        heat=heat,
+        requests=requests,
+    )
 
 
 def error_message(exc: BaseException) -> str:

@@ -38,6 +38,7 @@ from scipy import stats as sps
 # The residue a washout may leave, as a share of the arms' spread: a state that starts a
 # switched block within a tenth of the way to the other arm's level has settled.
 SETTLED_SHARE = 0.1
+POINTS = ("start", "scored", "end")  # where a block's probes are read, in its record
 ROUNDING = 1e-9  # readings are states (a temperature, a share): agreeing to this is agreeing
 
 
@@ -215,6 +216,7 @@ def check_state(blocks: Sequence[BlockTraffic], alpha: float = 0.05) -> list[Sta
 
 
 __all__ = [
+    "POINTS",
     "SETTLED_SHARE",
     "BlockTraffic",
     "Relaxation",

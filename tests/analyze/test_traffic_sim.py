@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_a_washout_is_traffic_and_clears_what_its_length_clears() -> None:
         shift = state_shift(Layout(washout=washout), 4, heat)
         arms = np.array([arm for j in range(4) for arm in ("ABBA" if j % 2 == 0 else "BAAB")])
         gaps.append(float(shift[arms == "B"].mean() - shift[arms == "A"].mean()))
-    assert all(a > b for a, b in zip(gaps, gaps[1:], strict=False)), gaps  # less and less biased
+    assert all(a > b for a, b in itertools.pairwise(gaps)), gaps  # less and less biased
     assert gaps[-1] < 0.85 * math.log(0.97) < 0  # four blocks of washout: near the deployed 3%
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -244,6 +245,11 @@ def test_ring_and_trace_after_shutdown(tmp_path: Path) -> None:
         (["--top-k", "20"], {}, "--top-k"),
         (["--drain-every", "x"], {}, "--drain-every"),
         (["--carry-over-pct", "3"], {}, "--carry-over-pct"),
+        (["--heat-slowdown-pct", "5"], {}, "--heat-slowdown-pct"),
+        ([], {"REFBOX_HEAT_SOURCE": "1"}, "--heat-source"),
+        (["--heat-source", "1.5", "--heat-state", "/nonexistent/heat.json"], {}, "--heat-source"),
+        (["--heat-half-life-requests", "0"], {}, "--heat-half-life-requests"),
+        (["--heat-state", "/nonexistent/heat.json"], {}, "--heat-state"),
     ],
 )
 def test_invalid_knobs_fail_startup(args: list[str], env: dict[str, str], flag: str) -> None:
@@ -351,6 +357,56 @@ def test_carry_over_a_boot_leaves_slows_the_next_boot_whatever_its_tag(tmp_path:
     assert boot("control") == 0.0  # after a control that leaves nothing
     state.write_text("something else entirely\nnot a number")
     assert boot("control") == 0.0  # a state file not of ours leaves nothing
+
+
+def test_box_heat_rises_with_a_hot_cells_traffic_slows_decode_and_cools_with_a_cool_ones(
+    tmp_path: Path,
+) -> None:
+    """--heat-*: three boots share a heat file. A source-0 boot on a cool box leaves it at 0; a
+    source-1 boot heats it towards 1 request by request (exactly S <- 1 + (S - 1) * 2^(-1/H)),
+    its decode steps slowing by P% x S; a source-0 boot after it starts hot and cools it again."""
+    state = tmp_path / "heat.json"
+    requests, tokens = 6, 16
+
+    def boot(name: str, source: str) -> tuple[list[float], np.ndarray]:
+        """The heat after each request, and each request's decode step durations (ns)."""
+        ring = tmp_path / f"{name}.ring"
+        env = {"REFBOX_HEAT_STATE": str(state), "REFBOX_HEAT_HALF_LIFE_REQUESTS": "2"}
+        b = Box(*SMALL, "--ring", str(ring), "--heat-source", source,
+                "--heat-slowdown-pct", "900", env=env)  # fmt: skip
+        heats = []
+        try:
+            b.wait_ready()
+            for _ in range(requests):
+                body = {"prompt": "x = 1\n", "max_tokens": tokens}
+                status, _ = _post(b.url("/v1/completions"), body)
+                assert status == 200
+                heats.append(json.loads(state.read_text())["heat"])  # written before the reply
+        finally:
+            assert b.stop() == 0
+        frame = read_ring(ring).frame
+        decode = frame["dur_ns"][frame["tokens"] == 1].to_numpy(dtype=np.float64)
+        return heats, decode.reshape(requests, tokens - 1)
+
+    factor = 2.0 ** (-1 / 2)
+    cool, cool_steps = boot("cool", "0")
+    assert cool == [0.0] * requests  # no file: a cool box, and source-0 traffic keeps it cool
+    hot, hot_steps = boot("hot", "1")
+    assert hot == pytest.approx([1 - factor ** (k + 1) for k in range(requests)], rel=1e-12)
+    assert all(a < b for a, b in itertools.pairwise(hot)) and hot[-1] == pytest.approx(0.875)
+    after, after_steps = boot("after", "0")
+    assert after == pytest.approx([hot[-1] * factor ** (k + 1) for k in range(requests)], rel=1e-12)
+    assert all(a > b for a, b in itertools.pairwise(after)) and after[-1] < 0.125
+    assert json.loads(state.read_text())["requests"] == 3 * requests
+    # Real extra work per decode step: x(1 + 9 S). The hot boot's last three requests ran at S
+    # 0.65..0.82 (6.8-8.4x the cool boot's steps; 3.6-4.3x at 400%, measured as such, or more on
+    # a loaded machine), the first request after it at S 0.875 (8.9x); 2x leaves room for a busy
+    # machine (a median of 45 or 15 steps; the work is proportional to each step's own time, so
+    # a slower machine slows both sides).
+    baseline = float(np.median(cool_steps))
+    assert float(np.median(hot_steps[-3:])) > 2 * baseline, (hot_steps, cool_steps)
+    assert float(np.median(after_steps[0])) > 2 * baseline, (after_steps, cool_steps)
+    assert float(np.median(hot_steps[0])) < float(np.median(hot_steps[-3:]))  # S was 0 there
 
 
 def test_the_admin_surface_takes_only_the_boots_token_json_and_dumps_into_its_folder(

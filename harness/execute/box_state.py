@@ -1,0 +1,96 @@
+"""Read what the box remembers: a runtime profile's ``box_state`` probes, three times a block.
+
+Each probe (heat, a temperature, the page cache holding the expert files) is read on the box
+before the block's warm-up and washout (``start``), as its scored requests begin (``scored``)
+and as they end (``end``); ``run.json`` keeps them under ``runtime.box_state`` with the
+requests of the block's own traffic before it scored (``runtime.own_requests``), and the
+analysis asks whether the state had settled (harness.stats.box_state). A probe that cannot be
+read is no reading, never a failed run: the state is evidence, not the measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+from collections.abc import Mapping
+from typing import Any
+
+from harness.boxes.base import Box
+from harness.errors import HarnessError
+from harness.profiles.schema import RuntimeProfile, StateProbe
+from harness.stats.box_state import POINTS
+
+
+def _fill(template: str, knobs: Mapping[str, Any]) -> str | None:
+    """``template`` with every {knob} replaced by the cell's setting; None where one is unset."""
+    names = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    if any(knobs.get(n) is None for n in names):
+        return None
+    return template.format_map({n: str(knobs[n]) for n in names})
+
+
+def _number(text: str, key: str | None) -> float | None:
+    try:
+        value: Any = json.loads(text)[key] if key is not None else float(text.split()[0])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def read_probe(box: Box, probe: StateProbe, knobs: Mapping[str, Any]) -> float | None:
+    """One reading of ``probe`` for a cell with ``knobs``; None when it has no reading."""
+    if any(knobs.get(n) is None for n in probe.needs):
+        return None
+    if probe.file is not None:
+        path = _fill(probe.file, knobs)
+        if path is None:
+            return None
+        try:
+            if not box.exists(path):
+                return probe.missing
+            return _number(box.read_text(path), probe.key)
+        except (OSError, HarnessError):
+            return None
+    assert probe.command is not None
+    command = _fill(probe.command, knobs)
+    if command is None:
+        return None
+    try:
+        result = box.sh(command, timeout_s=10, check=False)
+    except (OSError, HarnessError):
+        return None
+    return _number(result.stdout, None) if result.code == 0 else None
+
+
+class BoxStateReader:
+    """The probes of one run: read at each point, then written into its record."""
+
+    def __init__(self, box: Box, profile: RuntimeProfile, knobs: Mapping[str, Any]) -> None:
+        self.box = box
+        self.probes = [
+            p for p in profile.box_state if all(knobs.get(n) is not None for n in p.needs)
+        ]
+        self.knobs = knobs
+        self.readings: dict[str, dict[str, float | None]] = {}
+
+    def read(self, point: str) -> None:
+        """Read every probe at ``point`` (one of harness.stats.box_state.POINTS)."""
+        assert point in POINTS
+        for probe in self.probes:
+            self.readings.setdefault(probe.name, {})[point] = read_probe(
+                self.box, probe, self.knobs
+            )
+
+    def record(self, runtime: dict[str, Any], own_requests: int) -> None:
+        """Keep the readings taken (and the block's own traffic before it scored) in
+        ``runtime`` (a run record's ``runtime``)."""
+        if not self.probes:
+            return
+        runtime["box_state"] = self.readings
+        runtime["own_requests"] = own_requests
+
+
+__all__ = ["POINTS", "BoxStateReader", "read_probe"]
