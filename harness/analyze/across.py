@@ -28,7 +28,7 @@ from harness.analyze.cell_values import finite
 from harness.catalog import METRICS
 from harness.errors import BadInput
 from harness.formats.records import read_json
-from harness.stats.cycles import margin_log
+from harness.stats.cycles import log_to_ratio, margin_log
 from harness.stats.labels import decide_label
 
 __all__ = ["box_identity", "compare_campaigns", "welch_interval"]
@@ -127,9 +127,11 @@ def compare_campaigns(
                         "metric": metric,
                         "a_value": math.exp(float(np.mean(ya))),
                         "b_value": math.exp(float(np.mean(yb))),
-                        "ratio": math.exp(d),
-                        "ci_low": math.exp(ci95[0]) if ci95 else None,
-                        "ci_high": math.exp(ci95[1]) if ci95 else None,
+                        # `compare --json` prints these: a ratio past the largest float
+                        # (Welch's t on ~1 df at a small α) is null, "∞" in the table.
+                        "ratio": finite(log_to_ratio(d)),
+                        "ci_low": finite(log_to_ratio(ci95[0])) if ci95 else None,
+                        "ci_high": finite(log_to_ratio(ci95[1])) if ci95 else None,
                         "label": label,
                         "blocks_a": len(ya),
                         "blocks_b": len(yb),

@@ -230,6 +230,9 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             washout=int((record.get("runtime") or {}).get("washout_requests") or 0),
             independent=bool((record.get("runtime") or {}).get("simulated"))
             or raw.get("cache_state") == "cold",
+            # The box's state as its profile's probes read it (harness.execute.box_state).
+            box_state=(record.get("runtime") or {}).get("box_state"),
+            own_requests=(record.get("runtime") or {}).get("own_requests"),
         )
         if record["status"] != "ok":
             rows.append(row)
@@ -257,6 +260,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             hold_s=card.analysis.hold_s,
         )
         row.update(metrics)
+        row["scored_requests"] = int((~requests["warmup"].astype(bool)).sum())
         for note in _imported_metrics(run_dir, row):
             if note not in notes:
                 notes.append(note)

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from harness.catalog import METRICS
-from harness.stats.cycles import Cycle
+from harness.stats.box_state import POINTS, StateReading
+from harness.stats.cycles import Cycle, finite
 from harness.stats.decision import Comparison, compare_cycles
 from harness.stats.sequential import SequentialPlan
 
@@ -125,6 +126,8 @@ def cell_cycles(
         logs: list[np.ndarray] = []
         boots: list[set[str]] = []
         came_before: list[str] = []
+        readings: list[dict[str, StateReading]] = []
+        own: list[float] = []
         washed = True
         missing = ""
         for slot in range(4):
@@ -133,6 +136,10 @@ def cell_cycles(
             first = ordered["run_id"].iloc[0] if len(block) else None
             if before is not None and control is not None and first is not None:
                 came_before.append(_before(before.get(str(first)), control, cell))
+            if len(block):
+                probed = _box_state(ordered.iloc[0])
+                readings.append(probed[0])
+                own.append(probed[1])
             washed = washed and _washed(block)
             if "boot_id" in block:
                 boots.append({str(b) for b in block["boot_id"].dropna() if str(b)})
@@ -167,9 +174,28 @@ def cell_cycles(
                 ),
                 washed=washed,
                 box=on[0] if fleet and on else None,
+                box_state=tuple(readings) if any(readings) else None,
+                own_traffic=(own[0], own[1], own[2], own[3]) if any(readings) else None,
             )
         )
     return cycles, dropped
+
+
+def _box_state(run: pd.Series) -> tuple[dict[str, StateReading], float]:
+    """A block's probe readings (those read at all three points) and its own traffic before it
+    scored, in blocks of its scored requests; ({}, 0) where it has none."""
+    raw = run.get("box_state")
+    if not isinstance(raw, dict):
+        return {}, 0.0
+    readings: dict[str, StateReading] = {}
+    for name, points in raw.items():
+        values = [finite(points.get(p)) if isinstance(points, dict) else None for p in POINTS]
+        if all(v is not None for v in values):
+            start, scored, end = (float(v) for v in values if v is not None)
+            readings[str(name)] = StateReading(start, scored, end)
+    own, scored_n = finite(run.get("own_requests")), finite(run.get("scored_requests"))
+    share = own / scored_n if own is not None and scored_n else 0.0
+    return readings, share
 
 
 def _shares_a_boot(boots: Sequence[set[str]]) -> bool:
@@ -285,6 +311,8 @@ def comparison_rows(comparisons: Sequence[CellComparison]) -> list[dict[str, obj
                 "deterministic": METRICS[c.metric].deterministic,
                 "carry_over": c.carry_over_explains,
                 "washed": c.washed,
+                # What the box-state probes saw (None where the runtime declares none).
+                "box_state": "; ".join(s.words() for s in c.box_state) or None,
                 **model_columns(c),
             }
         )

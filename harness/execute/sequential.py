@@ -24,6 +24,7 @@ from harness.execute.run import CampaignOutcome
 from harness.execute.scope import ProgressCallback
 from harness.formats.records import CampaignDir
 from harness.plan.build import Plan
+from harness.stats.cycles import finite
 
 ProgressFactory = Callable[[Plan], AbstractContextManager[ProgressCallback]]
 
@@ -54,9 +55,11 @@ def record_look(campaign: CampaignDir, analysis: CampaignAnalysis) -> tuple[bool
             "cell": item.cell,
             "cache_state": item.cache_state,
             "metric": item.comparison.metric,
-            "ratio": item.comparison.ratio,
-            "ci_low": item.comparison.ci_low,
-            "ci_high": item.comparison.ci_high,
+            # The journal is JSON: a bound past the largest float (a first look's interval at
+            # one df) is null there, and "∞" where the looks are shown.
+            "ratio": finite(item.comparison.ratio),
+            "ci_low": finite(item.comparison.ci_low),
+            "ci_high": finite(item.comparison.ci_high),
             "p_value": item.comparison.p_value,
             "label": item.comparison.label,
         }

@@ -45,6 +45,7 @@ from harness.gate.result import (
     required_count,
 )
 from harness.gate.soak import lockstep_gate, soak_gate
+from harness.stats.cycles import interval_text
 from harness.stats.decision import Comparison
 from harness.stats.labels import Label
 
@@ -308,7 +309,7 @@ def _describe(c: Comparison) -> str:
     ratio = _finite(c.ratio)
     text = f"ratio {ratio:.3f}" if ratio is not None else "no ratio"
     if c.ci_low is not None and c.ci_high is not None:
-        text += f" [{c.ci_low:.3f}, {c.ci_high:.3f}]"
+        text += f" {interval_text(c.ci_low, c.ci_high)}"
     text += f" over {c.n_cycles} cycle{'' if c.n_cycles == 1 else 's'}: {c.label}"
     if c.reason:
         text += f" ({c.reason})"

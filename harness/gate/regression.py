@@ -22,7 +22,7 @@ from harness.card import RegressionGate
 from harness.catalog import METRICS
 from harness.gate.result import GateResult
 from harness.history.store import history_dir, read_history
-from harness.stats.cycles import finite, margin_log
+from harness.stats.cycles import UNBOUNDED, finite, log_to_ratio, margin_log
 
 __all__ = ["regression_gate"]
 
@@ -106,8 +106,10 @@ def regression_gate(gate: RegressionGate, analysis: CampaignAnalysis) -> GateRes
             ln_before = [sign * math.log(v) for v in before]
             interval = welch_interval(ln_before, ln_now, 1 - 2 * alpha)
             stamps = [str(s) for s in rows["stamp"]]
-            ratio = math.exp(sign * (sum(ln_now) / len(ln_now) - sum(ln_before) / len(ln_before)))
-            evidence[key] = {"ratio": ratio, "against": stamps, "values_now": len(now),
+            ratio = log_to_ratio(
+                sign * (sum(ln_now) / len(ln_now) - sum(ln_before) / len(ln_before))
+            )
+            evidence[key] = {"ratio": finite(ratio), "against": stamps, "values_now": len(now),
                              "values_before": len(before)}  # fmt: skip
             if interval is None:
                 failures.append(
@@ -115,11 +117,13 @@ def regression_gate(gate: RegressionGate, analysis: CampaignAnalysis) -> GateRes
                     "interval (two a side)"
                 )
                 continue
-            worst = math.exp(sign * interval[0])  # the plausible end nearest "worse"
-            evidence[key]["worst_plausible_ratio"] = worst  # type: ignore[index]
+            worst = log_to_ratio(sign * interval[0])  # the plausible end nearest "worse"
+            # verdict.json holds JSON numbers: a ratio past the largest float is null there.
+            evidence[key]["worst_plausible_ratio"] = finite(worst)  # type: ignore[index]
             text = (
-                f"{key}: {gate.metric} ratio {ratio:.3f} against the last {len(stamps)} "
-                f"promoted ({', '.join(stamps)}), worst plausible {worst:.3f}"
+                f"{key}: {gate.metric} ratio {_ratio_text(ratio)} against the last "
+                f"{len(stamps)} promoted ({', '.join(stamps)}), worst plausible "
+                f"{_ratio_text(worst)}"
             )
             if interval[0] > -delta:
                 passes.append(text)
@@ -131,3 +135,8 @@ def regression_gate(gate: RegressionGate, analysis: CampaignAnalysis) -> GateRes
     return GateResult(
         gate.kind, name, not failures, reason, evidence, incomplete and bool(failures)
     )
+
+
+def _ratio_text(ratio: float) -> str:
+    """A ratio with three decimals; "∞" past the largest float (:func:`log_to_ratio`)."""
+    return f"{ratio:.3f}" if math.isfinite(ratio) else UNBOUNDED

@@ -26,7 +26,7 @@ def fleet_context(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             if entry.ratio is None:
                 text = "no cycles"
             else:
-                interval = f"[{fmt.ratio3(entry.ci_low)}, {fmt.ratio3(entry.ci_high)}]"
+                interval = fmt.interval_text(entry.ci_low, entry.ci_high, "[—, —]")
                 text = f"{fmt.ratio3(entry.ratio)} {interval} ({entry.n_cycles})"
             per_box[entry.box] = text
         p = row.p_interaction

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from harness.stats.cycles import UNBOUNDED
 from harness.stats.cycles import finite as finite  # the analysis's rule, shared
+from harness.stats.cycles import interval_text as interval_text  # every renderer's interval
 
 MISSING = "—"
 GIB = 1024.0**3
@@ -69,9 +71,11 @@ def ratio(value: Any) -> str:
 
 
 def ratio3(value: Any) -> str:
-    """A ratio with three decimals, for comparisons (1.126)."""
+    """A ratio with three decimals, for comparisons (1.126); "∞" past the largest float."""
     number = finite(value)
-    return MISSING if number is None else f"{number:.3f}"
+    if number is None:
+        return UNBOUNDED if isinstance(value, float) and value == math.inf else MISSING
+    return f"{number:.3f}"
 
 
 def delta(ratio: Any) -> str:

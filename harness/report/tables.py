@@ -463,7 +463,7 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
                 "ratio_text": fmt.ratio3(c.ratio),
                 "ci_low": lo,
                 "ci_high": hi,
-                "ci_text": f"[{fmt.ratio3(lo)}, {fmt.ratio3(hi)}]" if lo is not None else "none",
+                "ci_text": fmt.interval_text(c.ci_low, c.ci_high, "none"),
                 "label": str(c.label),
                 "label_class": LABEL_CLASS.get(c.label, "warn"),
                 "n_cycles": c.n_cycles,
@@ -496,7 +496,6 @@ def looks_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         return None
     rows = []
     for r in frame_records(analysis.looks):
-        lo, hi = fmt.finite(r.get("ci_low")), fmt.finite(r.get("ci_high"))
         rows.append(
             {
                 "look": r.get("look"),
@@ -506,7 +505,7 @@ def looks_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                 "comparison": f"{r.get('cell', '')}/{r.get('cache_state', '')} "
                 f"{r.get('metric', '')}",
                 "ratio": fmt.ratio3(r.get("ratio")),
-                "ci": f"[{fmt.ratio3(lo)}, {fmt.ratio3(hi)}]" if lo is not None else "none",
+                "ci": fmt.interval_text(r.get("ci_low"), r.get("ci_high"), "none"),
                 "label": str(r.get("label", "")),
                 "decision": str(r.get("decision", "")),
             }

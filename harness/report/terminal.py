@@ -242,9 +242,9 @@ def label_tally(labels: list[str], passed: bool) -> str:
 
 
 def _interval(row: Any) -> str:
-    if row["ci_low"] is None or row["ci_high"] is None:
-        return "no interval"
-    return f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+    from harness.stats.cycles import interval_text
+
+    return interval_text(row["ci_low"], row["ci_high"])
 
 
 def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
@@ -296,17 +296,15 @@ def print_comparisons(analysis: CampaignAnalysis, folder: Path, out: TextIO) -> 
     """Every cell against the control, the analysis's flags and warnings, where tables went."""
     from rich.table import Table
 
+    from harness.stats.cycles import interval_text
+
     console = _console(out, 140)
     table = Table(title="comparisons (cell / control)", title_justify="left")
     for column in ("cell", "state", "metric", "ratio", "95% CI", "label", "cycles"):
         table.add_column(column)
     for item in analysis.comparisons:
         c = item.comparison
-        interval = (
-            f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
-            if c.ci_low is not None and c.ci_high is not None
-            else "no interval"
-        )
+        interval = interval_text(c.ci_low, c.ci_high)
         table.add_row(
             shown(item.cell),
             item.cache_state,
@@ -339,7 +337,8 @@ def print_campaigns(
     for row in rows:
         table.add_row(
             shown(row["cell"]), row["cache_state"], shown(row["metric"]),
-            f"{row['a_value']:.4g}", f"{row['b_value']:.4g}", f"{row['ratio']:.3f}",
+            f"{row['a_value']:.4g}", f"{row['b_value']:.4g}",
+            f"{row['ratio']:.3f}" if row["ratio"] is not None else "∞",  # null: past a float
             shown(_interval(row)), row["label"], str(row["a_label"] or "-"),
             str(row["b_label"] or "-"),
         )  # fmt: skip

@@ -94,7 +94,10 @@ class StateCheck:
         need = f"about {self.washout_blocks:.1f} blocks"
         if requests_per_block:
             need += f" ({math.ceil(self.washout_blocks * requests_per_block)} requests)"
-        return clause + f"; a washout of {need} of the block's own traffic would clear it"
+        return (
+            clause + f"; {need} of each block's own traffic before it scores would settle it "
+            f"(design.washout {max(1, math.ceil(self.washout_blocks)):d}, warm-up included)"
+        )
 
 
 def _switch(arm: str, before: str) -> bool | None:

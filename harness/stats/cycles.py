@@ -17,7 +17,7 @@ out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import BadInput
+from harness.stats.box_state import BlockTraffic, StateReading
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -92,6 +93,10 @@ class Cycle:
     was preceded by a washout of its own arm (requests sent and not scored): the block before a
     scored block is then its own arm, and ``before`` is what ran before the washout.
     ``box`` names the box all four blocks ran on (None where the records do not say).
+    ``box_state``, per block in time order, holds a runtime profile's probes of the box's state
+    (probe name → readings before the block's own traffic, as it scored, as it ended) and
+    ``own_traffic`` the block's own traffic before it scored (warm-up and washout), in blocks:
+    harness.stats.box_state asks whether the state had settled.
     """
 
     index: int
@@ -103,6 +108,8 @@ class Cycle:
     before: tuple[str, str, str, str] | None = None
     washed: bool = False
     box: str | None = None
+    box_state: tuple[Mapping[str, StateReading], ...] | None = None
+    own_traffic: tuple[float, float, float, float] | None = None
 
     def __post_init__(self) -> None:
         where = f"cycle {self.index}"
@@ -114,6 +121,8 @@ class Cycle:
             len(self.before) != 4 or any(b not in BEFORE for b in self.before)
         ):
             raise BadInput(f"{where}: before must name four of {BEFORE}, got {self.before!r}")
+        if self.box_state is not None and len(self.box_state) != 4:
+            raise BadInput(f"{where}: box_state must hold four blocks' readings")
         if self.prompt_logs is None:
             if self.prompts_aligned:
                 raise BadInput(f"{where}: prompts_aligned needs prompt_logs")
@@ -223,6 +232,16 @@ def raw_effect(order: str, raw_values: Sequence[float]) -> float:
     return 0.5 * b_sum - 0.5 * a_sum
 
 
+def log_to_ratio(log_value: float) -> float:
+    """A log ratio as the ratio exp(value): ``math.inf`` beyond the largest float (a log ratio
+    over ~709.8, such as the upper end of a first look's interval at one df and a tiny nominal
+    level), where ``math.exp`` raises OverflowError; 0.0 below the smallest."""
+    try:
+        return math.exp(log_value)
+    except OverflowError:
+        return math.inf
+
+
 def pct_change(log_value: float) -> str:
     """A log-scale effect as the signed percent change it stands for, e.g. "+2.0%"."""
     if log_value > 700:  # exp overflows; no such rate is a measurement anyway
@@ -239,3 +258,32 @@ def finite(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+UNBOUNDED = "∞"
+
+
+def interval_text(low: Any, high: Any, none: str = "no interval") -> str:
+    """A ratio interval as every renderer prints it, "[0.912, 1.126]"; ``none`` without a lower
+    bound (one cycle). An upper bound past the largest float (:func:`log_to_ratio`) is "∞",
+    whether it comes as ``math.inf`` or, beside a finite lower bound, as the None or NaN that
+    JSON and parquet store it as."""
+    lo = finite(low)
+    if lo is None:
+        return none
+    hi = finite(high)
+    return f"[{lo:.3f}, {UNBOUNDED if hi is None else f'{hi:.3f}'}]"
+
+
+def cycle_blocks(cycles: Sequence[Cycle]) -> list[BlockTraffic]:
+    """The scored blocks of cycles that carry box-state readings, as harness.stats.box_state
+    checks them (time order; blocks without readings read as none)."""
+    out: list[BlockTraffic] = []
+    for c in sorted(cycles, key=lambda c: c.index):
+        if c.box_state is None:
+            continue
+        before = c.before or ("-", "-", "-", "-")
+        own = c.own_traffic or (0.0, 0.0, 0.0, 0.0)
+        for slot, arm in enumerate(c.order):
+            out.append(BlockTraffic(arm, before[slot], own[slot], c.box_state[slot]))
+    return out

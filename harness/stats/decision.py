@@ -26,6 +26,7 @@ import numpy as np
 from scipy import stats as sps
 
 from harness.errors import BadInput
+from harness.stats.box_state import StateCheck, check_state
 from harness.stats.crossover import (
     MIN_CARRY_CYCLES,
     ROUNDING,
@@ -34,7 +35,7 @@ from harness.stats.crossover import (
     fit_crossover,
     model_view,
 )
-from harness.stats.cycles import Cycle, margin_log, pct_change
+from harness.stats.cycles import Cycle, cycle_blocks, log_to_ratio, margin_log, pct_change
 from harness.stats.design_sim import (
     Layout,
     between_boxes_se,
@@ -97,7 +98,11 @@ class Comparison:
     does not support the *better*/*worse* claim —, else "confounded" whenever ``confounded`` —
     the bias flagged drift could cause (``drift_bias``) reaches the interval the label stands
     on —, else ``raw_label``, the pure statistical label. CI bounds and p are None with one
-    cycle (no interval exists).
+    cycle (no interval exists). A ratio past the largest float is ``math.inf`` (in ``ratio``,
+    the levels and every interval's bounds: :func:`harness.stats.cycles.log_to_ratio`), as the
+    upper bound of a first look at 2 cycles and a tiny nominal level is (t on one df); the
+    labels stand on the log scale, where every bound is finite, and such an interval is
+    inconclusive wherever it also reaches below 1.
     """
 
     metric: str
@@ -133,6 +138,8 @@ class Comparison:
     cell_level: float | None = None
     # How far cycles_needed moves across the spread's 80% interval (harness.stats.power).
     cycles_needed_range: tuple[int, int] | None = None
+    box_state: tuple[StateCheck, ...] = ()  # the probes' checks (harness.stats.box_state)
+    state_withholds: bool = False  # a probe alone withheld the label (the model did not)
 
     @property
     def needed_text(self) -> str | None:
@@ -144,6 +151,9 @@ class Comparison:
     @property
     def reason(self) -> str | None:
         """Why the label is not the statistical one, in one clause (None when it is)."""
+        if self.label == Label.CARRY_OVER and self.state_withholds:
+            unsettled = next(c for c in self.box_state if c.unsettled)
+            return f"statistically {self.raw_label}, but {unsettled.words()}"
         return label_reason(self.label, self.raw_label, self.model, self.n_cycles, self.drift_bias)
 
 
@@ -355,6 +365,8 @@ class CarryCheck:
     leftover: bool  # washed, but the model still sees carry-over beyond noise
     carried: bool  # an estimated carry-over could explain the claim
     unchecked: bool  # unwashed, and too few cycles to estimate carry-over: fail closed
+    state: tuple[StateCheck, ...] = ()  # the box-state probes' checks (harness.stats.box_state)
+    unsettled: bool = False  # a probed state had not settled under a better/worse claim
 
 
 @dataclass(frozen=True)
@@ -414,7 +426,11 @@ def check_carry_over(
     carried = (not washed or leftover) and carry_over_explains(est.raw_label, est.mean, model)
     unchecked = not washed and carry_over_unchecked(est.raw_label, model, cycles, exact=exact)
     variance = variance_components(fit, est.s_w, est.k_min) if fit is not None else None
-    return CarryCheck(model, variance, washed, leftover, carried, unchecked)
+    # What the box remembers, read off the box: a probed state that had not settled before
+    # the blocks scored withholds a claim whatever the washout (it can only withhold).
+    state = tuple(check_state(cycle_blocks(cycles))) if any(c.box_state for c in cycles) else ()
+    unsettled = est.raw_label.claims_a_difference and any(s.unsettled for s in state)
+    return CarryCheck(model, variance, washed, leftover, carried, unchecked, state, unsettled)
 
 
 def check_drift(
@@ -606,22 +622,23 @@ def compare_cycles(
             metric, est.raw_label, carry.model, m, carry.carried, drift_sensitive, unestimated
         ),
     ]
-    carried = carry.carried or carry.unchecked
+    carried = carry.carried or carry.unchecked or carry.unsettled
+    warnings.extend(f"{metric}: {c.words()}" for c in carry.state if c.unsettled)
     pairs = pair_effects(cycles)
     ci95, ci90 = est.ci95, est.ci90
     control_level, cell_level = paired_levels(cycles, est.effect.weights)
     return Comparison(
         metric=metric,
-        ratio=math.exp(est.mean),
-        ci_low=math.exp(ci95[0]) if ci95 else None,
-        ci_high=math.exp(ci95[1]) if ci95 else None,
+        ratio=log_to_ratio(est.mean),
+        ci_low=log_to_ratio(ci95[0]) if ci95 else None,
+        ci_high=log_to_ratio(ci95[1]) if ci95 else None,
         p_value=est.p_value,
         label=final_label(est.raw_label, carried=carried, confounded=drift.confounded),
         n_cycles=m,
         confounded=drift.confounded,
         flags=est.flags,
         warnings=tuple(warnings),
-        pair_ratio=math.exp(float(pairs.mean())) if pairs.size else None,
+        pair_ratio=log_to_ratio(float(pairs.mean())) if pairs.size else None,
         bootstrap_ci=boot,
         cycles_needed=needed,
         raw_label=est.raw_label,
@@ -631,7 +648,7 @@ def compare_cycles(
         alpha=alpha,
         higher_is_better=higher_is_better,
         n_pairs=int(pairs.size),
-        tost_ci=(math.exp(ci90[0]), math.exp(ci90[1])) if ci90 else None,
+        tost_ci=(log_to_ratio(ci90[0]), log_to_ratio(ci90[1])) if ci90 else None,
         wilcoxon_p=est.wilcoxon_p,
         drift_bias=drift.bias,
         carry_over_explains=carried,
@@ -643,6 +660,8 @@ def compare_cycles(
         cycles_needed_range=(
             needed_range(needed, est.spread, est.mean, delta, alpha, m) if needed else None
         ),
+        box_state=carry.state,
+        state_withholds=carry.unsettled and not (carry.carried or carry.unchecked),
     )
 
 
@@ -653,7 +672,7 @@ def paired_levels(cycles: Sequence[Cycle], weights: Sequence[float]) -> tuple[fl
     arms = np.asarray([c.arms() for c in cycles], dtype=np.float64)
     control = float(w @ (0.5 * (arms[:, 0] + arms[:, 1])))
     cell = float(w @ (0.5 * (arms[:, 2] + arms[:, 3])))
-    return math.exp(control), math.exp(cell)
+    return log_to_ratio(control), log_to_ratio(cell)
 
 
 def _spread_floor(

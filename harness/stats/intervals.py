@@ -16,7 +16,7 @@ import numpy.typing as npt
 from scipy import stats as sps
 
 from harness.errors import BadInput
-from harness.stats.cycles import ORDERS, Cycle, FloatArray
+from harness.stats.cycles import ORDERS, Cycle, FloatArray, log_to_ratio
 
 __all__ = [
     "bootstrap_ratio_ci",
@@ -157,7 +157,7 @@ def bootstrap_ratio_ci(
         balanced = 0.5 * totals["ABBA"] / counts["ABBA"] + 0.5 * totals["BAAB"] / counts["BAAB"]
     estimates = np.where(both, balanced, (totals["ABBA"] + totals["BAAB"]) / m)
     lo, hi = np.percentile(estimates, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return math.exp(float(lo)), math.exp(float(hi))
+    return log_to_ratio(float(lo)), log_to_ratio(float(hi))
 
 
 def _resampled_effects(c: Cycle, n: int, rng: np.random.Generator) -> FloatArray:

@@ -50,7 +50,9 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
 
     # Start from the normal approximation, then walk to the exact answer.
     z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
-    m = min(_MAX_CYCLES_SEARCH, max(2, math.ceil((z * s_d / margin) ** 2)))
+    # A float's ** raises OverflowError past 1e308 (an SD of 1e200 log) where * gives inf.
+    approx = (z * s_d / margin) * (z * s_d / margin)
+    m = _MAX_CYCLES_SEARCH if approx >= _MAX_CYCLES_SEARCH else max(2, math.ceil(approx))
     while m < _MAX_CYCLES_SEARCH and achieved(m) < power:
         m += 1
     while m > 2 and achieved(m - 1) >= power:

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from harness.benchmarks.sequential import ALPHA, FIRST, MARGIN, MAX
-from harness.stats.design_sim import BETTER, Layout, run_looks
+from harness.stats.box_state import check_state
+from harness.stats.cycles import Cycle
+from harness.stats.decision import compare_cycles
+from harness.stats.design_sim import BETTER, Layout, layout_cycles, run_looks
+from harness.stats.labels import Label
 from harness.stats.sequential import SequentialPlan
-from harness.stats.traffic_sim import BoxState, TrafficScenario, simulate_traffic, state_shift
+from harness.stats.traffic_sim import (
+    BoxState,
+    TrafficScenario,
+    probed_blocks,
+    simulate_traffic,
+    state_shift,
+)
 
 
 def _per_request(
@@ -75,3 +86,59 @@ def test_the_bank_measures_what_a_whole_block_washout_lets_through() -> None:
         rates[life] = float((codes == BETTER).mean())
     assert rates[0.25] <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / 20_000), rates
     assert rates[2.0] > 0.35, rates
+
+
+def _probed_cycles(life: float, washout: float, m: int, seed: int) -> list[Cycle]:
+    """One campaign of the audit's heat (a candidate 3% faster cool, the box 3% slower hot,
+    deployed 0) at 1% block noise, its cycles carrying the probe's readings as the analysis
+    builds them."""
+    heat = BoxState("decay", life, math.log(0.97), math.log(0.97))
+    layout = Layout(washout=washout)
+    scenario = TrafficScenario(math.log(1.03), 0.01, heat).null()
+    blocks = simulate_traffic(np.random.default_rng(seed), 1, m, scenario, layout)[0]
+    probed = probed_blocks(layout, m, heat)
+    out = []
+    for j, cycle in enumerate(layout_cycles(layout, m)):
+        readings = tuple(b.readings for b in probed[4 * j : 4 * j + 4])
+        out.append(
+            replace(
+                cycle,
+                y=tuple(blocks[4 * j : 4 * j + 4]),
+                box_state=readings,
+                own_traffic=(washout,) * 4,
+            )
+        )
+    return out
+
+
+def test_a_probed_state_that_has_not_settled_withholds_the_label_and_names_the_washout() -> None:
+    # Heat with a half-life of two blocks under the default design: D̄ reads the candidate's
+    # cool advantage (better, statistically), but the probe sees each arm's blocks begin where
+    # the other arm left the box, and fits the washout that would clear it (3.3 half-lives).
+    cycles = _probed_cycles(2.0, 1.0, 6, seed=3)
+    c = compare_cycles(cycles, metric="decode_tok_s", bootstrap_resamples=0)
+    assert c.raw_label == Label.BETTER and c.label == Label.CARRY_OVER, c.warnings
+    assert c.reason is not None and "box state state" in c.reason
+    unsettled = [s for s in c.box_state if s.unsettled]
+    assert unsettled and unsettled[0].washout_blocks == pytest.approx(6.64, abs=0.05)
+    assert "about 6.6 blocks of each block's own traffic" in c.reason
+    assert "design.washout 7" in c.reason
+    # The same state clearing within a twentieth of a block has settled: the label stands.
+    settled = compare_cycles(
+        _probed_cycles(0.05, 1.0, 6, seed=3), metric="decode_tok_s", bootstrap_resamples=0
+    )
+    assert not any(s.unsettled for s in settled.box_state)
+    assert settled.label == settled.raw_label
+
+
+def test_the_bank_and_the_analysis_withhold_the_same_looks() -> None:
+    # The bench's probe (design_sim.run_looks' held) and compare_cycles read the same readings
+    # the same way, look by look.
+    for life, washout in ((0.25, 1.0), (0.5, 1.0), (0.25, 0.25), (3.0, 0.0)):
+        heat = BoxState("decay", life, math.log(0.97), math.log(0.97))
+        layout = Layout(washout=washout)
+        for m in (3, 5, 8):
+            held = any(s.unsettled for s in check_state(probed_blocks(layout, m, heat)))
+            cycles = _probed_cycles(life, washout, m, seed=1)
+            c = compare_cycles(cycles, metric="decode_tok_s", bootstrap_resamples=0)
+            assert any(s.unsettled for s in c.box_state) == held, (life, washout, m)
