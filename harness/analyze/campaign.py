@@ -228,6 +228,9 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             # boots after its files left the page cache (that eviction is its washout) and a
             # simulated one starts from its boot state: nothing carries into either.
             washout=int((record.get("runtime") or {}).get("washout_requests") or 0),
+            # The share of a block the washout lasted (the card's design.washout); records
+            # without it (imports, older runs) get washout ÷ scored requests below.
+            washout_share=(record.get("runtime") or {}).get("washout_share"),
             independent=bool((record.get("runtime") or {}).get("simulated"))
             or raw.get("cache_state") == "cold",
             # The box's state as its profile's probes read it (harness.execute.box_state).
@@ -261,6 +264,8 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         )
         row.update(metrics)
         row["scored_requests"] = int((~requests["warmup"].astype(bool)).sum())
+        if row.get("washout_share") is None and row["scored_requests"]:
+            row["washout_share"] = row["washout"] / row["scored_requests"]
         for note in _imported_metrics(run_dir, row):
             if note not in notes:
                 notes.append(note)

@@ -78,12 +78,17 @@ def runs_before(runs: pd.DataFrame) -> dict[str, str | None]:
 
 
 def _washed(block: pd.DataFrame) -> bool:
-    """Every run of a block followed a washout of its own cell, or nothing could carry into it
-    (load_runs' ``washout`` and ``independent`` columns; frames without them: unwashed)."""
+    """Every run of a block followed a washout of its own cell lasting at least a whole block,
+    or nothing could carry into it (load_runs' ``washout_share`` and ``independent`` columns;
+    frames without them: unwashed). A washout of part of a block is traffic that clears what it
+    clears, not a wash: such blocks are decided as unwashed (harness.stats.design_sim.Layout)."""
     if block.empty:
         return False
     none = pd.Series(False, index=block.index)
-    washout = block["washout"].fillna(0) > 0 if "washout" in block else none
+    share = "washout_share" in block
+    washout = (
+        pd.to_numeric(block["washout_share"], errors="coerce").fillna(0) >= 1 if share else none
+    )
     alone = block["independent"].fillna(False).astype(bool) if "independent" in block else none
     return bool((washout | alone).all())
 

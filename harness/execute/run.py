@@ -470,6 +470,8 @@ class CampaignRunner:
             washout = washout_requests(self.loaded)
             if washout and previous is None:
                 own += len(self._drive(runtime, build_phases(self.loaded, True, washout), run))
+                # The share of a block it lasts: a part of a block does not wash it.
+                record.runtime["washout_share"] = self.loaded.card.design.washout
             record.runtime["washout_requests"] = record.runtime.get("washout_requests", 0) + washout
         probes.read("scored")
         if state.monitor is not None:

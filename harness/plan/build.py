@@ -126,10 +126,18 @@ class Plan:
         count = washout_requests(self.card)
         if count:
             share = self.card.card.design.washout
-            return (
+            sent = (
                 f"washout: {count} request(s) of each warm block's own cell, sent and not "
-                f"scored, before it is measured (design.washout {share:g}): the comparison is "
-                "the effect deployed"
+                f"scored, before it is measured (design.washout {share:g})"
+            )
+            if share >= 1:
+                return (
+                    f"{sent}: the comparison is the effect deployed, for state its own traffic "
+                    "clears within the washout"
+                )
+            return (
+                f"{sent}: part of a block, so carry-over is still left to the crossover model, "
+                "which needs 3 cycles before any label of timed metrics stands"
             )
         if len(self.card.card.cells) < 2:
             return "washout: none (one cell: no other arm runs before a block)"

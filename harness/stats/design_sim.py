@@ -90,9 +90,17 @@ class Layout:
     random_boxes: bool = False  # a fleet's interval between boxes (analysis.boxes: random)
 
     @property
-    def washed(self) -> bool:
-        """Every block follows a washout of its own arm."""
+    def sends_washout(self) -> bool:
+        """Requests of the block's own arm, not scored, run before every block."""
         return self.washout > 0
+
+    @property
+    def washed(self) -> bool:
+        """Every block follows a washout of at least a whole block of its own arm, so the
+        decision may read D̄ as the deployed effect. A shorter one is traffic that clears what
+        it clears, priced as such: the blocks are decided as unwashed (the crossover model's
+        deployed-effect check), not as if the washout had been whole."""
+        return self.washout >= 1.0
 
     @property
     def washout_units(self) -> int:
@@ -102,7 +110,7 @@ class Layout:
         block after the switch and second-order carry-over reaches it; a part of a block clears
         no whole order (it once counted as one, and a one-block washout as two: an audit
         measured what that let through, and harness.stats.traffic_sim models why)."""
-        return math.floor(self.washout) if self.washed else 0
+        return math.floor(self.washout) if self.sends_washout else 0
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,7 @@ def _units(layout: Layout, cycles: int) -> list[_Unit]:
                 for _ in range(parts):
                     out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
                 # A washout shorter than a block absorbs no order: it only takes time.
-                rest = layout.washout if layout.washed and not parts else 0.0
+                rest = layout.washout if layout.sends_washout and not parts else 0.0
                 out.append(_Unit(box, j, lane, slot, cell, True, 1.0 + rest))
     return out
 

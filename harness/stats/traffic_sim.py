@@ -123,7 +123,7 @@ def _plan(layout: Layout, cycles: int) -> _Plan:
             on = int(fleet_box(boxes, j, lane))
             for arm in cycle_pattern(j):
                 c = 0 if arm == "A" else 1 + lane
-                for size in (layout.washout, 1.0) if layout.washed else (1.0,):
+                for size in (layout.washout, 1.0) if layout.sends_washout else (1.0,):
                     cell.append(c)
                     box.append(on)
                     length.append(size)
@@ -186,7 +186,7 @@ def state_readings(layout: Layout, cycles: int, state: BoxState) -> list[StateRe
         before[i] = level[b]
         _, level[b] = state.run(level[b], target, float(plan.length[i]))
         after[i] = level[b]
-    washout = 1 if layout.washed else 0
+    washout = 1 if layout.sends_washout else 0
     return [
         StateReading(float(before[i - washout]), float(before[i]), float(after[i]))
         for i in plan.scored

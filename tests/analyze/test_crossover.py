@@ -197,9 +197,12 @@ def test_what_ran_before_comes_from_the_box_not_the_cycle_index() -> None:
         ("B", "A", "B", "B"),
     ]
     assert two[1].before is not None and two[1].before[0] == "X"  # the other lane ran first
-    # Washed blocks name what ran before their washout.
-    washed = layout_cycles(Layout(washout=0.25), 2)
+    # Washed blocks name what ran before their washout; a washout of part of a block does not
+    # wash them (it clears what a part of a block clears: decided as unwashed).
+    washed = layout_cycles(Layout(washout=1.0), 2)
     assert washed[0].before == ("-", "A", "B", "B") and washed[0].washed
+    partial = layout_cycles(Layout(washout=0.25), 2)
+    assert partial[0].before == ("-", "A", "B", "B") and not partial[0].washed
     # The plan-order fallback (no before) reads the previous cycle's last block.
     plain = design_matrix([Cycle(j, order_of(j), (0.0,) * 4) for j in range(3)]).matrix  # type: ignore[arg-type]
     assert np.array_equal(design_matrix(one).matrix, plain)

@@ -43,9 +43,11 @@ def test_the_slowest_comparison_sets_the_cycles_and_is_named() -> None:
 
 def test_unwashed_blocks_need_the_carry_over_models_cycles() -> None:
     # A huge effect decides in 2 washed cycles; unwashed, on any boot, the label fails closed
-    # until the carry-over model has its MIN_CARRY_CYCLES.
+    # until the carry-over model has its MIN_CARRY_CYCLES, and a washout of part of a block is
+    # priced as what it is: no wash.
     big = [_need(1.0, 0.01, prompt_share=0.0)]
-    assert cycles_for(big, 1, layout=Layout(washout=0.25))[0] == 2
+    assert cycles_for(big, 1, layout=Layout(washout=1.0))[0] == 2
+    assert cycles_for(big, 1, layout=Layout(washout=0.25))[0] == MIN_CARRY_CYCLES
     assert cycles_for(big, 1)[0] == MIN_CARRY_CYCLES
     assert cycles_for(big, 1, floor=MIN_CARRY_CYCLES)[0] == MIN_CARRY_CYCLES
 
