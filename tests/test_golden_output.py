@@ -73,8 +73,9 @@ def test_gate_prints_the_verdict_and_the_record_matches(tmp_path: Path) -> None:
 
 
 def test_a_washed_demo_is_decided_on_the_deployed_effect(tmp_path: Path) -> None:
-    # The README's example: every block followed a washout of its own cell, so D̄ is the
-    # deployed effect and the speed-up stands.
+    # The README's example: every block followed a quarter block of its own cell's traffic,
+    # which is no wash (a part of a block), so the speed-up stands on the crossover model's
+    # deployed effect (B after B against A after A) and it does.
     root = _copy(tmp_path, "20261204T230934Z", WASHED)
     analyzed = run_cli("analyze", str(root))
     assert analyzed.code == 0, analyzed.stderr
