@@ -21,12 +21,12 @@ after itself against the control after itself — is exactly 0:
   cool box, and every block after a candidate block −3%, itself included); second order (−3%
   into the control, −1.5% into the control block after that); linear drift (SD 0.5% a block);
   a ±10% step in one cycle in ten; heavy tails (Student t, 3 df); two interleaved treatments
-  (the other lane's blocks carry −3% into the control too); a 2-box fleet with a box × arm
-  interaction (SD 3%), and one whose boxes agree, decided between cycles (``analysis.boxes:
-  fixed``, the default: a verdict about these two boxes, whose null is that their own effects
-  average 0) and between boxes (``random``: about boxes like these, whose null is that such
-  boxes average 0 while the two drawn need not). Each design is held to the null of the claim
-  it makes; the other's figure is printed for the record.
+  (the other lane's blocks carry −3% into the control too); 2-, 3- and 4-box fleets with a
+  box × arm interaction (SD 3%), and two boxes that agree, decided between cycles
+  (``analysis.boxes: fixed``, the default: a verdict about these boxes, whose null is that
+  their own effects average 0) and between boxes (``random``: about boxes like these, whose
+  null is that such boxes average 0 while the ones drawn need not). Each design is held to the
+  null of the claim it makes; the other's figure is printed for the record.
 
 For each: one-sided false *better* (target ≤ α/2 within Monte Carlo error) and, with +5% and
 +10% deployed effects at 3% and 6% block noise, power and mean cycles.
@@ -112,6 +112,16 @@ BANK = (
         claim="random",
     ),
     Case("2-box fleet, boxes agree", Scenario(block_sd=NOISE), boxes=2),
+    *(
+        Case(
+            f"{n}-box fleet, {whose} mean 0",
+            Scenario(block_sd=NOISE, interaction_sd=0.03, interaction_centred=centred),
+            boxes=n,
+            claim="fixed" if centred else "random",
+        )
+        for n in (3, 4)
+        for whose, centred in (("these boxes'", True), ("boxes like these'", False))
+    ),
 )
 
 # Designs: (name, washout share, the carry-over check). A washout absorbs one order of

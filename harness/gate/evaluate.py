@@ -383,8 +383,23 @@ def _better_in(
                 ok, on_data, decided = False, True, True
                 reasons.append(f"{key}: {_describe(c)}, but {split}")
             else:
-                reasons.append(f"{key}: {_describe(c)}")
+                reasons.append(f"{key}: {_describe(c)}{_fleet_claim(analysis)}")
     return ok, reasons, evidence, on_data, decided
+
+
+def _fleet_claim(analysis: CampaignAnalysis) -> str:
+    """Which boxes a fleet's *better* is about, in the gate's words ('' on one box): ``fixed``
+    claims the boxes that ran (a change with no effect on average over boxes like these can
+    read *better* on them: harness bench sequential), ``random`` boxes like these."""
+    if analysis.fleet is None or len(analysis.fleet.box_names) < 2:
+        return ""
+    n = len(analysis.fleet.box_names)
+    if analysis.card.analysis.boxes == "fixed":
+        return (
+            f" (about these {n} boxes, analysis.boxes: fixed; for boxes like these set "
+            "analysis.boxes: random)"
+        )
+    return f" (about boxes like these, from {n} boxes' own effects: analysis.boxes: random)"
 
 
 def _boxes_disagree(analysis: CampaignAnalysis, cell: str, state: str, metric: str) -> str | None:

@@ -285,6 +285,8 @@ def test_a_fleet_whose_boxes_disagree_fails_better_on_these_boxes_and_is_inconcl
     # Both boxes better, by different amounts: a difference of size; the pooled label stands.
     sized = only(verdict_of(tmp_path / "sized", gate, _fleet(1.20, 1.04), cycles=8))
     assert sized.passed, sized.reason
+    # The pass says which claim it makes: these two boxes, not boxes like them.
+    assert "about these 2 boxes, analysis.boxes: fixed" in sized.reason, sized.reason
     # About boxes like these, the interval is between the two boxes (1 df): not decided.
     like = only(verdict_of(tmp_path / "random", gate, _fleet(1.20, 1.00), cycles=8, boxes="random"))
     assert not like.passed and like.undecided
@@ -295,3 +297,5 @@ def test_a_fleet_whose_boxes_disagree_fails_better_on_these_boxes_and_is_inconcl
             verdict_of(tmp_path / f"agree-{boxes}", gate, _fleet(1.12, 1.12), cycles=8, boxes=boxes)
         )
         assert agree.passed, agree.reason
+        claim = "about these 2 boxes" if boxes == "fixed" else "about boxes like these"
+        assert claim in agree.reason, agree.reason
