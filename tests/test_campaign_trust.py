@@ -566,6 +566,15 @@ def test_a_second_resume_while_a_campaign_runs_is_refused_and_a_sigkill_frees_th
     from tests.campaign_dirs import tiny_card
 
     card = tiny_card(tmp_path / "cards")
+    # Each boot waits 3 s before it loads, so the first campaign is still running while the
+    # second resume and the gate try the directory (the tiny card once finished in between on
+    # a loaded machine, and the gate found it free).
+    text = card.read_text().replace(
+        "knobs: {policy: frozen}", "knobs: {policy: frozen, boot_delay_s: 3}"
+    )
+    card.write_text(
+        text.replace("knobs: {policy: adaptive}", "knobs: {policy: adaptive, boot_delay_s: 3}")
+    )
     reports = tmp_path / "reports"
     first = start_campaign(card, reports)
     try:

@@ -3,7 +3,7 @@
 The candidate is faster on a cool box (the control runs every decode step slower by a set
 amount) and heats the box under its traffic, each decode step slower as the heat builds, so
 that deployed — the candidate on a box it heated, the control on a cool one — it gains nothing.
-With a half-life of three blocks of traffic no washout the card sends clears the heat: D̄ reads
+With a half-life of two blocks of traffic no washout the card sends clears the heat: D̄ reads
 the candidate's cool advantage, and only the runtime profile's probe of the heat file sees that
 each block began where the other arm had left the box. With a half-life under a tenth of a
 block the same campaign settles within its washout and decides on D̄ as it always did.
@@ -74,15 +74,16 @@ def _decode(root: Path) -> pd.Series:
 def test_heat_that_outlives_the_washout_is_carry_over_and_the_washout_that_clears_it_is_named(
     tmp_path: Path,
 ) -> None:
-    # Three blocks of four requests: a half-life of 12 requests.
-    code, root, output = _campaign(tmp_path, 12)
+    # Two blocks of four requests: a half-life of 8 requests.
+    code, root, output = _campaign(tmp_path, 8)
     record = json.loads((root / "runs" / "0001-hot-c0-warm-s1-r0" / "run.json").read_text())
     heat = record["runtime"]["box_state"]["heat"]
     assert heat["start"] < heat["scored"] < heat["end"], heat  # the hot cell heats the box
     assert record["runtime"]["own_requests"] == 5  # its warm-up and its washout
     row = _decode(root)
     assert row["raw_label"] == "better" and row["label"] == "carry-over", row["warnings"]
-    assert "box state heat" in row["box_state"] and "design.washout 10" in row["box_state"]
+    # Settled is 3.3 half-lives of own traffic: 6.6 blocks, a washout of 7 blocks.
+    assert "box state heat" in row["box_state"] and "design.washout 7" in row["box_state"]
     assert code == 1, output
     assert "box state heat" in output and "before it scores would settle it" in output
 
