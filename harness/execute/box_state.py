@@ -11,7 +11,6 @@ read is no reading, never a failed run: the state is evidence, not the measureme
 from __future__ import annotations
 
 import json
-import math
 import string
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +19,7 @@ from harness.boxes.base import Box
 from harness.errors import HarnessError
 from harness.profiles.schema import RuntimeProfile, StateProbe
 from harness.stats.box_state import POINTS
+from harness.stats.cycles import finite
 
 
 def _fill(template: str, knobs: Mapping[str, Any]) -> str | None:
@@ -35,23 +35,22 @@ def _number(text: str, key: str | None) -> float | None:
         value: Any = json.loads(text)[key] if key is not None else float(text.split()[0])
     except (ValueError, KeyError, IndexError, TypeError):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
+    return finite(value)
 
 
 def read_probe(box: Box, probe: StateProbe, knobs: Mapping[str, Any]) -> float | None:
-    """One reading of ``probe`` for a cell with ``knobs``; None when it has no reading."""
-    if any(knobs.get(n) is None for n in probe.needs):
-        return None
+    """One reading of ``probe`` for a cell with the knobs it ``needs``; None when it has no
+    reading."""
     if probe.file is not None:
         path = _fill(probe.file, knobs)
         if path is None:
             return None
         try:
-            if not box.exists(path):
+            # One round trip where the file is there (read_text says '' for a missing one).
+            text = box.read_text(path)
+            if not text and not box.exists(path):
                 return probe.missing
-            return _number(box.read_text(path), probe.key)
+            return _number(text, probe.key)
         except (OSError, HarnessError):
             return None
     assert probe.command is not None

@@ -12,8 +12,9 @@ The check: a washout has cleared the state when, for each arm, the state at whic
 blocks begin does not depend on what ran before the washout. With ``gap_X`` the mean scored
 reading of arm X's blocks after the other arm (*switch*) less that after its own (*same*),
 and the arms' spread the difference of their *same* means, the state is **unsettled** when some
-``gap_X`` differs from 0 beyond its noise (a t-test at α; readings that agree exactly have none)
-and is at least ``SETTLED_SHARE`` of the spread. A *better*/*worse* label then reads
+``gap_X`` differs from 0 beyond the readings' noise (a t-test on the residual SD of the
+relaxation fit below, at 5%; readings the fit matches exactly have none) and is at least
+``SETTLED_SHARE`` of the spread. A *better*/*worse* label then reads
 *carry-over* (it can only withhold). A state that does not depend on the arm has no spread and
 no gap, and costs nothing.
 

@@ -21,7 +21,7 @@ against compare_cycles campaign by campaign.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -124,22 +124,28 @@ class _Unit:
     length: float
 
 
-def _units(layout: Layout, cycles: int) -> list[_Unit]:
-    """Every block and washout in the planner's order (each box runs its share in this order)."""
+def planned_blocks(layout: Layout, cycles: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Every block as the planner lays them out, in order (each box runs its share in this
+    order): its cycle, lane, box, slot and cell (0 the control, 1.. the treatments)."""
     boxes = [str(b) for b in range(layout.boxes)]
-    out: list[_Unit] = []
     for j in range(cycles):
         lanes = list(range(layout.treatments))
         for lane in lanes if j % 2 == 0 else lanes[::-1]:
             box = int(fleet_box(boxes, j, lane))
             for slot, arm in enumerate(cycle_pattern(j)):
-                cell = 0 if arm == "A" else 1 + lane
-                parts = layout.washout_units  # one unit per order of carry-over it absorbs
-                for _ in range(parts):
-                    out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
-                # A washout shorter than a block absorbs no order: it only takes time.
-                rest = layout.washout if layout.sends_washout and not parts else 0.0
-                out.append(_Unit(box, j, lane, slot, cell, True, 1.0 + rest))
+                yield j, lane, box, slot, 0 if arm == "A" else 1 + lane
+
+
+def _units(layout: Layout, cycles: int) -> list[_Unit]:
+    """Every block and washout in the planner's order."""
+    out: list[_Unit] = []
+    for j, lane, box, slot, cell in planned_blocks(layout, cycles):
+        parts = layout.washout_units  # one unit per order of carry-over it absorbs
+        for _ in range(parts):
+            out.append(_Unit(box, j, lane, slot, cell, False, layout.washout / parts))
+        # A washout shorter than a block absorbs no order: it only takes time.
+        rest = layout.washout if layout.sends_washout and not parts else 0.0
+        out.append(_Unit(box, j, lane, slot, cell, True, 1.0 + rest))
     return out
 
 
@@ -478,6 +484,7 @@ __all__ = [
     "decide_many",
     "fixed_cycles_needed",
     "layout_cycles",
+    "planned_blocks",
     "run_looks",
     "simulate_blocks",
     "stopping_distribution",

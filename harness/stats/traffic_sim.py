@@ -33,8 +33,7 @@ import numpy.typing as npt
 
 from harness.stats.box_state import BlockTraffic, StateReading
 from harness.stats.cycles import FloatArray
-from harness.stats.design_sim import Layout, layout_cycles
-from harness.stats.layout import cycle_pattern, fleet_box
+from harness.stats.design_sim import Layout, layout_cycles, planned_blocks
 
 KINDS = ("decay", "evict")
 
@@ -112,23 +111,17 @@ class _Plan:
 
 @lru_cache(maxsize=256)
 def _plan(layout: Layout, cycles: int) -> _Plan:
-    boxes = [str(b) for b in range(layout.boxes)]
     cell: list[int] = []
     box: list[int] = []
     length: list[float] = []
     scored: list[int] = []
-    for j in range(cycles):
-        lanes = list(range(layout.treatments))
-        for lane in lanes if j % 2 == 0 else lanes[::-1]:
-            on = int(fleet_box(boxes, j, lane))
-            for arm in cycle_pattern(j):
-                c = 0 if arm == "A" else 1 + lane
-                for size in (layout.washout, 1.0) if layout.sends_washout else (1.0,):
-                    cell.append(c)
-                    box.append(on)
-                    length.append(size)
-                if lane == 0:
-                    scored.append(len(cell) - 1)
+    for _, lane, on, _, c in planned_blocks(layout, cycles):
+        for size in (layout.washout, 1.0) if layout.sends_washout else (1.0,):
+            cell.append(c)
+            box.append(on)
+            length.append(size)
+        if lane == 0:
+            scored.append(len(cell) - 1)
     return _Plan(np.array(cell), np.array(box), np.array(length), np.array(scored))
 
 
