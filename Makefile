@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 .venv: $(STAMP)
 
 demo: $(STAMP)
+	bash scripts/install-sysdeps.sh demo
 	$(BIN)/harness run campaigns/demo.yaml
 
 sysdeps:

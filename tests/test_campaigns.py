@@ -107,6 +107,11 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert comparisons.loc["decode_tok_s", "label"] in ("inconclusive", "carry-over"), speed
         assert len(looks) == 3 and "max_cycles" in looks[-1], output
     assert comparisons.loc["hit_rate", "label"] == "better"
+    # Washed by boot: every block on its own boot, and the page cache that holds the slow
+    # tier's file across boots (what this box keeps) read by fincore at every block and settled.
+    assert bool(comparisons.loc["decode_tok_s", "washed"]), comparisons.loc["decode_tok_s"]
+    assert "page_cache: settled" in str(comparisons.loc["decode_tok_s", "box_state"])
+    assert "washed by boot" in (root / "record.md").read_text(encoding="utf-8")
     assert comparisons.loc["expert_loads", "label"] == "better"
     assert comparisons.loc["expert_loads", "ratio"] < 0.5
     assert comparisons.loc["decode_tok_s", "ratio"] > 1.1

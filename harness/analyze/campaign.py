@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -47,6 +48,8 @@ from harness.formats.records import (
     write_parquet,
 )
 from harness.plan.build import cohort_key
+from harness.stats.box_state import POINTS as STATE_POINTS
+from harness.stats.cycles import finite
 
 if TYPE_CHECKING:
     from harness.analyze.series import FigureSeries
@@ -187,6 +190,22 @@ class RunTables:
     imported_notes: list[str] = field(default_factory=list)
 
 
+def _washed_by_boot(card: Card, record: Mapping[str, Any]) -> bool:
+    """A run on a boot of its own (design.washed_by: boot) whose box-state probes all read at
+    every point: the boot cleared the runtime, and what the box kept is read (the analysis
+    withholds a label while it has not settled). A probe that did not read leaves the block
+    unwashed: state no probe reads is not assumed away."""
+    if card.design.washed_by != "boot" or card.design.boot != "per-block":
+        return False
+    readings = (record.get("runtime") or {}).get("box_state")
+    if not isinstance(readings, Mapping) or not readings:
+        return False
+    return all(
+        isinstance(points, Mapping) and all(finite(points.get(p)) is not None for p in STATE_POINTS)
+        for points in readings.values()
+    )
+
+
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
     """Read every run record and compute its metrics."""
     plan = campaign.plan()
@@ -232,7 +251,8 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             # without it (imports, older runs) get washout ÷ scored requests below.
             washout_share=(record.get("runtime") or {}).get("washout_share"),
             independent=bool((record.get("runtime") or {}).get("simulated"))
-            or raw.get("cache_state") == "cold",
+            or raw.get("cache_state") == "cold"
+            or _washed_by_boot(card, record),
             # The box's state as its profile's probes read it (harness.execute.box_state).
             box_state=(record.get("runtime") or {}).get("box_state"),
             own_requests=(record.get("runtime") or {}).get("own_requests"),

@@ -37,9 +37,12 @@ which a washout clears by the whole block. A second bank does not
 towards its arm's level, with a half-life (or, for a page cache that only traffic evicts, a
 turnover time) of a quarter block to three blocks of traffic, into the control, into the
 candidate, or heat (the candidate 3% faster on a cool box, every request slower as the box heats
-under candidate traffic), at 2% block noise. It runs the default design, the demo's (a quarter-
-block washout, looks at 4…6), the ladder's (a quarter-block washout, 3 fixed cycles, read as
-ABBA/BAAB) and no washout, through the same decision, and holds each to the same ≤ α/2.
+under candidate traffic), at 2% block noise. It runs the default design, the demo's (each block
+on a boot of its own after a quarter block of its own traffic, ``washed_by: boot``: decided on D̄,
+the box's state read by a probe; a boot clears nothing of the box, so the probe's check is all
+that holds it), the same traffic decided as unwashed, the ladder's (a quarter-block washout, 3
+fixed cycles, read as ABBA/BAAB) and no washout, through the same decision, and holds each to the
+same ≤ α/2 with the state probed; unprobed figures are printed for the record.
 """
 
 from __future__ import annotations
@@ -254,13 +257,20 @@ class TrafficDesign:
     first: int
     last: int
     sequential: bool = True
+    washed_by_boot: bool = False  # design.washed_by: boot, decided on D̄ with the probes' check
+    probed: bool = True  # an import has no probes: held to α/2 unprobed
 
 
 TRAFFIC_DESIGNS = (
     TrafficDesign("default (washout 1, looks 3..8)", DEFAULT_WASHOUT, FIRST, MAX),
-    TrafficDesign("demo (washout 0.25, looks 4..6)", 0.25, 4, 6),
+    TrafficDesign("demo, washed by boot (washout 0.25, looks 4..6)", 0.25, 4, 6, True, True),
+    TrafficDesign("washout 0.25, looks 4..6", 0.25, 4, 6),
     TrafficDesign("ladder (washout 0.25, 3 cycles)", 0.25, 3, 3, sequential=False),
     TrafficDesign("no washout (looks 3..8)", 0.0, FIRST, MAX),
+    # `harness import`: a tool's fixed runs, no probes; a declared warm-up is a washout of its
+    # share of the block (10 of 100 requests: a tenth), decided as unwashed.
+    TrafficDesign("import, no warm-up (6 cycles)", 0.0, 6, 6, sequential=False, probed=False),
+    TrafficDesign("import, warm-up 0.1 (6 cycles)", 0.1, 6, 6, sequential=False, probed=False),
 )
 
 
@@ -279,7 +289,7 @@ def traffic_bank(quick: bool = False) -> list[Figure]:
         plan = SequentialPlan(design.first, design.last, 1, ALPHA)
         looks = plan.scheduled() if design.sequential else [design.last]
         level = plan.nominal_alpha if design.sequential else (lambda _m: ALPHA)
-        layout = Layout(washout=design.washout)
+        layout = Layout(washout=design.washout, washed_by_boot=design.washed_by_boot)
         held_by = {"unprobed": 0, "state probed": 0}
         cases = 0
         for life in LIVES:
@@ -290,10 +300,11 @@ def traffic_bank(quick: bool = False) -> list[Figure]:
                     np.random.default_rng(seed), n, design.last, scenario, layout
                 )
                 cases += 1
-                for how, held in (
-                    ("unprobed", None),
-                    ("state probed", _probe_holds(layout, state)),
-                ):
+                gated = "state probed" if design.probed else "unprobed"
+                ways: list[tuple[str, Callable[[int], bool] | None]] = [("unprobed", None)]
+                if design.probed:
+                    ways.append(("state probed", _probe_holds(layout, state)))
+                for how, held in ways:
                     codes, _ = run_looks(blocks, looks, level, MARGIN, layout=layout, held=held)
                     rate = float((codes == BETTER).mean())
                     carried = float((codes == CARRY).mean())
@@ -306,10 +317,14 @@ def traffic_bank(quick: bool = False) -> list[Figure]:
                             "%",
                             f"{n} campaigns at {TRAFFIC_NOISE * 100:g}% block noise; ended "
                             f"carry-over {carried * 100:.1f}% (MC SE {se * 100:.2f} points)",
-                            f"<= {half * 100:.1f}%" if how == "state probed" else "",
-                            rate <= allowed if how == "state probed" else None,
+                            f"<= {half * 100:.1f}%" if how == gated else "",
+                            rate <= allowed if how == gated else None,
                         )
                     )
+        if not design.probed:
+            figures.append(_import_power(design, layout, n))
+            figures.extend(_held_figures(design, held_by, cases))
+            continue
         power, used, cost = _probed_power(design, looks, level, layout, n)
         headline = design.name.startswith("default")
         figures.append(
@@ -333,16 +348,39 @@ def traffic_bank(quick: bool = False) -> list[Figure]:
                 cost <= 1.2 if headline else None,
             )
         )
-        for how, count in held_by.items():
-            figures.append(
-                Figure(
-                    f"traffic-time cases held, {design.name}, {how}",
-                    count,
-                    f"of {cases}",
-                    f"lives {', '.join(f'{v:g}' for v in LIVES)} blocks, four state kinds",
-                )
-            )
+        figures.extend(_held_figures(design, held_by, cases))
     return figures
+
+
+def _held_figures(design: TrafficDesign, held_by: dict[str, int], cases: int) -> list[Figure]:
+    return [
+        Figure(
+            f"traffic-time cases held, {design.name}, {how}",
+            count,
+            f"of {cases}",
+            f"lives {', '.join(f'{v:g}' for v in LIVES)} blocks, four state kinds",
+        )
+        for how, count in held_by.items()
+        if design.probed or how == "unprobed"
+    ]
+
+
+def _import_power(design: TrafficDesign, layout: Layout, n: int) -> Figure:
+    """An import's power: +5% at 2% block noise over its fixed cycles, no state."""
+    flat = BoxState("decay", 1.0, 0.0, 0.0, target_control=0.5, target_candidate=0.5)
+    scenario = TrafficScenario(math.log(1.05), TRAFFIC_NOISE, flat)
+    blocks = simulate_traffic(np.random.default_rng(TRAFFIC_SEED), n, design.last, scenario, layout)
+    codes, _ = run_looks(blocks, [design.last], lambda _m: ALPHA, MARGIN, layout=layout)
+    power = float((codes == BETTER).mean())
+    return Figure(
+        f"traffic-time power +5% at 2%, {design.name}",
+        power * 100,
+        "%",
+        f"{n} campaigns, decided as unwashed (the crossover model's deployed effect); ended "
+        f"carry-over {float((codes == CARRY).mean()) * 100:.1f}%",
+        ">= 80%",
+        power >= 0.8,
+    )
 
 
 def _probe_holds(layout: Layout, state: BoxState) -> Callable[[int], bool]:

@@ -600,6 +600,7 @@ def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problem
             "`cache_files`: add `cache_files` (globs of the files it reads, e.g. the model) to "
             "the profile, or drop `cold`",
         )
+    _check_washed_by_boot(card, runtime, out)
     for index, gate in enumerate(card.gates):
         if isinstance(gate, CounterGate) and gate.counter in runtime.telemetry.unavailable:
             out.add(
@@ -630,6 +631,36 @@ def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problem
                 "a soak gate needs a telemetry ring (duration, lost records and inter-token p99 "
                 f"come from it), and runtime {runtime.name!r} declares none (`telemetry.ring`): "
                 "use a profile whose runtime writes a ring",
+            )
+
+
+def _check_washed_by_boot(card: Card, runtime: RuntimeProfile, out: Problems) -> None:
+    """A fresh boot clears the runtime, not the box: washed_by: boot stands on probes of what
+    the box keeps across boots, so every cell must be read by at least one."""
+    if card.design.washed_by != "boot":
+        return
+    loc: Loc = ("design", "washed_by")
+    if runtime.driver is not None:
+        out.add(loc, f"runtime {runtime.name!r} is a command driver: it has no boot of its own")
+        return
+    if not runtime.box_state:
+        out.add(
+            loc,
+            f"washed_by: boot needs probes of what the box keeps across boots, and runtime "
+            f"{runtime.name!r} declares none (`box_state` in its profile): add one (e.g. the "
+            "page cache of its model files through fincore, a GPU's temperature through "
+            "nvidia-smi), or use washed_by: washout with design.washout: 1",
+        )
+        return
+    defaults = {n: s.default for n, s in runtime.knobs.items() if s.default is not None}
+    for name, cell in card.cells.items():
+        knobs = {**defaults, **cell.knobs}
+        if not any(all(knobs.get(k) is not None for k in p.needs) for p in runtime.box_state):
+            needs = "; ".join(f"{p.name} needs {', '.join(p.needs)}" for p in runtime.box_state)
+            out.add(
+                loc,
+                f"no box_state probe of runtime {runtime.name!r} reads cell {name!r} ({needs}): "
+                "set those knobs, or use washed_by: washout",
             )
 
 

@@ -213,6 +213,15 @@ class Design(Strict):
         "and clears only state a quarter block of own traffic clears; 0 sends none and leaves "
         "carry-over to the crossover model, which costs power and fails closed below 3 cycles",
     )
+    washed_by: Literal["washout", "boot"] = Field(
+        "washout",
+        description="what clears a block of the one before it: the washout (its traffic; a "
+        "label stands on D̄ only after a whole block of it) or boot (each block boots its own "
+        "runtime, which starts with nothing of the last, and what the box keeps across boots "
+        "is read by the runtime profile's box_state probes, every one of which must read and "
+        "settle; needs boot: per-block). A block whose probes did not all read is decided as "
+        "unwashed; state no probe reads is assumed, and the report says which were read",
+    )
     boot: BootDesign = Field(
         "per-block",
         description="which runs share one boot: per-block (each run boots its own runtime), "
@@ -227,6 +236,11 @@ class Design(Strict):
             raise ValueError(
                 f"boot: {self.boot} shares a warm runtime, and a cold run needs a fresh boot "
                 "after its files leave the page cache; use boot: per-block or drop cold"
+            )
+        if self.washed_by == "boot" and self.boot != "per-block":
+            raise ValueError(
+                f"washed_by: boot needs every block on a boot of its own, and boot: {self.boot} "
+                "shares one; use boot: per-block or washed_by: washout"
             )
         if self.sequential:
             if self.order == "sequential":

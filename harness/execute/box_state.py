@@ -11,7 +11,7 @@ read is no reading, never a failed run: the state is evidence, not the measureme
 from __future__ import annotations
 
 import json
-import string
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,13 +21,23 @@ from harness.profiles.schema import RuntimeProfile, StateProbe
 from harness.stats.box_state import POINTS
 from harness.stats.cycles import finite
 
+# Places a probe may name beside the cell's knobs: the box's cache folder (where a runtime's
+# persistent files live, e.g. the refbox's slow tier, whose page cache a probe reads).
+PLACES = ("cache_dir",)
+
+
+# A placeholder is a bare name in braces; any other braces (an awk program's) are the
+# command's own.
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
 
 def _fill(template: str, knobs: Mapping[str, Any]) -> str | None:
-    """``template`` with every {knob} replaced by the cell's setting; None where one is unset."""
-    names = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    """``template`` with every {knob} (or place) replaced by the cell's setting; None where one
+    is unset."""
+    names = PLACEHOLDER.findall(template)
     if any(knobs.get(n) is None for n in names):
         return None
-    return template.format_map({n: str(knobs[n]) for n in names})
+    return PLACEHOLDER.sub(lambda m: str(knobs[m.group(1)]), template)
 
 
 def _number(text: str, key: str | None) -> float | None:
@@ -67,12 +77,18 @@ def read_probe(box: Box, probe: StateProbe, knobs: Mapping[str, Any]) -> float |
 class BoxStateReader:
     """The probes of one run: read at each point, then written into its record."""
 
-    def __init__(self, box: Box, profile: RuntimeProfile, knobs: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        box: Box,
+        profile: RuntimeProfile,
+        knobs: Mapping[str, Any],
+        places: Mapping[str, str] | None = None,
+    ) -> None:
         self.box = box
         self.probes = [
             p for p in profile.box_state if all(knobs.get(n) is not None for n in p.needs)
         ]
-        self.knobs = knobs
+        self.knobs = {**(places or {}), **knobs}
         self.readings: dict[str, dict[str, float | None]] = {}
 
     def read(self, point: str) -> None:
@@ -92,4 +108,4 @@ class BoxStateReader:
         runtime["own_requests"] = own_requests
 
 
-__all__ = ["POINTS", "BoxStateReader", "read_probe"]
+__all__ = ["PLACES", "POINTS", "BoxStateReader", "read_probe"]

@@ -458,7 +458,9 @@ class CampaignRunner:
         read back from the runtime at the end (the run fails when it ran with others)."""
         previous = state.previous
         warmups: list[RequestResult] = []
-        probes = BoxStateReader(self.box, self.loaded.runtime, record.knobs)
+        probes = BoxStateReader(
+            self.box, self.loaded.runtime, record.knobs, {"cache_dir": self.cache_dir}
+        )
         probes.read("start")
         own = 0
         if run.sends_warmup:

@@ -124,6 +124,20 @@ class Plan:
     def washout_text(self) -> str:
         """What the design does about carry-over, in words (the plan's last line)."""
         count = washout_requests(self.card)
+        if self.card.card.design.washed_by == "boot":
+            cells = self.card.card.cells.values()
+            probes = ", ".join(
+                p.name
+                for p in self.card.runtime.box_state
+                if any(all(c.knobs.get(k) is not None for k in p.needs) for c in cells)
+            )
+            sent = f"{count} request(s) of its own cell, then " if count else ""
+            return (
+                f"washed by boot (design.washed_by): every block boots its own runtime, then "
+                f"{sent}its scored requests; what the box keeps across boots is read by the "
+                f"probes {probes} before, as and after it scores, and a label waits for them to "
+                "settle (a block whose probes did not read is decided as unwashed)"
+            )
         if count:
             share = self.card.card.design.washout
             sent = (

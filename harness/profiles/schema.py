@@ -256,7 +256,8 @@ class StateProbe(Strict):
     command: str | None = Field(
         None,
         description="shell command run on the box that prints one number; {knob} is the "
-        "cell's setting of that knob (e.g. nvidia-smi's temperature.gpu)",
+        "cell's setting of that knob and {cache_dir} the box's cache folder (e.g. "
+        "nvidia-smi's temperature.gpu, fincore's resident bytes of the model files)",
     )
     file: str | None = Field(
         None, description="file on the box holding the state; {knob} as in `command`"

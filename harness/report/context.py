@@ -220,6 +220,43 @@ BOOT_WORDS = {
 }
 
 
+def wash_words(analysis: CampaignAnalysis) -> str:
+    """What cleared a block of the one before it, in words: the methods line's second half."""
+    design = analysis.card.design
+    runs = analysis.runs
+    # What the runs sent, not what the card says now: a record run before washouts has none.
+    def column(name: str) -> list[float]:
+        values: Any = runs[name] if name in runs.columns else []
+        return [v for v in (fmt.finite(x) for x in values) if v is not None]
+
+    share = 0.0
+    if any(v > 0 for v in column("washout")):
+        shares = sorted(column("washout_share"))
+        share = shares[len(shares) // 2] if shares else design.washout
+    whole = "a whole block" if share == 1 else f"{share:g} of a block"
+    sent = f"{whole} of its own traffic" if share > 0 else "no washout traffic"
+    if design.washed_by == "boot":
+        probes: set[str] = set()
+        if "box_state" in analysis.runs.columns:
+            for readings in analysis.runs["box_state"]:
+                if isinstance(readings, dict):
+                    probes.update(str(name) for name in readings)
+        read = ", ".join(sorted(probes)) or "none (no block read: decided as unwashed)"
+        return (
+            f"washed by boot: each block on a boot of its own, then {sent}; what the box keeps "
+            f"across boots read by the probes {read}, and a label waits for them to settle; "
+            "state no probe reads is assumed to carry nothing"
+        )
+    if share >= 1:
+        return f"a washout of {sent} before each block (the cycle mean is the deployed effect)"
+    if share > 0:
+        return (
+            f"{sent} before each block, part of a block: decided as unwashed (the crossover "
+            "model's deployed effect)"
+        )
+    return "no washout: decided on the crossover model's deployed effect"
+
+
 def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
     """The executed order as blocks (arm, cell, cache state, status), one strip per box."""
     card = analysis.card
@@ -260,6 +297,7 @@ def design_context(analysis: CampaignAnalysis) -> dict[str, Any]:
         "order": card.design.order,
         "boot": card.design.boot,
         "boot_words": BOOT_WORDS[card.design.boot],
+        "wash_words": wash_words(analysis),
         "boots": _boot_groups(analysis, strips) if card.design.boot != "per-block" else [],
         # What was planned, which an extended campaign (--resume --cycles) raised past the card.
         "cycles": analysis.campaign.plan().get("cycles", card.design.cycles),

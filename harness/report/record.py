@@ -195,7 +195,8 @@ def _cells(context: dict[str, Any]) -> list[str]:
         f"Control `{_code(context['control'])}`; order {design['order']}, "
         f"{design['cycles']} cycles "
         f"({', '.join(design['patterns']) or 'no patterns'}), repeats {design['repeats']}, cache "
-        f"states {', '.join(design['cache_states'])}; {design['n_runs']} runs planned.",
+        f"states {', '.join(design['cache_states'])}; {design['n_runs']} runs planned; "
+        f"{design['wash_words']}.",
         "",
     ]
     timing = context["timing"]

@@ -88,6 +88,10 @@ class Layout:
     treatments: int = 1
     boxes: int = 1
     random_boxes: bool = False  # a fleet's interval between boxes (analysis.boxes: random)
+    # Each block boots its own runtime and the box's state is probed (design.washed_by: boot):
+    # decided as washed whatever the washout's length. The boot clears nothing of the box, so
+    # the blocks still carry its state; the probe's check is what must catch it.
+    washed_by_boot: bool = False
 
     @property
     def sends_washout(self) -> bool:
@@ -100,7 +104,7 @@ class Layout:
         decision may read D̄ as the deployed effect. A shorter one is traffic that clears what
         it clears, priced as such: the blocks are decided as unwashed (the crossover model's
         deployed-effect check), not as if the washout had been whole."""
-        return self.washout >= 1.0
+        return self.washout >= 1.0 or self.washed_by_boot
 
     @property
     def washout_units(self) -> int:

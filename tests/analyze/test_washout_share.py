@@ -6,7 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.analyze.campaign import _washed_by_boot
 from harness.analyze.compare import cell_cycles
+from harness.card import load_card
+from tests.conftest import REPO
 
 
 def _runs(washout: int, scored: int, share: float | None) -> pd.DataFrame:
@@ -43,3 +46,26 @@ def test_a_part_of_a_block_is_not_a_wash(
     assert not dropped and len(cycles) == 1
     assert cycles[0].washed is washed
     assert np.isfinite(cycles[0].effect)
+
+
+def _record(points: dict[str, float | None] | None) -> dict[str, object]:
+    return {"runtime": {"box_state": {"page_cache": points}} if points is not None else {}}
+
+
+@pytest.mark.parametrize(
+    ("washed_by", "points", "washed"),
+    [
+        ("boot", {"start": 1.0, "scored": 1.0, "end": 0.99}, True),
+        ("boot", {"start": 1.0, "scored": None, "end": 1.0}, False),  # a probe that missed
+        ("boot", None, False),  # nothing read the box: no wash assumed
+        ("washout", {"start": 1.0, "scored": 1.0, "end": 1.0}, False),
+    ],
+)
+def test_a_fresh_boot_washes_a_block_only_where_the_box_was_read(
+    washed_by: str, points: dict[str, float | None] | None, washed: bool
+) -> None:
+    card = load_card(REPO / "campaigns" / "demo.yaml").card
+    card = card.model_copy(
+        update={"design": card.design.model_copy(update={"washed_by": washed_by})}
+    )
+    assert _washed_by_boot(card, _record(points)) is washed

@@ -202,3 +202,39 @@ def test_shared_boot_refuses_a_live_knob_the_profile_checks_from_its_boot_line()
     ((loc, message),) = shared_boot_problems(loaded.card, checked)
     assert loc == ("cells", "fast", "knobs", "drain_every")
     assert "telemetry.applied" in message and "use design.boot: per-block" in message
+
+
+def test_washed_by_boot_needs_a_boot_per_block() -> None:
+    with pytest.raises(ValidationError, match="washed_by: boot needs every block on a boot"):
+        Design(boot="per-cycle", washed_by="boot")
+
+
+def test_washed_by_boot_needs_probes_that_read_every_cell(tmp_path: Path) -> None:
+    # A fresh boot clears the runtime, not the box: without a probe of what the box keeps
+    # across boots the card is refused at the field, with the fix, before anything runs.
+    demo = yaml.safe_load((REPO / "campaigns" / "demo.yaml").read_text(encoding="utf-8"))
+    assert demo["design"]["washed_by"] == "boot"
+    runtime = yaml.safe_load(
+        (REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml").read_text()
+    )
+    runtime["box_state"] = [p for p in runtime["box_state"] if p["name"] == "heat"]
+    demo["runtime"] = runtime
+    demo["prompts"]["pools"] = [str(REPO / "campaigns" / "prompts" / "mixed.jsonl")]
+    for cell in demo["cells"].values():
+        cell["files"] = {k: str(REPO / "campaigns" / v) for k, v in cell["files"].items()}
+    card = tmp_path / "card.yaml"
+    card.write_text(yaml.safe_dump(demo, sort_keys=False), encoding="utf-8")
+    with pytest.raises(CardError) as caught:
+        load_card(card)
+    lines = caught.value.lines()
+    assert len(lines) == 2, lines  # one per cell
+    assert "design.washed_by: no box_state probe of runtime 'refbox' reads cell 'stale'" in lines[0]
+    assert "heat needs heat_state" in lines[0]
+    runtime.pop("box_state")
+    card.write_text(yaml.safe_dump(demo, sort_keys=False), encoding="utf-8")
+    with pytest.raises(CardError) as caught:
+        load_card(card)
+    assert "declares none (`box_state` in its profile)" in caught.value.lines()[0]
+    result = run_cli("validate", str(card))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert "washed_by: washout" in result.stderr + result.stdout

@@ -92,5 +92,5 @@ def test_heat_that_outlives_the_washout_is_carry_over_and_the_washout_that_clear
     # cool advantage: no better).
     _, root, output = _campaign(tmp_path, 0.4)
     row = _decode(root)
-    assert "settled before every scored block" in row["box_state"], row["box_state"]
+    assert "box state heat: settled before every scored block" in row["box_state"], row["box_state"]
     assert row["label"] == row["raw_label"] and row["label"] != "better", row["warnings"]
