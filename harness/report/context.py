@@ -224,6 +224,7 @@ def wash_words(analysis: CampaignAnalysis) -> str:
     """What cleared a block of the one before it, in words: the methods line's second half."""
     design = analysis.card.design
     runs = analysis.runs
+
     # What the runs sent, not what the card says now: a record run before washouts has none.
     def column(name: str) -> list[float]:
         values: Any = runs[name] if name in runs.columns else []

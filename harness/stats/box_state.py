@@ -13,8 +13,8 @@ blocks begin does not depend on what ran before the washout. With ``gap_X`` the 
 reading of arm X's blocks after the other arm (*switch*) less that after its own (*same*),
 and the arms' spread the difference of their *same* means, the state is **unsettled** when some
 ``gap_X`` differs from 0 beyond the readings' noise (a t-test on the residual SD of the
-relaxation fit below, at 5%; readings the fit matches exactly have none) and is at least
-``SETTLED_SHARE`` of the spread. A *better*/*worse* label then reads
+relaxation fit below, at 2.5% for each arm; readings the fit matches exactly have none) and
+is at least ``SETTLED_SHARE`` of the spread. A *better*/*worse* label then reads
 *carry-over* (it can only withhold). A state that does not depend on the arm has no spread and
 no gap, and costs nothing.
 
@@ -127,7 +127,9 @@ def check_probe(blocks: Sequence[BlockTraffic], probe: str, alpha: float = 0.05)
         if not switched or not own:
             continue
         gap = float(np.mean(switched) - np.mean(own))
-        if not _beyond_noise(len(switched), len(own), gap, fit, alpha):
+        # Two arms tested: each at α/2, so a noisy probe of a state with no carry-over withholds
+        # at most α of the comparisons (at α each it withheld 8–10%).
+        if not _beyond_noise(len(switched), len(own), gap, fit, alpha / 2):
             continue
         share = abs(gap) / abs(spread) if abs(spread) > ROUNDING else math.inf
         if worst is None or share > worst[0]:
