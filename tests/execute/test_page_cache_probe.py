@@ -1,0 +1,68 @@
+"""The page-cache probes the shipped profiles declare, read by the real fincore (util-linux) on
+real files: what the box keeps of a runtime's files across boots."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.boxes.local import LocalBox
+from harness.card.resolve import load_runtime_profile
+from harness.execute.box_state import BoxStateReader, read_probe
+from harness.profiles.box import BoxSpec
+from harness.profiles.schema import RuntimeProfile, StateProbe
+from tests.conftest import REPO
+
+RUNTIMES = REPO / "harness" / "profiles" / "data" / "runtimes"
+pytestmark = pytest.mark.skipif(
+    shutil.which("fincore") is None, reason="fincore (util-linux) not installed: make sysdeps"
+)
+
+
+def _probe(profile: RuntimeProfile, name: str) -> StateProbe:
+    return next(p for p in profile.box_state if p.name == name)
+
+
+def _evict(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def test_the_refbox_probe_reads_the_slow_tier_files_share_in_the_page_cache(
+    tmp_path: Path,
+) -> None:
+    refbox = load_runtime_profile(RUNTIMES / "refbox.yaml")
+    probe, box = _probe(refbox, "page_cache"), LocalBox("local", BoxSpec())
+    cache = tmp_path / "cache dir"  # a space: the path is quoted
+    cache.mkdir()
+    assert read_probe(box, probe, {"cache_dir": str(cache)}) is None  # nothing to read yet
+    slow = cache / "refbox-slow-0123456789abcdef.bin"
+    slow.write_bytes(os.urandom(4 << 20))
+    os.sync()
+    assert read_probe(box, probe, {"cache_dir": str(cache)}) == pytest.approx(1.0, abs=0.01)
+    _evict(slow)
+    evicted = read_probe(box, probe, {"cache_dir": str(cache)})
+    assert evicted is not None and evicted < 0.5
+    with open(slow, "rb") as handle:  # a cold lookup reads a record back in
+        handle.read(1 << 20)
+    partly = read_probe(box, probe, {"cache_dir": str(cache)})
+    assert partly is not None and evicted < partly <= 1.0
+    # Every cell of the refbox is read (the probe needs no knob), through the run's reader.
+    reader = BoxStateReader(box, refbox, {"policy": "adaptive"}, {"cache_dir": str(cache)})
+    reader.read("start")
+    assert set(reader.readings) == {"page_cache"}
+
+
+def test_the_llama_cpp_probe_reads_a_model_on_the_box_and_only_then(tmp_path: Path) -> None:
+    llama = load_runtime_profile(RUNTIMES / "llama-cpp.yaml")
+    probe, box = _probe(llama, "page_cache"), LocalBox("local", BoxSpec())
+    model = tmp_path / "model.gguf"
+    model.write_bytes(os.urandom(2 << 20))
+    os.sync()
+    _evict(model)
+    share = read_probe(box, probe, {"model": str(model)})
+    assert share is not None and share < 0.5
+    assert BoxStateReader(box, llama, {}).probes == []  # an uploaded model file: no knob, no probe
