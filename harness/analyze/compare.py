@@ -197,7 +197,8 @@ def _box_state(run: pd.Series) -> tuple[dict[str, StateReading], float]:
         values = [finite(points.get(p)) if isinstance(points, dict) else None for p in POINTS]
         if all(v is not None for v in values):
             start, scored, end = (float(v) for v in values if v is not None)
-            readings[str(name)] = StateReading(start, scored, end)
+            tolerance = finite(points.get("tolerance")) if isinstance(points, dict) else None
+            readings[str(name)] = StateReading(start, scored, end, max(tolerance or 0.0, 0.0))
     own, scored_n = finite(run.get("own_requests")), finite(run.get("scored_requests"))
     share = own / scored_n if own is not None and scored_n else 0.0
     return readings, share

@@ -104,6 +104,9 @@ class BoxStateReader:
         ``runtime`` (a run record's ``runtime``)."""
         if not self.probes:
             return
+        for probe in self.probes:
+            if probe.tolerance and probe.name in self.readings:
+                self.readings[probe.name]["tolerance"] = probe.tolerance
         runtime["box_state"] = self.readings
         runtime["own_requests"] = own_requests
 

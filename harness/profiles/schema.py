@@ -273,6 +273,14 @@ class StateProbe(Strict):
         default_factory=list,
         description="knobs the probe reads: a cell without them is not probed",
     )
+    tolerance: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="readings this close are one state: a gap no larger never withholds a "
+        "label (a page cache's share moves by a few pages under the box's own memory "
+        "pressure); 0: any difference beyond the readings' noise counts",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> StateProbe:

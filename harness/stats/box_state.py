@@ -14,7 +14,8 @@ reading of arm X's blocks after the other arm (*switch*) less that after its own
 and the arms' spread the difference of their *same* means, the state is **unsettled** when some
 ``gap_X`` differs from 0 beyond the readings' noise (a t-test on the residual SD of the
 relaxation fit below, at 2.5% for each arm; readings the fit matches exactly have none) and
-is at least ``SETTLED_SHARE`` of the spread. A *better*/*worse* label then reads
+is at least ``SETTLED_SHARE`` of the spread and larger than the probe's declared ``tolerance``
+(readings that close are one state). A *better*/*worse* label then reads
 *carry-over* (it can only withhold). A state that does not depend on the arm has no spread and
 no gap, and costs nothing.
 
@@ -50,10 +51,13 @@ class StateReading:
     start: float
     scored: float
     end: float
+    tolerance: float = 0.0  # readings this close are one state (the probe's `tolerance`)
 
     def __post_init__(self) -> None:
         if not all(math.isfinite(v) for v in (self.start, self.scored, self.end)):
             raise ValueError("state readings must be finite")
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+            raise ValueError("a state's tolerance must be finite and >= 0")
 
 
 @dataclass(frozen=True)
@@ -110,12 +114,14 @@ def _switch(arm: str, before: str) -> bool | None:
 def check_probe(blocks: Sequence[BlockTraffic], probe: str, alpha: float = 0.05) -> StateCheck:
     """The settled check of one probe over a comparison's scored blocks."""
     groups: dict[tuple[str, bool], list[float]] = {}
+    tolerance = 0.0
     for b in blocks:
         reading = b.readings.get(probe)
         switch = _switch(b.arm, b.before)
         if reading is None or switch is None:
             continue
         groups.setdefault((b.arm, switch), []).append(reading.scored)
+        tolerance = max(tolerance, reading.tolerance)
     same = {arm: groups.get((arm, False)) for arm in "AB"}
     if not same["A"] or not same["B"]:
         return StateCheck(probe, False, None, None, None, None, None)
@@ -127,6 +133,8 @@ def check_probe(blocks: Sequence[BlockTraffic], probe: str, alpha: float = 0.05)
         if not switched or not own:
             continue
         gap = float(np.mean(switched) - np.mean(own))
+        if abs(gap) <= tolerance:
+            continue  # one state, as far as the probe can tell (its declared tolerance)
         # Two arms tested: each at α/2, so a noisy probe of a state with no carry-over withholds
         # at most α of the comparisons (at α each it withheld 8–10%).
         if not _beyond_noise(len(switched), len(own), gap, fit, alpha / 2):

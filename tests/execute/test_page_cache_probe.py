@@ -52,8 +52,15 @@ def test_the_refbox_probe_reads_the_slow_tier_files_share_in_the_page_cache(
     assert partly is not None and evicted < partly <= 1.0
     # Every cell of the refbox is read (the probe needs no knob), through the run's reader.
     reader = BoxStateReader(box, refbox, {"policy": "adaptive"}, {"cache_dir": str(cache)})
-    reader.read("start")
-    assert set(reader.readings) == {"page_cache"}
+    for point in ("start", "scored", "end"):
+        reader.read(point)
+    runtime: dict[str, object] = {}
+    reader.record(runtime, 3)
+    # The record carries the probe's tolerance: the analysis reads the state as declared then.
+    recorded = runtime["box_state"]
+    assert isinstance(recorded, dict) and set(recorded) == {"page_cache"}
+    assert recorded["page_cache"]["tolerance"] == 0.02
+    assert recorded["page_cache"]["start"] == pytest.approx(partly, abs=0.01)
 
 
 def test_the_llama_cpp_probe_reads_a_model_on_the_box_and_only_then(tmp_path: Path) -> None:
