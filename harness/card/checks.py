@@ -655,7 +655,7 @@ def _check_washed_by_boot(card: Card, runtime: RuntimeProfile, out: Problems) ->
     defaults = {n: s.default for n, s in runtime.knobs.items() if s.default is not None}
     for name, cell in card.cells.items():
         knobs = {**defaults, **cell.knobs}
-        if not any(all(knobs.get(k) is not None for k in p.needs) for p in runtime.box_state):
+        if not any(p.reads(knobs) for p in runtime.box_state):
             needs = "; ".join(f"{p.name} needs {', '.join(p.needs)}" for p in runtime.box_state)
             out.add(
                 loc,

@@ -85,9 +85,7 @@ class BoxStateReader:
         places: Mapping[str, str] | None = None,
     ) -> None:
         self.box = box
-        self.probes = [
-            p for p in profile.box_state if all(knobs.get(n) is not None for n in p.needs)
-        ]
+        self.probes = [p for p in profile.box_state if p.reads(knobs)]
         self.knobs = {**(places or {}), **knobs}
         self.readings: dict[str, dict[str, float | None]] = {}
 

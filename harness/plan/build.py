@@ -127,9 +127,7 @@ class Plan:
         if self.card.card.design.washed_by == "boot":
             cells = self.card.card.cells.values()
             probes = ", ".join(
-                p.name
-                for p in self.card.runtime.box_state
-                if any(all(c.knobs.get(k) is not None for k in p.needs) for c in cells)
+                p.name for p in self.card.runtime.box_state if any(p.reads(c.knobs) for c in cells)
             )
             sent = f"{count} request(s) of its own cell, then " if count else ""
             return (

@@ -7,6 +7,7 @@ schema of those files and of the inline mappings a card may use instead of a nam
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -281,6 +282,10 @@ class StateProbe(Strict):
         "label (a page cache's share moves by a few pages under the box's own memory "
         "pressure); 0: any difference beyond the readings' noise counts",
     )
+
+    def reads(self, knobs: Mapping[str, object]) -> bool:
+        """Whether a cell with these knob settings is probed: it sets every knob it needs."""
+        return all(knobs.get(name) is not None for name in self.needs)
 
     @model_validator(mode="after")
     def _one_source(self) -> StateProbe:
