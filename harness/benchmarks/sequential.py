@@ -42,7 +42,9 @@ on a boot of its own after a quarter block of its own traffic, ``washed_by: boot
 the box's state read by a probe; a boot clears nothing of the box, so the probe's check is all
 that holds it), the same traffic decided as unwashed, the ladder's (a quarter-block washout, 3
 fixed cycles, read as ABBA/BAAB) and no washout, through the same decision, and holds each to the
-same ≤ α/2 with the state probed; unprobed figures are printed for the record.
+same ≤ α/2 with the state probed; unprobed figures are printed for the record. Imports (6 fixed
+cycles, no warm-up or a warm-up of a tenth of a block, decided as unwashed) have no probes: they
+are held to ≤ α/2 unprobed, with their power at +5% and 2% block noise.
 """
 
 from __future__ import annotations
