@@ -203,10 +203,15 @@ def design_costs(
     boot_cost = costs.boot_s if boot_s is None else boot_s
     rows: list[DesignCost] = []
     # Unwashed blocks, on any boot, need the carry-over model: MIN_CARRY_CYCLES at least.
-    layout = Layout(washout=card.design.washout)
-    floor = 2 if layout.washed else MIN_CARRY_CYCLES
+    # Washed by boot (a probed box, a boot per block) is priced as washed, D̄ deciding, on a
+    # boot per block only: a shared boot washes nothing.
+    by_boot = card.design.washed_by == "boot"
     for factor in PROMPT_FACTORS:
         for design in BOOT_DESIGNS:
+            layout = Layout(
+                washout=card.design.washout, washed_by_boot=by_boot and design == "per-block"
+            )
+            floor = 2 if layout.washed else MIN_CARRY_CYCLES
             m, limiting = cycles_for(needs, factor, floor=floor, layout=layout)
             plan = build_plan(base, cycles=m)
             washout = 0.0
