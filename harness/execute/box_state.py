@@ -11,33 +11,23 @@ read is no reading, never a failed run: the state is evidence, not the measureme
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from harness.boxes.base import Box
 from harness.errors import HarnessError
-from harness.profiles.schema import RuntimeProfile, StateProbe
+from harness.profiles.schema import PROBE_PLACEHOLDER, RuntimeProfile, StateProbe
 from harness.stats.box_state import POINTS
 from harness.stats.cycles import finite
-
-# Places a probe may name beside the cell's knobs: the box's cache folder (where a runtime's
-# persistent files live, e.g. the refbox's slow tier, whose page cache a probe reads).
-PLACES = ("cache_dir",)
-
-
-# A placeholder is a bare name in braces; any other braces (an awk program's) are the
-# command's own.
-PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _fill(template: str, knobs: Mapping[str, Any]) -> str | None:
     """``template`` with every {knob} (or place) replaced by the cell's setting; None where one
     is unset."""
-    names = PLACEHOLDER.findall(template)
+    names = PROBE_PLACEHOLDER.findall(template)
     if any(knobs.get(n) is None for n in names):
         return None
-    return PLACEHOLDER.sub(lambda m: str(knobs[m.group(1)]), template)
+    return PROBE_PLACEHOLDER.sub(lambda m: str(knobs[m.group(1)]), template)
 
 
 def _number(text: str, key: str | None) -> float | None:
@@ -109,4 +99,4 @@ class BoxStateReader:
         runtime["own_requests"] = own_requests
 
 
-__all__ = ["PLACES", "POINTS", "BoxStateReader", "read_probe"]
+__all__ = ["POINTS", "BoxStateReader", "read_probe"]

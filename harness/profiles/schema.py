@@ -246,6 +246,13 @@ class LogitDumps(Strict):
 FileRoute = Annotated[str, Field(pattern=r"^(arg|env):\S+$")]
 
 
+# A probe's template names knobs or places in bare braces ({heat_state}, {cache_dir}); any other
+# braces (an awk program's) are the command's own.
+PROBE_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Places beside the knobs: the box's cache folder, where a runtime keeps files across boots.
+PROBE_PLACES = ("cache_dir",)
+
+
 class StateProbe(Strict):
     """A state of the box that carries from one block into the next (heat, a page cache, a
     skewed tier), read on the box before each block's warm-up and washout, as its scored
@@ -408,6 +415,14 @@ class RuntimeProfile(Strict):
                 raise ValueError(
                     f"box_state probe {probe.name!r} needs knobs {', '.join(unknown)}, not in "
                     "`knobs`"
+                )
+            named = set(PROBE_PLACEHOLDER.findall(f"{probe.command or ''} {probe.file or ''}"))
+            unknown = sorted(named - set(self.knobs) - set(PROBE_PLACES))
+            if unknown:
+                raise ValueError(
+                    f"box_state probe {probe.name!r} names {', '.join(unknown)}, neither a knob "
+                    f"nor a place ({', '.join(PROBE_PLACES)}): fix the name, or add the knob "
+                    "(a program's own braces need a space inside: awk '{ print }')"
                 )
         routes = self.telemetry.response_routes
         if routes is not None and routes.knob not in self.knobs:

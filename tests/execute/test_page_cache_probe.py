@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from harness.boxes.local import LocalBox
 from harness.card.resolve import load_runtime_profile
@@ -73,3 +75,14 @@ def test_the_llama_cpp_probe_reads_a_model_on_the_box_and_only_then(tmp_path: Pa
     share = read_probe(box, probe, {"model": str(model)})
     assert share is not None and share < 0.5
     assert BoxStateReader(box, llama, {}).probes == []  # an uploaded model file: no knob, no probe
+
+
+def test_a_probe_naming_neither_a_knob_nor_a_place_is_refused_at_load() -> None:
+    # A misspelt {cache_dri} would read nothing at every block, and a washed_by: boot card
+    # would quietly be decided unwashed: refused when the profile loads, naming the probe.
+    raw = yaml.safe_load((RUNTIMES / "refbox.yaml").read_text(encoding="utf-8"))
+    raw["box_state"] = [
+        {"name": "page_cache", "command": "fincore {cache_dri}/x | awk '{ print }'"}
+    ]
+    with pytest.raises(ValidationError, match="names cache_dri, neither a knob nor a place"):
+        RuntimeProfile.model_validate(raw)
