@@ -18,7 +18,13 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.cell_values import cell_value
-from harness.analyze.compare import DEFAULT_METRICS, CellComparison, compare_cells, comparison_rows
+from harness.analyze.compare import (
+    DEFAULT_METRICS,
+    CellComparison,
+    compare_cells,
+    comparison_rows,
+    probe_readings,
+)
 from harness.analyze.fleet import FleetTables, fleet_tables
 from harness.analyze.logit_parity import LOGITS_DIR, embedded_mismatch, read_logit_dumps
 from harness.analyze.looks import (
@@ -48,8 +54,6 @@ from harness.formats.records import (
     write_parquet,
 )
 from harness.plan.build import cohort_key
-from harness.stats.box_state import POINTS as STATE_POINTS
-from harness.stats.cycles import finite
 
 if TYPE_CHECKING:
     from harness.analyze.series import FigureSeries
@@ -197,13 +201,8 @@ def _washed_by_boot(card: Card, record: Mapping[str, Any]) -> bool:
     unwashed: state no probe reads is not assumed away."""
     if card.design.washed_by != "boot" or card.design.boot != "per-block":
         return False
-    readings = (record.get("runtime") or {}).get("box_state")
-    if not isinstance(readings, Mapping) or not readings:
-        return False
-    return all(
-        isinstance(points, Mapping) and all(finite(points.get(p)) is not None for p in STATE_POINTS)
-        for points in readings.values()
-    )
+    readings, complete = probe_readings((record.get("runtime") or {}).get("box_state"))
+    return bool(readings) and complete
 
 
 def load_runs(campaign: CampaignDir, card: Card) -> RunTables:

@@ -186,12 +186,11 @@ def cell_cycles(
     return cycles, dropped
 
 
-def _box_state(run: pd.Series) -> tuple[dict[str, StateReading], float]:
-    """A block's probe readings (those read at all three points) and its own traffic before it
-    scored, in blocks of its scored requests; ({}, 0) where it has none."""
-    raw = run.get("box_state")
+def probe_readings(raw: object) -> tuple[dict[str, StateReading], bool]:
+    """A run record's ``runtime.box_state``: the probes read at all three points, and whether
+    every probe it names was (a probe that missed a point is no reading)."""
     if not isinstance(raw, dict):
-        return {}, 0.0
+        return {}, False
     readings: dict[str, StateReading] = {}
     for name, points in raw.items():
         values = [finite(points.get(p)) if isinstance(points, dict) else None for p in POINTS]
@@ -199,6 +198,15 @@ def _box_state(run: pd.Series) -> tuple[dict[str, StateReading], float]:
             start, scored, end = (float(v) for v in values if v is not None)
             tolerance = finite(points.get("tolerance")) if isinstance(points, dict) else None
             readings[str(name)] = StateReading(start, scored, end, max(tolerance or 0.0, 0.0))
+    return readings, len(readings) == len(raw)
+
+
+def _box_state(run: pd.Series) -> tuple[dict[str, StateReading], float]:
+    """A block's probe readings (those read at all three points) and its own traffic before it
+    scored, in blocks of its scored requests; ({}, 0) where it has none."""
+    readings, _ = probe_readings(run.get("box_state"))
+    if not readings:
+        return {}, 0.0
     own, scored_n = finite(run.get("own_requests")), finite(run.get("scored_requests"))
     share = own / scored_n if own is not None and scored_n else 0.0
     return readings, share

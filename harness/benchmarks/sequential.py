@@ -293,6 +293,7 @@ def traffic_bank(quick: bool = False) -> list[Figure]:
         level = plan.nominal_alpha if design.sequential else (lambda _m: ALPHA)
         layout = Layout(washout=design.washout, washed_by_boot=design.washed_by_boot)
         held_by = {"unprobed": 0, "state probed": 0}
+        gated = "state probed" if design.probed else "unprobed"  # the figure held to α/2
         cases = 0
         for life in LIVES:
             for kind, state, effect in traffic_states(life):
@@ -302,7 +303,6 @@ def traffic_bank(quick: bool = False) -> list[Figure]:
                     np.random.default_rng(seed), n, design.last, scenario, layout
                 )
                 cases += 1
-                gated = "state probed" if design.probed else "unprobed"
                 ways: list[tuple[str, Callable[[int], bool] | None]] = [("unprobed", None)]
                 if design.probed:
                     ways.append(("state probed", _probe_holds(layout, state)))

@@ -652,10 +652,8 @@ def _check_washed_by_boot(card: Card, runtime: RuntimeProfile, out: Problems) ->
             "nvidia-smi), or use washed_by: washout with design.washout: 1",
         )
         return
-    defaults = {n: s.default for n, s in runtime.knobs.items() if s.default is not None}
     for name, cell in card.cells.items():
-        knobs = {**defaults, **cell.knobs}
-        if not any(p.reads(knobs) for p in runtime.box_state):
+        if not runtime.probes_reading(cell.knobs):
             needs = "; ".join(f"{p.name} needs {', '.join(p.needs)}" for p in runtime.box_state)
             out.add(
                 loc,

@@ -125,10 +125,13 @@ class Plan:
         """What the design does about carry-over, in words (the plan's last line)."""
         count = washout_requests(self.card)
         if self.card.card.design.washed_by == "boot":
-            cells = self.card.card.cells.values()
-            probes = ", ".join(
-                p.name for p in self.card.runtime.box_state if any(p.reads(c.knobs) for c in cells)
-            )
+            runtime = self.card.runtime
+            reading = {
+                p.name
+                for c in self.card.card.cells.values()
+                for p in runtime.probes_reading(c.knobs)
+            }
+            probes = ", ".join(p.name for p in runtime.box_state if p.name in reading)
             sent = f"{count} request(s) of its own cell, then " if count else ""
             return (
                 f"washed by boot (design.washed_by): every block boots its own runtime, then "

@@ -452,6 +452,15 @@ class RuntimeProfile(Strict):
             raise ValueError("use lower-case letters, digits, '-' and '.'")
         return value
 
+    def probes_reading(self, knobs: Mapping[str, object]) -> list[StateProbe]:
+        """The box-state probes that read a cell with these knob settings (the profile's
+        defaults filling what the cell leaves unset)."""
+        settings: dict[str, object] = {
+            n: s.default for n, s in self.knobs.items() if s.default is not None
+        }
+        settings.update(knobs)
+        return [p for p in self.box_state if p.reads(settings)]
+
     def live_apply(self) -> LiveAction | None:
         """How live knob changes reach the runtime: ``live.apply``, else a POST of the JSON
         settings to ``telemetry.live_knobs_http``; None when the runtime takes none."""

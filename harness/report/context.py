@@ -238,8 +238,8 @@ def wash_words(analysis: CampaignAnalysis) -> str:
     sent = f"{whole} of its own traffic" if share > 0 else "no washout traffic"
     if design.washed_by == "boot":
         probes: set[str] = set()
-        if "box_state" in analysis.runs.columns:
-            for readings in analysis.runs["box_state"]:
+        if "box_state" in runs.columns:
+            for readings in runs["box_state"]:
                 if isinstance(readings, dict):
                     probes.update(str(name) for name in readings)
         read = ", ".join(sorted(probes)) or "none (no block read: decided as unwashed)"
