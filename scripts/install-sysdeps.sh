@@ -2,7 +2,8 @@
 # System packages the end-to-end tests need: sshd (the SSH box path), chromium (the report), and
 # Slurm with munge (the Slurm box path: tests/slurm.py starts a one-node cluster); and fincore
 # (util-linux), which reads what the page cache holds of a runtime's files (the demo's box-state
-# probe). `install-sysdeps.sh demo` checks only what `make demo` needs.
+# probe), and vmtouch, the same reading on macOS. `install-sysdeps.sh demo` checks only what
+# `make demo` needs.
 # Installed with apt-get only when running as root and missing; otherwise say what is missing.
 set -euo pipefail
 
@@ -17,6 +18,9 @@ if [ "${1:-all}" = "all" ]; then
     # slurm-wlm brings slurmctld, slurmd and the clients (sbatch, squeue, sinfo, scancel, srun).
     { have slurmctld && have slurmd && have sbatch; } || missing+=(slurm-wlm)
     have munged || missing+=(munge)
+    # vmtouch reads the page cache on a Mac, where the ds4 Metal profiles' probe runs; the
+    # tests run it here on the same files (its output is the same on Linux).
+    have vmtouch || missing+=(vmtouch)
 fi
 
 if [ ${#missing[@]} -eq 0 ]; then

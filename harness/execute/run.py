@@ -554,6 +554,11 @@ class CampaignRunner:
         profile = self.loaded.runtime
         assert profile.driver is not None
         self.guards.check_binary(run, record)
+        # The command is the whole block, scored from its first request: the box's state is
+        # read as it starts and as it ends (no washout of the harness's own comes between).
+        probes = BoxStateReader(self.box, profile, record.knobs, {"cache_dir": self.cache_dir})
+        probes.read("start")
+        probes.read("scored")
         command = start_command(
             self.box, profile, spec, lambda pgid: self._journal_boot(run, pgid, state)
         )
@@ -567,6 +572,8 @@ class CampaignRunner:
         except BaseException:
             command.runtime.stop()
             raise
+        probes.read("end")
+        probes.record(record.runtime, 0)
         swap_after = self.box.swapout_pages()
         specs = profile.telemetry.log_counters
         before = start_snapshot(specs, None) if specs else None

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
+import scipy.stats as sps
 
 from harness.stats.box_state import BlockTraffic, StateReading
 from harness.stats.cycles import FloatArray
@@ -143,6 +144,29 @@ def state_shift(layout: Layout, cycles: int, state: BoxState | None) -> FloatArr
     return out
 
 
+def block_means(layout: Layout, cycles: int, scenario: TrafficScenario) -> FloatArray:
+    """The compared lane's scored blocks' expected log values, in time order (no noise)."""
+    plan = _plan(layout, cycles)
+    candidate = (plan.cell[plan.scored] > 0).astype(np.float64)
+    means: FloatArray = (
+        4.0 + scenario.effect * candidate + state_shift(layout, cycles, scenario.state)
+    )
+    return means
+
+
+def most_powerful_bound(
+    layout: Layout, cycles: int, null: TrafficScenario, alternative: TrafficScenario, alpha: float
+) -> float:
+    """The power against ``alternative`` of the most powerful test that holds ``null`` at a
+    one-sided ``alpha`` and reads no absolute level (Neyman–Pearson on the block means, both
+    scenarios known exactly, the level projected out, block noise known): no decision of these
+    blocks, ours or any other, can do better. Independent of the decision's code."""
+    gap = block_means(layout, cycles, alternative) - block_means(layout, cycles, null)
+    gap = gap - gap.mean()
+    distance = float(np.linalg.norm(gap)) / null.block_sd
+    return float(sps.norm.cdf(distance - sps.norm.isf(alpha)))
+
+
 def simulate_traffic(
     rng: np.random.Generator,
     n: int,
@@ -156,7 +180,7 @@ def simulate_traffic(
     plan = _plan(layout, cycles)
     s = scenario
     candidate = (plan.cell[plan.scored] > 0).astype(np.float64)
-    base = 4.0 + s.effect * candidate + state_shift(layout, cycles, s.state)
+    base = block_means(layout, cycles, s)
     y: FloatArray = base[None, :] + s.block_sd * rng.standard_normal((n, plan.scored.size))
     if s.interaction_sd:
         own = rng.normal(0.0, s.interaction_sd, (n, layout.boxes))
@@ -203,6 +227,8 @@ __all__ = [
     "KINDS",
     "BoxState",
     "TrafficScenario",
+    "block_means",
+    "most_powerful_bound",
     "probed_blocks",
     "simulate_traffic",
     "state_readings",

@@ -19,6 +19,8 @@ from harness.stats.sequential import SequentialPlan
 from harness.stats.traffic_sim import (
     BoxState,
     TrafficScenario,
+    block_means,
+    most_powerful_bound,
     probed_blocks,
     simulate_traffic,
     state_shift,
@@ -198,3 +200,28 @@ def test_a_state_that_moves_less_than_the_probes_tolerance_is_settled() -> None:
     assert [c.unsettled for c in check_state(blocks(0.0))] == [True]
     assert [c.unsettled for c in check_state(blocks(0.02))] == [False]
     assert [c.unsettled for c in check_state(blocks(0.02, shift=0.1))] == [True]
+
+
+def test_the_import_power_bound_is_what_the_most_powerful_test_reaches() -> None:
+    """most_powerful_bound against the likelihood-ratio test itself, simulated: heat with a
+    three-block half-life against +5% on an import's six unwashed cycles. The bound is what that
+    test reaches when it holds the null at α/2, and the decision's own power sits below it."""
+    layout, cycles, noise = Layout(washout=0.0), 6, 0.02
+    heat = BoxState("decay", 3.0, math.log(0.97), math.log(0.97))
+    null = TrafficScenario(math.log(1.03), noise, heat).null()
+    alternative = TrafficScenario(math.log(1.05), noise, None)
+    bound = most_powerful_bound(layout, cycles, null, alternative, ALPHA / 2)
+    n = 40_000
+    seen = {
+        name: simulate_traffic(np.random.default_rng(seed), n, cycles, scenario, layout)
+        for seed, (name, scenario) in enumerate((("null", null), ("alt", alternative)))
+    }
+    gap = block_means(layout, cycles, alternative) - block_means(layout, cycles, null)
+    gap -= gap.mean()  # a level shift of every block moves no statistic of the test
+    score = {name: y @ gap for name, y in seen.items()}
+    cut = np.quantile(score["null"], 1 - ALPHA / 2)
+    reached = float((score["alt"] > cut).mean())
+    assert 0.6 < bound < 0.8  # below the criterion's 80%: no decision meets both
+    assert abs(reached - bound) < 0.015
+    codes, _ = run_looks(seen["alt"], [cycles], lambda _m: ALPHA, MARGIN, layout=layout)
+    assert float((codes == BETTER).mean()) < bound

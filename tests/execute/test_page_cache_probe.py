@@ -77,6 +77,32 @@ def test_the_llama_cpp_probe_reads_a_model_on_the_box_and_only_then(tmp_path: Pa
     assert BoxStateReader(box, llama, {}).probes == []  # an uploaded model file: no knob, no probe
 
 
+@pytest.mark.parametrize("profile", ["ds4", "ds4-server", "ds4-cpu", "ds4-server-cpu"])
+def test_the_ds4_probes_read_the_ggufs_share_in_the_page_cache(
+    profile: str, tmp_path: Path
+) -> None:
+    # The Metal profiles read through vmtouch (a Mac has no fincore), run here on the same file:
+    # its Resident Pages line is the same on Linux and macOS.
+    ds4 = load_runtime_profile(RUNTIMES / f"{profile}.yaml")
+    probe, box = _probe(ds4, "page_cache"), LocalBox("local", BoxSpec())
+    tool = "vmtouch" if "vmtouch" in (probe.command or "") else "fincore"
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed: make sysdeps")
+    model = tmp_path / "ds4 flash.gguf"  # a space: the path is quoted
+    model.write_bytes(os.urandom(4 << 20))
+    os.sync()
+    assert read_probe(box, probe, {"model": str(model)}) == pytest.approx(1.0, abs=0.01)
+    _evict(model)
+    evicted = read_probe(box, probe, {"model": str(model)})
+    assert evicted is not None and evicted < 0.5
+    with open(model, "rb") as handle:
+        handle.read(2 << 20)
+    half = read_probe(box, probe, {"model": str(model)})
+    assert half is not None and evicted + 0.3 < half <= 1.0
+    assert read_probe(box, probe, {"model": str(tmp_path / "absent.gguf")}) is None
+    assert BoxStateReader(box, ds4, {}).probes == []  # no model named: nothing to read
+
+
 def test_a_probe_naming_neither_a_knob_nor_a_place_is_refused_at_load() -> None:
     # A misspelt {cache_dri} would read nothing at every block, and a washed_by: boot card
     # would quietly be decided unwashed: refused when the profile loads, naming the probe.
