@@ -103,6 +103,29 @@ def test_the_ds4_probes_read_the_ggufs_share_in_the_page_cache(
     assert BoxStateReader(box, ds4, {}).probes == []  # no model named: nothing to read
 
 
+def test_the_cuda_lanes_probe_reads_the_hottest_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in nvidia-smi (no GPU here) that prints what the real one prints for this query
+    # on a two-GPU box, one of them without a sensor reading ([N/A]); then none on the PATH.
+    lane = load_runtime_profile(RUNTIMES / "cuda-lane.yaml")
+    probe, box = _probe(lane, "gpu_temp"), LocalBox("local", BoxSpec())
+    assert probe.tolerance == 2 and probe.reads({})  # every cell: a GPU box has one
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "--query-gpu=temperature.gpu --format=csv,noheader,nounits '
+        '" ] || exit 9\nprintf "41\\n67\\n[N/A]\\n"\n',
+        encoding="utf-8",
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert read_probe(box, probe, {}) == 67.0
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert read_probe(box, probe, {}) is None
+
+
 def test_a_probe_naming_neither_a_knob_nor_a_place_is_refused_at_load() -> None:
     # A misspelt {cache_dri} would read nothing at every block, and a washed_by: boot card
     # would quietly be decided unwashed: refused when the profile loads, naming the probe.
