@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from harness.drive.client import PhasePlan
-from harness.formats.records import Journal, read_parquet
+from harness.formats.records import RUN_INTERRUPTED, CampaignDir, Journal, read_parquet
 
 # Seconds of a timed phase between checkpoints: a soak killed at hour 30 loses at most this much.
 CHECKPOINT_S = 600.0
@@ -140,10 +140,32 @@ def earlier_frames(
     return frames, samples
 
 
+def continues_from(
+    campaign: CampaignDir, run_id: str, local_dir: Path, attempt: int, checkpointed: bool
+) -> CheckpointState | None:
+    """The checkpoints a run continues from, or None when it must be redone whole.
+
+    Only a checkpointed run that never finished (killed harness) or was interrupted continues;
+    one that failed, or a retry after a failure, starts again. (A runtime the killed harness
+    left running was stopped when the campaign resumed.)
+    """
+    journal_path = local_dir / "checkpoint" / "segments.jsonl"
+    if attempt != 1 or not checkpointed or not journal_path.is_file():
+        return None
+    state = read_checkpoints(Journal(journal_path))
+    if state is None or not state.done_segments:
+        return None
+    record = campaign.run_record(run_id)
+    if record is not None and record.get("status") != RUN_INTERRUPTED:
+        return None
+    return state
+
+
 __all__ = [
     "CHECKPOINT_S",
     "BootRecord",
     "CheckpointState",
+    "continues_from",
     "earlier_frames",
     "read_checkpoints",
     "samples_path",

@@ -8,20 +8,20 @@ and the campaign goes on; a hung runtime fails its run after one request timeout
 (:mod:`harness.boxes.interrupts`) stops the runtime, marks the run interrupted and leaves a
 campaign that ``harness run --resume DIR`` continues.
 
-What a run sends (:mod:`harness.drive.workload`), checkpoints (:mod:`.resume`) and a campaign
-as a whole (:mod:`.campaign`) live beside this module. The runner is composed, not inherited:
-it holds its :class:`~.scope.RunnerScope` (card, directory, box, cohorts), its
-:class:`~.guard_steps.Guards` and its :class:`~.run_records.Records` (what a run writes), each
-over the same scope. What is left here is the lifecycle above as one class: its steps share one
-boot's state (:class:`~.run_records.BootState`), and a checkpointed run loops over them per
-segment (``_drive_segments``), so splitting the steps apart would pass that state through
-every call.
+Read top to bottom, a run is ``_run_once``: ``_begin_attempt`` (its folders, record and boot
+state), ``_boot_and_measure`` (files, cache state, then a command driver's command, or a boot of
+its own or a shared one, watched by the guards, washed), ``_measure`` (warm-up, washout, the
+box's probes, counters, the drive, counters again) and, whatever happened, the records finished
+and the runtime stopped. The runner is composed, not inherited: its
+:class:`~.scope.RunnerScope` (card, directory, box, cohorts), :class:`~.guard_steps.Guards`,
+:class:`~.run_records.Records` (what a run writes) and :class:`~.drive_step.DriveStep` (what it
+sends: the scored workload in one piece or in a soak's checkpointed segments) each hold one step;
+a boot's state (:class:`~.run_records.BootState`) is handed from step to step. What a run
+sends is :mod:`harness.drive.workload`'s, its checkpoints :mod:`.resume`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
 import time
 from collections.abc import Collection, Mapping
@@ -29,31 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.boxes.async_interrupts import run_async
 from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.boxes.cache import cache_dir_on_box, campaign_root_on_box
 from harness.boxes.interrupts import deferred, describe, exit_code
 from harness.card import Cell, LoadedCard
 from harness.card.phase_length import washout_requests
-from harness.drive.client import PhasePlan, RequestResult, RuntimeHung, UntilHook, drive
-from harness.drive.remote import BoxDriver, prepare_drive
-from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
+from harness.drive.client import RequestResult, RuntimeHung
+from harness.drive.remote import prepare_drive
+from harness.drive.workload import build_phases
 from harness.errors import HarnessError, InfrastructureError
 from harness.execute.box_state import BoxStateReader
 from harness.execute.cohorts import CohortBook
-from harness.execute.frames import chunks_frame, counter_delta, requests_frame
+from harness.execute.drive_step import DriveStep, counters, with_log
 from harness.execute.guard_steps import Guards
 from harness.execute.guards import cohort_key, guards_enabled
-from harness.execute.recovery_watch import RecoveryWatch
 from harness.execute.resume import (
     CHECKPOINT_S,
-    CheckpointState,
-    earlier_frames,
-    read_checkpoints,
-    samples_path,
-    segment_paths,
-    split_phases,
+    continues_from,
 )
 from harness.execute.run_records import BootState, Records, SharedBoot
 from harness.execute.scope import ProgressCallback, RunnerScope
@@ -66,23 +59,19 @@ from harness.formats.records import (
     CampaignDir,
     Journal,
     RunRecord,
-    write_parquet,
     write_sealed_json,
 )
 from harness.plan.build import Plan, Run, boot_group
 from harness.profiles.box import BoxSpec
-from harness.runtimes.applied_policy import live_specs
 from harness.runtimes.boot import (
     BootSpec,
     RunningRuntime,
     boot,
     boot_spec,
     live_settings,
-    render,
 )
 from harness.runtimes.cold import BOOT_MARK, evict_for_cold_run
 from harness.runtimes.command import collect_result, start_command, wait_command
-from harness.runtimes.counters import scrape_counters
 from harness.runtimes.environment import capture_environment
 from harness.runtimes.log_counters import (
     log_snapshot,
@@ -91,29 +80,6 @@ from harness.runtimes.log_counters import (
 from harness.runtimes.orphans import journal_boot, stop_orphans
 from harness.runtimes.recorder import Recording, finish_recording, start_recording
 from harness.runtimes.routes import read_route_snapshot, route_counters, write_route_delta
-
-
-def _counters(runtime: RunningRuntime) -> dict[str, Any] | None:
-    # JSON counters and/or Prometheus /metrics; None from a runtime that died mid-run (its
-    # failure is reported from the requests).
-    telemetry = runtime.profile.telemetry
-    return scrape_counters(runtime.base_url, telemetry.counters_http, telemetry.metrics_http)
-
-
-def _with_log(
-    counters: dict[str, Any] | None, runtime: RunningRuntime, *, start: bool = False
-) -> dict[str, Any] | None:
-    # The profile's live log counters, snapshotted from the server log beside the HTTP counters
-    # (those printed only at exit are read after the stop: see Records._read_exit_counters).
-    specs = live_specs(runtime.profile.telemetry.log_counters)
-    if not specs:
-        return counters
-    text = runtime.box.read_text(runtime.spec.log_path)
-    where = f"{runtime.spec.log_path}"
-    snapshot = start_snapshot(specs, text, where=where) if start else None
-    if snapshot is None:
-        snapshot = log_snapshot(text, specs, where=where)
-    return {**(counters or {}), **snapshot}
 
 
 @dataclass
@@ -126,6 +92,20 @@ class CampaignOutcome:
     interrupted: bool = False
     interrupted_by: str = ""  # "SIGTERM", "SIGHUP", "SIGINT, Ctrl-C" or "Ctrl-C"
     exit_code: int = 0  # when interrupted: 128 + the signal number (130, 143, 129)
+
+
+@dataclass
+class _Attempt:
+    """One attempt at a run, as its steps share it."""
+
+    attempt: int
+    local_dir: Path
+    remote_dir: str  # the boot's folder on the box (a resumed run's next boot: its own)
+    group: str | None  # the boot group it shares a boot with, if any
+    shared: SharedBoot | None  # the live boot it joins, if any
+    record: RunRecord
+    state: BootState
+    runtime: RunningRuntime | None = None  # set as soon as it runs: whatever fails, it stops
 
 
 class CampaignRunner:
@@ -165,7 +145,6 @@ class CampaignRunner:
         self.remote_root = ""
         self.monitor_settings = monitor or MonitorSettings()
         self.checkpoint_s = checkpoint_s
-        self.box_driver: BoxDriver | None = None  # set by _prepare_box for `drive: on-box`
         if cohorts is None:  # a fleet's runners share one book (one cohorts.json)
             enabled, why = guards_enabled(loaded.card.guards, loaded.runtime.name)
             cohorts = CohortBook.open(campaign.root, enabled, why)
@@ -175,6 +154,7 @@ class CampaignRunner:
             self.monitor_settings,
         )  # fmt: skip
         self.guards = Guards(scope)
+        self.driving = DriveStep(loaded, self.box, self.box_spec, self.progress, checkpoint_s)
         self.records = Records(scope, self.guards)
         self.shared: SharedBoot | None = None  # the boot the runs of one boot group share
 
@@ -265,7 +245,7 @@ class CampaignRunner:
         self.remote_root = campaign_root_on_box(self.loaded, self.box, self.campaign.root)
         self.box.mkdirs(self.remote_root)
         self.box.mkdirs(self.cache_dir)
-        self.box_driver = prepare_drive(self.box, self.loaded.runtime, self.remote_root)
+        self.driving.box_driver = prepare_drive(self.box, self.loaded.runtime, self.remote_root)
         env_path = self.campaign.root / "boxes" / f"{self.box_name}.json"
         if not env_path.is_file():
             environment = capture_environment(self.box, self.loaded)
@@ -282,31 +262,46 @@ class CampaignRunner:
         self.progress("end", run, {"status": status, "reason": record.get("reason", "")})
         return status
 
-    def _resume_state(self, run: Run, local_dir: Path, attempt: int) -> CheckpointState | None:
-        """The checkpoints a run continues from, or None when it must be redone whole.
-
-        Only a run that never finished (killed harness) or was interrupted continues; one that
-        failed, or a retry after a failure, starts again. (A runtime the killed harness left
-        running was stopped when the campaign resumed: ``_stop_orphans``.)
-        """
-        journal_path = local_dir / "checkpoint" / "segments.jsonl"
-        if attempt != 1 or not self.checkpointed or not journal_path.is_file():
-            return None
-        state = read_checkpoints(Journal(journal_path))
-        if state is None:
-            return None
-        record = self.campaign.run_record(run.run_id)
-        if record is not None and record.get("status") != RUN_INTERRUPTED:
-            return None
-        if not state.done_segments:
-            return None
-        return state
-
     def _run_once(self, run: Run, attempt: int) -> str:
+        """One attempt at a run: set up its records, boot (or join a shared boot) and measure,
+        and whatever happens, finish its records and stop what must stop."""
+        at = self._begin_attempt(run, attempt)
+        record, state = at.record, at.state
+        try:
+            self._boot_and_measure(run, at)
+        except KeyboardInterrupt as exc:
+            record.status = RUN_INTERRUPTED
+            record.reason = (
+                f"interrupted ({describe(exc)}); resume with harness run --resume "
+                f"{self.campaign.root}"
+            )
+            raise
+        except RuntimeHung as exc:
+            state.results.extend(exc.results)  # what was sent, for the records
+            record.reason = exc.message
+        except (HarnessError, OSError) as exc:
+            message, _, tail = str(exc).partition("; log tail:\n")
+            record.reason = message.strip() or type(exc).__name__
+            if isinstance(exc, InfrastructureError) and tail:
+                record.log_tail = tail
+        finally:
+            # The shutdown of a run is not cut in two by a stop signal: it is raised after.
+            with deferred():
+                runtime = at.runtime
+                self.records.finish(run, record, runtime, state, at.local_dir)
+                if self.shared is not None and self.shared.runtime is runtime:
+                    if state.keep_runtime:
+                        self.shared.ring_seq = state.store.after_sequence
+                    else:  # stopped by _finish: a run on it failed or was interrupted
+                        self.shared = None
+        return record.status
+
+    def _begin_attempt(self, run: Run, attempt: int) -> _Attempt:
+        """The attempt's folders, record and boot state: a fresh run folder, or the one a
+        checkpointed run continues from (its next boot gets a folder of its own on the box)."""
         card = self.loaded.card
-        cell = card.cells[run.cell]
         local_dir = self.campaign.run_dir(run.run_id)
-        previous = self._resume_state(run, local_dir, attempt)
+        previous = continues_from(self.campaign, run.run_id, local_dir, attempt, self.checkpointed)
         if previous is None:
             if local_dir.exists():
                 shutil.rmtree(local_dir)  # an incomplete earlier attempt: redo it whole
@@ -338,110 +333,92 @@ class CampaignRunner:
         if self.checkpointed:
             (local_dir / "checkpoint").mkdir(exist_ok=True)
             state.journal = Journal(local_dir / "checkpoint" / "segments.jsonl")
-        runtime: RunningRuntime | None = None
-        try:
-            if previous is not None:
-                record.started_at = previous.started_at
-                self.campaign.journal.append(
-                    "run_resume",
-                    run_id=run.run_id,
-                    boot=boot_index,
-                    segments_done=len(previous.done_segments),
-                )
+        return _Attempt(attempt, local_dir, remote_dir, group, shared, record, state)
+
+    def _boot_and_measure(self, run: Run, at: _Attempt) -> None:
+        """Journal the start, upload the cell's files, set the cache state, then run the
+        command, or measure on a shared boot or on a boot of the run's own."""
+        cell = self.loaded.card.cells[run.cell]
+        record, state, previous = at.record, at.state, at.state.previous
+        if previous is not None:
+            record.started_at = previous.started_at
             self.campaign.journal.append(
-                "run_start", run_id=run.run_id, attempt=attempt, boot_id=record.boot_id
+                "run_resume",
+                run_id=run.run_id,
+                boot=state.index,
+                segments_done=len(previous.done_segments),
             )
-            self.progress("start", run, {"attempt": attempt})
-            uploaded = self._upload_files(cell.files, remote_dir)
-            spec = self._boot_spec(cell, self.box.free_port(), remote_dir, uploaded)
-            record.knobs = spec.knobs
-            self.box.mkdirs(remote_dir)
-            if run.cache_state == "cold":
-                record.runtime["evicted"] = evict_for_cold_run(
-                    self.box,
-                    self.loaded.runtime,
-                    remote_dir,
-                    lambda port, folder: self._boot_spec(cell, port, folder, uploaded),
-                    cache_dir=self.cache_dir,
-                    python=self.box_spec.python_path(),
-                    journal=self.campaign.journal,
-                    run_id=run.run_id,
-                    box_name=self.box_name,
+        self.campaign.journal.append(
+            "run_start", run_id=run.run_id, attempt=at.attempt, boot_id=record.boot_id
+        )
+        self.progress("start", run, {"attempt": at.attempt})
+        uploaded = self._upload_files(cell.files, at.remote_dir)
+        spec = self._boot_spec(cell, self.box.free_port(), at.remote_dir, uploaded)
+        record.knobs = spec.knobs
+        self.box.mkdirs(at.remote_dir)
+        record.runtime["evicted"] = []
+        if run.cache_state == "cold":
+            record.runtime["evicted"] = evict_for_cold_run(
+                self.box,
+                self.loaded.runtime,
+                at.remote_dir,
+                lambda port, folder: self._boot_spec(cell, port, folder, uploaded),
+                cache_dir=self.cache_dir,
+                python=self.box_spec.python_path(),
+                journal=self.campaign.journal,
+                run_id=run.run_id,
+                box_name=self.box_name,
+            )
+        swap_before = self.box.swapout_pages()
+        settings = live_settings(self.loaded.runtime, cell, uploaded)
+        if self.loaded.runtime.driver is not None:
+            self._run_command(run, spec, at, swap_before)
+            record.status = RUN_OK
+            return
+        if at.shared is not None:
+            runtime = at.runtime = at.shared.runtime
+            at.shared.runs += 1
+            record.runtime["boot_shared"] = True
+            self._watch(run, runtime, state, record)
+            # The next cell on the same boot: back to the boot state, its live settings, then
+            # the washout, so it is not measured on the previous cell's state.
+            runtime.reset_live(settings)
+            self.driving.live_washout(runtime, run, record)
+        else:
+            # Marked, and journalled before it starts: a harness killed between the start and
+            # the journalled group leaves a runtime the resume can still find by its mark.
+            spec.env[BOOT_MARK] = at.remote_dir
+            self.campaign.journal.append(
+                "boot_starting", run_id=run.run_id, box=self.box_name, mark=at.remote_dir
+            )
+            runtime = at.runtime = boot(
+                self.box,
+                self.loaded.runtime,
+                spec,
+                lambda pgid: self._journal_boot(run, pgid, state),
+            )
+            if at.group is not None:
+                self.shared = SharedBoot(
+                    at.group, runtime, at.remote_dir, record.boot_id, run.run_id, runs=1
                 )
-            else:
-                record.runtime["evicted"] = []
-            swap_before = self.box.swapout_pages()
-            if self.loaded.runtime.driver is not None:
-                runtime = self._run_command(run, spec, state, local_dir, swap_before, record)
-                record.status = RUN_OK
-            elif shared is not None:
-                runtime = shared.runtime
-                shared.runs += 1
                 record.runtime["boot_shared"] = True
-                self._start_monitor(runtime, state)
-                self.guards.check_binary(run, record)
-                state.watch = self.guards.start_watch(run, runtime.pgid)
-                self.guards.check_idle(run, runtime)
-                # The next cell on the same boot: back to the boot state, its live settings,
-                # then the washout, so it is not measured on the previous cell's state.
-                settings = live_settings(self.loaded.runtime, cell, uploaded)
-                runtime.reset_live(settings)
-                self._washout(runtime, run, record)
-                self._measure(runtime, run, state, local_dir, swap_before, record, settings)
-            else:
-                # Marked, and journalled before it starts: a harness killed between the start and
-                # the journalled group leaves a runtime the resume can still find by its mark.
-                spec.env[BOOT_MARK] = remote_dir
-                self.campaign.journal.append(
-                    "boot_starting", run_id=run.run_id, box=self.box_name, mark=remote_dir
-                )
-                runtime = boot(
-                    self.box,
-                    self.loaded.runtime,
-                    spec,
-                    lambda pgid: self._journal_boot(run, pgid, state),
-                )
-                if group is not None:
-                    self.shared = SharedBoot(
-                        group, runtime, remote_dir, record.boot_id, run.run_id, runs=1
-                    )
-                    record.runtime["boot_shared"] = True
-                self._start_monitor(runtime, state)
-                self.guards.check_binary(run, record)
-                state.watch = self.guards.start_watch(run, runtime.pgid)
-                self.guards.check_idle(run, runtime)
-                runtime.post_live(spec.live)
-                if group is not None:
-                    # The first run of a shared boot gets the washout too: every run of the
-                    # group then starts alike, not the first one less adapted than the rest.
-                    self._washout(runtime, run, record)
-                settings = live_settings(self.loaded.runtime, cell, uploaded)
-                self._measure(runtime, run, state, local_dir, swap_before, record, settings)
-        except KeyboardInterrupt as exc:
-            record.status = RUN_INTERRUPTED
-            record.reason = (
-                f"interrupted ({describe(exc)}); resume with harness run --resume "
-                f"{self.campaign.root}"
-            )
-            raise
-        except RuntimeHung as exc:
-            state.results.extend(exc.results)  # what was sent, for the records
-            record.reason = exc.message
-        except (HarnessError, OSError) as exc:
-            message, _, tail = str(exc).partition("; log tail:\n")
-            record.reason = message.strip() or type(exc).__name__
-            if isinstance(exc, InfrastructureError) and tail:
-                record.log_tail = tail
-        finally:
-            # The shutdown of a run is not cut in two by a stop signal: it is raised after.
-            with deferred():
-                self.records.finish(run, record, runtime, state, local_dir)
-                if self.shared is not None and self.shared.runtime is runtime:
-                    if state.keep_runtime:
-                        self.shared.ring_seq = state.store.after_sequence
-                    else:  # stopped by _finish: a run on it failed or was interrupted
-                        self.shared = None
-        return record.status
+            self._watch(run, runtime, state, record)
+            runtime.post_live(spec.live)
+            if at.group is not None:
+                # The first run of a shared boot gets the washout too: every run of the group
+                # then starts alike, not the first one less adapted than the rest.
+                self.driving.live_washout(runtime, run, record)
+        self._measure(runtime, run, state, at.local_dir, swap_before, record, settings)
+
+    def _watch(
+        self, run: Run, runtime: RunningRuntime, state: BootState, record: RunRecord
+    ) -> None:
+        """Start the ring monitor and the guards' watch on a ready runtime; refuse one that is
+        not the binary the cohort ran, or not idle."""
+        self._start_monitor(runtime, state)
+        self.guards.check_binary(run, record)
+        state.watch = self.guards.start_watch(run, runtime.pgid)
+        self.guards.check_idle(run, runtime)
 
     def _measure(
         self,
@@ -464,14 +441,16 @@ class CampaignRunner:
         probes.read("start")
         own = 0
         if run.sends_warmup:
-            warmups = self._drive(runtime, build_phases(self.loaded, warmup=True), run)
+            warmups = self.driving.drive(runtime, build_phases(self.loaded, warmup=True), run)
             own = len(warmups)
             # The design's washout (a warm block's own requests, sent and not scored): the
             # block then follows its own arm whatever ran on the box before it. Sent once per
             # run, not again on a resumed run's later segments.
             washout = washout_requests(self.loaded)
             if washout and previous is None:
-                own += len(self._drive(runtime, build_phases(self.loaded, True, washout), run))
+                own += len(
+                    self.driving.drive(runtime, build_phases(self.loaded, True, washout), run)
+                )
                 # The share of a block it lasts: a part of a block does not wash it.
                 record.runtime["washout_share"] = self.loaded.card.design.washout
             record.runtime["washout_requests"] = record.runtime.get("washout_requests", 0) + washout
@@ -480,15 +459,15 @@ class CampaignRunner:
             state.monitor.scored = True
         routes_before = self._route_snapshot(state.remote_dir)
         recording = self._start_recorder(runtime, state.remote_dir)
-        before = _with_log(_counters(runtime), runtime, start=True)
+        before = with_log(counters(runtime), runtime, start=True)
         if before is not None:
             before.update(route_counters(routes_before))
-        self._drive_segments(runtime, run, state, warmups, before, swap_before, record)
+        self.driving.drive_scored(runtime, run, state, warmups, before, swap_before, record)
         probes.read("end")
         if previous is None:  # a resumed run's readings would straddle the cut: none kept
             probes.record(record.runtime, own)
         routes_after = self._route_snapshot(state.remote_dir)
-        after = _with_log(_counters(runtime), runtime)
+        after = with_log(counters(runtime), runtime)
         if after is not None:
             after.update(route_counters(routes_after))
         write_route_delta(local_dir / "route-counts.json", routes_before, routes_after)
@@ -502,56 +481,19 @@ class CampaignRunner:
         self.records.write_counters(
             local_dir, before, after, swap_before, swap_after, previous, state.unscored
         )
-        failures = [r for r in state.results if not r.ok and not r.warmup]
-        failures_before = self._previous_failures(local_dir, previous)
-        if failures or failures_before:
-            died = "" if self.box.group_alive(runtime.pgid) else "runtime exited mid-run; "
-            scored = [r for r in state.results if not r.warmup]
-            first = (
-                f"first ({failures[0].prompt_id}): {failures[0].error}"
-                if failures
-                else "in segments before the resume"
-            )
-            record.reason = (
-                f"{died}{len(failures) + failures_before} of {len(scored)} requests failed; {first}"
-            )
-        elif (changed := runtime.read_back(settings)) is not None:
-            record.reason = changed
-        elif state.segments_done < state.segments_planned:
-            record.reason = (
-                f"runtime exited mid-run: {state.segments_done} of "
-                f"{state.segments_planned} segments ran"
-            )
+        reason = self.driving.failed_because(runtime, state, local_dir, settings)
+        if reason:
+            record.reason = reason
         else:
             record.status = RUN_OK
 
-    def _washout(self, runtime: RunningRuntime, run: Run, record: RunRecord) -> None:
-        """After a change on a shared boot: the profile's washout requests (sent, not kept)
-        and seconds."""
-        live = self.loaded.runtime.live
-        if live is None:
-            return
-        if live.washout_requests:
-            self._drive(runtime, build_phases(self.loaded, True, live.washout_requests), run)
-            record.runtime["washout_requests"] = live.washout_requests
-        if live.washout_s:
-            time.sleep(live.washout_s)
-
-    def _run_command(
-        self,
-        run: Run,
-        spec: BootSpec,
-        state: BootState,
-        local_dir: Path,
-        swap_before: int | None,
-        record: RunRecord,
-    ) -> RunningRuntime:
+    def _run_command(self, run: Run, spec: BootSpec, at: _Attempt, swap_before: int | None) -> None:
         """A command-driver run: the command is the run, its result rows the run record.
 
         Its log counters start at 0 (the process starts with the run) and end at the log's
         last snapshot; raises (the run fails) on a crash, a time limit or an unmapped column.
         """
-        profile = self.loaded.runtime
+        profile, record, state = self.loaded.runtime, at.record, at.state
         assert profile.driver is not None
         self.guards.check_binary(run, record)
         # The command is the whole block, scored from its first request: the box's state is
@@ -581,10 +523,10 @@ class CampaignRunner:
         if specs:
             text = self.box.read_text(spec.log_path)
             after = log_snapshot(text, specs, where=spec.log_path)
-        self.records.write_counters(local_dir, before, after, swap_before, swap_after, None)
-        collect_result(command, local_dir)
+        self.records.write_counters(at.local_dir, before, after, swap_before, swap_after, None)
+        collect_result(command, at.local_dir)
         state.segments_planned = state.segments_done = 1
-        return command.runtime
+        at.runtime = command.runtime  # ran to its end: the records stop and read it
 
     def _start_recorder(self, runtime: RunningRuntime, remote_dir: str) -> Recording | None:
         """Start the runtime's expert-distribution recorder, when its profile declares one."""
@@ -623,54 +565,9 @@ class CampaignRunner:
             within=self.remote_root + "/",
         )
 
-    def _ring_path(self, state: BootState) -> str | None:
-        """The runtime's ring file on the box, where it writes one with a header."""
-        telemetry = self.loaded.runtime.telemetry
-        if telemetry.ring is None or not telemetry.ring.header:
-            return None
-        context = {"run_dir": state.remote_dir, "port": 0, "python": self.box_spec.python_path()}
-        return render(telemetry.ring.path, context)
-
-    def _recovery_until(
-        self, runtime: RunningRuntime, phases: list[PhasePlan], state: BootState
-    ) -> UntilHook | None:
-        """The hook that ends ``until_recovered`` extensions once the ring shows the recovery
-        measured, and takes the counters on each side of what an extension sends so the run's
-        counters leave it out; None when no phase extends or the runtime writes no ring."""
-        ring_path = self._ring_path(state)
-        if ring_path is None or not any(p.extension for p in phases):
-            return None
-        watch = RecoveryWatch(
-            self.box, self.box_spec.python_path(), ring_path, self.loaded.card.analysis
-        )
-        started: dict[int, dict[str, Any] | None] = {}
-
-        def counters_now() -> dict[str, Any] | None:
-            try:
-                return _with_log(_counters(runtime), runtime)
-            except (OSError, HarnessError):
-                return None  # a runtime that died: its counters are taken as lost anyway
-
-        async def measured(phase: PhasePlan) -> bool:
-            return await asyncio.to_thread(watch.measured, phase.index)
-
-        async def begins(phase: PhasePlan) -> None:
-            started[phase.index] = await asyncio.to_thread(counters_now)
-
-        async def ends(phase: PhasePlan) -> None:
-            grew = counter_delta(
-                started.pop(phase.index, None), await asyncio.to_thread(counters_now)
-            )
-            unscored = state.unscored if state.unscored is not None else {}
-            for key, value in grew.items():
-                unscored[key] = unscored.get(key, 0.0) + value
-            state.unscored = unscored
-
-        return UntilHook(measured, begins, ends)
-
     def _start_monitor(self, runtime: RunningRuntime, state: BootState) -> None:
         """Start draining the ring and sampling memory; journal the boot for a later resume."""
-        ring_path = self._ring_path(state)
+        ring_path = self.driving.ring_path(state)
         if state.journal is not None:
             state.journal.append(
                 "boot", boot=state.index, pgid=runtime.pgid, remote_dir=state.remote_dir
@@ -685,93 +582,6 @@ class CampaignRunner:
         )
         state.monitor.start()
 
-    def _drive_segments(
-        self,
-        runtime: RunningRuntime,
-        run: Run,
-        state: BootState,
-        warmups: list[RequestResult],
-        before: dict[str, Any] | None,
-        swap_before: int | None,
-        record: RunRecord,
-    ) -> None:
-        """Drive the scored workload: one piece, or checkpointed segments for a soak."""
-        phases = build_phases(self.loaded, warmup=False)
-        state.results.extend(warmups)
-        state.pending.extend(warmups)
-        previous = state.previous
-        if state.journal is None:
-            state.origin_wall = time.time()
-            until = self._recovery_until(runtime, phases, state)
-            results = self._drive(runtime, phases, run, mark_first=not warmups, until=until)
-            state.results.extend(results)
-            state.segments_planned = state.segments_done = 1
-            return
-        checkpoint_s = previous.checkpoint_s if previous else self.checkpoint_s
-        origin_wall = previous.origin_wall if previous else time.time()
-        state.origin_wall = origin_wall
-        if previous is None:
-            state.journal.append(
-                "plan",
-                checkpoint_s=checkpoint_s,
-                origin_wall=origin_wall,
-                started_at=record.started_at,
-            )
-        state.journal.append(
-            "scored_start", boot=state.index, counters=before, swapout_pages=swap_before
-        )
-        segments = split_phases(phases, checkpoint_s)
-        done = previous.done_segments if previous else set()
-        state.segments_planned = len(segments)
-        state.segments_done = len(done)
-        mark_first = not warmups
-        for index, segment in enumerate(segments):
-            if index in done:
-                continue
-            # One time axis across segments and boots: t_start_s counts from the run's origin.
-            origin = time.perf_counter() - (time.time() - origin_wall)
-            results = self._drive(runtime, [segment], run, origin=origin, mark_first=mark_first)
-            mark_first = False
-            state.results.extend(results)
-            state.pending.extend(results)
-            self._checkpoint(runtime, run, state, index)
-            state.segments_done += 1
-            if not self.box.group_alive(runtime.pgid):
-                break  # a dead runtime: do not spin through the remaining hours
-
-    def _checkpoint(self, runtime: RunningRuntime, run: Run, state: BootState, index: int) -> None:
-        """Persist one finished segment: its requests, the ring through now, the counters."""
-        assert state.journal is not None
-        if state.monitor is not None:
-            state.monitor.drain_now()
-            state.monitor.flush()
-        folder = state.journal.path.parent
-        requests_path, chunks_path = segment_paths(folder, index)
-        write_parquet(requests_frame(state.pending, run.cell, state.index), requests_path)
-        write_parquet(chunks_frame(state.pending), chunks_path)
-        if state.monitor is not None:
-            write_parquet(
-                state.monitor.samples_frame(state.origin_wall), samples_path(folder, state.index)
-            )
-        state.pending = []
-        state.journal.append(
-            "segment_done",
-            boot=state.index,
-            segment=index,
-            ring_seq=state.store.after_sequence,
-            ring_lost=state.store.lost,
-            ring_dropped=state.store.dropped,
-            counters=_with_log(_counters(runtime), runtime),
-            swapout_pages=self.box.swapout_pages(),
-        )
-
-    def _previous_failures(self, local_dir: Path, previous: CheckpointState | None) -> int:
-        """Failed scored requests in the segments of earlier boots."""
-        if previous is None:
-            return 0
-        frames, _ = earlier_frames(local_dir / "checkpoint", previous)
-        return sum(int((~f["ok"] & ~f["warmup"]).sum()) for f, _ in frames)
-
     def _upload_files(self, files: dict[str, str], remote_dir: str) -> dict[str, str]:
         uploaded = {}
         for name, relative in files.items():
@@ -780,54 +590,3 @@ class CampaignRunner:
             self.box.put_file(local, remote)
             uploaded[name] = remote
         return uploaded
-
-    def _drive(
-        self,
-        runtime: RunningRuntime,
-        phases: list[PhasePlan],
-        run: Run,
-        *,
-        origin: float | None = None,
-        mark_first: bool = True,
-        until: UntilHook | None = None,
-    ) -> list[RequestResult]:
-        if not phases:
-            return []
-        spec = run_drive_spec(self.loaded, runtime)
-        phase_knob = self.loaded.runtime.phase_live_knob
-
-        def phase_live(phase: PhasePlan) -> dict[str, Any] | None:
-            if phase_knob and phase.index >= 0 and phase.index != QUALITY_PHASE:
-                return {phase_knob: phase.index}
-            return None
-
-        async def on_phase(phase: PhasePlan) -> None:
-            if (live := phase_live(phase)) is not None:
-                # A dead runtime refuses this; the phase's requests then fail and say why.
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(runtime.post_live, live)
-
-        def on_result(result: RequestResult) -> None:
-            self.progress("request", run, {"result": result})
-
-        if self.box_driver is not None:  # `drive: on-box`: the same drive, run on the box
-            return self.box_driver.drive(
-                runtime,
-                spec,
-                phases,
-                phase_live=phase_live,
-                on_result=on_result,
-                origin=origin,
-                mark_first=mark_first,
-            )
-        return run_async(
-            drive(
-                spec,
-                phases,
-                on_phase=on_phase,
-                on_result=on_result,
-                origin=origin,
-                mark_first=mark_first,
-                until=until,
-            )
-        )
