@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from harness.errors import HarnessError, KnobError
 from harness.formats.maps import read_hotlist, read_rowmap
@@ -57,239 +57,268 @@ def _float(text: str) -> float:
     return value
 
 
+@dataclass(frozen=True)
+class _Option:
+    """One flag of ``serve``: its name and argparse keywords."""
+
+    flag: str
+    settings: dict[str, Any]
+
+
+def _option(flag: str, **settings: Any) -> _Option:
+    return _Option(flag, settings)
+
+
+# The `serve` flags by --help group: each flag's argparse settings.
+_POLICY = PolicyKnobs()
+_OPTIONS: dict[str, tuple[_Option, ...]] = {
+    "server": (
+        _option("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"),
+        _option("--port", type=int, default=8000, help="port; 0 picks a free one (8000)"),
+        _option("--model-name", default="refbox", help="served model id (refbox)"),
+    ),
+    "model": (
+        _option("--layers", type=int, default=8, help="MoE layers (8)"),
+        _option("--experts", type=int, default=64, help="experts per layer (64)"),
+        _option("--top-k", type=int, default=4, help="experts per token per layer (4)"),
+        _option("--d-model", type=int, default=64, help="hidden width (64)"),
+        _option("--d-ff", type=int, default=128, help="expert FFN width (128)"),
+        _option("--seed", type=int, default=0, help="weights seed (0)"),
+    ),
+    "tiers": (
+        _option("--hot-slots", type=int, default=48, help="resident experts per layer (48)"),
+        _option(
+            "--expert-bytes",
+            type=int,
+            default=512 * 1024,
+            help="slow-tier record size in bytes; a cold lookup reads and copies one whole record, "
+            "so this scales the cost of a miss (524288; never below the weights' own size)",
+        ),
+        _option("--cold-dir", default=None, help="directory for the slow-tier file (tmp)"),
+        _option(
+            "--rowmap",
+            default=None,
+            help="rowmap JSON: hot experts per layer (default: the first "
+            "hot-slots ids of each layer, a deliberately stale map)",
+        ),
+        _option("--hotlist", default=None, help="ds4 hotlist file (cache mode)"),
+        _option(
+            "--cache-records",
+            type=int,
+            default=0,
+            help="cache mode: cached records in all (0 = off)",
+        ),
+        _option(
+            "--hotlist-priority", default="adaptive", help="cache mode prior: legacy, adaptive or N"
+        ),
+    ),
+    "adaptive residency policy (rowmap mode)": (
+        _option("--policy", default=_POLICY.policy, help=f"adaptive or frozen ({_POLICY.policy})"),
+        _option(
+            "--decay-half-life-steps",
+            type=_float,
+            default=_POLICY.decay_half_life_steps,
+            help=f"EWMA half-life of the counters ({_POLICY.decay_half_life_steps:g})",
+        ),
+        _option(
+            "--promote-threshold",
+            type=_float,
+            default=_POLICY.promote_threshold,
+            help=f"decayed count a cold expert needs ({_POLICY.promote_threshold:g})",
+        ),
+        _option(
+            "--hysteresis",
+            type=_float,
+            default=_POLICY.hysteresis,
+            help=f"margin over the weakest hot expert ({_POLICY.hysteresis:g})",
+        ),
+        _option(
+            "--drain-every",
+            type=int,
+            default=_POLICY.drain_every,
+            help=f"decode steps between swap-queue drains ({_POLICY.drain_every})",
+        ),
+        _option(
+            "--swaps-per-layer",
+            type=int,
+            default=_POLICY.swaps_per_layer,
+            help=f"swaps per layer per drain ({_POLICY.swaps_per_layer})",
+        ),
+    ),
+    "files": (
+        _option("--ring", default=None, help="telemetry ring file (one record per step)"),
+        _option("--ring-capacity", type=int, default=65536, help="ring slots (65536)"),
+        _option("--counters", default=None, help="counters JSON written at shutdown"),
+        _option("--route-trace", default=None, help="routing trace JSONL"),
+        _option("--phase", type=int, default=0, help="initial phase tag in the ring (0)"),
+        _option(
+            "--dump-dir",
+            default=None,
+            help="the only folder /admin/dump may write into (default: the working directory)",
+        ),
+        _option(
+            "--admin-token",
+            default=None,
+            help="require `Authorization: Bearer TOKEN` on every /admin call; give it as "
+            "REFBOX_ADMIN_TOKEN (a flag shows in ps), as the harness does at every boot",
+        ),
+        _option(
+            "--control",
+            default=None,
+            help="control file polled for knob changes and resets (JSON {seq, knobs, reset}); each "
+            "is acknowledged in the log as 'refbox: control SEQ applied' or '... rejected: WHY'",
+        ),
+        _option(
+            "--control-signal",
+            choices=["HUP", "USR1", "USR2"],
+            default=None,
+            help="read the control file only when this signal arrives (once ready), not by polling",
+        ),
+    ),
+    "vLLM dialect": (
+        _option(
+            "--enable-return-routed-experts",
+            action="store_true",
+            help="a whole (non-streamed) completion carries `routed_experts` in its choice, as "
+            "vLLM's does: base64 .npy bytes, [prompt + completion tokens - 1, layers, top_k]",
+        ),
+        _option(
+            "--routed-experts-format",
+            choices=["vllm", "sglang"],
+            default="vllm",
+            help="sglang: return the routing as SGLang does instead, only to a request asking "
+            "`return_routed_experts: true`, as the response's `sglext.routed_experts` (base64 of "
+            "flat little-endian int32)",
+        ),
+    ),
+    "SGLang recorder dialect (dumps into $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, /tmp)": (
+        _option(
+            "--expert-distribution-recorder-mode",
+            default=None,
+            help="stat: serve /start_, /stop_ and /dump_expert_distribution_record as SGLang does "
+            "(per-pass counts, an infinite buffer)",
+        ),
+        _option(
+            "--record-kt-gpu-expert-distribution",
+            action="store_true",
+            help="write KTransformers' gpu_expert_masks (the hot tier per pass) beside each dump, "
+            "in gpu_expert_distribution_<time>.pt; "
+            "implies --expert-distribution-recorder-mode stat (rowmap mode only)",
+        ),
+    ),
+    "fault and drift injection": (
+        _option(
+            "--fail-after-tokens",
+            type=int,
+            default=None,
+            help="exit with code 1 right after the N-th generated token of the process lifetime",
+        ),
+        _option(
+            "--hang-after-tokens",
+            type=int,
+            default=None,
+            help="after the N-th generated token stop emitting, keeping the connection open",
+        ),
+        _option(
+            "--boot-delay-s",
+            type=_float,
+            default=0.0,
+            help="wait this long (health 503) before loading the model (0)",
+        ),
+        _option("--never-ready", action="store_true", help="load, but keep /health at 503 forever"),
+        _option(
+            "--drift-pct-per-min",
+            type=_float,
+            default=0.0,
+            help="make every step P%% slower per minute since --drift-origin, by real extra work",
+        ),
+        _option(
+            "--drift-origin",
+            type=_float,
+            default=None,
+            help="epoch seconds the drift counts from, shared across boots (default: boot time)",
+        ),
+        _option(
+            "--step-slowdown-pct",
+            type=_float,
+            default=0.0,
+            help="make every decode step P%% slower, by real extra work, for the whole boot: a "
+            "cell that is a set amount slower than another at any state of the box (0)",
+        ),
+        _option(
+            "--carry-over-pct",
+            type=_float,
+            default=0.0,
+            help="make every step P%% slower, by real extra work, when the boot before this one on "
+            "the box (per --carry-over-state) had another --carry-over-tag: carry-over (0)",
+        ),
+        _option(
+            "--carry-over-leaves-pct",
+            type=_float,
+            default=0.0,
+            help="make the NEXT boot on the box P%% slower, whatever its tag (heat, a dirtied page "
+            "cache: carry-over a cell leaves behind, itself included), per --carry-over-state (0)",
+        ),
+        _option(
+            "--carry-over-tag",
+            default="",
+            help="this boot's tag in the carry-over state file (e.g. the cell's name)",
+        ),
+        _option(
+            "--carry-over-state",
+            default=None,
+            help="file holding the tag of the last boot on this box (and the percent it leaves); "
+            "read, then overwritten, at boot",
+        ),
+        _option(
+            "--heat-state",
+            metavar="FILE",
+            default=None,
+            help="file holding the box's heat S in 0..1 (state a box keeps and traffic relaxes: "
+            "a skewed tier, a page cache, heat), shared by every boot on the box that names it: "
+            "read at boot, rewritten atomically after every completed request; missing: S = 0",
+        ),
+        _option(
+            "--heat-source",
+            metavar="X",
+            type=_float,
+            default=0.0,
+            help="what this boot's traffic drives the heat towards, 0..1: each completed "
+            "request sets S to X + (S - X) * 2^(-1/H), H per --heat-half-life-requests "
+            "(0: it cools the box)",
+        ),
+        _option(
+            "--heat-slowdown-pct",
+            metavar="P",
+            type=_float,
+            default=0.0,
+            help="make every decode step P%% x S slower, by real extra work, S being the box's "
+            "heat when the step runs (per --heat-state; 0: off)",
+        ),
+        _option(
+            "--heat-half-life-requests",
+            metavar="H",
+            type=_float,
+            default=HeatSettings.half_life_requests,
+            help="completed requests that halve the distance between the heat and --heat-source "
+            f"({HeatSettings.half_life_requests:g})",
+        ),
+    ),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``serve`` flags (see ``--help``)."""
-    p = _Parser(
+    """The ``serve`` flags (see ``--help``), from the table above."""
+    parser = _Parser(
         prog="harness refbox serve",
         description=_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    net = p.add_argument_group("server")
-    net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    net.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (8000)")
-    net.add_argument("--model-name", default="refbox", help="served model id (refbox)")
-    geo = p.add_argument_group("model")
-    geo.add_argument("--layers", type=int, default=8, help="MoE layers (8)")
-    geo.add_argument("--experts", type=int, default=64, help="experts per layer (64)")
-    geo.add_argument("--top-k", type=int, default=4, help="experts per token per layer (4)")
-    geo.add_argument("--d-model", type=int, default=64, help="hidden width (64)")
-    geo.add_argument("--d-ff", type=int, default=128, help="expert FFN width (128)")
-    geo.add_argument("--seed", type=int, default=0, help="weights seed (0)")
-    tier = p.add_argument_group("tiers")
-    tier.add_argument("--hot-slots", type=int, default=48, help="resident experts per layer (48)")
-    tier.add_argument(
-        "--expert-bytes",
-        type=int,
-        default=512 * 1024,
-        help="slow-tier record size in bytes; a cold lookup reads and copies one whole record, "
-        "so this scales the cost of a miss (524288; never below the weights' own size)",
-    )
-    tier.add_argument("--cold-dir", default=None, help="directory for the slow-tier file (tmp)")
-    tier.add_argument(
-        "--rowmap",
-        default=None,
-        help="rowmap JSON: hot experts per layer (default: the first "
-        "hot-slots ids of each layer, a deliberately stale map)",
-    )
-    tier.add_argument("--hotlist", default=None, help="ds4 hotlist file (cache mode)")
-    tier.add_argument(
-        "--cache-records", type=int, default=0, help="cache mode: cached records in all (0 = off)"
-    )
-    tier.add_argument(
-        "--hotlist-priority", default="adaptive", help="cache mode prior: legacy, adaptive or N"
-    )
-    pol = p.add_argument_group("adaptive residency policy (rowmap mode)")
-    d = PolicyKnobs()
-    pol.add_argument("--policy", default=d.policy, help=f"adaptive or frozen ({d.policy})")
-    pol.add_argument(
-        "--decay-half-life-steps",
-        type=_float,
-        default=d.decay_half_life_steps,
-        help=f"EWMA half-life of the counters ({d.decay_half_life_steps:g})",
-    )
-    pol.add_argument(
-        "--promote-threshold",
-        type=_float,
-        default=d.promote_threshold,
-        help=f"decayed count a cold expert needs ({d.promote_threshold:g})",
-    )
-    pol.add_argument(
-        "--hysteresis",
-        type=_float,
-        default=d.hysteresis,
-        help=f"margin over the weakest hot expert ({d.hysteresis:g})",
-    )
-    pol.add_argument(
-        "--drain-every",
-        type=int,
-        default=d.drain_every,
-        help=f"decode steps between swap-queue drains ({d.drain_every})",
-    )
-    pol.add_argument(
-        "--swaps-per-layer",
-        type=int,
-        default=d.swaps_per_layer,
-        help=f"swaps per layer per drain ({d.swaps_per_layer})",
-    )
-    out = p.add_argument_group("files")
-    out.add_argument("--ring", default=None, help="telemetry ring file (one record per step)")
-    out.add_argument("--ring-capacity", type=int, default=65536, help="ring slots (65536)")
-    out.add_argument("--counters", default=None, help="counters JSON written at shutdown")
-    out.add_argument("--route-trace", default=None, help="routing trace JSONL")
-    out.add_argument("--phase", type=int, default=0, help="initial phase tag in the ring (0)")
-    out.add_argument(
-        "--dump-dir",
-        default=None,
-        help="the only folder /admin/dump may write into (default: the working directory)",
-    )
-    out.add_argument(
-        "--admin-token",
-        default=None,
-        help="require `Authorization: Bearer TOKEN` on every /admin call; give it as "
-        "REFBOX_ADMIN_TOKEN (a flag shows in ps), as the harness does at every boot",
-    )
-    out.add_argument(
-        "--control",
-        default=None,
-        help="control file polled for knob changes and resets (JSON {seq, knobs, reset}); "
-        "each is acknowledged in the log as 'refbox: control SEQ applied' or '... rejected: WHY'",
-    )
-    out.add_argument(
-        "--control-signal",
-        choices=["HUP", "USR1", "USR2"],
-        default=None,
-        help="read the control file only when this signal arrives (once ready), not by polling",
-    )
-    vllm = p.add_argument_group("vLLM dialect")
-    vllm.add_argument(
-        "--enable-return-routed-experts",
-        action="store_true",
-        help="a whole (non-streamed) completion carries `routed_experts` in its choice, as vLLM's "
-        "does: base64 .npy bytes, [prompt + completion tokens - 1, layers, top_k]",
-    )
-    vllm.add_argument(
-        "--routed-experts-format",
-        choices=["vllm", "sglang"],
-        default="vllm",
-        help="sglang: return the routing as SGLang does instead, only to a request asking "
-        "`return_routed_experts: true`, as the response's `sglext.routed_experts` (base64 of "
-        "flat little-endian int32)",
-    )
-    sgl = p.add_argument_group(
-        "SGLang recorder dialect (dumps into $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, /tmp)"
-    )
-    sgl.add_argument(
-        "--expert-distribution-recorder-mode",
-        default=None,
-        help="stat: serve /start_, /stop_ and /dump_expert_distribution_record as SGLang does "
-        "(per-pass counts, an infinite buffer)",
-    )
-    sgl.add_argument(
-        "--record-kt-gpu-expert-distribution",
-        action="store_true",
-        help="write KTransformers' gpu_expert_masks (the hot tier per pass) beside each dump, "
-        "in gpu_expert_distribution_<time>.pt; "
-        "implies --expert-distribution-recorder-mode stat (rowmap mode only)",
-    )
-    fault = p.add_argument_group("fault and drift injection")
-    fault.add_argument(
-        "--fail-after-tokens",
-        type=int,
-        default=None,
-        help="exit with code 1 right after the N-th generated token of the process lifetime",
-    )
-    fault.add_argument(
-        "--hang-after-tokens",
-        type=int,
-        default=None,
-        help="after the N-th generated token stop emitting, keeping the connection open",
-    )
-    fault.add_argument(
-        "--boot-delay-s",
-        type=_float,
-        default=0.0,
-        help="wait this long (health 503) before loading the model (0)",
-    )
-    fault.add_argument(
-        "--never-ready", action="store_true", help="load, but keep /health at 503 forever"
-    )
-    fault.add_argument(
-        "--drift-pct-per-min",
-        type=_float,
-        default=0.0,
-        help="make every step P%% slower per minute since --drift-origin, by real extra work",
-    )
-    fault.add_argument(
-        "--drift-origin",
-        type=_float,
-        default=None,
-        help="epoch seconds the drift counts from, shared across boots (default: boot time)",
-    )
-    fault.add_argument(
-        "--step-slowdown-pct",
-        type=_float,
-        default=0.0,
-        help="make every decode step P%% slower, by real extra work, for the whole boot: a cell "
-        "that is a set amount slower than another at any state of the box (0)",
-    )
-    fault.add_argument(
-        "--carry-over-pct",
-        type=_float,
-        default=0.0,
-        help="make every step P%% slower, by real extra work, when the boot before this one on "
-        "the box (per --carry-over-state) had another --carry-over-tag: carry-over (0)",
-    )
-    fault.add_argument(
-        "--carry-over-leaves-pct",
-        type=_float,
-        default=0.0,
-        help="make the NEXT boot on the box P%% slower, whatever its tag (heat, a dirtied page "
-        "cache: carry-over a cell leaves behind, itself included), per --carry-over-state (0)",
-    )
-    fault.add_argument(
-        "--carry-over-tag",
-        default="",
-        help="this boot's tag in the carry-over state file (e.g. the cell's name)",
-    )
-    fault.add_argument(
-        "--carry-over-state",
-        default=None,
-        help="file holding the tag of the last boot on this box (and the percent it leaves); "
-        "read, then overwritten, at boot",
-    )
-    fault.add_argument(
-        "--heat-state",
-        metavar="FILE",
-        default=None,
-        help="file holding the box's heat S in 0..1 (state a box keeps and traffic relaxes: "
-        "a skewed tier, a page cache, heat), shared by every boot on the box that names it: "
-        "read at boot, rewritten atomically after every completed request; missing: S = 0",
-    )
-    fault.add_argument(
-        "--heat-source",
-        metavar="X",
-        type=_float,
-        default=0.0,
-        help="what this boot's traffic drives the heat towards, 0..1: each completed request "
-        "sets S to X + (S - X) * 2^(-1/H), H per --heat-half-life-requests (0: it cools the box)",
-    )
-    fault.add_argument(
-        "--heat-slowdown-pct",
-        metavar="P",
-        type=_float,
-        default=0.0,
-        help="make every decode step P%% x S slower, by real extra work, S being the box's heat "
-        "when the step runs (per --heat-state; 0: off)",
-    )
-    fault.add_argument(
-        "--heat-half-life-requests",
-        metavar="H",
-        type=_float,
-        default=HeatSettings.half_life_requests,
-        help="completed requests that halve the distance between the heat and --heat-source "
-        f"({HeatSettings.half_life_requests:g})",
-    )
-    return p
+    for title, options in _OPTIONS.items():
+        group = parser.add_argument_group(title)
+        for option in options:
+            group.add_argument(option.flag, **option.settings)
+    return parser
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -353,56 +382,56 @@ _KNOB_FLAGS = {
 }
 
 
-def _validate(a: argparse.Namespace) -> ServeConfig:
-    """Check every value and read the maps; raises _UsageError naming the first bad flag."""
+def _need(ok: bool, flag: str, message: str) -> None:
+    if not ok:
+        raise _UsageError(f"{flag}: {message}")
 
-    def need(ok: bool, flag: str, message: str) -> None:
-        if not ok:
-            raise _UsageError(f"{flag}: {message}")
 
-    need(0 <= a.port <= 65535, "--port", f"must be in 0..65535, got {a.port}")
+def _check_ranges(a: argparse.Namespace) -> None:
+    """Every number in its range, and every injected state with the file that holds it."""
+    _need(0 <= a.port <= 65535, "--port", f"must be in 0..65535, got {a.port}")
     for flag, value in (
         ("--layers", a.layers),
         ("--experts", a.experts),
         ("--d-model", a.d_model),
         ("--d-ff", a.d_ff),
     ):
-        need(value >= 1, flag, f"must be a positive integer, got {value}")
-    need(
+        _need(value >= 1, flag, f"must be a positive integer, got {value}")
+    _need(
         1 <= a.top_k <= a.experts, "--top-k", f"must be in 1..experts ({a.experts}), got {a.top_k}"
     )
-    need(
+    _need(
         0 <= a.hot_slots <= a.experts,
         "--hot-slots",
         f"must be in 0..experts ({a.experts}), got {a.hot_slots}",
     )
-    need(a.expert_bytes >= 0, "--expert-bytes", f"must be >= 0, got {a.expert_bytes}")
-    need(a.ring_capacity >= 1, "--ring-capacity", f"must be >= 1, got {a.ring_capacity}")
-    need(a.cache_records >= 0, "--cache-records", f"must be >= 0, got {a.cache_records}")
+    _need(a.expert_bytes >= 0, "--expert-bytes", f"must be >= 0, got {a.expert_bytes}")
+    _need(a.ring_capacity >= 1, "--ring-capacity", f"must be >= 1, got {a.ring_capacity}")
+    _need(a.cache_records >= 0, "--cache-records", f"must be >= 0, got {a.cache_records}")
     for flag, value in (
         ("--fail-after-tokens", a.fail_after_tokens),
         ("--hang-after-tokens", a.hang_after_tokens),
     ):
-        need(value is None or value >= 1, flag, f"must be a positive integer, got {value}")
+        _need(value is None or value >= 1, flag, f"must be a positive integer, got {value}")
     for flag, value in (
         ("--boot-delay-s", a.boot_delay_s),
         ("--drift-pct-per-min", a.drift_pct_per_min),
         ("--carry-over-pct", a.carry_over_pct),
         ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
     ):
-        need(value >= 0, flag, f"must be >= 0, got {value}")
-    need(
+        _need(value >= 0, flag, f"must be >= 0, got {value}")
+    _need(
         0 <= a.step_slowdown_pct < math.inf,
         "--step-slowdown-pct",
         f"must be a finite number >= 0, got {a.step_slowdown_pct}",
     )
-    need(
+    _need(
         0 <= a.heat_slowdown_pct < math.inf,
         "--heat-slowdown-pct",
         f"must be a finite number >= 0, got {a.heat_slowdown_pct}",
     )
-    need(0 <= a.heat_source <= 1, "--heat-source", f"must be in 0..1, got {a.heat_source}")
-    need(
+    _need(0 <= a.heat_source <= 1, "--heat-source", f"must be in 0..1, got {a.heat_source}")
+    _need(
         0 < a.heat_half_life_requests < math.inf,
         "--heat-half-life-requests",
         f"must be a finite number > 0, got {a.heat_half_life_requests}",
@@ -411,7 +440,7 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         ("--heat-slowdown-pct", a.heat_slowdown_pct),
         ("--heat-source", a.heat_source),
     ):
-        need(
+        _need(
             value == 0 or a.heat_state is not None,
             flag,
             "needs --heat-state (the file that holds the box's heat across boots)",
@@ -420,13 +449,36 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         ("--carry-over-pct", a.carry_over_pct),
         ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
     ):
-        need(
+        _need(
             value == 0 or a.carry_over_state is not None,
             flag,
             "needs --carry-over-state (the file that says which boot ran before this one)",
         )
+
+
+def _check_paths(a: argparse.Namespace) -> None:
+    """Folders that must exist, files whose folder must, and the admin token's length."""
     if a.cold_dir is not None:
-        need(os.path.isdir(a.cold_dir), "--cold-dir", f"{a.cold_dir!r} is not a directory")
+        _need(os.path.isdir(a.cold_dir), "--cold-dir", f"{a.cold_dir!r} is not a directory")
+    for flag, path in (
+        ("--ring", a.ring),
+        ("--counters", a.counters),
+        ("--route-trace", a.route_trace),
+    ):
+        if path is not None:
+            parent = os.path.dirname(os.path.abspath(path))
+            _need(os.path.isdir(parent), flag, f"directory {parent!r} does not exist")
+    if a.dump_dir is not None:
+        _need(os.path.isdir(a.dump_dir), "--dump-dir", f"{a.dump_dir!r} is not a directory")
+    _need(
+        a.admin_token is None or len(a.admin_token) >= 16,
+        "--admin-token",
+        "at least 16 characters (the harness gives 32 random hex digits)",
+    )
+
+
+def _policy_knobs(a: argparse.Namespace) -> PolicyKnobs:
+    """The adaptive policy's knobs, validated by the policy itself."""
     knobs = PolicyKnobs(
         policy=a.policy,
         decay_half_life_steps=a.decay_half_life_steps,
@@ -440,14 +492,15 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
     except KnobError as exc:
         name = exc.message.split(":", 1)[0]
         raise _UsageError(f"{_KNOB_FLAGS.get(name, '--policy')}: {exc.message}") from exc
-    try:
-        priority = parse_priority(a.hotlist_priority)
-    except KnobError as exc:
-        raise _UsageError(f"--hotlist-priority: {exc.message}") from exc
+    return knobs
+
+
+def _read_rowmap(a: argparse.Namespace) -> tuple[list[list[int]] | None, int]:
+    """The rowmap's hot sets (None without one) and the hot slots they make per layer."""
     rowmap: list[list[int]] | None = None
     hot_slots = a.hot_slots
     if a.rowmap is not None:
-        need(
+        _need(
             a.cache_records == 0,
             "--rowmap",
             "a rowmap and cache mode (--cache-records) exclude each other; pick one",
@@ -457,55 +510,67 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         except (HarnessError, OSError) as exc:
             raise _UsageError(f"--rowmap: {error_message(exc)}") from exc
         rowmap = [sorted(int(e) for e in layer) for layer in loaded.hot]
-        need(
+        _need(
             len(rowmap) == a.layers,
             "--rowmap",
             f"{a.rowmap}: has {len(rowmap)} layers, the model has {a.layers} (--layers)",
         )
         sizes = sorted({len(layer) for layer in rowmap})
-        need(
+        _need(
             len(sizes) == 1,
             "--rowmap",
             f"{a.rowmap}: hot sets differ in size across layers ({sizes}); one size per map",
         )
         hot_slots = sizes[0]
+    return rowmap, hot_slots
+
+
+def _read_hotlist(
+    a: argparse.Namespace, priority: Literal["legacy", "adaptive"] | int
+) -> list[tuple[int, int]]:
+    """The ds4 hotlist's (layer, expert) entries, checked against cache mode's geometry."""
     hotlist: list[tuple[int, int]] = []
     if a.hotlist is not None:
-        need(a.cache_records > 0, "--hotlist", "a hotlist needs cache mode: set --cache-records N")
+        _need(a.cache_records > 0, "--hotlist", "a hotlist needs cache mode: set --cache-records N")
         try:
             entries = read_hotlist(a.hotlist).entries
             hotlist = [(int(e[0]), int(e[1])) for e in entries]
             ExpertCache(a.cache_records, hotlist, priority, a.layers, a.experts)
         except (HarnessError, OSError) as exc:
             raise _UsageError(f"--hotlist: {error_message(exc)}") from exc
-    recorder_mode = a.expert_distribution_recorder_mode
+    return hotlist
+
+
+def _recorder_mode(a: argparse.Namespace) -> str | None:
+    """SGLang's recorder mode, as KTransformers' GPU-mask flag implies it."""
+    recorder_mode: str | None = a.expert_distribution_recorder_mode
     if a.record_kt_gpu_expert_distribution and recorder_mode is None:
         recorder_mode = "stat"  # as KTransformers' build sets it
-    need(
+    _need(
         recorder_mode in (None, "stat"),
         "--expert-distribution-recorder-mode",
         f"{recorder_mode!r}: the reference runtime records mode stat only",
     )
-    need(
+    _need(
         not (a.record_kt_gpu_expert_distribution and a.cache_records > 0),
         "--record-kt-gpu-expert-distribution",
         "GPU masks are the rowmap's hot sets: not in cache mode (--cache-records)",
     )
-    for flag, path in (
-        ("--ring", a.ring),
-        ("--counters", a.counters),
-        ("--route-trace", a.route_trace),
-    ):
-        if path is not None:
-            parent = os.path.dirname(os.path.abspath(path))
-            need(os.path.isdir(parent), flag, f"directory {parent!r} does not exist")
-    if a.dump_dir is not None:
-        need(os.path.isdir(a.dump_dir), "--dump-dir", f"{a.dump_dir!r} is not a directory")
-    need(
-        a.admin_token is None or len(a.admin_token) >= 16,
-        "--admin-token",
-        "at least 16 characters (the harness gives 32 random hex digits)",
-    )
+    return recorder_mode
+
+
+def _validate(a: argparse.Namespace) -> ServeConfig:
+    """Check every value and read the maps; raises _UsageError naming the first bad flag."""
+    _check_ranges(a)
+    _check_paths(a)
+    knobs = _policy_knobs(a)
+    try:
+        priority = parse_priority(a.hotlist_priority)
+    except KnobError as exc:
+        raise _UsageError(f"--hotlist-priority: {exc.message}") from exc
+    rowmap, hot_slots = _read_rowmap(a)
+    hotlist = _read_hotlist(a, priority)
+    recorder_mode = _recorder_mode(a)
     model = ModelConfig(
         layers=a.layers,
         experts=a.experts,
