@@ -27,14 +27,16 @@ from pathlib import Path
 from harness.boxes.async_interrupts import run_async
 from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
-from harness.card import LoadedCard
+from harness.card import Cell, LoadedCard
 from harness.card.phase_length import washout_requests
 from harness.drive.client import PhasePlan, RequestResult, UntilHook, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
 from harness.execute.recovery_watch import RecoveryWatch
+from harness.formats.prompts import Prompt
 from harness.formats.records import UNSCORED_STEPS, Journal, write_json_atomic
+from harness.profiles.telemetry import CountDumpSpec, ExpertRecorderSpec, ResponseRoutesSpec
 from harness.runtimes.boot import RunningRuntime, boot, boot_spec, http_json, render
 from harness.runtimes.counters import scrape_counters
 from harness.runtimes.orphans import BOOT_MARK, journal_boot, stop_orphans
@@ -84,6 +86,89 @@ def collect_counts(
     ``experts`` is the width of its counts (the model's experts per layer; None: the highest id
     seen).
     """
+    cell, prompts, sources = _what_to_collect(
+        loaded, cell_name, split, as_run, domains, max_tokens, passes, routes_from_responses
+    )
+    if not routes_from_responses and (top_k is not None or experts is not None):
+        raise BadInput(
+            "--top-k and --experts shape the routing taken from responses: they need "
+            "--routes-from-responses (a count dump has the runtime's own shape)"
+        )
+    routes = sources.response_routes
+    if routes is not None and routes.encoding == "int32-base64" and top_k is None:
+        raise BadInput(
+            f"runtime {loaded.runtime.name!r} returns routing as flat int32 (SGLang's): give "
+            "--top-k, the model's experts per token (num_experts_per_tok in its config.json), "
+            "so its rows split into layers"
+        )
+    phases = _phases(loaded, split, prompts, passes, max_tokens, as_run)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    box = open_box(loaded.box_name, loaded.box)
+    journal = Journal(out_dir / COLLECT_JOURNAL)
+    local_scratch: str | None = None
+    try:
+        card = loaded.card
+        if loaded.box.kind == "local":
+            within = os.path.join(tempfile.gettempdir(), "harness-collect-")
+        else:
+            within = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
+        orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name, within))
+        if loaded.box.kind == "local":
+            remote = local_scratch = tempfile.mkdtemp(prefix="harness-collect-")
+        else:
+            remote = within
+        runtime, boot_id = _boot(loaded, box, journal, cell, cell_name, remote)
+        try:
+            got = _drive_and_dump(
+                loaded, box, runtime, remote, phases, sources, out_dir, as_run, top_k, experts
+            )
+        finally:
+            if runtime.stop():
+                journal.append("boot_stopped", run_id=boot_id, pgid=runtime.pgid)
+        return _save(loaded, box, remote, out_dir, got, experts, orphans)
+    finally:
+        box.close()
+        if local_scratch is not None:
+            # The boot's folder on this machine (its ring, trace, cache and log: a gigabyte or
+            # more): everything kept was copied to out_dir above. Left behind, 147 collections
+            # filled this machine's disk.
+            shutil.rmtree(local_scratch, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """Where the counts come from: the profile's dump endpoint, dump file or recorder, or
+    (``--routes-from-responses``) the responses themselves."""
+
+    dump_path: str | None
+    dump_file: CountDumpSpec | None
+    recorder: ExpertRecorderSpec | None
+    response_routes: ResponseRoutesSpec | None
+
+
+@dataclass
+class _Got:
+    """What a collection's drive brought back."""
+
+    results: list[RequestResult]
+    tokens: int
+    requests: int
+    body: object = None  # the dump endpoint's JSON
+    from_responses: RouteRows | None = None
+
+
+def _what_to_collect(
+    loaded: LoadedCard,
+    cell_name: str,
+    split: str,
+    as_run: bool,
+    domains: list[str] | None,
+    max_tokens: int | None,
+    passes: int,
+    routes_from_responses: bool,
+) -> tuple[Cell, list[Prompt], _Sources]:
+    """The cell to boot (with the routing switch on where responses carry it), the prompts to
+    send and where the counts come from; BadInput for a request the card or runtime refuses."""
     card = loaded.card
     if cell_name not in card.cells:
         raise BadInput(f"{loaded.path}: no cell {cell_name!r}; cells: {', '.join(card.cells)}")
@@ -97,195 +182,208 @@ def collect_counts(
     if not prompts and not as_run:
         wanted = f" in domains {', '.join(domains)}" if domains else ""
         raise BadInput(f"{loaded.path}: no prompt has split {split!r}{wanted}")
-    runtime_profile = loaded.runtime
-    dump_path = runtime_profile.telemetry.dump_http
-    dump_file = runtime_profile.telemetry.count_dump
-    recorder = runtime_profile.telemetry.expert_recorder
-    response_routes = runtime_profile.telemetry.response_routes
+    profile = loaded.runtime
+    telemetry = profile.telemetry
     cell = card.cells[cell_name]
-    if routes_from_responses:
-        if response_routes is None:
+    if not routes_from_responses:
+        dumps = telemetry.dump_http is not None or telemetry.count_dump is not None
+        recorder = None if dumps else telemetry.expert_recorder  # a dump wins over a recorder
+        sources = _Sources(telemetry.dump_http, telemetry.count_dump, recorder, None)
+        if sources == _Sources(None, None, None, None):
             raise BadInput(
-                f"runtime {runtime_profile.name!r} declares no telemetry.response_routes: it "
-                "returns no routing in its responses (drop --routes-from-responses)"
+                f"runtime {profile.name!r} declares none of telemetry.dump_http, "
+                "telemetry.count_dump and telemetry.expert_recorder: it cannot dump route counts"
             )
-        if as_run:
-            raise BadInput(
-                "--routes-from-responses sends whole (not streamed) requests, one at a time: "
-                "it cannot send a run's workload (drop --as-run)"
-            )
-        if response_routes.encoding == "int32-base64" and top_k is None:
-            raise BadInput(
-                f"runtime {runtime_profile.name!r} returns routing as flat int32 (SGLang's): "
-                "give --top-k, the model's experts per token (num_experts_per_tok in its "
-                "config.json), so its rows split into layers"
-            )
-        # The switch that makes the runtime return routing, on for this boot only.
-        cell = cell.model_copy(update={"knobs": {**cell.knobs, response_routes.knob: "true"}})
-        dump_path = dump_file = recorder = None
-    elif dump_path is None and dump_file is None and recorder is None:
+        return cell, prompts, sources
+    routes = telemetry.response_routes
+    if routes is None:
         raise BadInput(
-            f"runtime {runtime_profile.name!r} declares none of telemetry.dump_http, "
-            "telemetry.count_dump and telemetry.expert_recorder: it cannot dump route counts"
+            f"runtime {profile.name!r} declares no telemetry.response_routes: it "
+            "returns no routing in its responses (drop --routes-from-responses)"
         )
-    if not routes_from_responses and (top_k is not None or experts is not None):
+    if as_run:
         raise BadInput(
-            "--top-k and --experts shape the routing taken from responses: they need "
-            "--routes-from-responses (a count dump has the runtime's own shape)"
+            "--routes-from-responses sends whole (not streamed) requests, one at a time: "
+            "it cannot send a run's workload (drop --as-run)"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    box = open_box(loaded.box_name, loaded.box)
-    journal = Journal(out_dir / COLLECT_JOURNAL)
-    local_scratch: str | None = None
+    # The switch that makes the runtime return routing, on for this boot only.
+    cell = cell.model_copy(update={"knobs": {**cell.knobs, routes.knob: "true"}})
+    return cell, prompts, _Sources(None, None, None, routes)
+
+
+def _phases(
+    loaded: LoadedCard,
+    split: str,
+    prompts: list[Prompt],
+    passes: int,
+    max_tokens: int | None,
+    as_run: bool,
+) -> list[PhasePlan]:
+    """What the collection sends: one run's workload (``as_run``), or the split's prompts."""
+    if as_run:
+        # A warm run's warm-up, then its washout (sent and not scored, phase -1 like the
+        # warm-up), then its phases: the trace replays as the run ran.
+        washout = washout_requests(loaded)
+        return (
+            build_phases(loaded, warmup=True)
+            + (build_phases(loaded, True, washout) if washout else [])
+            + build_phases(loaded, warmup=False)
+        )
+    items = tuple(
+        WorkItem(
+            prompt_id=p.id,
+            domain=p.domain,
+            phase=split,
+            phase_index=0,
+            max_tokens=max_tokens or p.max_tokens or loaded.card.workload.max_tokens,
+            prompt=p.prompt,
+            messages=p.messages,
+        )
+        for _ in range(passes)
+        for p in prompts
+    )
+    return [PhasePlan(split, 0, items)]
+
+
+def _boot(
+    loaded: LoadedCard, box: Box, journal: Journal, cell: Cell, cell_name: str, remote: str
+) -> tuple[RunningRuntime, str]:
+    """Upload the cell's files and boot it in ``remote``, journalled and marked so a killed
+    collection's runtime is found; its live settings posted. Returns it and its boot id."""
+    box.mkdirs(remote)
+    uploaded = {}
+    for name, relative in cell.files.items():
+        local = loaded.resolve(relative)
+        uploaded[name] = f"{remote}/files/{name}{local.suffix}"
+        box.put_file(local, uploaded[name])
+    cache_dir = f"{remote}/cache"
+    box.mkdirs(cache_dir)
+    spec = boot_spec(
+        loaded.runtime,
+        cell,
+        port=box.free_port(),
+        run_dir=remote,
+        python=loaded.box.python_path(),
+        bind_host=box.bind_host,
+        cache_dir=cache_dir,
+        uploaded=uploaded,
+    )
+    boot_id = f"collect-{cell_name}-{time.time_ns()}"
+    spec.env[BOOT_MARK] = remote  # found by its mark if killed before its group is journalled
+    journal.append("boot_starting", run_id=boot_id, box=loaded.box_name, mark=remote)
+    runtime = boot(
+        box,
+        loaded.runtime,
+        spec,
+        lambda pgid: journal_boot(journal, box, loaded.box_name, boot_id, pgid),
+    )
     try:
-        if loaded.box.kind == "local":
-            within = os.path.join(tempfile.gettempdir(), "harness-collect-")
-        else:
-            within = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
-        orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name, within))
-        if loaded.box.kind == "local":
-            remote = local_scratch = tempfile.mkdtemp(prefix="harness-collect-")
-        else:
-            remote = within
-        box.mkdirs(remote)
-        uploaded = {}
-        for name, relative in cell.files.items():
-            local = loaded.resolve(relative)
-            uploaded[name] = f"{remote}/files/{name}{local.suffix}"
-            box.put_file(local, uploaded[name])
-        cache_dir = f"{remote}/cache"
-        box.mkdirs(cache_dir)
-        spec = boot_spec(
-            runtime_profile,
-            cell,
-            port=box.free_port(),
-            run_dir=remote,
-            python=loaded.box.python_path(),
-            bind_host=box.bind_host,
-            cache_dir=cache_dir,
-            uploaded=uploaded,
-        )
-        boot_id = f"collect-{cell_name}-{time.time_ns()}"
-        spec.env[BOOT_MARK] = remote  # found by its mark if killed before its group is journalled
-        journal.append("boot_starting", run_id=boot_id, box=loaded.box_name, mark=remote)
-        runtime = boot(
-            box,
-            runtime_profile,
-            spec,
-            lambda pgid: journal_boot(journal, box, loaded.box_name, boot_id, pgid),
-        )
-        try:
-            runtime.post_live(spec.live)
-            # A dump file holds everything since boot: this collection's counts are the
-            # difference of two snapshots (the lane's own way to count per phase).
-            snapshot = read_route_snapshot(box, dump_file, remote) if dump_file else None
-            recording = None
-            if dump_path is None and dump_file is None and recorder is not None:
-                recording = start_recording(runtime, recorder, remote)
-            if as_run:
-                # A warm run's warm-up, then its washout (sent and not scored, phase -1 like
-                # the warm-up), then its phases: the trace replays as the run ran.
-                washout = washout_requests(loaded)
-                phases = (
-                    build_phases(loaded, warmup=True)
-                    + (build_phases(loaded, True, washout) if washout else [])
-                    + build_phases(loaded, warmup=False)
-                )
-            else:
-                items = tuple(
-                    WorkItem(
-                        prompt_id=p.id,
-                        domain=p.domain,
-                        phase=split,
-                        phase_index=0,
-                        max_tokens=max_tokens or p.max_tokens or card.workload.max_tokens,
-                        prompt=p.prompt,
-                        messages=p.messages,
-                    )
-                    for _ in range(passes)
-                    for p in prompts
-                )
-                phases = [PhasePlan(split, 0, items)]
-            drive_spec = run_drive_spec(loaded, runtime)
-            if not as_run:  # counts for a map: one request at a time, greedy
-                drive_spec = dataclasses.replace(drive_spec, concurrency=1, temperature=0.0)
-            phase_knob = runtime_profile.phase_live_knob
+        runtime.post_live(spec.live)
+    except BaseException:
+        runtime.stop()
+        raise
+    return runtime, boot_id
 
-            async def on_phase(phase: PhasePlan) -> None:
-                # Warmup rows tagged -1, so a simulation can leave them out of its counters as
-                # the runner leaves them out of a run's.
-                if as_run and phase_knob and phase.index != QUALITY_PHASE:
-                    await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
 
-            body: object = None
-            results: list[RequestResult] = []
-            from_responses: RouteRows | None = None
-            if routes_from_responses and response_routes is not None:
-                whole = [item for phase in phases for item in phase.items]
-                from_responses, tokens = collect_response_routes(
-                    drive_spec, whole, response_routes, top_k, experts
-                )
-            else:
-                # An as-run trace runs until_recovered extensions as the run will, ended by
-                # the same reading of the ring: without them a simulation misses the steady
-                # state the run serves after its transient (and so its speed).
-                spans: list[list[int]] = []
-                until = (
-                    _recovery_until(loaded, box, remote, phases, runtime, spans) if as_run else None
-                )
-                results = run_async(drive(drive_spec, phases, on_phase=on_phase, until=until))
-                if spans:
-                    # Which host steps the run would leave out of its counters: the simulator
-                    # keeps them in the ring (T90, speed) and out of the counted rates.
-                    write_json_atomic(
-                        out_dir / UNSCORED_STEPS, {"schema_version": 1, "host_steps": spans}
-                    )
-                tokens = sum(r.completion_tokens or 0 for r in results)
-                failed = [r for r in results if not r.ok]
-                if failed:
-                    raise RuntimeBootError(
-                        f"{len(failed)} of {len(results)} requests failed while collecting "
-                        f"counts; first: {failed[0].error}"
-                    )
-            if dump_path is not None:
-                status, body = http_json(
-                    runtime.base_url + dump_path, {}, headers=runtime.admin_headers
-                )
-                if status != 200 or not isinstance(body, dict):
-                    raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
-            elif recording is not None:
-                finish_recording(runtime, recording, out_dir, counts_name="counts.json")
-            elif dump_file is not None:
-                after = read_route_snapshot(box, dump_file, remote)
-                if not write_route_delta(out_dir / "counts.json", snapshot, after):
-                    raise RuntimeBootError(
-                        f"the runtime left no usable route-count dump at {dump_file.path} "
-                        "(missing, or its counts went backwards: it restarted)"
-                    )
-        finally:
-            if runtime.stop():
-                journal.append("boot_stopped", run_id=boot_id, pgid=runtime.pgid)
-        counts = out_dir / "counts.json"
-        if body is not None:
-            counts.write_text(json.dumps(body) + "\n", encoding="utf-8")
-        trace: Path | None = None
-        if runtime_profile.telemetry.route_trace:
-            remote_trace = render(runtime_profile.telemetry.route_trace, {"run_dir": remote})
-            if box.exists(remote_trace):
-                trace = out_dir / "route-trace.jsonl"
-                box.get_file(remote_trace, trace)
-        if from_responses is not None:
-            # The runtime's own trace, if it writes one, stays beside (route-trace.jsonl).
-            counts, trace = from_responses.write(out_dir, experts)
-            return Collected(counts, trace, len(whole), tokens, orphans)
-        return Collected(counts, trace, len(results), tokens, orphans)
-    finally:
-        box.close()
-        if local_scratch is not None:
-            # The boot's folder on this machine (its ring, trace, cache and log: a gigabyte or
-            # more): everything kept was copied to out_dir above. Left behind, 147 collections
-            # filled this machine's disk.
-            shutil.rmtree(local_scratch, ignore_errors=True)
+def _drive_and_dump(
+    loaded: LoadedCard,
+    box: Box,
+    runtime: RunningRuntime,
+    remote: str,
+    phases: list[PhasePlan],
+    sources: _Sources,
+    out_dir: Path,
+    as_run: bool,
+    top_k: int | None,
+    experts: int | None,
+) -> _Got:
+    """Drive ``phases`` and take the counts: the dump file's difference across the drive, the
+    recorder's dump, the dump endpoint's JSON, or the responses' own routing."""
+    dump_file = sources.dump_file
+    # A dump file holds everything since boot: this collection's counts are the difference of
+    # two snapshots (the lane's own way to count per phase).
+    snapshot = read_route_snapshot(box, dump_file, remote) if dump_file else None
+    recording = None
+    if sources.recorder is not None:
+        recording = start_recording(runtime, sources.recorder, remote)
+    drive_spec = run_drive_spec(loaded, runtime)
+    if not as_run:  # counts for a map: one request at a time, greedy
+        drive_spec = dataclasses.replace(drive_spec, concurrency=1, temperature=0.0)
+    if sources.response_routes is not None:
+        whole = [item for phase in phases for item in phase.items]
+        rows, tokens = collect_response_routes(
+            drive_spec, whole, sources.response_routes, top_k, experts
+        )
+        return _Got([], tokens, len(whole), from_responses=rows)
+    phase_knob = loaded.runtime.phase_live_knob
+
+    async def on_phase(phase: PhasePlan) -> None:
+        # Warmup rows tagged -1, so a simulation can leave them out of its counters as the
+        # runner leaves them out of a run's.
+        if as_run and phase_knob and phase.index != QUALITY_PHASE:
+            await asyncio.to_thread(runtime.post_live, {phase_knob: phase.index})
+
+    # An as-run trace runs until_recovered extensions as the run will, ended by the same
+    # reading of the ring: without them a simulation misses the steady state the run serves
+    # after its transient (and so its speed).
+    spans: list[list[int]] = []
+    until = _recovery_until(loaded, box, remote, phases, runtime, spans) if as_run else None
+    results = run_async(drive(drive_spec, phases, on_phase=on_phase, until=until))
+    if spans:
+        # Which host steps the run would leave out of its counters: the simulator keeps them
+        # in the ring (T90, speed) and out of the counted rates.
+        write_json_atomic(out_dir / UNSCORED_STEPS, {"schema_version": 1, "host_steps": spans})
+    tokens = sum(r.completion_tokens or 0 for r in results)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeBootError(
+            f"{len(failed)} of {len(results)} requests failed while collecting "
+            f"counts; first: {failed[0].error}"
+        )
+    got = _Got(results, tokens, len(results))
+    if sources.dump_path is not None:
+        status, body = http_json(
+            runtime.base_url + sources.dump_path, {}, headers=runtime.admin_headers
+        )
+        if status != 200 or not isinstance(body, dict):
+            raise RuntimeBootError(f"count dump failed: HTTP {status}: {body}")
+        got.body = body
+    elif recording is not None:
+        finish_recording(runtime, recording, out_dir, counts_name="counts.json")
+    elif dump_file is not None:
+        after = read_route_snapshot(box, dump_file, remote)
+        if not write_route_delta(out_dir / "counts.json", snapshot, after):
+            raise RuntimeBootError(
+                f"the runtime left no usable route-count dump at {dump_file.path} "
+                "(missing, or its counts went backwards: it restarted)"
+            )
+    return got
+
+
+def _save(
+    loaded: LoadedCard,
+    box: Box,
+    remote: str,
+    out_dir: Path,
+    got: _Got,
+    experts: int | None,
+    orphans: tuple[int, ...],
+) -> Collected:
+    """Write the counts and fetch the runtime's route trace, where it writes one."""
+    counts = out_dir / "counts.json"
+    if got.body is not None:
+        counts.write_text(json.dumps(got.body) + "\n", encoding="utf-8")
+    trace: Path | None = None
+    route_trace = loaded.runtime.telemetry.route_trace
+    if route_trace:
+        remote_trace = render(route_trace, {"run_dir": remote})
+        if box.exists(remote_trace):
+            trace = out_dir / "route-trace.jsonl"
+            box.get_file(remote_trace, trace)
+    if got.from_responses is not None:
+        # The runtime's own trace, if it writes one, stays beside (route-trace.jsonl).
+        counts, trace = got.from_responses.write(out_dir, experts)
+    return Collected(counts, trace, got.requests, got.tokens, orphans)
 
 
 def _recovery_until(
