@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from harness.card.cell_checks import check_cells
 from harness.card.checks import (
     Problems,
-    check_cells,
     check_gates,
     check_prompts,
     check_runtime_needs,

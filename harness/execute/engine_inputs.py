@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
-from harness.card.checks import kt_frequency_cell
+from harness.card.cell_checks import kt_frequency_cell
 from harness.errors import BadInput, HarnessError
 from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
 

@@ -1,0 +1,243 @@
+"""The semantic checks of a card's cells: files, knobs, env and live values against the
+runtime profile, and the engine-specific rules a knob's value brings (a KT frequency file's
+shape, EPLB's recorder, DeepEP's all-to-all, Paged Experts' settings), each a named rule that
+adds its findings to :class:`~harness.card.checks.Problems`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.card.checks import Problems, _did_you_mean, _is_file, _knob_text, _missing_file
+from harness.card.inputs import Locator
+from harness.card.schema import Card, Cell, KnobValue
+from harness.errors import BadInput, MapError
+from harness.formats.yamlfile import Loc
+from harness.profiles.schema import KnobSpec, RuntimeProfile, switch_state
+
+
+def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out: Problems) -> None:
+    """The control and the order fit the cells; each cell's files and values fit the runtime."""
+    if card.control is not None and card.control not in card.cells:
+        out.add(
+            ("control",),
+            f"control {card.control!r} is not a cell"
+            + _did_you_mean(card.control, list(card.cells)),
+        )
+    if card.control is None and card.design.order in ("abba", "ladder"):
+        out.add(("control",), f"order {card.design.order!r} needs a `control` cell")
+    if card.design.order in ("abba", "ladder") and len(card.cells) < 2:
+        out.add(("cells",), f"order {card.design.order!r} needs the control and at least one cell")
+    for name, cell in card.cells.items():
+        for key, rel in cell.files.items():
+            if not _is_file(where, rel):
+                out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))
+            elif key == "rowmap":
+                _check_rowmap(where.path(rel), ("cells", name, "files", key), out)
+            elif key == "init_expert_location" and kt_frequency_cell(cell):
+                local_box = card.box == "local" and card.boxes is None
+                _check_kt_frequency_shape(where.path(rel), cell, local_box, name, out)
+        if runtime is not None:
+            _check_cell_settings(name, cell, runtime, out)
+
+
+def _check_rowmap(path: Path, field: tuple[str | int, ...], out: Problems) -> None:
+    """A rowmap read as the runtime's loader reads it, so a bad one fails here, not at boot."""
+    from harness.formats.maps import read_rowmap
+
+    try:
+        read_rowmap(path)
+    except MapError as exc:
+        for line in exc.lines():
+            out.add(field, line)
+
+
+def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """File knobs, knobs, env and live values of one cell against the runtime's declarations."""
+    for key in cell.files:
+        if key not in runtime.files:
+            out.add(
+                ("cells", name, "files", key),
+                f"runtime {runtime.name!r} takes no file knob {key!r}"
+                + _did_you_mean(key, sorted(runtime.files)),
+            )
+    _check_values(
+        out,
+        ("cells", name, "knobs"),
+        cell.knobs,
+        runtime.knobs,
+        lambda knob: (
+            f"runtime {runtime.name!r} has no knob {knob!r}"
+            + _did_you_mean(knob, sorted(runtime.knobs))
+        ),
+    )
+    _check_kt_frequency_file(name, cell, out)
+    _check_eplb_recorder(name, cell, runtime, out)
+    _check_dispatch_needs_a2a(name, cell, runtime, out)
+    _check_paged_experts(name, cell, runtime, out)
+    for knob, spec in runtime.knobs.items():
+        if spec.required and spec.default is None and knob not in cell.knobs:
+            out.add(
+                ("cells", name, "knobs"),
+                f"runtime {runtime.name!r} needs knob {knob!r} set ({spec.help or 'no default'})",
+            )
+    # An env variable no knob declares is passed through raw, so only declared ones are checked.
+    env_specs = {var: found[1] for var in cell.env if (found := runtime.knob_for_env(var))}
+    _check_values(out, ("cells", name, "env"), cell.env, env_specs, None)
+    if not cell.live:
+        return
+    if runtime.live_apply() is None:
+        out.add(("cells", name, "live"), f"runtime {runtime.name!r} has no live knobs")
+        return
+    live_specs = {s.live: s for s in runtime.knobs.values() if s.live}
+    _check_values(
+        out,
+        ("cells", name, "live"),
+        cell.live,
+        live_specs,
+        lambda knob: f"unknown live knob{_did_you_mean(knob, sorted(live_specs))}",
+    )
+
+
+def kt_frequency_cell(cell: Cell) -> bool:
+    """Whether KTransformers places this cell's GPU experts from a frequency file."""
+    return str(cell.knobs.get("kt_expert_placement_strategy", "")) == "frequency"
+
+
+def _model_config(model: object) -> dict[str, Any] | None:
+    """A model folder's ``config.json`` on this machine, or None where there is none to read."""
+    if not isinstance(model, str) or not model:
+        return None
+    path = Path(model).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _check_kt_frequency_shape(
+    path: Path, cell: Cell, local_box: bool, name: str, out: Problems
+) -> None:
+    """The frequency file as KTransformers' loader judges it at boot: 3-D always, and the model's
+    layers and experts where its config.json is readable here (a card on the local box); a
+    remote model's is read from its box when the campaign starts (execute/engine_inputs.py)."""
+    from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
+
+    if path.suffix.lower() != ".pt":
+        return  # _check_kt_frequency_file says what is wrong with it
+    field = ("cells", name, "files", "init_expert_location")
+    try:
+        shape = logical_count_shape(path)
+    except BadInput as exc:
+        out.add(field, str(exc))
+        return
+    config = _model_config(cell.knobs.get("model")) if local_box else None
+    refusal = kt_frequency_refusal(shape, config or {})
+    if refusal is not None:
+        out.add(
+            field,
+            f"{path.name}: {refusal}; record the model's own counts on the fit split and write "
+            "them with `harness fit-map COUNTS --format kt-frequency -o FILE.pt`",
+        )
+
+
+def _check_kt_frequency_file(name: str, cell: Cell, out: Problems) -> None:
+    """KTransformers' frequency placement reads its counts only from a ``.pt``
+    (``init_loc.endswith(".pt")`` in its SGLang build's kt_ep_wrapper.py): handed a ``.json``
+    it logs a warning and places experts uniformly, so the cell would measure the control."""
+    if not kt_frequency_cell(cell):
+        return
+    path = cell.files.get("init_expert_location")
+    if path is not None and not str(path).endswith(".pt"):
+        out.add(
+            ("cells", name, "files", "init_expert_location"),
+            f"KTransformers' frequency placement reads only a .pt (given {path}): with any "
+            "other file it silently falls back to uniform placement; write the counts with "
+            "`harness fit-map SOURCE --format kt-frequency -o FILE.pt`",
+        )
+
+
+def _check_eplb_recorder(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """SGLang's EPLB rebalances from the same expert-distribution recorder the harness starts
+    and dumps around each run: every rebalance dumps and resets it (the run keeps only the
+    passes after the last one) and the harness's start wipes EPLB's window each run. Refused
+    rather than measured wrong."""
+    if runtime.telemetry.expert_recorder is None:
+        return
+    if not _switched_on(cell, "enable_eplb"):
+        return
+    out.add(
+        ("cells", name, "knobs", "enable_eplb"),
+        f"runtime {runtime.name!r} records routing through SGLang's expert-distribution recorder, "
+        "which EPLB shares: each rebalance dumps and resets it, and each run's start wipes "
+        "EPLB's window, so neither the run's counts nor EPLB's balance would be what they "
+        "claim; drop enable_eplb here, or run EPLB on a profile without `expert_recorder`",
+    )
+
+
+def _check_dispatch_needs_a2a(
+    name: str, cell: Cell, runtime: RuntimeProfile, out: Problems
+) -> None:
+    """SGLang refuses ``--ep-dispatch-algorithm static`` (or ``lp``) without an all-to-all
+    backend (0.5.23, ``srt/arg_groups/parallel_hook.py``, ``handle_eplb_and_dispatch``: a
+    ValueError at boot), since each rank would pick a different replica of an expert. Said
+    here, not after a boot on a GPU box."""
+    if "ep_dispatch_algorithm" not in runtime.knobs or "moe_a2a_backend" not in runtime.knobs:
+        return
+    algorithm = str(cell.knobs.get("ep_dispatch_algorithm", ""))
+    backend = str(cell.knobs.get("moe_a2a_backend", "none"))
+    if algorithm in ("static", "lp") and backend == "none":
+        out.add(
+            ("cells", name, "knobs", "ep_dispatch_algorithm"),
+            f"{algorithm} dispatch needs an all-to-all backend: SGLang refuses it at boot with "
+            "moe_a2a_backend none (each rank would pick a different replica); set "
+            "moe_a2a_backend (e.g. deepep), or use ep_dispatch_algorithm dynamic",
+        )
+
+
+def _check_paged_experts(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """SGLang's Paged Experts refuses at boot what it does not support (0.5.23,
+    ``srt/layers/moe/paged_experts/method.py``, ``check_paged_experts_compat``): more than one
+    GPU, EPLB, and no resident count. Said here, before a GPU box is booted."""
+    if "enable_paged_experts" not in runtime.knobs:
+        return
+    if not _switched_on(cell, "enable_paged_experts"):
+        return
+    loc: Loc = ("cells", name, "knobs", "enable_paged_experts")
+    if "paged_experts_num_resident" not in cell.knobs:
+        out.add(loc, "needs paged_experts_num_resident (experts per layer kept on the GPU)")
+    for knob in ("tp_size", "ep_size", "pp_size", "dp_size"):
+        if str(cell.knobs.get(knob, "1")) != "1":
+            out.add(loc, f"runs on a single GPU only: SGLang refuses it with {knob} > 1")
+    if _switched_on(cell, "enable_eplb"):
+        out.add(loc, "SGLang refuses it with enable_eplb")
+
+
+def _check_values(
+    out: Problems,
+    loc: Loc,
+    values: Mapping[str, KnobValue],
+    specs: Mapping[str, KnobSpec],
+    unknown: Callable[[str], str] | None,
+) -> None:
+    """Each value against the spec of its key; ``unknown`` words the problem of a key with no
+    spec (None: such keys are allowed)."""
+    for key, value in values.items():
+        spec = specs.get(key)
+        if spec is None:
+            if unknown is not None:
+                out.add((*loc, key), unknown(key))
+            continue
+        problem = spec.check(_knob_text(value))
+        if problem:
+            out.add((*loc, key), problem)
+
+
+def _switched_on(cell: Cell, knob: str) -> bool:
+    """Whether the cell turns a switch knob on (true, 1, on; a YAML boolean included)."""
+    value = cell.knobs.get(knob)
+    return value is not None and switch_state(_knob_text(value)) is True
