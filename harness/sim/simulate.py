@@ -35,7 +35,7 @@ from harness.card.simulation_match import SIMULATED_INPUTS, fingerprint
 from harness.errors import KnobError, MapError
 from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
-from harness.plan.build import build_plan, plan_json_text
+from harness.plan.build import Plan, build_plan, plan_json_text
 from harness.policy.lru import GlobalLruCache
 from harness.policy.residency import PolicyKnobs, parse_priority
 from harness.sim.cost_fit import CostFit, predict_recovery, predict_speed, write_cost
@@ -403,11 +403,26 @@ def simulate_card(
     (``predicted_speed.json``, beside a copy of the fit as ``cost.json``). A per-run fit
     (``fit-cost --per-run``) leaves the ring at ``cost`` and predicts each cell's client speed
     from its replayed loads per token."""
-    per_run = cost_fit if isinstance(cost_fit, RunCostFit) else None
     step_fit = cost_fit if isinstance(cost_fit, CostFit) else None
     cost = step_fit.model() if step_fit is not None else (cost or CostModel())
     trace = concat_traces(traces)
     plan = build_plan(loaded)
+    root = _new_directory(loaded, reports, out)
+    _write_inputs(root, loaded, plan, traces, trace, start, cost)
+    campaign = CampaignDir(root)
+    campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
+    replays = _replays(loaded, plan, trace, start, fast, expert_bytes)
+    _write_runs(campaign, plan, replays, traces, step_fit, cost)
+    cells = replays.get(True) or replays[False]
+    _write_oracle(root, cells)
+    if cost_fit is not None:
+        _predict(root, loaded, cells, cost_fit)
+    campaign.journal.append("campaign_end", done=len(plan.runs), failed=0)
+    return root, list(cells.values())
+
+
+def _new_directory(loaded: LoadedCard, reports: Path, out: Path | None) -> Path:
+    """``out``, or a new time-stamped folder under ``reports``; never one holding a campaign."""
     if out is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         root = reports / f"{loaded.card.campaign}-sim" / stamp
@@ -420,6 +435,19 @@ def simulate_card(
     if (root / "plan.json").exists():
         raise KnobError(f"{root}: already holds a campaign; pick an empty --out folder")
     root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _write_inputs(
+    root: Path,
+    loaded: LoadedCard,
+    plan: Plan,
+    traces: list[Trace],
+    trace: Trace,
+    start: Literal["card", "empty"],
+    cost: CostModel,
+) -> None:
+    """The card, its plan and what the prediction rests on, as a campaign directory holds them."""
     (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
     (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
     (root / "plan.json").write_text(plan_json_text(plan) + "\n", encoding="utf-8")
@@ -440,8 +468,17 @@ def simulate_card(
             "start": start,
         },
     )
-    campaign = CampaignDir(root)
-    campaign.journal.append("campaign_start", campaign=loaded.card.campaign, runs=len(plan.runs))
+
+
+def _replays(
+    loaded: LoadedCard,
+    plan: Plan,
+    trace: Trace,
+    start: Literal["card", "empty"],
+    fast: bool,
+    expert_bytes: int | None,
+) -> dict[bool, dict[str, SimulatedCell]]:
+    """Each cell replayed, by whether its runs send a warm-up."""
     # A run that sends no warmup replays the trace without its warmup rows; one that does
     # replays them and leaves them out of its counters. Without warmup rows both are one replay.
     unwarmed = _without_warmup(trace)
@@ -454,8 +491,19 @@ def simulate_card(
             loaded, trace if warms else unwarmed, start, fast=fast, expert_bytes=expert_bytes
         )
         replays[warms] = {c.name: c for c in replayed}
+    return replays
+
+
+def _write_runs(
+    campaign: CampaignDir,
+    plan: Plan,
+    replays: dict[bool, dict[str, SimulatedCell]],
+    traces: list[Trace],
+    step_fit: CostFit | None,
+    cost: CostModel,
+) -> None:
+    """Every run of the plan as the runner would have recorded it, its ring priced."""
     frames: dict[int, pd.DataFrame] = {}  # one ring per replay, by its result's identity
-    cells = replays.get(True) or replays[False]
     for run in plan.runs:
         cell = replays[run.sends_warmup][run.cell]
         run_dir = campaign.run_dir(run.run_id)
@@ -484,6 +532,10 @@ def simulate_card(
         )
         write_json_atomic(run_dir / "run.json", record.to_json())
         campaign.journal.append("run_done", run_id=run.run_id)
+
+
+def _write_oracle(root: Path, cells: dict[str, SimulatedCell]) -> None:
+    """The best any residency could do on the trace, beside what the policy did."""
     bounds = [c.summary() for c in cells.values() if c.oracle is not None]
     if bounds:
         write_json_atomic(
@@ -504,6 +556,14 @@ def simulate_card(
                 ],
             },
         )
+
+
+def _predict(
+    root: Path, loaded: LoadedCard, cells: dict[str, SimulatedCell], cost_fit: CostFit | RunCostFit
+) -> None:
+    """Each cell's predicted speed (and, from a per-step fit, its recovery), written beside."""
+    per_run = cost_fit if isinstance(cost_fit, RunCostFit) else None
+    step_fit = cost_fit if isinstance(cost_fit, CostFit) else None
     if per_run is not None:
         write_json_atomic(root / "cost.json", per_run.to_json())
         for cell in cells.values():
@@ -536,5 +596,3 @@ def simulate_card(
                 "cells": {name: {**cell.speed, **cell.recovery} for name, cell in cells.items()},
             },
         )
-    campaign.journal.append("campaign_end", done=len(plan.runs), failed=0)
-    return root, list(cells.values())
