@@ -12,10 +12,16 @@ cost in seconds. Three levers trade against each other at equal power:
   boot's own random effect, if the campaign ran a boot per block, is inside "block" and would
   only shrink when blocks share a boot, so shared-boot rows are upper bounds on the cycles.
 
-For every combination the cycles to a decision are those of the analysis's own power rule
-(:func:`~harness.stats.power.cycles_to_decide`, 80 %), the largest over the gated comparisons
-(a verdict needs them all); the wall time is the busiest box's boots and blocks at the measured
-costs. Pure but for reading the campaign's run records.
+For every combination the cycles to a decision are the fewest at which 80 % of 2,000 seeded
+simulated campaigns of the design are decided by the analysis's own labels, the carry-over
+check included (:func:`decided_by`), never fewer than the t-test's own count
+(:func:`~harness.stats.power.cycles_to_decide`), and never fewer than MIN_CARRY_CYCLES where the
+blocks are unwashed (below it the carry-over model cannot check them, on any boot); the largest
+over the gated comparisons is the design's (a verdict needs them all). The wall time is the
+busiest box's boots × S (``--boot-s``, default the measured boot: ``runtime.boot_s`` of each
+boot's first run) plus its blocks (start to end, less the boot) and each shared-boot run's
+washout. The soonest design the card can take is marked; one it cannot take keeps its row with
+the reason. Pure but for reading the campaign's run records.
 """
 
 from __future__ import annotations

@@ -11,7 +11,24 @@ on one machine and not another is the finding, and the pooled interval does not 
 
 It can only be tested where at least two boxes have two cycles or more; otherwise the row says
 why and no flag is raised. A cycle whose runs ran on two boxes (a resume moved a dropped box's
-unfinished cohort) belongs to neither box's row.
+unfinished cohort) belongs to neither box's row, nor to the pooled comparison of a fleet.
+
+Welch's test needs three cycles a box: at two it rejected a true H₀ 7.6–10.3% of the time, its
+df resting on one df a box. Where some box has only two (8 cycles dealt to 4 boxes) the boxes'
+noise is pooled instead (one-way ANOVA; the pooled t for two boxes), which holds α where boxes of
+a kind are equally noisy (4.8–5.2% simulated, up to 6.7% when one box is twice as noisy as
+another: tests/execute/test_fleet.py). A deterministic metric has no spread within a box: p is
+1 when the boxes agree and 0 when they do not. A gated metric with p < α is flagged
+``box_interaction``.
+
+What the pooled comparison claims is the card's ``analysis.boxes``. ``fixed`` (the default) is a
+verdict about these boxes: D̄'s cycle-level interval, where the interaction is part of the effect
+measured, and a ``better`` gate fails (decided, not undecided) where the interaction is flagged
+and some box's own label is not *better* (a difference every box calls *better* is one of
+size). ``random`` is a verdict about boxes like these
+(:func:`harness.stats.decision.between_boxes`): it holds its level whatever the interaction but,
+with two boxes, decides almost nothing. Tables: ``analysis/fleet_boxes.parquet`` and
+``fleet_interactions.parquet``; ``analyze --json`` key ``fleet``, absent on one box.
 """
 
 from __future__ import annotations

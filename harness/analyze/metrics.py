@@ -4,6 +4,16 @@ Client side, comparable with vLLM and SGLang: TTFT = first content chunk − t0;
 chunk − t0; n = server ``usage.completion_tokens``; TPOT = (E2EL − TTFT)/(n − 1) for n > 1;
 decode tok/s = (n − 1)/(E2EL − TTFT); ITL = gaps between chunks, pooled. Percentiles by linear
 interpolation; geomeans across prompts. Runtime side from counters (deltas) and the ring.
+
+Counters are deterministic for a fixed workload: machine drift cannot move them. Hit rate =
+hits/(hits + misses), and none unless the runtime reports both (a missing ``misses`` is not 0).
+A Prometheus counter (a name with ``:``) is its delta summed over every label set;
+``route_selections`` is the route counts' total, and for a routed token every MoE layer counts
+top_k selections, so a layer sums to top_k × (prompt tokens computed, not served from a prefix
+cache, + generated tokens − requests): a request's last token is never fed back through the
+model. A command driver's rows aggregate as counts summed, ``hit_rate`` and ``cold_share``
+averaged, everything else a geomean over rows, whose log speeds take the place of per-prompt
+ones in the bootstrap.
 """
 
 from __future__ import annotations

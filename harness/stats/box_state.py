@@ -25,6 +25,12 @@ block), over which the state relaxes towards that arm's level; the relaxation pe
 and each arm's level are fitted by least squares (``r`` on a grid), and the washout that brings
 a switch's residue under ``SETTLED_SHARE`` is ln(SETTLED_SHARE)/ln(r) blocks.
 
+What it rests on: the traffic bank's probe reads the state exactly (as the reference runtime's
+heat file does), and with it every design holds all 20 cases. A noisy probe (a temperature) has
+its noise in the fit's residual, which raises the bar for "beyond noise"; that case is not in
+the bank yet. The fit is exponential: a page cache's turnover, linear in traffic, is fitted, and
+its advised washout read, as if it were one.
+
 Pure: readings in, a frozen result out.
 """
 

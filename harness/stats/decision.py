@@ -4,13 +4,23 @@ Formulas are docs/design.md#statistics, adopted exactly (block values and cycle 
 in harness.stats.cycles, drift flags in harness.stats.drift, cycles needed in
 harness.stats.power):
 
-- ratio R = exp(D̄) over the m cycle effects Dⱼ;
-  95% CI exp(D̄ ± t₀.₉₇₅,ₘ₋₁·s_D/√m) (the one-sample t-interval of the m cycle effects);
+- ratio R = exp(D̄), D̄ the order-balanced mean of the m cycle effects Dⱼ
+  (:func:`balanced_effect`); CI exp(D̄ ± t₁₋α/₂,ₘ₋₁·SE), SE = s·√Σwⱼ²;
 - labels with margin Δ = ln(1 + δ): *better*/*worse* when the CI excludes 0 and |D̄| ≥ Δ;
   *within noise* when the 90 % CI lies inside (−Δ, Δ) (TOST); *inconclusive* otherwise;
 - the crossover model (harness.stats.crossover) beside it: the drift it removes, the
   carry-over it estimates (a *better*/*worse* label the carry-over-adjusted effect does not
   support is labelled *carry-over*) and the variance components.
+
+The estimand is the deployed effect, E[B after B] − E[A after A]: a box running only the cell
+against one running only the control. With a washout of a whole block before every scored block
+each block follows its own arm and D̄ estimates it; without one, the crossover model's τ̂ + ĉ_B
+does. Beside the t-interval, cross-checks reported as warnings when they disagree: a two-level
+bootstrap of the same estimator (cycles, then prompts, one prompt draw per cycle where the blocks
+hold the same prompts), Wilcoxon's signed-rank test from six cycles, and the effect over
+ABBA+BAAB pairs. A timed metric's per-cycle SD is floored at s_w/√k (:func:`_spread_floor`),
+since an SD from a few cycles can fall below what four blocks of k prompts allow; deterministic
+metrics keep their exact intervals.
 
 A is always the control and B the cell; the ratio is always cell/control, whichever direction
 is "better" for the metric. Everything here is pure: numbers in, frozen dataclasses out.

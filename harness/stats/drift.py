@@ -2,7 +2,18 @@
 
 Formulas are docs/design.md#drift-flags: DRIFT when |y_outer2 − y_outer1| > max(Δ, z·s_w·√(2/k)),
 NONLINEAR when |r| > max(Δ, z·s_w·√(20/k)), r = 3(y_inner2 − y_inner1) − (y_outer2 − y_outer1).
-The doc has z = 2; here z is Bonferroni-corrected over the 2m flag tests (see drift_flags).
+z is Bonferroni over the 2m flag tests, z = Φ⁻¹(1 − 0.05/(4m)) (the original 2·s_w flagged
+29–66% of clean A/A campaigns), and the noise is the larger of s_w and, with two other cycles
+or more, the boot-to-boot SD from their r at its 90% upper bound (see drift_flags).
+
+A flag alone changes no label. What drift could do to D̄ is bounded by
+:func:`harness.stats.decision.drift_bias`, and a label is *confounded* only when that bound
+reaches its interval (:func:`harness.stats.labels.is_confounded`). Two gaps closed there: charging
+a flagged cycle the whole ½|outer − inner|, linear drift included, called a real +3% effect under
+benign linear drift *confounded* in a third of quiet campaigns (issue 26), so the other cycles'
+trend is taken out; and a box that slows in steps gives every cycle the same outer change, which
+the trend term nearly cancels, so while the trend is not established a cycle is charged at least
+½|r| (an A/A drift campaign on CI had been called *better* on TPOT p50 through that gap).
 Everything here is pure: cycles in, frozen flags out.
 """
 

@@ -5,6 +5,20 @@ for 80% power to detect the observed effect; inside it, the cycles that give the
 *within noise* test 80% power at the observed effect. Both tails come from
 ``scipy.stats.nct.sf`` (``nct.cdf(−t, df, nc)`` returns NaN over much of its range, which
 stopped the old search early). Every warning ends with the remedy (resume_hint). Pure.
+
+That count is where the advice starts, not what it says. The number an *inconclusive* (or
+*carry-over*) comparison is given is the fewest cycles at which 80% of 2,000 seeded simulated
+campaigns of the design — washed or not, blocks with the observed noise — get a decided label
+from the analysis's own rule, margin, TOST and carry-over check included
+(:func:`harness.stats.design_sim.fixed_cycles_needed`, searched from this count up to 100
+cycles; beyond, this count is given as the lower bound it is). The plain count alone promised
+80% where the rule decided 36–69%: the margin and the carry-over check cost power the t-test
+does not see. With one cycle the spread is s_w/√k, itself a lower bound. A sequential design
+simulates its own looks and levels instead (:func:`harness.stats.design_sim.stopping_distribution`):
+the cycles by which 80% of its campaigns are decided, or, when fewer are by ``max_cycles``,
+that share. The remedy is ``harness run --resume DIR --cycles N`` with N filled in (and the
+advice to declare a sequential design, since adding cycles after a look inflates false
+positives), the next look, or at ``max_cycles`` a new campaign.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ two-sided level at α whatever looks are taken. The spending function is the O'B
 type, per side α_s(t) = 2 − 2Φ(Φ⁻¹(1 − α/4)/√t) (gsDesign's sfLDOF and ldbounds' iuse=1 with
 α/2 a side), so early looks need overwhelming evidence and the last look's level stays close to
 α: a campaign that runs to ``max_cycles`` loses little power against a fixed design of that
-size, and one with a large effect stops early.
+size, and one with a large effect stops early. Pocock-type spending would stop sooner on
+moderate effects but pays at the last look, which is where a hard-to-call comparison lands.
 
 Information is proportional to cycles, so look k sits at t_k = cycles_k / max_cycles. Each
 boundary c_k solves P(|Z_j| < c_j for j < k, |Z_k| ≥ c_k) = α(t_k) − α(t_{k−1}) for the

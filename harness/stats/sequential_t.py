@@ -19,6 +19,10 @@ boundary's nominal level is kept: there it is far out in the tail and the differ
 what the simulation could resolve. The level the looks reach together is then measured on
 2·10⁶ fresh campaigns of another seed (:attr:`Calibration.reached`). Results are cached per
 design, in memory and under ~/.cache/harness/look-levels (a few seconds to compute).
+
+For looks at 3…12 cycles the levels rise to 0.0320 at the last look, for 3…8 to 0.0335; the
+3…8 design reaches 5.02% two-sided on fresh campaigns (Monte Carlo SE 0.015 points), printed by
+``harness bench sequential``.
 """
 
 from __future__ import annotations
