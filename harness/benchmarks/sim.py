@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -125,6 +126,32 @@ def run_bench(quick: bool = False, reference_prefix_tokens: int | None = None) -
     # One untimed fast run first: the first pass over a fresh trace pays its page faults and
     # cold caches, which are the machine's start-up, not the replay's.
     replay_fast(trace, knobs, hot, threads=1)
+    t = _time_replays(trace, reference_trace, knobs, hot, cpus)
+    fast = t.results[0]
+    on_prefix = fast if prefix == tokens else replay_fast(reference_trace, knobs, hot)
+    identical = _same(t.reference, on_prefix) and all(_same(fast, other) for other in t.results)
+    assert identical, "fast and reference replays made different decisions"
+    return _figures(t, trace, tokens, prefix, cpus, load_s, identical)
+
+
+@dataclass
+class _Timings:
+    """Both replays timed side by side: the reference once, the fast one while it pauses."""
+
+    reference: ReplayResult
+    reference_s: float  # wall s, the pauses left out
+    reference_cpu: float  # CPU s, the pauses left out
+    single: list[float]  # fast, one thread, wall s
+    single_cpu: list[float]  # the same runs in CPU s
+    threaded: list[float]  # fast, every CPU, wall s
+    results: list[ReplayResult]  # every fast replay's
+    load_before: float
+    load_after: float
+
+
+def _time_replays(
+    trace: Trace, reference_trace: Trace, knobs: PolicyKnobs, hot: list[list[int]], cpus: int
+) -> _Timings:
     # The machine's speed drifts over the reference's half minute, so the fast replay is timed
     # during it: paused at each quarter of the reference, three times; the median counts and
     # the reference's time leaves the pauses out.
@@ -158,6 +185,24 @@ def run_bench(quick: bool = False, reference_prefix_tokens: int | None = None) -
     while len(single) < _FAST_RUNS:  # a trace too short to pause in three times
         time_fast()
     load_after = os.getloadavg()[0]
+    return _Timings(
+        reference, reference_s, reference_cpu, single, single_cpu, threaded, results,
+        load_before, load_after,
+    )  # fmt: skip
+
+
+def _figures(
+    t: _Timings,
+    trace: Trace,
+    tokens: int,
+    prefix: int,
+    cpus: int,
+    load_s: float,
+    identical: bool,
+) -> list[Figure]:
+    """What the bench prints: the speed-up in CPU time, its spread, threading, the floor, the
+    one-time load, the wall time and the peak memory."""
+    reference, single, single_cpu, threaded = t.reference, t.single, t.single_cpu, t.threaded
     bandwidth = memory_bandwidth(trace.experts.nbytes, threads=cpus)
     floor_s = trace.experts.nbytes / bandwidth
     # ru_maxrss is KiB on Linux, bytes on macOS; it is the whole process's peak, trace included.
@@ -166,16 +211,12 @@ def run_bench(quick: bool = False, reference_prefix_tokens: int | None = None) -
     )
     fast_s, threaded_s = statistics.median(single), statistics.median(threaded)
     fast_cpu = statistics.median(single_cpu)
-    fast = results[0]
-    on_prefix = fast if prefix == tokens else replay_fast(reference_trace, knobs, hot)
-    identical = _same(reference, on_prefix) and all(_same(fast, other) for other in results)
-    assert identical, "fast and reference replays made different decisions"
-    scaled_s = reference_s * tokens / prefix
-    scaled_cpu = reference_cpu * tokens / prefix
+    scaled_s = t.reference_s * tokens / prefix
+    scaled_cpu = t.reference_cpu * tokens / prefix
     how = "measured" if prefix == tokens else f"timed on {prefix:,} tokens, scaled linearly"
     ratio = scaled_cpu / fast_cpu
     spread = max(single_cpu) / min(single_cpu)
-    busy = f"load average {load_before:.2f} before, {load_after:.2f} after, on {cpus} CPUs"
+    busy = f"load average {t.load_before:.2f} before, {t.load_after:.2f} after, on {cpus} CPUs"
     return [
         Figure(
             name=f"identical decisions ({len(reference.swaps):,} swaps, "
