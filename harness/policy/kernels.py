@@ -160,9 +160,51 @@ def drain_layer(
     3. Keep the candidates in small sorted arrays (``scratch``, ``[4, keep]``): only a handful,
        and each entry is a mispredicted branch, which is why passes 1 and 2 exist.
     """
-    experts = row.shape[0]
     keep = budget + 1
     hot_keys, cold_keys, listed = keys[0], keys[1], keys[2].view(np.int64)
+    groups, hot_cut, cold_cut = _key_experts(
+        row, counts, resident, decay, keep, hot_keys, cold_keys
+    )
+    # Hot keys enter below ``bound``, cold keys at or above ``floor``; a group without a hot
+    # (cold) expert leaves that race unbounded.
+    bound = _OUT_OF_RACE
+    floor = threshold
+    if groups:
+        hot_bound = np.int64(hot_cut).view(np.float64)
+        cold_bound = np.int64(cold_cut).view(np.float64)
+        if hot_bound < _OUT_OF_RACE:
+            bound = np.nextafter(hot_bound, np.inf)  # keys equal to it enter too
+        if cold_bound > threshold:
+            floor = cold_bound
+    candidates = _list_inside(hot_keys, cold_keys, listed, bound, floor)
+    n_hot, n_cold = _keep_extremes(hot_keys, cold_keys, listed, candidates, bound, floor, scratch)
+    cold_ids, cold_values, hot_ids, hot_values = scratch[0], scratch[1], scratch[2], scratch[3]
+    if n_hot == 0:
+        return 0, 0  # no hot expert in this layer: nothing to evict
+    pairs = min(n_cold, n_hot)
+    prefix = 0
+    while prefix < pairs and cold_values[prefix] > hot_values[prefix] * factor:
+        prefix += 1
+    applied = min(prefix, budget)
+    for pair in range(applied):
+        resident[int(cold_ids[pair])] = True
+        resident[int(hot_ids[pair])] = False
+    return applied, 1 if prefix > budget else 0
+
+
+@jit
+def _key_experts(
+    row: npt.NDArray[np.float64],
+    counts: npt.NDArray[np.int64],
+    resident: npt.NDArray[np.bool_],
+    decay: float,
+    keep: int,
+    hot_keys: npt.NDArray[np.float64],
+    cold_keys: npt.NDArray[np.float64],
+) -> tuple[int, np.int64, np.int64]:
+    """Pass 1 of drain_layer: decay and read the counters, key every expert into its race, and
+    bound each race by groups (the number of whole groups, the hot and cold cuts as int64)."""
+    experts = row.shape[0]
     size = experts // keep
     groups = keep if size > 0 else 0
     hot_cut = np.int64(0)
@@ -190,23 +232,41 @@ def drain_layer(
         if group < groups:  # the remainder past the last whole group bounds nothing
             hot_cut = max(hot_cut, weakest)
             cold_cut = min(cold_cut, strongest)
-    # Hot keys enter below ``bound``, cold keys at or above ``floor``; a group without a hot
-    # (cold) expert leaves that race unbounded.
-    bound = _OUT_OF_RACE
-    floor = threshold
-    if groups:
-        hot_bound = np.int64(hot_cut).view(np.float64)
-        cold_bound = np.int64(cold_cut).view(np.float64)
-        if hot_bound < _OUT_OF_RACE:
-            bound = np.nextafter(hot_bound, np.inf)  # keys equal to it enter too
-        if cold_bound > threshold:
-            floor = cold_bound
+    return groups, hot_cut, cold_cut
+
+
+@jit
+def _list_inside(
+    hot_keys: npt.NDArray[np.float64],
+    cold_keys: npt.NDArray[np.float64],
+    listed: npt.NDArray[np.int64],
+    bound: float,
+    floor: float,
+) -> int:
+    """Pass 2: the experts inside either bound into ``listed``, in descending ids, no branch."""
+    experts = hot_keys.shape[0]
     candidates = 0
     for step in range(experts):
         expert = experts - 1 - step
         listed[np.uint64(candidates)] = expert
         inside = (hot_keys[np.uint64(expert)] < bound) | (cold_keys[np.uint64(expert)] >= floor)
         candidates += inside
+    return candidates
+
+
+@jit
+def _keep_extremes(
+    hot_keys: npt.NDArray[np.float64],
+    cold_keys: npt.NDArray[np.float64],
+    listed: npt.NDArray[np.int64],
+    candidates: int,
+    bound: float,
+    floor: float,
+    scratch: npt.NDArray[np.float64],
+) -> tuple[int, int]:
+    """Pass 3: the ``keep`` weakest hot and strongest cold candidates, sorted, into ``scratch``
+    (cold ids, cold values, hot ids, hot values); returns how many of each."""
+    keep = scratch.shape[1]
     cold_ids, cold_values, hot_ids, hot_values = scratch[0], scratch[1], scratch[2], scratch[3]
     n_hot = 0
     n_cold = 0
@@ -238,17 +298,7 @@ def drain_layer(
             n_cold = min(n_cold + 1, keep)
             if n_cold == keep:
                 floor = cold_values[keep - 1]
-    if n_hot == 0:
-        return 0, 0  # no hot expert in this layer: nothing to evict
-    pairs = min(n_cold, n_hot)
-    prefix = 0
-    while prefix < pairs and cold_values[prefix] > hot_values[prefix] * factor:
-        prefix += 1
-    applied = min(prefix, budget)
-    for pair in range(applied):
-        resident[int(cold_ids[pair])] = True
-        resident[int(hot_ids[pair])] = False
-    return applied, 1 if prefix > budget else 0
+    return n_hot, n_cold
 
 
 def warm_up() -> None:
