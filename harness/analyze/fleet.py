@@ -26,7 +26,7 @@ verdict about these boxes: D̄'s cycle-level interval, where the interaction is 
 measured, and a ``better`` gate fails (decided, not undecided) where the interaction is flagged
 and some box's own label is not *better* (a difference every box calls *better* is one of
 size). ``random`` is a verdict about boxes like these
-(:func:`harness.stats.decision.between_boxes`): it holds its level whatever the interaction but,
+(:func:`harness.stats.effect.between_boxes`): it holds its level whatever the interaction but,
 with two boxes, decides almost nothing. Tables: ``analysis/fleet_boxes.parquet`` and
 ``fleet_interactions.parquet``; ``analyze --json`` key ``fleet``, absent on one box.
 """

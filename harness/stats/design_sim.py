@@ -237,7 +237,7 @@ def between_boxes_se(
     """D̄'s SE between boxes for every campaign (row of ``effects``) at once, never below the
     cycle-level ``se``, and its df; the cycle-level SE and None on one box. ``weights`` are the
     cycles' in D̄ (default: the planner's alternation). See
-    :func:`harness.stats.decision.between_boxes` for why."""
+    :func:`harness.stats.effect.between_boxes` for why."""
     names = sorted({b for b in boxes if b is not None})
     if len(names) < 2 or any(b is None for b in boxes):
         return se, None

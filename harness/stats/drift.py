@@ -7,7 +7,7 @@ z is Bonferroni over the 2m flag tests, z = Φ⁻¹(1 − 0.05/(4m)) (the origin
 or more, the boot-to-boot SD from their r at its 90% upper bound (see drift_flags).
 
 A flag alone changes no label. What drift could do to D̄ is bounded by
-:func:`harness.stats.decision.drift_bias`, and a label is *confounded* only when that bound
+:func:`harness.stats.effect.drift_bias`, and a label is *confounded* only when that bound
 reaches its interval (:func:`harness.stats.labels.is_confounded`). Two gaps closed there: charging
 a flagged cycle the whole ½|outer − inner|, linear drift included, called a real +3% effect under
 benign linear drift *confounded* in a third of quiet campaigns (issue 26), so the other cycles'

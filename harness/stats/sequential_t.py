@@ -60,7 +60,7 @@ def balanced_weights(m: int) -> FloatArray:
 def balanced_t(effects: npt.NDArray[np.float64]) -> tuple[FloatArray, FloatArray]:
     """Order-balanced mean and its SE per row of ``effects`` (campaigns × m cycles).
 
-    The same estimator as :func:`harness.stats.decision.balanced_effect`, vectorised.
+    The same estimator as :func:`harness.stats.effect.balanced_effect`, vectorised.
     """
     m = effects.shape[1]
     w = balanced_weights(m)
