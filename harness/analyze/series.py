@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -19,10 +19,24 @@ import pandas as pd
 
 from harness.analyze.metrics import request_metrics
 from harness.analyze.recovery import RING_COLUMNS, cold_share_windows
+from harness.card.schema import Card
 from harness.errors import HarnessError
+from harness.formats.records import CampaignDir
 
-if TYPE_CHECKING:
-    from harness.analyze.campaign import CampaignAnalysis
+
+class AnalysedRuns(Protocol):
+    """What the series read of an analysis (harness.analyze.campaign.CampaignAnalysis, which
+    hands itself over): the campaign directory, its card and the run table."""
+
+    @property
+    def campaign(self) -> CampaignDir: ...
+
+    @property
+    def card(self) -> Card: ...
+
+    @property
+    def runs(self) -> pd.DataFrame: ...
+
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -100,7 +114,7 @@ def _downsample(windows: pd.DataFrame) -> tuple[FloatArray, FloatArray]:
     return t, share
 
 
-def _run_series(analysis: CampaignAnalysis, run_id: str, cell: str, state: str) -> RunSeries:
+def _run_series(analysis: AnalysedRuns, run_id: str, cell: str, state: str) -> RunSeries:
     folder = analysis.campaign.run_dir(run_id)
     cold: tuple[FloatArray, FloatArray] | None = None
     step_ms = step_swaps = None
@@ -142,7 +156,7 @@ def _block_values(runs: pd.DataFrame, cell: str, state: str, metric: str) -> Cyc
     return tuple(out)
 
 
-def prompt_domains(analysis: CampaignAnalysis) -> dict[str, str]:
+def prompt_domains(analysis: AnalysedRuns) -> dict[str, str]:
     """prompt id → domain, from the requests of the first completed run that has them."""
     root = analysis.campaign.root
     runs = analysis.runs
@@ -158,9 +172,7 @@ def prompt_domains(analysis: CampaignAnalysis) -> dict[str, str]:
     return {}
 
 
-def figure_series(
-    analysis: CampaignAnalysis, metrics: tuple[str, ...] = CYCLE_METRICS
-) -> FigureSeries:
+def figure_series(analysis: AnalysedRuns, metrics: tuple[str, ...] = CYCLE_METRICS) -> FigureSeries:
     """Every completed run's series, each file read once, and the block values of every
     treatment × cache state on ``metrics``."""
     runs = analysis.runs

@@ -17,7 +17,7 @@ apart (its speeds differ by more than the prediction's own error): a pair the bo
 separate is a coin toss for any desk.
 
 Full size: both cards at their own scale and cycles (about 15 minutes on two cores); quick:
-``--scale 0.25``, the demos at 2 fixed cycles and the ladder's first cycle (a few minutes: it
+``--scale 0.25``, the demos and the ladder at their first cycle (a few minutes: it
 shows the path works, at sizes too small for the targets).
 """
 
@@ -191,7 +191,7 @@ def _per_run_figures(
 def run_bench(quick: bool = False) -> list[Figure]:
     """Fit from the demo, predict a second demo and the ladder before running them."""
     scale = 0.25 if quick else 1.0
-    demo_cycles, ladder_cycles = (2, 1) if quick else (None, None)
+    demo_cycles, ladder_cycles = (1, 1) if quick else (None, None)
     root = Path(tempfile.mkdtemp(prefix="harness-predict-"))
     figures: list[Figure] = []
     try:

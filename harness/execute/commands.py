@@ -41,7 +41,10 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             f"resume with: harness run --resume {result.directory}\n"
         )
         return result.exit_code
-    print_conclusion(result.concluded, out, quiet=False)
+    decided = result.concluded.decision
+    print_conclusion(
+        decided.analysis, decided.verdict, result.concluded.report, decided.root, out, quiet=False
+    )
     if result.outcome.failed:
         out.write(
             f"{len(result.outcome.failed)} runs could not be completed (see their run.json for "

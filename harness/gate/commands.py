@@ -18,7 +18,10 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     concluded = gate_campaign(
         Path(args.dir), allow_unsealed=args.allow_unsealed, journal_head=args.journal_head
     )
-    print_conclusion(concluded, out, quiet=args.quiet)
+    decided = concluded.decision
+    print_conclusion(
+        decided.analysis, decided.verdict, concluded.report, decided.root, out, quiet=args.quiet
+    )
     return concluded.exit_code
 
 

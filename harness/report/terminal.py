@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from harness.analyze.design_cost import PricedDesigns
     from harness.gate.evaluate import Verdict
     from harness.plan.build import Plan
-    from harness.spine import Concluded
 
 __all__ = [
     "format_duration",
@@ -247,9 +246,17 @@ def _interval(row: Any) -> str:
     return interval_text(row["ci_low"], row["ci_high"])
 
 
-def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
-    """The verdict table and the labels' tally (unless ``quiet``), then the report's path."""
-    analysis, verdict = concluded.decision.analysis, concluded.decision.verdict
+def print_conclusion(
+    analysis: CampaignAnalysis,
+    verdict: Verdict,
+    report: Path,
+    root: Path,
+    out: TextIO,
+    *,
+    quiet: bool,
+) -> None:
+    """The verdict table and the labels' tally (unless ``quiet``), then the report's path and
+    the journal head to keep (``root``: the campaign directory)."""
     if not quiet:
         print_verdict(verdict, out)
         tally = label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)
@@ -258,13 +265,13 @@ def print_conclusion(concluded: Concluded, out: TextIO, *, quiet: bool) -> None:
         unmeasured = unmeasured_shifts(analysis)
         if unmeasured:
             out.write(unmeasured + "\n")
-    out.write(f"report: {concluded.report}\n")
+    out.write(f"report: {report}\n")
     if verdict.journal_head:
         # Kept where an edit of the directory does not reach (a CI's log), the head catches a
         # rewrite of the journal that re-sealed every digest.
         out.write(
             f"journal head: {verdict.journal_head} (keep it; `harness gate "
-            f"{concluded.decision.root} --journal-head {verdict.journal_head}` fails if any "
+            f"{root} --journal-head {verdict.journal_head}` fails if any "
             "journal line up to it is rewritten)\n"
         )
 

@@ -82,7 +82,7 @@ def test_plan_schedule_and_nominal_levels() -> None:
 
 
 def _balanced_t(d: np.ndarray) -> np.ndarray:
-    """The order-balanced t statistic of harness.stats.decision.balanced_effect, per row."""
+    """The order-balanced t statistic of harness.stats.effect.balanced_effect, per row."""
     m = d.shape[1]
     abba = np.arange(m) % 2 == 0
     w = np.where(abba, 0.5 / abba.sum(), 0.5 / max(1, (~abba).sum()))
