@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.analyze.campaign import _washed_by_boot
 from harness.analyze.compare import cell_cycles
+from harness.analyze.runs import _washed_by_boot
 from harness.card import load_card
 from tests.conftest import REPO
 
