@@ -89,6 +89,7 @@ OUTLASTS = Scenario(block_sd=0.02, effect=0.03, second_control=math.log(0.95))
 DISAGREE = Scenario(block_sd=0.02, effect=0.03, interaction_sd=0.04)
 
 
+@pytest.mark.slow  # thousands of compare_cycles calls: make test's tier
 @pytest.mark.parametrize(
     ("m", "layout", "scenario"),
     [

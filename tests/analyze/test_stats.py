@@ -233,6 +233,7 @@ def test_seed_004_drift_worked_example() -> None:
 # --- error rates --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a Monte Carlo of the analysis: make test's tier, not make check's
 def test_aa_campaigns_rarely_declare_better() -> None:
     rng = np.random.default_rng(2024)
     n = 400
@@ -247,6 +248,7 @@ def test_aa_campaigns_rarely_declare_better() -> None:
     assert final_better <= raw_better
 
 
+@pytest.mark.slow  # a Monte Carlo of the analysis: make test's tier, not make check's
 def test_clean_campaigns_rarely_raise_a_drift_flag() -> None:
     # Gaussian prompt and boot noise, no drift: a flag on any cycle is a false alarm, and the
     # Bonferroni-corrected thresholds keep the campaign-wise rate near FLAG_ALPHA.
@@ -412,6 +414,7 @@ def test_a_box_that_slows_in_steps_cannot_pass_its_steps_off_as_trend() -> None:
     assert cmp.label == "confounded"
 
 
+@pytest.mark.slow  # a Monte Carlo of the analysis: make test's tier, not make check's
 def test_simulated_drift_rarely_makes_a_false_better() -> None:
     # A/A campaigns under random-walk drift and, in half the cycles, a 15% step somewhere: the
     # flags fire often, and "better" must stay near the α/2 a one-sided false claim allows.
@@ -547,6 +550,7 @@ def _back_to_back(
     return cycles
 
 
+@pytest.mark.slow  # a Monte Carlo of the analysis: make test's tier, not make check's
 def test_carry_over_on_an_aa_is_labelled_not_called_better() -> None:
     # The A/A: 6 cycles, 2% block noise, a control block after a candidate block 3%
     # slower. D̄ is biased by +2.25% (beyond the 2% margin): the old analysis said *better* in
@@ -695,6 +699,7 @@ def test_a_sequential_design_advises_cycles_from_its_own_stopping_distribution()
     assert cmp.cycles_needed is None or 3 < cmp.cycles_needed <= 12
 
 
+@pytest.mark.slow  # a Monte Carlo of the analysis: make test's tier, not make check's
 def test_a_per_cycle_boot_effect_cancels_and_same_boot_carry_over_fails_closed() -> None:
     # design.boot: per-cycle: each cycle's four blocks share one boot, whose level moves by 10%
     # from boot to boot (five times the block noise). The model's cycle level absorbs it: an
