@@ -30,6 +30,7 @@ from typing import Any
 from harness.benchmarks import Figure
 from harness.card import load_card
 from harness.errors import HarnessError
+from harness.execute import drive_step
 from harness.execute import run as run_module
 from harness.execute.campaign import new_campaign_dir
 from harness.formats.records import Journal
@@ -210,16 +211,21 @@ def _targets(runner: Any) -> list[tuple[object, str, str, bool]]:
     Module functions are patched where the runner looks them up (``harness.execute.run``);
     methods on the runner and its box are shadowed on those instances only; classes are patched
     for the campaign and restored. Optional steps that the runner no longer has are skipped
-    (their time shows as ``other``); without ``boot`` or ``_drive`` there is no figure.
+    (their time shows as ``other``); without ``boot`` or the drive step's ``drive`` there is no
+    figure. What a run sends is timed on its drive step (``runner.driving``, harness.execute.
+    drive_step), whose module looks up its own counters, parquet writer and phases.
     """
     targets: list[tuple[object, str, str, bool]] = [
         (run_module, "boot", _BOOT, True),
-        (runner, "_drive", _DRIVE, True),
+        (runner.driving, "drive", _DRIVE, True),
         (runner, "_run_with_retries", _RUN, True),
-        (run_module, "_counters", "counters (HTTP)", False),
+        (run_module, "counters", "counters (HTTP)", False),
+        (drive_step, "counters", "counters (HTTP)", False),
         (run_module, "write_parquet", "write parquet", False),
+        (drive_step, "write_parquet", "write parquet", False),
         (run_module, "write_json_atomic", "write json (fsync)", False),
         (run_module, "build_phases", "build phases", False),
+        (drive_step, "build_phases", "build phases", False),
         (run_module, "boot_spec", "boot spec", False),
         (runner, "_upload_files", "upload knob files", False),
         (runner, "_evict", "cache state", False),
@@ -227,7 +233,7 @@ def _targets(runner: Any) -> list[tuple[object, str, str, bool]]:
         (runner.records, "_collect", "collect ring/log", False),
         (runner, "_start_monitor", "start monitor", False),
         (runner.records, "_write_monitor", "write monitor", False),
-        (runner, "_checkpoint", "checkpoint", False),
+        (runner.driving, "_checkpoint", "checkpoint", False),
         (RunningRuntime, "stop", "stop runtime (signal, wait for exit)", False),
         (RunningRuntime, "post_live", "live knobs", False),
         (RunningRuntime, "log_tail", "log tail", False),

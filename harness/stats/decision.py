@@ -149,10 +149,16 @@ class Comparison:
     @property
     def reason(self) -> str | None:
         """Why the label is not the statistical one, in one clause (None when it is)."""
-        if self.label == Label.CARRY_OVER and self.state_withholds:
-            unsettled = next(c for c in self.box_state if c.unsettled)
+        unsettled = next((c for c in self.box_state if c.unsettled), None)
+        if self.label == Label.CARRY_OVER and unsettled is not None and self.state_withholds:
             return f"statistically {self.raw_label}, but {unsettled.words()}"
-        return label_reason(self.label, self.raw_label, self.model, self.n_cycles, self.drift_bias)
+        reason = label_reason(
+            self.label, self.raw_label, self.model, self.n_cycles, self.drift_bias
+        )
+        if self.label == Label.CARRY_OVER and unsettled is not None and reason:
+            # The model explains it too; the probe's reading still says what washout settles it.
+            return f"{reason}; and {unsettled.words()}"
+        return reason
 
 
 # --- t-statistics -------------------------------------------------------------------------

@@ -133,6 +133,15 @@ def test_a_probed_state_that_has_not_settled_withholds_the_label_and_names_the_w
     assert settled.label == settled.raw_label
 
 
+def test_carry_over_the_model_explains_still_names_the_washout_the_probe_fits() -> None:
+    # Unwashed heat: the crossover model explains the claim itself, and the probe finds the
+    # state unsettled too; the reason says both, so the user still reads what washout clears it.
+    c = compare_cycles(_probed_cycles(2.0, 0.0, 6, seed=3), metric="decode_tok_s")
+    assert c.label == Label.CARRY_OVER and not c.state_withholds
+    assert c.reason is not None and "carry-over could explain it" in c.reason
+    assert "box state state" in c.reason and "before it scores would settle it" in c.reason
+
+
 def test_the_bank_and_the_analysis_withhold_the_same_looks() -> None:
     # The bench's probe (design_sim.run_looks' held) and compare_cycles read the same readings
     # the same way, look by look.

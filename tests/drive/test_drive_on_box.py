@@ -252,7 +252,8 @@ def _run_campaign(card: Path, root: Path) -> tuple[Any, Any, list[int], dict[str
     runner = CampaignRunner(loaded, plan, campaign, progress)
     outcome = runner.execute()
     assert outcome.failed == [] and not outcome.interrupted
-    hello = runner.box_driver.hello if runner.box_driver is not None else {}
+    driver = runner.driving.box_driver
+    hello = driver.hello if driver is not None else {}
     return plan, campaign, carried, hello
 
 
