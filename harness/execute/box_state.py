@@ -87,6 +87,13 @@ class BoxStateReader:
                 self.box, probe, self.knobs
             )
 
+    def same_as(self, point: str, earlier: str) -> None:
+        """``point`` read at the same moment as ``earlier`` (a command run scores from its start):
+        its readings copied, not read again."""
+        assert point in POINTS and earlier in POINTS
+        for readings in self.readings.values():
+            readings[point] = readings.get(earlier)
+
     def record(self, runtime: dict[str, Any], own_requests: int) -> None:
         """Keep the readings taken (and the block's own traffic before it scored) in
         ``runtime`` (a run record's ``runtime``)."""

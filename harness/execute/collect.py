@@ -27,9 +27,9 @@ from pathlib import Path
 from harness.boxes.async_interrupts import run_async
 from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
-from harness.card import Cell, LoadedCard
+from harness.card import Cell, KnobValue, LoadedCard
 from harness.card.phase_length import washout_requests
-from harness.drive.client import PhasePlan, RequestResult, UntilHook, WorkItem, drive
+from harness.drive.client import PhasePlan, UntilHook, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
 from harness.errors import BadInput, RuntimeBootError
@@ -117,8 +117,9 @@ def collect_counts(
             remote = local_scratch = tempfile.mkdtemp(prefix="harness-collect-")
         else:
             remote = within
-        runtime, boot_id = _boot(loaded, box, journal, cell, cell_name, remote)
+        runtime, boot_id, live = _boot(loaded, box, journal, cell, cell_name, remote)
         try:
+            runtime.post_live(live)
             got = _drive_and_dump(
                 loaded, box, runtime, remote, phases, sources, out_dir, as_run, top_k, experts
             )
@@ -150,7 +151,6 @@ class _Sources:
 class _Got:
     """What a collection's drive brought back."""
 
-    results: list[RequestResult]
     tokens: int
     requests: int
     body: object = None  # the dump endpoint's JSON
@@ -247,9 +247,9 @@ def _phases(
 
 def _boot(
     loaded: LoadedCard, box: Box, journal: Journal, cell: Cell, cell_name: str, remote: str
-) -> tuple[RunningRuntime, str]:
+) -> tuple[RunningRuntime, str, dict[str, KnobValue]]:
     """Upload the cell's files and boot it in ``remote``, journalled and marked so a killed
-    collection's runtime is found; its live settings posted. Returns it and its boot id."""
+    collection's runtime is found. Returns it, its boot id and the live settings to post."""
     box.mkdirs(remote)
     uploaded = {}
     for name, relative in cell.files.items():
@@ -277,12 +277,7 @@ def _boot(
         spec,
         lambda pgid: journal_boot(journal, box, loaded.box_name, boot_id, pgid),
     )
-    try:
-        runtime.post_live(spec.live)
-    except BaseException:
-        runtime.stop()
-        raise
-    return runtime, boot_id
+    return runtime, boot_id, spec.live
 
 
 def _drive_and_dump(
@@ -314,7 +309,7 @@ def _drive_and_dump(
         rows, tokens = collect_response_routes(
             drive_spec, whole, sources.response_routes, top_k, experts
         )
-        return _Got([], tokens, len(whole), from_responses=rows)
+        return _Got(tokens, len(whole), from_responses=rows)
     phase_knob = loaded.runtime.phase_live_knob
 
     async def on_phase(phase: PhasePlan) -> None:
@@ -340,7 +335,7 @@ def _drive_and_dump(
             f"{len(failed)} of {len(results)} requests failed while collecting "
             f"counts; first: {failed[0].error}"
         )
-    got = _Got(results, tokens, len(results))
+    got = _Got(tokens, len(results))
     if sources.dump_path is not None:
         status, body = http_json(
             runtime.base_url + sources.dump_path, {}, headers=runtime.admin_headers

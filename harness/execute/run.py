@@ -500,7 +500,7 @@ class CampaignRunner:
         # read as it starts and as it ends (no washout of the harness's own comes between).
         probes = BoxStateReader(self.box, profile, record.knobs, {"cache_dir": self.cache_dir})
         probes.read("start")
-        probes.read("scored")
+        probes.same_as("scored", "start")
         command = start_command(
             self.box, profile, spec, lambda pgid: self._journal_boot(run, pgid, state)
         )
