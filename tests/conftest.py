@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -114,6 +115,12 @@ def run_cli(*args: str, cwd: Path = REPO, timeout_s: float = 120) -> CliResult:
         check=False,
     )
     return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def flat_text(terminal: str) -> str:
+    """Terminal output with table rules dropped and whitespace collapsed, so that a sentence a
+    table wrapped over lines (where it breaks depends on the figures in it) reads whole."""
+    return re.sub(r"\s+", " ", re.sub(r"[│┃|─━┏┓┗┛┡┩└┘┌┐]", " ", terminal))
 
 
 def start_campaign(card: Path, reports: Path) -> subprocess.Popen[bytes]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, flat_text, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def _campaign(tmp_path: Path, half_life: float) -> tuple[int, Path, str]:
     result = run_cli("run", str(card), "--quiet", "--reports", str(reports), timeout_s=600)
     roots = list(reports.glob("*/*/plan.json"))
     assert roots, result.stdout + result.stderr
-    return result.code, roots[0].parent, result.stdout + result.stderr
+    return result.code, roots[0].parent, flat_text(result.stdout + result.stderr)
 
 
 def _decode(root: Path) -> pd.Series:
