@@ -183,6 +183,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
+    from harness.threads import one_blas_thread
+
+    one_blas_thread()  # before any stage imports numpy
     code = main()
     try:
         sys.stdout.flush()

@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 
+from harness.threads import one_blas_thread
+
+# Before any test module imports numpy: the analysis's arithmetic on one BLAS thread, as the
+# `harness` command runs it (harness/threads.py), in this process and the CLIs it starts.
+one_blas_thread()
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 # Compiled code that calls into another module's compiled code: numba's on-disk cache checks

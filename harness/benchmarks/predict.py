@@ -17,8 +17,9 @@ apart (its speeds differ by more than the prediction's own error): a pair the bo
 separate is a coin toss for any desk.
 
 Full size: both cards at their own scale and cycles (about 15 minutes on two cores); quick:
-``--scale 0.25``, the demos and the ladder at their first cycle (a few minutes: it
-shows the path works, at sizes too small for the targets).
+``--scale 0.25``, the fit's demo and three cells of the ladder (the control, B2 and the stale
+companion: enough for the pair figures) at their first cycle, the second demo left out (a few
+minutes: it shows the path works, at sizes too small for the targets).
 """
 
 from __future__ import annotations
@@ -43,12 +44,18 @@ from harness.sim.run_cost_fit import RunCostFit, fit_run_cost, predict_run_speed
 _CARDS = Path(__file__).resolve().parents[2] / "campaigns"
 SPEED_TARGET = 0.10
 T90_TARGET, T90_SLACK_S = 0.25, 2.0
+QUICK_LADDER = ["b0-shipped", "b2-4x", "stale-b0"]
 
 
-def _card(folder: Path, name: str, campaign: str, cycles: int | None) -> Path:
-    """A shipped card with its paths made absolute (and fewer cycles for a quick look)."""
+def _card(
+    folder: Path, name: str, campaign: str, cycles: int | None, cells: list[str] | None = None
+) -> Path:
+    """A shipped card with its paths made absolute (and fewer cycles, and only ``cells``, the
+    control first, for a quick look)."""
     source = _CARDS / f"{name}.yaml"
     card: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
+    if cells is not None:
+        card["cells"] = {cell: card["cells"][cell] for cell in cells}
     card["prompts"]["pools"] = [str(_CARDS / p) for p in card["prompts"]["pools"]]
     for cell in card["cells"].values():
         cell["files"] = {k: str(_CARDS / v) for k, v in cell.get("files", {}).items()}
@@ -201,11 +208,14 @@ def run_bench(quick: bool = False) -> list[Figure]:
         figures.append(Figure("fit: R²", fit.r2, "", f"{fit.steps:,} steps of {fit.runs} runs"))
         per_run = fit_run_cost(fitted)
         figures.append(Figure("per-run fit: R²", per_run.r2, "", f"{per_run.runs} runs"))
-        for name, campaign, cycles in (
-            ("demo", "demo", demo_cycles),
-            ("queue-rate-ladder", "queue-rate-ladder", ladder_cycles),
-        ):
-            card = _card(root, name, campaign, cycles)
+        predicted_cards = [
+            ("demo", "demo", demo_cycles, None),
+            ("queue-rate-ladder", "queue-rate-ladder", ladder_cycles, None),
+        ]
+        if quick:
+            predicted_cards = [("queue-rate-ladder", "queue-rate-ladder", 1, QUICK_LADDER)]
+        for name, campaign, cycles, cells in predicted_cards:
+            card = _card(root, name, campaign, cycles, cells)
             reports = root / "reports"
             trace = root / f"asrun-{campaign}"
             _harness("collect", str(card), "--as-run", "--scale", f"{scale:g}", "-o", str(trace))
