@@ -222,6 +222,7 @@ def fleet_tables(
                     higher_is_better=info.higher_is_better,
                     seed=seed,
                     drift_sensitive=not info.deterministic,
+                    cycles_advice=False,  # a per-box row reads the label and interval only
                 )
                 row = replace(
                     row, ratio=own.ratio, ci_low=own.ci_low, ci_high=own.ci_high,

@@ -208,7 +208,7 @@ def run_bench(quick: bool = False) -> list[Figure]:
         figures.append(Figure("fit: R²", fit.r2, "", f"{fit.steps:,} steps of {fit.runs} runs"))
         per_run = fit_run_cost(fitted)
         figures.append(Figure("per-run fit: R²", per_run.r2, "", f"{per_run.runs} runs"))
-        predicted_cards = [
+        predicted_cards: list[tuple[str, str, int | None, list[str] | None]] = [
             ("demo", "demo", demo_cycles, None),
             ("queue-rate-ladder", "queue-rate-ladder", ladder_cycles, None),
         ]

@@ -296,8 +296,10 @@ def check_drift(
 def cycles_needed(
     est: Estimate, carry: CarryCheck, metric: str, m: int, delta: float, alpha: float, *,
     margin_pct: float, seed: int, remedy: str | None, sequential: SequentialPlan | None,
+    simulate: bool = True,
 ) -> tuple[int | None, list[str]]:  # fmt: skip
-    """The cycles an undecided comparison needs, by the decision rule itself, and the advice."""
+    """The cycles an undecided comparison needs, by the decision rule itself, and the advice
+    (``simulate`` False: the t-test's count, a lower bound, without simulating the rule)."""
     mean, spread, sd, raw = est.mean, est.spread, est.effect.sd, est.raw_label
     warnings: list[str] = []
     layout = Layout(
@@ -307,7 +309,14 @@ def cycles_needed(
     )
     needed = cycles_to_decide(spread, mean, delta, alpha) if spread is not None else None
     undecided = raw == Label.INCONCLUSIVE or carry.carried or carry.unchecked
-    if needed is not None and spread is not None and m > 1 and sequential is None and undecided:
+    if (
+        simulate
+        and needed is not None
+        and spread is not None
+        and m > 1
+        and sequential is None
+        and undecided
+    ):
         # What the rule itself needs (the margin and the carry-over check included), not the
         # plain t-test's power: simulated from the t-test's count up.
         simulated = fixed_cycles_needed(
@@ -413,6 +422,7 @@ def compare_cycles(
     block_minutes: float | None = None,
     sequential: SequentialPlan | None = None,
     boxes: str = "fixed",
+    cycles_advice: bool = True,
 ) -> Comparison:
     """Compare cell (B) with control (A) over mirrored cycles on one metric.
 
@@ -430,7 +440,11 @@ def compare_cycles(
     inconclusive comparison needs come from the design's own simulated stopping distribution
     at the observed effect and spread, not from a fixed-design power calculation. Cycles that
     name two or more boxes keep the cycle-level interval with ``boxes`` "fixed" (a verdict about
-    those boxes); "random" compares them between boxes (:func:`between_boxes`).
+    those boxes); "random" compares them between boxes (:func:`between_boxes`). With
+    ``cycles_advice`` False an undecided comparison's ``cycles_needed`` is the t-test's count (a
+    lower bound) instead of a simulation of the decision rule (2,000 campaigns at each cycle
+    count searched, most of a call's time): for a caller that reads only the label and interval,
+    such as a fleet's per-box rows or an error-rate simulation of the decision itself.
 
     The steps, each a small frozen result: :func:`estimate`, :func:`check_carry_over`,
     :func:`check_drift`, :func:`cycles_needed`, :func:`cross_checks`, then the label
@@ -455,7 +469,7 @@ def compare_cycles(
     drift = check_drift(cycles, est, delta, drift_sensitive=drift_sensitive)
     needed, warnings = cycles_needed(
         est, carry, metric, m, delta, alpha, margin_pct=margin_pct, seed=seed,
-        remedy=remedy, sequential=sequential,
+        remedy=remedy, sequential=sequential, simulate=cycles_advice,
     )  # fmt: skip
     boot, checks = cross_checks(
         cycles, est, metric, alpha, resamples=bootstrap_resamples, seed=seed, remedy=remedy

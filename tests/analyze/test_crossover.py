@@ -115,7 +115,9 @@ def test_vectorised_labels_match_compare_cycles_campaign_by_campaign(
     for row in range(blocks.shape[0]):
         cycles = [replace(d, y=tuple(blocks[row, 4 * j : 4 * j + 4])) for j, d in enumerate(design)]
         boxes = "random" if layout.random_boxes else "fixed"
-        c = compare_cycles(cycles, metric="decode_tok_s", bootstrap_resamples=0, boxes=boxes)
+        c = compare_cycles(
+            cycles, metric="decode_tok_s", bootstrap_resamples=0, cycles_advice=False, boxes=boxes
+        )
         label = c.label if c.label == Label.CARRY_OVER else c.raw_label
         assert label == CODES[int(codes[row])], (row, c.warnings)
         seen.add(label)
@@ -168,7 +170,9 @@ def test_the_decision_is_the_deployed_effect_not_the_candidate_after_a_control_b
     # (97.7% in the audit); the deployed check does not.
     noisy = simulate_blocks(np.random.default_rng(1), 60, 6, replace(scenario, block_sd=0.01))
     labels = [
-        compare_cycles(_cycles(row), metric="decode_tok_s", bootstrap_resamples=0).label
+        compare_cycles(
+            _cycles(row), metric="decode_tok_s", bootstrap_resamples=0, cycles_advice=False
+        ).label
         for row in noisy
     ]
     assert labels.count("better") <= 3, labels
@@ -180,7 +184,10 @@ def test_a_control_that_speeds_up_the_next_candidate_block_is_not_called_better(
     assert scenario.deployed == 0.0
     blocks = simulate_blocks(np.random.default_rng(2), 60, 6, scenario)
     better = sum(
-        compare_cycles(_cycles(row), metric="decode_tok_s", bootstrap_resamples=0).label == "better"
+        compare_cycles(
+            _cycles(row), metric="decode_tok_s", bootstrap_resamples=0, cycles_advice=False
+        ).label
+        == "better"
         for row in blocks
     )
     assert better <= 3

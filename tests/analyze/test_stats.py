@@ -240,7 +240,7 @@ def test_aa_campaigns_rarely_declare_better() -> None:
     raw_better = final_better = 0
     for i in range(n):
         cycles = _campaign(rng, 3 + i % 4, 0.0, boot_sd=0.01)
-        cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0)
+        cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0, cycles_advice=False)
         raw_better += cmp.raw_label == "better"
         final_better += cmp.label == "better"
     # One-sided false "better" rate is at most α/2; allow binomial slack at α.
@@ -257,7 +257,9 @@ def test_clean_campaigns_rarely_raise_a_drift_flag() -> None:
     flagged = 0
     for i in range(n):
         cycles = _campaign(rng, 3 + i % 4, 0.0, boot_sd=0.01)
-        flagged += bool(compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0).flags)
+        flagged += bool(
+            compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0, cycles_advice=False).flags
+        )
     assert flagged <= sps.binom.ppf(0.999, n, FLAG_ALPHA)
 
 
@@ -271,6 +273,7 @@ def test_real_ten_percent_effect_is_found_with_three_cycles() -> None:
             _campaign(rng, 3, math.log(1.10), prompt_sd=0.045),
             metric="tok_s",
             bootstrap_resamples=0,
+            cycles_advice=False,
         )
         raw_better += cmp.raw_label == "better"
         final_better += cmp.label == "better"
@@ -428,7 +431,7 @@ def test_simulated_drift_rarely_makes_a_false_better() -> None:
             step = rng.choice([0.0, 0.15]) * (np.arange(4) > rng.integers(0, 3))
             y = 4.0 + np.cumsum(rng.normal(0.0, 0.01, 4)) + step + rng.normal(0.0, 0.005, 4)
             cycles.append(Cycle(j, _order(j), (y[0], y[1], y[2], y[3])))
-        cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0)
+        cmp = compare_cycles(cycles, metric="tok_s", bootstrap_resamples=0, cycles_advice=False)
         flagged += bool(cmp.flags)
         better += cmp.label == "better"
     assert flagged > n / 3
@@ -508,7 +511,12 @@ def test_swapping_arms_inverts_ratio_and_labels(
 ) -> None:
     cycles = [Cycle(j, _order(j), tuple(4.0 + v for v in y)) for j, y in enumerate(ys)]  # type: ignore[misc]
     swapped = [c.swapped() for c in cycles]
-    kw = {"metric": "m", "higher_is_better": higher, "bootstrap_resamples": 0}
+    kw = {
+        "metric": "m",
+        "higher_is_better": higher,
+        "bootstrap_resamples": 0,
+        "cycles_advice": False,
+    }
     ab: Comparison = compare_cycles(cycles, **kw)  # type: ignore[arg-type]
     ba: Comparison = compare_cycles(swapped, **kw)  # type: ignore[arg-type]
     assert ba.ratio == pytest.approx(1 / ab.ratio, rel=1e-9)
@@ -562,6 +570,7 @@ def test_carry_over_on_an_aa_is_labelled_not_called_better() -> None:
             _back_to_back(rng, 6, carry_control=math.log(0.97)),
             metric="decode_tok_s",
             bootstrap_resamples=0,
+            cycles_advice=False,
         ).label
         for _ in range(300)
     ]
@@ -572,7 +581,12 @@ def test_carry_over_on_an_aa_is_labelled_not_called_better() -> None:
 def test_a_real_effect_without_carry_over_stays_better() -> None:
     rng = np.random.default_rng(7)
     labels = [
-        compare_cycles(_back_to_back(rng, 8, effect=0.08), metric="x", bootstrap_resamples=0).label
+        compare_cycles(
+            _back_to_back(rng, 8, effect=0.08),
+            metric="x",
+            bootstrap_resamples=0,
+            cycles_advice=False,
+        ).label
         for _ in range(100)
     ]
     assert labels.count("better") >= 90
@@ -588,6 +602,7 @@ def test_linear_drift_the_order_cancels_does_not_confound_a_real_effect() -> Non
             _back_to_back(rng, 6, effect=0.03, block_sd=0.005, beta=0.01),
             metric="decode_tok_s",
             bootstrap_resamples=0,
+            cycles_advice=False,
         )
         for _ in range(100)
     ]
@@ -706,13 +721,21 @@ def test_a_per_cycle_boot_effect_cancels_and_same_boot_carry_over_fails_closed()
     # A/A is called better no more often than α/2 allows, and a real +8% stays better.
     rng = np.random.default_rng(27)
     aa = [
-        compare_cycles(_back_to_back(rng, 6, boot_sd=0.1), metric="x", bootstrap_resamples=0)
+        compare_cycles(
+            _back_to_back(rng, 6, boot_sd=0.1),
+            metric="x",
+            bootstrap_resamples=0,
+            cycles_advice=False,
+        )
         for _ in range(200)
     ]
     assert [c.label for c in aa].count("better") / len(aa) <= 0.06
     real = [
         compare_cycles(
-            _back_to_back(rng, 8, effect=0.08, boot_sd=0.1), metric="x", bootstrap_resamples=0
+            _back_to_back(rng, 8, effect=0.08, boot_sd=0.1),
+            metric="x",
+            bootstrap_resamples=0,
+            cycles_advice=False,
         ).label
         for _ in range(100)
     ]
@@ -725,6 +748,7 @@ def test_a_per_cycle_boot_effect_cancels_and_same_boot_carry_over_fails_closed()
             _back_to_back(rng, 6, carry_control=math.log(0.97), boot_sd=0.1),
             metric="decode_tok_s",
             bootstrap_resamples=0,
+            cycles_advice=False,
         ).label
         for _ in range(300)
     ]
