@@ -1,40 +1,32 @@
-"""Statistics end to end on the real reference runtime: a real speed-up, an A/A, and drift.
+"""Statistics on the records of real campaigns: a real speed-up, an A/A, drift and carry-over.
 
-Each test runs a small mirrored campaign (ABBA, BAAB, …) on the local box, then analyses it and
-evaluates its gates exactly as ``harness run`` does. Effect sizes are chosen far beyond the noise
-of a shared two-core machine: the all-hot map is ~3x faster than the stale one, and the injected
-drift slows every boot by up to several-fold along one shared clock.
+Each case is a small mirrored campaign (ABBA, BAAB, …) run once on the reference runtime, its
+records kept in tests/data/campaigns/analysis-* (``python -m tests.make_fixtures NAME`` runs it
+again; the cards are tests/data/cards/analysis/ with that module's edits). The tests analyse a
+copy and evaluate its gates exactly as ``harness run`` does. Effect sizes were chosen far beyond
+the noise of a shared two-core machine: the all-hot map is ~3x faster than the stale one, the
+injected drift slows every boot by up to several-fold along one shared clock, the injected
+carry-over makes a control boot after a candidate do 600% more work per step. The run path
+itself is held end to end elsewhere (tests/test_campaigns.py's demo, the sequential A/A).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-import pytest
-
 from harness.analyze.campaign import CampaignAnalysis, analyze_campaign
-from harness.card import load_card
 from harness.catalog import METRICS
-from harness.execute.campaign import new_campaign_dir
-from harness.execute.run import CampaignRunner
 from harness.gate.evaluate import Verdict, evaluate_gates
-from harness.plan.build import build_plan
+from tests.campaign_dirs import copy_campaign
 from tests.conftest import DATA
 
-CARDS = DATA / "cards" / "analysis"
-pytestmark = pytest.mark.slow
 TIMING = [name for name, info in METRICS.items() if not info.deterministic]
 DETERMINISTIC = ("hit_rate", "expert_loads", "bytes_read")
 
 
-def _campaign(card: Path, reports: Path) -> tuple[CampaignAnalysis, Verdict]:
-    loaded = load_card(card)
-    plan = build_plan(loaded)
-    campaign = new_campaign_dir(loaded, plan, reports)
-    outcome = CampaignRunner(loaded, plan, campaign).execute()
-    assert outcome.failed == [], f"runs failed: {outcome.failed}"
-    analysis = analyze_campaign(campaign.root)
+def _campaign(name: str, tmp_path: Path) -> tuple[CampaignAnalysis, Verdict]:
+    root = copy_campaign(DATA / "campaigns" / f"analysis-{name}", tmp_path)
+    analysis = analyze_campaign(root)
     return analysis, evaluate_gates(analysis)
 
 
@@ -43,18 +35,8 @@ def _rows(analysis: CampaignAnalysis) -> dict[str, dict[str, object]]:
     return {str(row["metric"]): row for row in table.to_dict("records")}
 
 
-def _card_with(tmp_path: Path, source: Path, replace: dict[str, str]) -> Path:
-    text = source.read_text(encoding="utf-8")
-    for old, new in replace.items():
-        assert old in text
-        text = text.replace(old, new)
-    path = tmp_path / source.name
-    path.write_text(text.replace("../../pools/", f"{DATA}/pools/"), encoding="utf-8")
-    return path
-
-
 def test_all_hot_map_is_better_than_a_stale_one(tmp_path: Path) -> None:
-    analysis, verdict = _campaign(CARDS / "map.yaml", tmp_path / "reports")
+    analysis, verdict = _campaign("map", tmp_path)
     rows = _rows(analysis)
     # A shared machine can step mid-cycle (CI once stepped 39 % between two inner blocks), and
     # then a DRIFT/NONLINEAR flag is the right answer; the false-flag rate of a clean campaign
@@ -93,10 +75,7 @@ def test_a_a_campaign_is_better_on_no_timing_metric(tmp_path: Path) -> None:
     # three noisy cycles up (a fresh-clone run beside the other worker: tpot p50 0.856x [0.817,
     # 0.896], blocks 0.32-0.63 ms). At α 0.01 the bound is 2%, and a harness that calls an A/A
     # better on drift or carry-over still fails it.
-    card = _card_with(
-        tmp_path, CARDS / "aa.yaml", {"analysis: {window_s": "analysis: {alpha: 0.01, window_s"}
-    )
-    analysis, verdict = _campaign(card, tmp_path / "reports")
+    analysis, verdict = _campaign("aa", tmp_path)
     rows = _rows(analysis)
     timing = [m for m in TIMING if m in rows]
     assert {"decode_tok_s", "tpot_p50_ms", "tpot_p95_ms", "ttft_ms"} <= set(timing)
@@ -117,17 +96,7 @@ def test_drift_on_an_a_a_campaign_is_flagged_and_promotes_nothing(tmp_path: Path
     # Every boot reads one shared clock: a step at time t costs (1 + 30·t/min) times its work, so
     # the box slows several-fold over the campaign and the outer blocks of each cycle differ by
     # far more than any noise. All experts hot keeps the work, and so the slowed campaign, short.
-    origin = f"{time.time():.3f}"
-    drift = f'REFBOX_DRIFT_PCT_PER_MIN: "3000", REFBOX_DRIFT_ORIGIN: "{origin}", REFBOX_LAYERS'
-    replace = {
-        "REFBOX_LAYERS": drift,
-        'REFBOX_HOT_SLOTS: "4"': 'REFBOX_HOT_SLOTS: "8"',
-        "cycles: 3": "cycles: 2",
-        "passes: 2": "passes: 1",  # the drift, not the work, is what slows these blocks
-        "campaign: analysis-aa": "campaign: drift",
-    }
-    card = _card_with(tmp_path, CARDS / "aa.yaml", replace)
-    analysis, verdict = _campaign(card, tmp_path / "reports")
+    analysis, verdict = _campaign("drift", tmp_path)
     drifted = {f["metric"] for f in analysis.flags if f["kind"] == "DRIFT"}
     assert drifted, analysis.flags
     assert drifted <= set(TIMING)  # deterministic evidence (hits, bytes) cannot drift
@@ -162,21 +131,7 @@ def test_carry_over_on_an_a_a_campaign_is_labelled_and_fails_the_gate(tmp_path: 
     # block and a BAAB cycle one, so the cycles' D alternate between ln 7 and half of it; at five
     # cycles the plain test sat near α (p 0.013, inconclusive, in a fresh-clone run beside the
     # engine builds), at eight its t is about twice that.
-    state = tmp_path / "last-boot"
-    state.write_text("second", encoding="utf-8")
-    common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
-    replace = {
-        "first:\n    env: {REFBOX_LAYERS": 'first:\n    env: {REFBOX_CARRY_OVER_PCT: "600", '
-        f"REFBOX_CARRY_OVER_TAG: first, {common}",
-        "second:\n    env: {REFBOX_LAYERS": "second:\n    env: {REFBOX_CARRY_OVER_TAG: second, "
-        f"{common}",
-        'REFBOX_HOT_SLOTS: "4"': 'REFBOX_HOT_SLOTS: "8"',
-        "cycles: 3": "cycles: 8",
-        "campaign: analysis-aa": "campaign: carry-over",
-        "analysis: {window_s: 0.5": "analysis: {alpha: 0.01, window_s: 0.5",
-    }
-    card = _card_with(tmp_path, CARDS / "aa.yaml", replace)
-    analysis, verdict = _campaign(card, tmp_path / "reports")
+    analysis, verdict = _campaign("carry-over", tmp_path)
     rows = _rows(analysis)
     decode = rows["decode_tok_s"]
     assert decode["raw_label"] == "better" and float(str(decode["ratio"])) > 1.1, decode
@@ -200,21 +155,7 @@ def test_a_candidate_that_heats_the_box_is_not_called_better(tmp_path: Path) -> 
     # even. The candidate after a control block (τ, what the model's check read before) is the
     # full speed-up, and D̄ more still; the washout's evidence (carry-over after it) holds the
     # label back, and the deployed effect does not support it: not *better*.
-    state = tmp_path / "last-boot"
-    common = f'REFBOX_CARRY_OVER_STATE: "{state}", REFBOX_LAYERS'
-    replace = {
-        "stale:\n    description: half the experts hot, the default (stale) rowmap, frozen\n"
-        "    env: {REFBOX_LAYERS": "stale:\n    description: half the experts hot, frozen\n"
-        f"    env: {{REFBOX_CARRY_OVER_TAG: stale, {common}",
-        "allhot:\n    description: every expert hot\n    env: {REFBOX_LAYERS": "allhot:\n"
-        "    description: every expert hot, and it heats the box\n"
-        f'    env: {{REFBOX_CARRY_OVER_LEAVES_PCT: "300", REFBOX_CARRY_OVER_TAG: allhot, {common}',
-        "max_tokens: 256": "max_tokens: 128",
-        "passes: 2": "passes: 1",
-        "campaign: analysis-map": "campaign: heat",
-    }
-    card = _card_with(tmp_path, CARDS / "map.yaml", replace)
-    analysis, verdict = _campaign(card, tmp_path / "reports")
+    analysis, verdict = _campaign("heat", tmp_path)
     decode = _rows(analysis)["decode_tok_s"]
     assert decode["washed"], decode  # every warm block followed its washout
     assert decode["label"] != "better", decode
