@@ -924,14 +924,24 @@ def test_a_resealed_plan_is_held_to_the_plan_its_frozen_card_builds(
     assert NOT_VERIFIED in err and "plan.json: " in err and said in err, err
 
 
-def test_a_kept_head_passes_an_untouched_or_grown_journal_and_a_bad_one_is_exit_2(
+def test_a_kept_head_passes_the_journal_it_ends_not_a_grown_one_and_a_bad_one_is_exit_2(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = copy_campaign(finished, tmp_path)
     code, out, err = cli("gate", str(root), capsys=capsys)
     head = _head(out)
-    Journal(root / "journal.jsonl").append("campaign_resume")  # what a resume appends
     code, out, err = cli("gate", str(root), "--quiet", "--journal-head", head, capsys=capsys)
+    assert code == EXIT_OK, out + err
+    assert f"verified against the journal head you kept ({head[:16]}…" in out
+    # A kept head is where trust ends: even what a resume appends is refused under it, and
+    # passes under the head that resume printed.
+    Journal(root / "journal.jsonl").append("campaign_resume")
+    code, out, err = cli("gate", str(root), "--quiet", "--journal-head", head, capsys=capsys)
+    assert code == EXIT_INFRASTRUCTURE and "1 event line follows the head" in err, out + err
+    code, out, err = cli("gate", str(root), "--quiet", capsys=capsys)
+    assert code == EXIT_OK and "verified against itself only" in out, out + err
+    newer = _head(out)
+    code, out, err = cli("gate", str(root), "--quiet", "--journal-head", newer, capsys=capsys)
     assert code == EXIT_OK, out + err
     code, out, err = cli("gate", str(root), "--journal-head", "abc", capsys=capsys)
     assert code == EXIT_BAD_INPUT and "64 hex digits" in err and "Traceback" not in err, err

@@ -76,6 +76,8 @@ class CampaignAnalysis:
     fleet: FleetTables | None = None  # per-box effects and the interaction; None on one box
     sealed: bool = True  # False: an older directory, its earlier records read unverified
     journal_head: str = ""  # the digest of the journal's last event line as verified
+    head_checked: str = ""  # the head given back, which is that last line ("" when none was)
+    checked_against: str = ""  # which head was checked, or "verified against itself only"
     # A simulated campaign's oracle bounds per cell (oracle.json, written by harness simulate).
     oracle: list[dict[str, Any]] = field(default_factory=list)
 
@@ -394,6 +396,8 @@ def analyze_campaign(
         fleet=fleet,
         sealed=verification.sealed,
         journal_head=verification.journal_head,
+        head_checked=verification.heads.head,
+        checked_against=verification.heads.text,
         oracle=_oracle(root) if simulated else [],
     )
 

@@ -2,7 +2,6 @@
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +10,8 @@ from pathlib import Path
 
 from harness.boxes.base import Box, CommandResult, export_prefix
 from harness.errors import BoxError
+from harness.formats.safe_write import copy_file_atomic
+from harness.threads import box_setting_prefix
 
 
 class LocalBox(Box):
@@ -63,7 +64,7 @@ class LocalBox(Box):
 
     def sh(self, command: str, *, timeout_s: float = 60, check: bool = True) -> CommandResult:
         """Run shell text with bash; a timeout kills the whole process group."""
-        script = export_prefix(self.spec.env) + command
+        script = box_setting_prefix() + export_prefix(self.spec.env) + command
         # A new session makes bash a group leader, so a timeout can kill its children too
         # (subprocess.run would kill bash alone and leave them running).
         with subprocess.Popen(
@@ -144,8 +145,7 @@ class LocalBox(Box):
 
     def _copy(self, source: Path, target: Path) -> None:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(source, target)  # content and mode bits, as cp
+            copy_file_atomic(source, target)  # content and mode bits, as cp
         except OSError as exc:
             raise BoxError(
                 f"{self.where}: cannot copy {source} -> {target}: {exc.strerror}"

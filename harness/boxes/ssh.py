@@ -16,6 +16,7 @@ from typing import Any
 from harness.boxes.base import Box, CommandResult, export_prefix
 from harness.boxes.tunnel import TunnelSet
 from harness.errors import BoxError
+from harness.formats.safe_write import atomic_path
 from harness.profiles.box import BoxSpec
 
 _KILL_AFTER_S = 5
@@ -292,9 +293,9 @@ class SshBox(Box):
 
     def get_file(self, remote: str, local: Path) -> None:
         """Download one file (sftp)."""
-        local.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._connect().get(self.home_path(remote), str(local))
+            with atomic_path(local) as tmp:
+                self._connect().get(self.home_path(remote), str(tmp))
         except Exception as exc:
             raise self._transfer_error(f"download {remote} -> {local}", exc) from exc
 

@@ -31,6 +31,7 @@ from harness.card.inputs import PATH_ROLES, InputFile, Locator
 from harness.card.load import LoadedCard, load_card
 from harness.errors import RecordError
 from harness.formats.records import check_inside, read_json, write_json_atomic
+from harness.formats.safe_write import atomic_binary_writer
 
 MANIFEST = Path("inputs") / "manifest.json"
 # Larger files are referenced by hash, not copied: a campaign directory should not hold a model.
@@ -236,16 +237,11 @@ def _unique(name: PurePosixPath, source: Path, taken: dict[PurePosixPath, Path])
 
 def _copy(source: Path, target: Path) -> str:
     """Copy through a temp file and rename; the SHA-256 of what was copied."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
     digest = hashlib.sha256()
-    with source.open("rb") as src, tmp.open("wb") as dst:
+    with source.open("rb") as src, atomic_binary_writer(target) as dst:
         while chunk := src.read(_CHUNK):
             digest.update(chunk)
             dst.write(chunk)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, target)
     return digest.hexdigest()
 
 

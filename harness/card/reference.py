@@ -22,6 +22,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from harness.card.schema import Card
+from harness.formats.safe_write import write_text_atomic
 from harness.profiles.box import BoxSpec
 from harness.profiles.schema import RuntimeProfile
 
@@ -166,8 +167,8 @@ def card_json_schema() -> str:
 def write_reference(docs: Path = DOCS) -> list[Path]:
     """Write both files into ``docs``; return their paths."""
     reference, schema = docs / "reference.md", docs / "card.schema.json"
-    reference.write_text(reference_markdown(), encoding="utf-8")
-    schema.write_text(card_json_schema(), encoding="utf-8")
+    write_text_atomic(reference, reference_markdown())
+    write_text_atomic(schema, card_json_schema())
     return [reference, schema]
 
 

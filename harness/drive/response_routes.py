@@ -38,6 +38,7 @@ import numpy.typing as npt
 from harness.drive.client import DriveSpec, WorkItem, request_body
 from harness.errors import BadInput, InfrastructureError
 from harness.formats.maps import write_count_dump
+from harness.formats.safe_write import atomic_binary_writer
 from harness.profiles.telemetry import ResponseRoutesSpec
 from harness.runtimes.boot import http_json
 
@@ -206,11 +207,12 @@ class RouteRows:
         experts = np.concatenate(self.experts)
         prefill = np.concatenate(self.prefill)
         trace = out_dir / "route-trace.npz"
-        np.savez_compressed(
-            trace, routed_experts=experts, prefill=prefill, step=np.concatenate(self.steps),
-            dense_layers=np.asarray(self.dense_layers, dtype=np.int64),
-            moe_layers=np.asarray(self.moe_layers, dtype=np.int64),
-        )  # fmt: skip
+        with atomic_binary_writer(trace) as handle:
+            np.savez_compressed(
+                handle, routed_experts=experts, prefill=prefill, step=np.concatenate(self.steps),
+                dense_layers=np.asarray(self.dense_layers, dtype=np.int64),
+                moe_layers=np.asarray(self.moe_layers, dtype=np.int64),
+            )  # fmt: skip
         # Every model layer, dense ones as zeros: a placement needs num_hidden_layers rows.
         layers = self.model_layers or experts.shape[1]
         counts = np.zeros((layers, width or int(experts.max()) + 1), dtype=np.int64)

@@ -62,8 +62,8 @@ def _place(partial: Path, folder: Path, stamp: str) -> Path:
 
 def _fill(loaded: LoadedCard, plan: Plan, root: Path) -> None:
     """Everything a campaign starts with, ``campaign_start`` journalled last."""
-    (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
-    (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
+    write_text_atomic(root / "card.yaml", loaded.text)
+    write_text_atomic(root / "card.path", str(loaded.path))
     # The directory keeps everything the card names, so a resume needs nothing outside it.
     freeze_inputs(loaded, root)
     write_text_atomic(root / "plan.json", plan_json_text(plan) + "\n")

@@ -9,13 +9,15 @@ files kept under ``expert-distribution/``) and, when the profile declares one, i
 With ``--as-run`` it sends what one run of the card sends instead, for ``harness simulate``.
 
 Each boot is journalled in ``DIR/collect.journal.jsonl``, so a collection killed with its runtime
-still up (SIGKILL, a lost terminal) leaves a runtime the next collection into ``DIR`` stops first.
+still up (SIGKILL, a lost terminal) leaves a runtime the next collection into ``DIR`` stops first:
+only one booted in a folder collections into ``DIR`` make (:func:`scratch_prefix` on this machine).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -36,6 +38,7 @@ from harness.errors import BadInput, RuntimeBootError
 from harness.execute.recovery_watch import RecoveryWatch
 from harness.formats.prompts import Prompt
 from harness.formats.records import UNSCORED_STEPS, Journal, write_json_atomic
+from harness.formats.safe_write import write_text_atomic
 from harness.profiles.telemetry import CountDumpSpec, ExpertRecorderSpec, ResponseRoutesSpec
 from harness.runtimes.boot import RunningRuntime, boot, boot_spec, http_json, render
 from harness.runtimes.counters import scrape_counters
@@ -56,6 +59,14 @@ class Collected:
 
 
 COLLECT_JOURNAL = "collect.journal.jsonl"
+
+
+def scratch_prefix(out_dir: Path) -> str:
+    """The name every local boot folder of collections into ``out_dir`` starts with, keyed by
+    that folder: in the shared temporary folder, the orphans its journal names can then only be
+    runtimes of collections into ``out_dir``."""
+    key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16]
+    return f"harness-collect-{key}-"
 
 
 def collect_counts(
@@ -109,14 +120,15 @@ def collect_counts(
     try:
         card = loaded.card
         if loaded.box.kind == "local":
-            within = os.path.join(tempfile.gettempdir(), "harness-collect-")
+            within = os.path.join(tempfile.gettempdir(), scratch_prefix(out_dir))
         else:
-            within = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
+            remote = f"{box.home_path(loaded.box.workdir)}/collect-{card.campaign}-{cell_name}"
+            within = remote + "/"
+        # Only marks of the boot folders this collection owns count: a journal line naming any
+        # other folder (another collection's runtime) kills nothing.
         orphans = tuple(stop_orphans(journal, box, loaded.box_name, loaded.box_name, within))
         if loaded.box.kind == "local":
-            remote = local_scratch = tempfile.mkdtemp(prefix="harness-collect-")
-        else:
-            remote = within
+            remote = local_scratch = tempfile.mkdtemp(prefix=os.path.basename(within))
         runtime, boot_id, live = _boot(loaded, box, journal, cell, cell_name, remote)
         try:
             runtime.post_live(live)
@@ -367,7 +379,7 @@ def _save(
     """Write the counts and fetch the runtime's route trace, where it writes one."""
     counts = out_dir / "counts.json"
     if got.body is not None:
-        counts.write_text(json.dumps(got.body) + "\n", encoding="utf-8")
+        write_text_atomic(counts, json.dumps(got.body) + "\n")
     trace: Path | None = None
     route_trace = loaded.runtime.telemetry.route_trace
     if route_trace:

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import BadInput, MapError
+from harness.formats.safe_write import write_text_atomic
 from harness.formats.textfile import parse_json, read_text
 from harness.formats.torchfile import read_torch_file, write_torch_file
 
@@ -244,7 +245,7 @@ def write_logical_count(path: str | os.PathLike[str], counts: npt.ArrayLike) -> 
     if table.ndim == 2:
         table = table[None]
     if Path(path).suffix.lower() == ".json":
-        Path(path).write_text(json.dumps({"logical_count": table.tolist()}) + "\n")
+        write_text_atomic(Path(path), json.dumps({"logical_count": table.tolist()}) + "\n")
     else:
         write_torch_file(path, {"logical_count": table})
 

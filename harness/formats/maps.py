@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import MapError
+from harness.formats.safe_write import write_text_atomic
 from harness.formats.textfile import parse_json, read_text
 
 if TYPE_CHECKING:
@@ -84,21 +85,7 @@ class CountDump:
 
 
 def _write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    handle, temp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        # mkstemp makes the file 0600; a runtime in a container may read it as another user.
-        os.chmod(temp, 0o644)
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    write_text_atomic(Path(path), text)
 
 
 def _load_json(path: str | os.PathLike[str]) -> Any:

@@ -36,6 +36,8 @@ import pyarrow as pa
 
 from harness.errors import RecordError, VerificationError
 from harness.formats.ring import RING_FIELDS
+from harness.formats.safe_write import atomic_binary_writer, open_in_place
+from harness.formats.safe_write import write_text_atomic as write_text_atomic  # its old home
 from harness.formats.seal import file_sha256, run_seal, start_seal
 from harness.formats.textfile import parse_json, read_bytes, read_text
 
@@ -48,17 +50,13 @@ RUN_INTERRUPTED = "interrupted"
 
 
 @contextlib.contextmanager
-def _unlinked_on_failure(tmp: Path, path: Path | None = None) -> Iterator[None]:
-    """A failed write (disk full, read-only) leaves no temp file and the old file as it was;
-    the error names the file being written (a failed write(2) names none)."""
+def _naming_failures(path: Path) -> Iterator[None]:
+    """A failed write(2) names no file: name the one being written."""
     try:
         yield
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            if tmp != path:
-                tmp.unlink()
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
-            raise OSError(exc.errno, os.strerror(exc.errno), str(path or tmp)) from exc
+    except OSError as exc:
+        if exc.filename is None and exc.errno:
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
         raise
 
 
@@ -70,19 +68,7 @@ UNSCORED_STEPS = "unscored.json"
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
     text = json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str)
-    write_text_atomic(path, text)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write text through a temp file and rename (plan.json, rewritten when a campaign grows)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with _unlinked_on_failure(tmp, path):
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+    write_text_atomic(path, text)  # harness.formats.safe_write: never through a planted link
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -300,13 +286,10 @@ def _check_values(frame: pd.DataFrame, path: Path) -> None:
 
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     """Write a DataFrame atomically, tagged with the schema version."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     frame = frame.copy()
     frame.attrs = {"schema_version": str(SCHEMA_VERSION)}
-    with _unlinked_on_failure(tmp, path):
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+    with atomic_binary_writer(path) as handle:
+        frame.to_parquet(handle, index=False)
 
 
 def read_parquet(path: Path) -> pd.DataFrame:
@@ -416,8 +399,8 @@ class Journal:
         # A fleet's workers append from several threads: one line at a time, whole.
         with (
             _APPEND_LOCK,
-            _unlinked_on_failure(self.path, self.path),
-            self.path.open("a+b") as handle,
+            _naming_failures(self.path),
+            open_in_place(self.path, "a+b") as handle,
         ):
             if chained:
                 before = _last_event_line(handle, self.path)

@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import RingError
+from harness.formats.safe_write import open_in_place
 
 __all__ = [
     "HEADER_ALIGN",
@@ -166,7 +167,7 @@ class RingWriter:
             geometry.hot_slots,
         )
         size = self._header_bytes + capacity * self._record_bytes
-        with open(self.path, "w+b") as handle:
+        with open_in_place(self.path, "w+b") as handle:
             handle.write(prefix + names)
             # A sparse zero-filled body: every marker 0 means "empty" to readers.
             handle.truncate(size)

@@ -12,10 +12,11 @@ of per-block ones instead of each holding the whole boot so far.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
+
+from harness.formats.safe_write import atomic_binary_writer
 
 __all__ = ["slice_after_last_reset", "write_run_part"]
 
@@ -30,6 +31,31 @@ def write_run_part(source: Path, dest: Path) -> int | None:
     last reset's knobs and hot sets) and the records after that reset. Returns the reset's step;
     None when there is no reset or ``source`` is not a reference runtime trace, and then
     ``dest`` is a plain copy."""
+    head, after = _last_reset(source)
+    return _write_part(source, dest, head, after)
+
+
+def slice_after_last_reset(path: Path) -> int | None:
+    """Cut ``path`` in place to what a run keeps of it (:func:`write_run_part`); a file with no
+    reset is left as it is."""
+    head, after = _last_reset(path)
+    return None if head is None else _write_part(path, path, head, after)
+
+
+def _write_part(source: Path, dest: Path, head: dict[str, Any] | None, after: int) -> int | None:
+    """``head`` (when there is one), then ``source`` from byte ``after`` on, into ``dest``
+    (which may be ``source``: it is replaced only once written whole)."""
+    with open(source, "rb") as handle, atomic_binary_writer(dest) as out:
+        if head is not None:
+            out.write(json.dumps(head, separators=(",", ":")).encode() + b"\n")
+        handle.seek(after)
+        shutil.copyfileobj(handle, out, 1 << 20)
+    return None if head is None else int(head["after_reset_step"])
+
+
+def _last_reset(source: Path) -> tuple[dict[str, Any] | None, int]:
+    """The header a run's part starts with (the last reset's knobs and hot sets) and the offset
+    of the records after that reset; (None, 0) when there is no reset to cut at."""
     reset: dict[str, Any] | None = None
     after = 0
     with open(source, "rb") as handle:
@@ -39,27 +65,8 @@ def write_run_part(source: Path, dest: Path) -> int | None:
                 if line.startswith(_RESET_PREFIX) and line.endswith(b"\n"):
                     reset = json.loads(line)
                     after = handle.tell()
-    dest.parent.mkdir(parents=True, exist_ok=True)
     if reset is None:
-        shutil.copyfile(source, dest)
-        return None
-    step = int(reset["step"])
+        return None, 0
     head = {**json.loads(first), "knobs": reset["knobs"], "hot": reset["hot"]}
-    head["after_reset_step"] = step
-    with open(source, "rb") as handle, open(dest, "wb") as out:
-        out.write(json.dumps(head, separators=(",", ":")).encode() + b"\n")
-        handle.seek(after)
-        shutil.copyfileobj(handle, out, 1 << 20)
-    return step
-
-
-def slice_after_last_reset(path: Path) -> int | None:
-    """Cut ``path`` in place to what a run keeps of it (:func:`write_run_part`); a file with no
-    reset is left as it is."""
-    tmp = path.with_name(path.name + ".tmp")
-    step = write_run_part(path, tmp)
-    if step is None:
-        tmp.unlink()
-        return None
-    os.replace(tmp, path)
-    return step
+    head["after_reset_step"] = int(reset["step"])
+    return head, after

@@ -23,7 +23,6 @@ import io
 import os
 import pickle
 import struct
-import tempfile
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -34,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import BadInput
+from harness.formats.safe_write import atomic_binary_writer
 
 __all__ = ["TorchFileError", "read_torch_file", "write_torch_file"]
 
@@ -336,23 +336,15 @@ def _aligned(archive: zipfile.ZipFile, handle: Any, name: str, data: bytes) -> N
 
 def write_torch_file(path: str | os.PathLike[str], obj: Any) -> None:
     """Write ``obj`` (a numpy array, or dicts, lists and tuples of them, numbers, strings,
-    None) as a torch file, atomically (a temp file in the same folder, then ``os.replace``)."""
+    None) as a torch file, atomically (harness.formats.safe_write)."""
     writer = _Writer()
     writer.emit(obj)
     writer.out += b"."
     target = Path(path)
     prefix = "archive"
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.")
-    try:
-        # mkstemp makes the file 0600; an engine in a container may read it as another user.
-        os.chmod(tmp, 0o644)
-        with os.fdopen(fd, "wb") as handle, zipfile.ZipFile(handle, "w") as archive:
-            _aligned(archive, handle, f"{prefix}/data.pkl", bytes(writer.out))
-            _aligned(archive, handle, f"{prefix}/byteorder", b"little")
-            for key, data in enumerate(writer.storages):
-                _aligned(archive, handle, f"{prefix}/data/{key}", data)
-            _aligned(archive, handle, f"{prefix}/version", _FORMAT_VERSION)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_binary_writer(target) as handle, zipfile.ZipFile(handle, "w") as archive:
+        _aligned(archive, handle, f"{prefix}/data.pkl", bytes(writer.out))
+        _aligned(archive, handle, f"{prefix}/byteorder", b"little")
+        for key, data in enumerate(writer.storages):
+            _aligned(archive, handle, f"{prefix}/data/{key}", data)
+        _aligned(archive, handle, f"{prefix}/version", _FORMAT_VERSION)

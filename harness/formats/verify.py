@@ -4,7 +4,8 @@
 directory (:mod:`.seal`) must hold exactly what its journal vouches for: ``plan.json``
 and ``card.yaml`` as last journalled, every top-level record as some journalled write left it,
 every run journalled done with exactly its sealed files, no run folder the plan does not name,
-and no ``run.json`` whose identity disagrees with its folder and its planned run. Anything else
+no ``run.json`` whose identity disagrees with its folder and its planned run, and nothing the
+campaign started with sealed again after its start. Anything else
 is a :class:`VerificationError` (exit 3) naming the file. A directory started before campaign
 directories were sealed is read as before (identity checks only), and said so; what a resume by
 this harness added to it since is verified like any sealed record.
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import VerificationError
-from harness.formats.heads import check_heads
+from harness.formats.heads import HeadCheck, check_heads
 from harness.formats.records import (
     CAMPAIGN_JOURNAL,
     NEXT_PLAN,
@@ -26,7 +27,7 @@ from harness.formats.records import (
     line_digest,
     read_json,
 )
-from harness.formats.seal import file_sha256, folder_files
+from harness.formats.seal import START_FILES, START_FOLDERS, file_sha256, folder_files
 
 # The fields of run.json that say which planned run it is.
 _IDENTITY = ("run_id", "cell", "cycle", "slot", "repeat", "cache_state")
@@ -41,7 +42,8 @@ class Verification:
 
     sealed: bool  # False: an older, unsealed directory, read with identity checks only
     runs_verified: int
-    journal_head: str = ""  # the digest of the journal's last event line (heads.Head)
+    journal_head: str  # the digest of the journal's last event line (heads.Head)
+    heads: HeadCheck  # the kept head that vouches for the whole journal, if one does
 
 
 def _fail(root: Path, path: Path | str, what: str) -> VerificationError:
@@ -101,6 +103,47 @@ def _sealed_files(events: list[dict[str, Any]]) -> dict[str, list[str]]:
             for name, digest in files.items():
                 written.setdefault(str(name), []).append(str(digest))
     return written
+
+
+# What a campaign starts with and is never sealed again. quality.json is not yet among them:
+# the quality gate's test fixtures still re-seal it after the start (issue 57 follow-up).
+_SEALED_ONCE = tuple(name for name in START_FILES if name != "quality.json")
+
+
+def _started_with(name: str) -> bool:
+    """Whether ``name`` is sealed once, at the start (card, plan, frozen inputs)."""
+    return name in _SEALED_ONCE or any(name.startswith(f"{top}/") for top in START_FOLDERS)
+
+
+def _check_sealed_once(root: Path, lines: list[tuple[int, bytes, dict[str, Any]]]) -> None:
+    """What a campaign starts with is sealed by its ``campaign_start`` and never again: the
+    harness only grows ``plan.json`` (``campaign_extended``, which the frozen card is then held
+    to), so a later event sealing the card or an input anew is an edit made to look sealed."""
+    started = False
+    for number, _, event in lines:
+        kind = event["event"]
+        if kind == "campaign_start":
+            if started:
+                raise _fail(
+                    root,
+                    CAMPAIGN_JOURNAL,
+                    f"line {number}: a second campaign_start; a campaign starts once, so this "
+                    "one re-seals what it started with",
+                )
+            started = True
+            continue
+        files = event.get("files")
+        if kind not in ("sealed", "campaign_extended") or not isinstance(files, dict):
+            continue
+        for name in files:
+            if _started_with(str(name)) and (kind, name) != ("campaign_extended", "plan.json"):
+                raise _fail(
+                    root,
+                    str(name),
+                    f"sealed again by journal line {number} ({kind}) after the campaign "
+                    "started; what a campaign starts with is sealed once, at its start, so "
+                    "this is a change made to look sealed",
+                )
 
 
 def _confined(root: Path, name: str) -> None:
@@ -260,14 +303,15 @@ def verify_campaign(
     lines = _event_lines(root)
     digests = [line_digest(line) for _, line, _ in lines]
     _check_chain(root, lines, digests)
-    check_heads(root, digests, journal_head)
     events = [event for _, _, event in lines]
+    heads = check_heads(root, digests, [e["event"] for e in events], journal_head)
+    _check_sealed_once(root, lines)
     # Sealed from its start; an older directory resumed by this harness is sealed from then on
     # (its later records are verified, its earlier ones by identity only).
     sealed = any(e["event"] == "campaign_start" and "seal" in e for e in events)
     _check_top_level(root, events, sealed=sealed)
     verified = _check_runs(root, campaign, events, sealed, resuming)
-    return Verification(sealed, verified, digests[-1])
+    return Verification(sealed, verified, digests[-1], heads)
 
 
 __all__ = ["Verification", "verify_campaign"]

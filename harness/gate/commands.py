@@ -42,8 +42,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--journal-head",
         type=_head,
         metavar="HEX",
-        help="a journal head printed by an earlier gate or run (64 hex digits): the directory "
-        "fails verification (exit 3) unless every journal line up to it is unchanged",
+        help="the journal head the last gate or run printed (64 hex digits): the directory "
+        "fails verification (exit 3) unless every journal line up to it is unchanged and no "
+        "line follows it (after a `run --resume`, give the head that run printed)",
     )
     gate.set_defaults(handler=_cmd_gate)
 

@@ -68,6 +68,10 @@ class Verdict:
     # The journal's head as verified: kept outside the directory, it catches a rewrite of any
     # line up to it (harness.formats.heads).
     journal_head: str = ""
+    # The head given back (--journal-head), which is the journal's last line ("" when none was:
+    # then nothing outside vouches for what the directory holds), and the sentence that says so.
+    head_checked: str = ""
+    checked_against: str = ""
 
     @property
     def outcome(self) -> str:
@@ -120,9 +124,13 @@ class Verdict:
             "outcome": self.outcome,
             "incomplete_runs": self.incomplete_runs,
             "ungated": self.ungated,
-            "verified": not self.unverified,
+            # Sealed, and the whole journal under a head given back: a chain that verifies
+            # against itself alone is what anyone who can write the directory can make.
+            "verified": not self.unverified and bool(self.head_checked),
             "unverified": self.unverified,
             "journal_head": self.journal_head,
+            "head_checked": self.head_checked,
+            "checked_against": self.checked_against,
             "gates": [asdict(g) for g in self.gates],
         }
 
@@ -513,6 +521,8 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         ungated_cells(analysis),
         unverified,
         analysis.journal_head,
+        analysis.head_checked if analysis.sealed else "",
+        analysis.checked_against if analysis.sealed else "",
     )
 
 
@@ -587,6 +597,19 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
             suite, "testcase", classname="campaign.sealed", name="records verified by the seal"
         )
         ET.SubElement(case, "skipped", message=_xml(verdict.unverified)[:500])
+    elif verdict.checked_against:
+        # Which kept head vouched for the records (a pass), or a skip saying none did.
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname="campaign.journal_head",
+            name="records vouched for by a journal head kept outside the directory",
+        )
+        text = _xml(verdict.checked_against)
+        if verdict.head_checked:
+            ET.SubElement(case, "system-out").text = text
+        else:
+            ET.SubElement(case, "skipped", message=text[:500]).text = text
     if incomplete:
         # A CI reading only the test cases must not see a green suite for a partial campaign.
         case = ET.SubElement(

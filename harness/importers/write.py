@@ -14,7 +14,6 @@ file) make it self-contained.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from harness.formats.records import (
     write_parquet,
     write_text_atomic,
 )
+from harness.formats.safe_write import copy_file_atomic
 from harness.importers.aiperf import read_aiperf
 from harness.importers.common import SourceBlock
 from harness.importers.ds4 import read_ds4
@@ -427,7 +427,7 @@ def _write(
                             imported=fmt)  # fmt: skip
     for run, p in zip(runs, placed, strict=True):
         block = p.block
-        shutil.copyfile(block.path, sources / block.path.name)
+        copy_file_atomic(block.path, sources / block.path.name)
         lines.append(f"{block.path.name} sha256 {block.sha256} -> {run['run_id']}")
         run_dir = campaign.run_dir(run["run_id"])
         requests = block.requests.assign(cell=run["cell"]) if block.requests is not None else None

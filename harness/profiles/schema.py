@@ -366,8 +366,9 @@ class RuntimeProfile(Strict):
         None,
         pattern=r"^[A-Z_][A-Z0-9_]*$",
         description="env var the harness sets to a fresh random token at every boot; every live "
-        "knob request (apply, reset, phase tags, live.state) then carries `Authorization: "
-        "Bearer <token>`, so only the harness that booted the runtime can change what it runs",
+        "knob request (apply, reset, phase tags, live.state) and expert-recorder request then "
+        "carries `Authorization: Bearer <token>`, so only the harness that booted the runtime "
+        "can change what it runs",
     )
 
     @model_validator(mode="before")

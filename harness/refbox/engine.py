@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from harness.errors import KnobError
 from harness.formats.ring import ROUTE_TRACE_VERSION, RingGeometry, RingWriter
+from harness.formats.safe_write import open_in_place
 from harness.policy import kernels as policy_kernels
 from harness.policy.residency import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
 from harness.refbox.heat import BoxHeat, HeatSettings
@@ -155,7 +156,7 @@ class Engine:
             self.ring = RingWriter(opts.ring_path, opts.ring_capacity, geometry)
         self._trace: TextIO | None = None
         if opts.route_trace_path:
-            self._trace = open(opts.route_trace_path, "w", encoding="utf-8")  # noqa: SIM115
+            self._trace = open_in_place(opts.route_trace_path, "w")
             self._trace_line(
                 {
                     "kind": "header",

@@ -144,8 +144,8 @@ _OPTIONS: dict[str, tuple[_Option, ...]] = {
         _option(
             "--admin-token",
             default=None,
-            help="require `Authorization: Bearer TOKEN` on every /admin call; give it as "
-            "REFBOX_ADMIN_TOKEN (a flag shows in ps), as the harness does at every boot",
+            help="require `Authorization: Bearer TOKEN` on every /admin and recorder call; "
+            "give it as REFBOX_ADMIN_TOKEN (a flag shows in ps), as the harness does at every boot",
         ),
         _option(
             "--control",

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.formats.safe_write import write_text_atomic
 
 __all__ = ["HEAT_STATE_VERSION", "BoxHeat", "HeatSettings", "read_heat", "relax_heat", "write_heat"]
 
@@ -65,11 +66,8 @@ def read_heat(path: str) -> tuple[float, int]:
 
 def write_heat(path: str, heat: float, requests: int) -> None:
     """Replace ``path`` with this heat and request count, atomically (raises ``OSError``)."""
-    target = Path(path)
-    scratch = target.with_name(f".{target.name}.{os.getpid()}")
     payload = {"version": HEAT_STATE_VERSION, "heat": heat, "requests": requests}
-    scratch.write_text(json.dumps(payload) + "\n", encoding="utf-8")
-    os.replace(scratch, target)
+    write_text_atomic(Path(path), json.dumps(payload) + "\n", make_folder=False)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from harness.errors import HarnessError, KnobError
 from harness.formats.maps import read_hotlist, read_rowmap
+from harness.formats.safe_write import write_text_atomic
 from harness.policy.residency import ExpertCache, PolicyKnobs, parse_priority
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.flags import UsageError, build_parser
@@ -70,7 +71,7 @@ class ServeConfig:
     hang_after_tokens: int | None
     boot_delay_s: float
     never_ready: bool
-    admin_token: str | None = None  # required on every /admin call when set
+    admin_token: str | None = None  # required on every /admin and recorder call when set
     dump_dir: str = "."  # /admin/dump writes only inside it (resolved)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -353,9 +354,8 @@ def carried_over_pct(state: str | None, tag: str, pct: float, leaves_pct: float 
         except ValueError:
             left = 0.0  # not one of ours: nothing left behind
     try:
-        scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        scratch.write_text(f"{tag}\n{leaves_pct:g}" if leaves_pct else tag, encoding="utf-8")
-        os.replace(scratch, path)
+        text = f"{tag}\n{leaves_pct:g}" if leaves_pct else tag
+        write_text_atomic(path, text, make_folder=False)
     except OSError as exc:
         raise UsageError(f"--carry-over-state: cannot write {state}: {exc.strerror}") from exc
     return (pct if previous is not None and previous != tag else 0.0) + left

@@ -23,14 +23,15 @@ Endpoints
     ``GET /admin/state``       the live knobs and the map file loaded last (``rowmap``): what
                                the harness reads back after every run
 
-Every ``/admin`` call needs ``Authorization: Bearer TOKEN`` when the server was given a token
-(``REFBOX_ADMIN_TOKEN``; the harness makes one per boot), and a change must be
-``Content-Type: application/json`` (415 otherwise: a web page can post text/plain to a port on
-the box, but not JSON without a preflight the server never answers).
     ``GET|POST /start_expert_distribution_record``, ``/stop_…``, ``/dump_…``
                                SGLang's recorder (with ``--expert-distribution-recorder-mode
                                stat``): the dump writes ``expert_distribution_recorder_<time>.pt``
                                into ``$SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR`` (default /tmp)
+
+Every ``/admin`` and recorder call needs ``Authorization: Bearer TOKEN`` when the server was
+given a token (``REFBOX_ADMIN_TOKEN``; the harness makes one per boot), and an ``/admin`` change
+must be ``Content-Type: application/json`` (415 otherwise: a web page can post text/plain to a
+port on the box, but not JSON without a preflight the server never answers).
 
 With ``--enable-return-routed-experts`` (vLLM's flag), a non-streamed completion's choice carries
 ``routed_experts``: base64 ``.npy`` bytes of ``[prompt + completion tokens - 1, layers, top_k]``,
@@ -70,6 +71,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,6 +79,7 @@ from aiohttp import web
 
 from harness.errors import HarnessError, KnobError
 from harness.formats.maps import read_rowmap, write_count_dump
+from harness.formats.safe_write import write_text_atomic
 from harness.refbox.engine import Engine
 from harness.refbox.model import I64
 from harness.refbox.options import ServeConfig, error_message, parse_serve_args
@@ -84,6 +87,8 @@ from harness.refbox.options import ServeConfig, error_message, parse_serve_args
 __all__ = ["serve_main"]
 
 _DONE = object()
+# SGLang's recorder routes: each changes the record or writes a file, so the token guards them.
+_RECORDER_PATHS = tuple(f"/{a}_expert_distribution_record" for a in ("start", "stop", "dump"))
 
 
 class Server:
@@ -113,8 +118,7 @@ class Server:
         app.router.add_post("/admin/knobs", self.post_knobs)
         app.router.add_post("/admin/reset", self.post_reset)
         app.router.add_post("/admin/dump", self.dump)
-        for action in ("start", "stop", "dump"):
-            path = f"/{action}_expert_distribution_record"
+        for path in _RECORDER_PATHS:
             app.router.add_route("GET", path, self.expert_record)
             app.router.add_route("POST", path, self.expert_record)
         return app
@@ -161,10 +165,12 @@ class Server:
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
-        """Every /admin call: the boot's token when one was given (401 without it), and JSON
-        only for a change (415 otherwise: a web page can post text/plain to localhost, never
+        """Every /admin and recorder call: the boot's token when one was given (401 without
+        it; each changes what a run measures or writes a file), and JSON only for an /admin
+        change (415 otherwise: a web page can post text/plain to localhost, never
         application/json without asking first)."""
-        if request.path.startswith("/admin/"):
+        admin = request.path.startswith("/admin/")
+        if admin or request.path in _RECORDER_PATHS:
             token = self.config.admin_token
             given = request.headers.get("Authorization", "")
             if token is not None and not hmac.compare_digest(
@@ -174,7 +180,8 @@ class Server:
                     {"error": "admin calls need this boot's token: Authorization: Bearer TOKEN"},
                     status=401,
                 )
-            if request.method != "GET" and request.content_type != "application/json":
+            # The recorder keeps SGLang's plain GET/POST; the token alone guards it.
+            if admin and request.method != "GET" and request.content_type != "application/json":
                 return web.json_response(
                     {"error": "admin changes are JSON: send Content-Type: application/json"},
                     status=415,
@@ -524,10 +531,7 @@ class Server:
         engine.close()
         if self.config.counters_path:
             payload = {"schema_version": 1, **counters, "knobs": engine.knob_dict()}
-            tmp = f"{self.config.counters_path}.tmp"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(payload, handle, indent=1)
-            os.replace(tmp, self.config.counters_path)
+            write_text_atomic(Path(self.config.counters_path), json.dumps(payload, indent=1))
 
 
 class _Meta:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.formats.safe_write import write_text_atomic
 from harness.version import PACKAGE_DIR, __version__
 
 if TYPE_CHECKING:
@@ -53,12 +54,12 @@ def render_report(
     context = build_context(root, analysis, verdict, figures=figures)
     html = _render(context, link_prefix="")
     path = root / REPORT_NAME
-    _write(path, html)
+    write_text_atomic(path, html)
     # The markdown record from the same context: the same numbers as the page.
-    _write(root / RECORD_NAME, render_record(context))
+    write_text_atomic(root / RECORD_NAME, render_record(context))
     copy = copy_path(root, analysis.card.campaign)
     if copy is not None:
-        _write(copy, _render(context, link_prefix=f"{root.parent.name}/{root.name}/"))
+        write_text_atomic(copy, _render(context, link_prefix=f"{root.parent.name}/{root.name}/"))
     return path
 
 
@@ -68,12 +69,6 @@ def copy_path(root: Path, campaign: str) -> Path | None:
     if resolved.parent.parent.name != "reports":
         return None
     return resolved.parent.parent / f"{campaign}-{resolved.name}.html"
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def _render(context: dict[str, Any], *, link_prefix: str) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from harness.formats.termtext import shown
+from harness.formats.termtext import inert, shown
 from harness.report.labels import frozen_cells
 
 if TYPE_CHECKING:
@@ -255,8 +255,9 @@ def print_conclusion(
     *,
     quiet: bool,
 ) -> None:
-    """The verdict table and the labels' tally (unless ``quiet``), then the report's path and
-    the journal head to keep (``root``: the campaign directory)."""
+    """The verdict table and the labels' tally (unless ``quiet``), then the report's path,
+    which kept head was checked, and the journal head to keep (``root``: the campaign
+    directory)."""
     if not quiet:
         print_verdict(verdict, out)
         tally = label_tally([c.comparison.label for c in analysis.comparisons], verdict.passed)
@@ -266,13 +267,16 @@ def print_conclusion(
         if unmeasured:
             out.write(unmeasured + "\n")
     out.write(f"report: {report}\n")
+    if verdict.checked_against:
+        # Plain text (no rich here); it may name the store's path, which is data.
+        out.write(inert(verdict.checked_against).replace("\n", " ") + "\n")
     if verdict.journal_head:
         # Kept where an edit of the directory does not reach (a CI's log), the head catches a
-        # rewrite of the journal that re-sealed every digest.
+        # rewrite of the journal that re-sealed every digest, and a line added after it.
         out.write(
             f"journal head: {verdict.journal_head} (keep it; `harness gate "
             f"{root} --journal-head {verdict.journal_head}` fails if any "
-            "journal line up to it is rewritten)\n"
+            "journal line up to it is rewritten or any is added after it)\n"
         )
 
 

@@ -53,8 +53,10 @@ def stop_orphans(
     its group's identity, or by its mark when it was killed before its group was journalled.
     Each is journalled ``orphan_killed``. ``default_box`` is the box of events that name none
     (a journal written before fleets: the card's only box). Only marks that start with
-    ``within`` (this campaign's folder on the box) count: a journal line naming another
-    folder's mark (another campaign's runtime) kills nothing. Returns the groups it killed."""
+    ``within`` (this campaign's folder on the box, ending in ``/``; or the name prefix of a
+    collection's own boot folders), or name that folder itself, count: a journal line naming
+    another folder's mark (another campaign's runtime) kills nothing. Returns the groups it
+    killed."""
     killed: list[int] = []
     stopped = set()
     booted = []
@@ -63,7 +65,11 @@ def stop_orphans(
     for event in journal.events():
         on_this_box = event.get("box", default_box) == box_name
         mark = event.get("mark")
-        ours = isinstance(mark, str) and mark.startswith(within) and "/../" not in mark + "/"
+        ours = (
+            isinstance(mark, str)
+            and (mark.startswith(within) or mark == within.rstrip("/"))
+            and "/../" not in mark + "/"
+        )
         if event.get("event") == "boot_starting" and on_this_box and ours:
             marks[str(event.get("run_id"))] = str(mark)
             mark_of[str(event.get("run_id"))] = str(mark)

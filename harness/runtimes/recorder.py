@@ -64,7 +64,11 @@ def recorder_folder(spec: ExpertRecorderSpec, run_dir: str) -> str:
 def _post(runtime: RunningRuntime, path: str, timeout_s: float) -> None:
     url = runtime.base_url + path
     try:
-        status, body = http_request(url, "POST", b"", timeout_s=timeout_s)
+        # The boot's token, where the profile gives one: a start, stop or dump from anyone
+        # else would change what the run records.
+        status, body = http_request(
+            url, "POST", b"", timeout_s=timeout_s, headers=runtime.admin_headers
+        )
     except (OSError, urllib.error.URLError) as exc:
         raise InfrastructureError(f"POST {path}: the runtime did not answer: {exc}") from None
     if status != 200:

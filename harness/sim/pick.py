@@ -28,6 +28,7 @@ import yaml
 from harness.card import BetterGate, CounterGate, SurvivesGate
 from harness.catalog import METRICS
 from harness.errors import BadInput
+from harness.formats.safe_write import write_text_atomic
 from harness.sim.sweep.grid import Sweep, control_name, ladder_value
 from harness.sim.sweep.spec import FILE_KNOBS, point_cell
 
@@ -271,7 +272,7 @@ def write_picked_card(sweep: Sweep, pick: Pick, path: Path) -> Path:
             parts.append(_dump(key, value))
     if "control" not in source:
         parts.append(_dump("control", control))
-    path.write_text("".join(parts), encoding="utf-8")
+    write_text_atomic(path, "".join(parts))
     return path
 
 

@@ -35,6 +35,7 @@ from harness.card.simulation_match import SIMULATED_INPUTS, fingerprint
 from harness.errors import KnobError, MapError
 from harness.formats.maps import read_hotlist, read_rowmap
 from harness.formats.records import RUN_OK, CampaignDir, RunRecord, write_json_atomic, write_parquet
+from harness.formats.safe_write import write_text_atomic
 from harness.plan.build import Plan, build_plan, plan_json_text
 from harness.policy.lru import GlobalLruCache
 from harness.policy.residency import PolicyKnobs, parse_priority
@@ -448,14 +449,14 @@ def _write_inputs(
     cost: CostModel,
 ) -> None:
     """The card, its plan and what the prediction rests on, as a campaign directory holds them."""
-    (root / "card.yaml").write_text(loaded.text, encoding="utf-8")
-    (root / "card.path").write_text(str(loaded.path), encoding="utf-8")
-    (root / "plan.json").write_text(plan_json_text(plan) + "\n", encoding="utf-8")
-    (root / "SIMULATED").write_text(
+    write_text_atomic(root / "card.yaml", loaded.text)
+    write_text_atomic(root / "card.path", str(loaded.path))
+    write_text_atomic(root / "plan.json", plan_json_text(plan) + "\n")
+    write_text_atomic(
+        root / "SIMULATED",
         "simulated by harness simulate: no runtime was booted\n"
         f"traces: {', '.join(t.path for t in traces)}\n"
         f"start: {start}\ncost model (ns): {cost}\n",
-        encoding="utf-8",
     )
     # What this prediction rests on, for validate, plan and the report to hold a card against.
     write_json_atomic(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -212,8 +213,11 @@ def _write_cache(key: str, found: Calibration) -> None:
     text = json.dumps({"key": key, "levels": found.levels, "reached": found.reached})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        scratch.write_text(text, encoding="utf-8")
+        # A random name made exclusively (mkstemp), never a fixed one a link could be planted
+        # at; the decision math imports no writer of the harness's (formats/safe_write.py).
+        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
         os.replace(scratch, path)
     except OSError:
         pass  # a read-only home: the in-memory cache still holds it

@@ -1,15 +1,18 @@
 """A killed `harness collect` loses nothing that matters and leaves nothing running: its boot is
 journalled in the output folder, and the next collection into that folder stops the runtime the
 killed one left (on a GPU box it would hold the memory the next boot needs). For real, on the
-reference runtime, with a slow boot so the kill lands while it starts."""
+reference runtime, with a slow boot so the kill lands while it starts. A line naming a runtime
+outside the boot folders of collections into that folder stops nothing."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 
 from harness.execute.collect import COLLECT_JOURNAL
 from harness.formats.records import Journal
+from harness.runtimes.orphans import BOOT_MARK
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow  # boots the reference runtime twice
@@ -87,3 +91,44 @@ def test_a_killed_collection_leaves_a_runtime_the_next_one_stops(tmp_path: Path)
             os.killpg(harness.pid, signal.SIGKILL)
         if left is not None and _alive(left):
             os.killpg(left, signal.SIGKILL)
+
+
+def _sleeper(mark: Path) -> subprocess.Popen[bytes]:
+    """A process group of its own marked as a runtime booted in ``mark`` (another collection's)."""
+    env = {**os.environ, BOOT_MARK: str(mark)}
+    return subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+
+
+def test_a_journal_line_naming_another_collections_folder_kills_nothing(tmp_path: Path) -> None:
+    # Any harness-collect-* folder in the temporary directory passed as the collection's own:
+    # a planted line naming another collection's boot folder ended that group (exit 0). Only
+    # the boot folders a collection into this output folder makes now count.
+    out = tmp_path / "fit"
+    out.mkdir()
+    others = [Path(tempfile.mkdtemp(prefix="harness-collect-")) for _ in range(2)]
+    sleepers = [_sleeper(folder) for folder in others]
+    try:
+        journal = Journal(out / COLLECT_JOURNAL)
+        # One boot killed before its group was journalled (found by its mark alone) ...
+        journal.append("boot_starting", run_id="planted-mark", mark=str(others[0]))
+        # ... and one journalled with its group and identity.
+        journal.append("boot_starting", run_id="planted-boot", mark=str(others[1]))
+        identity = subprocess.run(
+            ["ps", "-o", "lstart=", "-p", str(sleepers[1].pid)], capture_output=True, text=True
+        ).stdout.strip()
+        journal.append("boot", run_id="planted-boot", pgid=sleepers[1].pid, identity=identity)
+        done = run_cli(
+            "collect", str(_card(tmp_path, 0)), "-o", str(out), "--split", "fit",
+            "--domains", "agent", "--max-tokens", "4", timeout_s=300,
+        )  # fmt: skip
+        assert done.code == 0, done.stdout + done.stderr
+        assert all(s.poll() is None for s in sleepers), "another collection's runtime was killed"
+        assert not [e for e in journal.events() if e["event"] == "orphan_killed"]
+        assert "process group" not in done.stdout
+    finally:
+        for sleeper in sleepers:
+            if sleeper.poll() is None:
+                os.kill(sleeper.pid, signal.SIGKILL)
+            sleeper.wait()
+        for folder in others:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -64,7 +64,9 @@ def test_verdict_json_and_junit(tmp_path: Path) -> None:
         "gate.counter",
         "gate.better",
         "gate.lockstep",
+        "campaign.journal_head",  # skipped: no head kept outside covers the journal's end
     ]
+    assert cases[-1].find("skipped") is not None
     assert cases[2].get("name") == "better decode_tok_s"
     failures = [c for c in cases if c.find("failure") is not None]
     assert [c.get("classname") for c in failures] == ["gate.lockstep"]
@@ -258,3 +260,35 @@ def test_a_mistyped_look_event_is_refused_with_exit_3_not_a_traceback(
     assert "journal.jsonl: a look event's cycles is" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert json.loads((root / "verdict.json").read_text(encoding="utf-8"))["passed"] is False
+
+
+def test_a_moved_and_rewritten_campaign_says_it_was_verified_against_itself_only(
+    tmp_path: Path,
+) -> None:
+    from tests.campaign_dirs import rechain_journal
+
+    # Rewritten with every digest recomputed, and moved where no results store keeps its head:
+    # its chain verifies, but only against itself, which anyone who can write it can make.
+    root = tmp_path / "moved"
+    shutil.copytree(WASHED, root)
+    rechain_journal(root / "journal.jsonl", lambda events: events[-1].update(t=events[-1]["t"] + 1))
+    done = run_cli("gate", str(root))
+    assert done.code == 0, done.stdout + done.stderr
+    assert "verified against itself only: no journal head was given back" in done.stdout
+    verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict["verified"] is False and verdict["head_checked"] == ""
+    assert verdict["checked_against"].startswith("verified against itself only")
+    (case,) = ET.parse(root / "verdict.junit.xml").findall(".//testcase[@classname]")[-1:]
+    assert case.get("classname") == "campaign.journal_head"
+    skipped = case.find("skipped")
+    assert skipped is not None and "verified against itself only" in str(skipped.get("message"))
+    # Given back the head it printed, it says which head was checked.
+    head = verdict["journal_head"]
+    done = run_cli("gate", str(root), "--journal-head", head)
+    assert done.code == 0, done.stdout + done.stderr
+    verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict["verified"] is True and verdict["head_checked"] == head
+    said = f"verified against the journal head you kept ({head[:16]}…, event 84 of 84)"
+    assert verdict["checked_against"] == said and said in done.stdout
+    (case,) = ET.parse(root / "verdict.junit.xml").findall(".//testcase[@classname]")[-1:]
+    assert case.find("skipped") is None and case.findtext("system-out") == said

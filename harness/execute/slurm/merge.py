@@ -38,6 +38,7 @@ from harness.formats.records import (
     read_json,
     write_json_atomic,
 )
+from harness.formats.safe_write import copy_file_atomic
 
 
 @dataclass
@@ -163,8 +164,7 @@ def _keep_environment(campaign: CampaignDir, job_dir: Path, box: str) -> None:
     captured = job_dir / "boxes" / f"{box}.json"
     kept = campaign.root / "boxes" / f"{box}.json"
     if captured.is_file() and not kept.exists():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(captured, kept)
+        copy_file_atomic(captured, kept)
         campaign.journal.seal_file(kept)
 
 

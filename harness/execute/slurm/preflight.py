@@ -23,6 +23,7 @@ from harness.errors import KnobError, SlurmError
 from harness.execute.slurm.states import QUERY_TIMEOUT_S
 from harness.execute.slurm.submit import SubmittedArray, SubmittedJob, submit_calls
 from harness.execute.slurm.wait import JobEnd, wait_for_jobs
+from harness.formats.safe_write import write_text_atomic
 from harness.profiles.box import BoxSpec
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import render
@@ -119,7 +120,7 @@ def _shared_dir(spec: BoxSpec) -> tuple[Check, Path | None]:
     fix = "point `shared_dir` at a folder this machine can write and every node mounts"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe.write_text("harness\n", encoding="utf-8")
+        write_text_atomic(probe, "harness\n")
         back = probe.read_text(encoding="utf-8")
         probe.unlink()
     except OSError as exc:

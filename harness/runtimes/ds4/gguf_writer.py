@@ -12,13 +12,13 @@ padding to ``general.alignment`` (32); the regions, each aligned.
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from harness.formats.safe_write import atomic_binary_writer
 
 ALIGNMENT = 32
 
@@ -97,8 +97,8 @@ def write_gguf(
     tensors: Iterable[tuple[str, str]],
     regions: dict[str, Region],
 ) -> int:
-    """Write ``path`` (atomically, via ``path.tmp``); ``tensors`` are (name, region key) pairs.
-    Returns the file's size in bytes."""
+    """Write ``path`` (atomically: harness.formats.safe_write); ``tensors`` are (name, region
+    key) pairs. Returns the file's size in bytes."""
     tensor_list = list(tensors)
     kv = list(metadata)
     used = [key for key in regions if any(r == key for _, r in tensor_list)]
@@ -108,19 +108,10 @@ def write_gguf(
         offsets[key] = cursor
         cursor += regions[key].nbytes
         cursor += -cursor % ALIGNMENT
-    # A fresh temp file (never one a symlink planted at a fixed name points elsewhere), removed
-    # on any failure: a full disk must not keep gigabytes of a half-written model.
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            size = _write_body(handle, kv, tensor_list, regions, used, offsets)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a runtime in a container out
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return size
+    # The temp file goes on any failure: a full disk must not keep gigabytes of a half-written
+    # model.
+    with atomic_binary_writer(path) as handle:
+        return _write_body(handle, kv, tensor_list, regions, used, offsets)
 
 
 def _write_body(

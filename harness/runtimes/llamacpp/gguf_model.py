@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import BadInput
+from harness.formats.safe_write import atomic_path
 from harness.runtimes.llamacpp.shape import TinyMoeShape
 
 ARCH = "llama"
@@ -111,32 +112,30 @@ def write_tiny_moe(
     n_vocab, tokenizer = read_tokenizer(vocab_path)
     rng = np.random.default_rng(seed)
     tensors = _weights(rng, shape, n_vocab)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), ARCH)
-    writer.add_name(f"harness tiny-moe seed {seed}")
-    writer.add_context_length(shape.n_ctx)
-    writer.add_embedding_length(shape.n_embd)
-    writer.add_block_count(shape.n_layer)
-    writer.add_feed_forward_length(shape.n_ff)
-    writer.add_head_count(shape.n_head)
-    writer.add_head_count_kv(shape.n_head_kv)
-    writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_expert_count(shape.n_expert)
-    writer.add_expert_used_count(shape.n_expert_used)
-    writer.add_vocab_size(n_vocab)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, value, vtype, sub_type in tokenizer:
-        writer.add_key_value(key, value, vtype, sub_type)
-    for name, array in tensors:
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out_path)
+    with atomic_path(out_path) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), ARCH)
+        writer.add_name(f"harness tiny-moe seed {seed}")
+        writer.add_context_length(shape.n_ctx)
+        writer.add_embedding_length(shape.n_embd)
+        writer.add_block_count(shape.n_layer)
+        writer.add_feed_forward_length(shape.n_ff)
+        writer.add_head_count(shape.n_head)
+        writer.add_head_count_kv(shape.n_head_kv)
+        writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
+        writer.add_rope_freq_base(shape.rope_theta)
+        writer.add_layer_norm_rms_eps(shape.rms_eps)
+        writer.add_expert_count(shape.n_expert)
+        writer.add_expert_used_count(shape.n_expert_used)
+        writer.add_vocab_size(n_vocab)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        for key, value, vtype, sub_type in tokenizer:
+            writer.add_key_value(key, value, vtype, sub_type)
+        for name, array in tensors:
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     return {
         "path": str(out_path),
         "bytes": out_path.stat().st_size,

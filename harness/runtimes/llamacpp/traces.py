@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InfrastructureError, TraceError
+from harness.formats.safe_write import atomic_writer
 
 # ggml_debug:          ffn_moe_topk-3 = (i32)       VIEW(...) = {2, 1, 1, 1}   (0.3.16's)
 # common_debug_cb_eval:           ffn_moe_topk-0 = (i32)       VIEW(...) = {2, 1, 1, 1}  (0.3.36's)
@@ -139,12 +140,9 @@ def trace_records(
 
 def write_jsonl(records: Sequence[dict[str, Any]], out_path: Path) -> None:
     """Write records one JSON object a line (atomically: a temp file renamed into place)."""
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+    with atomic_writer(out_path) as handle:
         for record in records:
             handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-    tmp.replace(out_path)
 
 
 def run_eval_callback(

@@ -16,7 +16,6 @@ stable under the small numerical differences of eager vs compiled kernels) yet c
 from __future__ import annotations
 
 import json
-import os
 import string
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import BadInput
+from harness.formats.safe_write import atomic_binary_writer, write_text_atomic
 from harness.runtimes.vllm.shape import TinyQwen3MoeShape
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -178,19 +178,15 @@ def write_safetensors(path: Path, tensors: list[tuple[str, npt.NDArray[np.float3
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    with atomic_binary_writer(path) as handle:
         handle.write(len(raw).to_bytes(8, "little"))
         handle.write(raw)
         for _, array in tensors:
             handle.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
-    os.replace(tmp, path)
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
 
 
 def write_tiny_qwen3_moe(

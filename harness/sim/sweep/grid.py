@@ -30,6 +30,7 @@ import pandas as pd
 from harness.card import LoadedCard
 from harness.errors import BadInput
 from harness.formats.records import write_parquet
+from harness.formats.safe_write import write_bytes_atomic, write_text_atomic
 from harness.sim.cost_fit import CostFit
 from harness.sim.results import CostModel
 from harness.sim.run_cost_fit import RunCostFit
@@ -296,7 +297,7 @@ def write_sweep(sweep: Sweep, root: Path, text: str, figure: bytes | None) -> No
         "warnings": sweep.warnings,
         "pricing": sweep.pricing,
     }  # fmt: skip
-    (root / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    (root / "sweep.md").write_text(text, encoding="utf-8")
+    write_text_atomic(root / "sweep.json", json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(root / "sweep.md", text)
     if figure is not None:
-        (root / "sweep.png").write_bytes(figure)
+        write_bytes_atomic(root / "sweep.png", figure)
