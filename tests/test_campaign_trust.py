@@ -660,7 +660,21 @@ def test_a_fifo_as_a_card_or_a_ring_is_an_error_not_a_hang(tmp_path: Path) -> No
     assert done.code == EXIT_BAD_INPUT and "is a FIFO, not a regular file" in done.stderr
 
 
-@pytest.mark.parametrize("pattern", ["(a+)+$", "(1|1)*2", "(a|a?)+b", "(x|x)+y"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "(a+)+$",
+        "(1|1)*2",
+        "(a|a?)+b",
+        "(x|x)+y",
+        # Round three's: nested bounded repeats, a chain of repeats, a bounded repeat of an
+        # optional, and a choice one of whose alternatives is another twice.
+        "(1{1,30}){1,30}2",
+        "1*1*1*1*1*1*1*1*1*1*1*1*2",
+        "(1?){38}1{38}",
+        "(?:1|11)+?2",
+    ],
+)
 def test_a_profile_regex_that_backtracks_without_bound_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pattern: str
 ) -> None:
@@ -675,7 +689,18 @@ def test_a_profile_regex_that_backtracks_without_bound_is_refused(
     assert code == EXIT_BAD_INPUT and "can take exponential time" in err, err
 
 
-@pytest.mark.parametrize("pattern", ["(a|b)*c", "(x|xy|z)+", "(foo|bar)+ (\\d+)", "(a|)*b"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "(a|b)*c",
+        "(x|xy|z)+",
+        "(foo|bar)+ (\\d+)",
+        "(a|)*b",
+        "(\\d{1,3}\\.){3}\\d{1,3}",
+        "a*b*c*",
+        "(ab?)*c",
+    ],
+)
 def test_a_repeated_choice_of_distinct_alternatives_is_allowed(pattern: str) -> None:
     from harness.formats.textfile import compile_pattern
 
@@ -709,6 +734,17 @@ def test_absurd_figures_and_a_stray_carriage_return_in_imports_are_refused(
         ResultFileError, match=r"stale-c0-s0.csv:2: not CSV as the benchmark writes"
     ):
         read_source("ds4", csv)
+    # Round three: a negative duration and a count no client sends were imported as measured.
+    line = (DATA / "importers" / "sglang-bench_serving.jsonl").read_text().splitlines()[0]
+    sglang = tmp_path / "sglang.jsonl"
+    sglang.write_text(json.dumps({**json.loads(line), "duration": -42}) + "\n")
+    with pytest.raises(ResultFileError, match=r"sglang.jsonl: duration: must be a finite positive"):
+        read_source("sglang", sglang)
+    result = json.loads((DATA / "vllm" / "bench-serve-random-c1.json").read_text())
+    vllm = tmp_path / "vllm.json"
+    vllm.write_text(json.dumps({**result, "completed": 10**30}))
+    with pytest.raises(ResultFileError, match=r"vllm.json: completed: must be a whole number"):
+        read_source("vllm", vllm)
 
 
 # ---- what the card says is data, in every output -------------------------------------------
@@ -1038,6 +1074,8 @@ def test_an_extension_cut_off_before_its_journal_line_leaves_the_campaign_as_it_
 
 UNSEEN = (
     "\u202eevil\u202c \x1b]8;;http://x.example\x07link\x1b]8;;\x07 bell\x07 \x9b31m \u2066x\u2069"
+    # Round three: zero-width characters (ev\u200bil reads as evil) and the line separators.
+    " z\u200bw\u200d\u2060\ufeff ls\u2028ps\u2029"
 )
 
 
@@ -1063,5 +1101,51 @@ def test_controls_and_bidi_overrides_reach_no_output(
     }
     assert "evil" in outputs["record.md"] and "evil" in outputs["report.html"]
     for name, text_out in outputs.items():
-        for char in ("\u202e", "\u202c", "\x1b", "\x07", "\x9b", "\u2066", "\u2069"):
+        for char in ("\u202e", "\u202c", "\x1b", "\x07", "\x9b", "\u2066", "\u2069", "\u200b",
+                     "\u200d", "\u2060", "\ufeff", "\u2028", "\u2029"):  # fmt: skip
             assert char not in text_out, (name, repr(char))
+
+
+def test_a_partial_folder_a_killed_harness_left_is_removed_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    # A harness killed between campaign_start and the rename leaves `.<stamp>-<pid>.partial`
+    # (its inputs copied whole), which nothing read, removed or mentioned. The next start in
+    # the folder removes those whose process is gone, and leaves a live one's alone.
+    from harness.card import load_card
+    from harness.execute.campaign import new_campaign_dir
+    from harness.plan.build import build_plan
+    from tests.campaign_dirs import tiny_card
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    folder = tmp_path / "reports" / "trust"
+    dead = folder / f".20260101T000000Z-{gone.pid}.partial"
+    live = folder / f".20260101T000000Z-{os.getpid()}.partial"
+    for partial in (dead, live):
+        (partial / "inputs").mkdir(parents=True)
+        (partial / "inputs" / "pool.jsonl").write_text("{}\n")
+    loaded = load_card(tiny_card(tmp_path / "cards"))
+    root = new_campaign_dir(loaded, build_plan(loaded), tmp_path / "reports").root
+    assert root.parent == folder and not dead.exists() and live.exists()
+
+
+def test_a_document_too_large_says_whether_aliases_made_it_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A card of 10,002 cells written out was told "aliases of aliases?"; an alias bomb still is.
+    big = tmp_path / "big.yaml"
+    cells = "".join(
+        f"  c{i}: {{knobs: {{a: {i}, b: {i}, c: {i}, d: {i}, e: {i}}}}}\n" for i in range(10002)
+    )
+    big.write_text("campaign: big\ncells:\n" + cells, encoding="utf-8")
+    code, _, err = cli("validate", str(big), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "expands to more than 100,000 values" in err, err
+    assert "aliases" not in err and "split it" in err, err
+    bomb = tmp_path / "bomb.yaml"
+    rows = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for level in "bcdefg":
+        rows.append(f"{level}: &{level} [" + ", ".join([f"*{chr(ord(level) - 1)}"] * 10) + "]")
+    bomb.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    code, _, err = cli("validate", str(bomb), capsys=capsys)
+    assert code == EXIT_BAD_INPUT and "aliases of aliases?" in err, err

@@ -61,6 +61,23 @@ def field_value(body: Any, dotted: str) -> Any:
     return value
 
 
+def _npy_array(data: bytes) -> npt.NDArray[Any]:
+    """``.npy`` bytes as an array, the header held to the bytes before numpy allocates its
+    shape (a header claiming 64 TiB reached the last-resort handler as a MemoryError)."""
+    handle = io.BytesIO(data)
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+    elif version == (2, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+    else:
+        raise ValueError(f".npy format version {version} (vLLM writes 1.0)")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if dtype.hasobject or need != len(data) - handle.tell():
+        raise ValueError(f"its header says {list(shape)} {dtype}, its body holds other bytes")
+    return np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
+
+
 def decode_routes(
     body: Any, spec: ResponseRoutesSpec, rows: int, where: str, top_k: int | None = None
 ) -> npt.NDArray[Any]:
@@ -83,7 +100,7 @@ def decode_routes(
         if spec.encoding == "int32-base64":
             array = _flat_int32(data, rows, top_k, f"{where}: `{spec.field}`")
         else:
-            array = np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
+            array = _npy_array(data)
     except (binascii.Error, ValueError, EOFError, OSError) as exc:
         what = "flat int32" if spec.encoding == "int32-base64" else ".npy"
         raise InfrastructureError(

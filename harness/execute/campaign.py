@@ -33,6 +33,7 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     folder = reports_root / loaded.card.campaign
     folder.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(folder)
     partial = folder / f".{stamp}-{os.getpid()}.partial"
     partial.mkdir()
     try:
@@ -43,6 +44,21 @@ def new_campaign_dir(loaded: LoadedCard, plan: Plan, reports_root: Path) -> Camp
         raise
     record_head(root, "start")
     return CampaignDir(root)
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Remove the ``.partial`` folders of harnesses killed before their rename (inputs copied
+    whole, read by no command): one whose process is gone is never finished by anyone."""
+    for partial in folder.glob(".*-*.partial"):
+        pid_text = partial.name.removesuffix(".partial").rsplit("-", 1)[-1]
+        if not pid_text.isdigit() or partial.is_symlink() or not partial.is_dir():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(partial, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue  # alive under another user, or no pid at all: not ours to judge
 
 
 def _place(partial: Path, folder: Path, stamp: str) -> Path:

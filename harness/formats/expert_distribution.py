@@ -59,6 +59,9 @@ DUMP_GLOB = "expert_distribution_recorder_*.pt"
 I64 = npt.NDArray[np.int64]
 
 
+_MAX_TOTAL = 2.0**62  # headroom for the few dumps a fit combines
+
+
 @dataclass(frozen=True)
 class ExpertDistribution:
     """One dump's counts ``[steps, layers, experts]`` and GPU masks (same shape) if recorded."""
@@ -86,6 +89,13 @@ def _counts(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> I64:
         raise BadInput(f"{path}: {key} holds negative counts")
     if array.dtype.kind not in "fiub":
         raise BadInput(f"{path}: {key} is not a tensor of numbers ({array.dtype})")
+    # Summed over steps (and dumps) in int64, a total past 2^63 wraps negative and the hottest
+    # expert ranks coldest; no recorder counts within orders of magnitude of this bound.
+    if array.size and float(array.astype(np.float64).sum()) >= _MAX_TOTAL:
+        raise BadInput(
+            f"{path}: {key} adds up to 2^62 or more selections, past what the int64 sums of "
+            "every reader hold (a recorder counts far fewer): the file is corrupt"
+        )
     return array.astype(np.int64)
 
 
@@ -214,9 +224,10 @@ def read_logical_count(path: str | os.PathLike[str]) -> I64:
         if isinstance(data, dict) and "logical_count" in data:
             try:
                 data = {"logical_count": np.asarray(data["logical_count"], dtype=np.int64)}
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, OverflowError):
                 raise BadInput(
-                    f"{name}: logical_count must be a rectangular array of integers"
+                    f"{name}: logical_count must be a rectangular array of integers (each "
+                    "under 2^63)"
                 ) from None
     else:
         data = read_torch_file(name)

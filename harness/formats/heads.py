@@ -182,6 +182,17 @@ def _tally(kinds: list[str]) -> str:
     return ", ".join(kind if n == 1 else f"{n} {kind}" for kind, n in counts.items())
 
 
+def _kept_at(stamp: Any) -> str:
+    """When a head was kept, from its entry's ``t`` (any value the store holds: the store is
+    written by every campaign of the tree, and a damaged ``t`` must not hide the rewrite)."""
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        return "a time the store does not say"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(stamp)))
+    except (OverflowError, OSError, ValueError):
+        return "a time the store does not say"
+
+
 def check_heads(
     root: Path, digests: list[str], kinds: list[str], expected: str | None = None
 ) -> HeadCheck:
@@ -193,7 +204,7 @@ def check_heads(
     for entry in recorded_heads(root):
         at = int(entry["events"])
         if at < 1 or at > len(digests) or digests[at - 1] != entry["head"]:
-            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(entry.get("t", 0))))
+            when = _kept_at(entry.get("t"))
             raise VerificationError(
                 f"{journal}: rewritten since {when}, when its head {entry['head'][:16]}… "
                 f"(event {at}, at the campaign's {entry.get('when', 'record')}) was kept in "

@@ -14,9 +14,13 @@ from typing import Any
 # bidirectional formatting characters, which reorder what a reader sees without showing
 # themselves (a "Trojan Source" line that reads differently from what it holds).
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-_CONTROL = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f{_BIDI}]")
+# Zero-width characters (space, joiners, word joiner, BOM), which make two names that differ
+# look alike, and the Unicode line and paragraph separators, which break a line where a
+# viewer honours them and a reader expects one line.
+_HIDDEN = "\u200b-\u200d\u2060\ufeff\u2028\u2029"
+_CONTROL = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f{_BIDI}{_HIDDEN}]")
 # The same for text that keeps its lines (a report's pre block, record.md): tab and newline stay.
-_UNSEEN = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+_UNSEEN = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}{_HIDDEN}]")
 
 
 def inert(value: Any) -> str:

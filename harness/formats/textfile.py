@@ -104,10 +104,11 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
         compiled = re.compile(pattern)
         if _repeat_in_repeat(re_parser.parse(pattern)):
             raise re.error(
-                "a repeated group that itself repeats (like `(a+)+` or `(\\d*)*`), or a "
-                "repeated choice whose alternatives can match the same text (like `(1|1)*` or "
-                "`(a|a?)+`), can take exponential time on a line that almost matches; write it "
-                "with one repeat and distinct alternatives (`a+`, `\\d*`, `1*`)"
+                "a repeated group that itself repeats (like `(a+)+`, `(\\d*)*`, or "
+                "`(1?){38}` past 8 copies), a repeated choice whose alternatives can match the "
+                "same text (like `(1|1)*`, `(a|a?)+` or `(1|11)+`), or three varying repeats in a "
+                "row that start alike (`1*1*1*`) can take exponential time on a line that almost "
+                "matches; write it with one repeat and distinct alternatives (`a+`, `\\d*`, `1*`)"
             )
         return compiled
 
@@ -150,9 +151,10 @@ def _first(items: Any) -> tuple[frozenset[int], bool]:
 
 def _ambiguous(branches: list[Any]) -> bool:
     """Whether two alternatives of a choice can match the same text, as far as their first
-    characters tell: identical alternatives, two that can match nothing, or one that can match
-    nothing beside one that starts where it would. Under an unbounded repeat each such
-    character doubles the paths a failing match tries (``(1|1)*2`` on a line of 1s)."""
+    characters tell: identical alternatives, two that can match nothing, one that can match
+    nothing beside one that starts where it would, or a literal one that another extends by
+    text another alternative can start (``1|11``: ``11`` is ``1`` twice). Under a repeat each
+    such character doubles the paths a failing match tries (``(1|1)*2`` on a line of 1s)."""
     shapes = [_first(branch) for branch in branches]
     for i, (first_i, empty_i) in enumerate(shapes):
         for j in range(i + 1, len(shapes)):
@@ -162,26 +164,106 @@ def _ambiguous(branches: list[Any]) -> bool:
             overlap = bool(first_i & first_j) or (first_i | first_j) >= _ANYCHAR
             if (empty_i or empty_j) and overlap:
                 return True
+    starts = frozenset().union(*(first for first, _ in shapes))
+    literals = [_literal_prefix(branch) for branch in branches]
+    for i, whole in enumerate(literals):
+        if len(whole) != len(branches[i]) or not whole:
+            continue  # only an all-literal alternative is known to end where its text does
+        for j, longer in enumerate(literals):
+            extends = i != j and len(longer) > len(whole) and longer[: len(whole)] == whole
+            if extends and (longer[len(whole)] in starts or starts >= _ANYCHAR):
+                return True
     return False
 
 
-def _repeat_in_repeat(parsed: Any, inside: bool = False) -> bool:
-    """Whether an unbounded repeat holds another repeat: the construct that backtracks without
-    bound. Python's ``re`` has no time limit, so user patterns are refused it instead."""
+def _literal_prefix(items: Any) -> list[int]:
+    """The characters a parsed sequence starts with for certain (its leading literals)."""
+    prefix: list[int] = []
+    for op, arg in items:
+        if op != re_constants.LITERAL:
+            break
+        prefix.append(arg)
+    return prefix
+
+
+# A bounded repeat of more than this many copies multiplies the paths of a varying body inside
+# it: `(1?){38}1{38}` tries 2^38 before it fails; `(\d{1,3}\.){3}` (an address) stays small.
+_BOUNDED_NEST = 8
+# Consecutive varying repeats that can start on the same character split a line between them
+# in n^k ways: `1*1*1*2` on a line of 1s is cubic, and a card can chain twenty.
+_ADJACENT_REPEATS = 3
+
+
+def _varies(op: Any, arg: Any) -> bool:
+    return op in _REPEATS and arg[0] < arg[1]
+
+
+def _adjacent_repeats(parsed: Any) -> bool:
+    """Whether ``_ADJACENT_REPEATS`` varying repeats in a row can start on one known character."""
+    run: frozenset[int] = frozenset()
+    count = 0
+    for op, arg in parsed:
+        if op == re_constants.AT:
+            continue
+        if not _varies(op, arg):
+            run, count = frozenset(), 0
+            continue
+        first, _ = _first(arg[2])
+        if first >= _ANYCHAR:
+            run, count = frozenset(), 0
+            continue
+        run, count = (run & first, count + 1) if count and run & first else (first, 1)
+        if count >= _ADJACENT_REPEATS:
+            return True
+    return False
+
+
+def _optional_tail_restarts(body: Any) -> bool:
+    """Whether a repeated body ends in an optional part that can start as the body does: the
+    next copy could match that text too (``(?:1|11)+``, which re parses as ``1(?:|1)``)."""
+    items = [item for item in body if item[0] != re_constants.AT]
+    if len(items) == 1 and items[0][0] == re_constants.SUBPATTERN:
+        return _optional_tail_restarts(items[0][1][-1])  # a group around the whole body
+    if len(items) < 2:
+        return False  # a body that is all optional repeats nothing but itself (`(a|)*`)
+    op, arg = items[-1]
+    if op == re_constants.BRANCH:
+        parts = [_first(branch) for branch in arg[1]]
+        if not any(empty for _, empty in parts):
+            return False
+        tail = frozenset().union(*(first for first, _ in parts))
+    elif op in _REPEATS and arg[0] == 0:
+        tail, _ = _first(arg[2])
+    else:
+        return False
+    start, _ = _first(items)
+    return not (tail >= _ANYCHAR or start >= _ANYCHAR) and bool(tail & start)
+
+
+def _repeat_in_repeat(parsed: Any, inside: bool = False, bounded: bool = False) -> bool:
+    """Whether an unbounded repeat holds another repeat (or a bounded repeat of more than
+    ``_BOUNDED_NEST`` copies a varying one), or a sequence chains varying repeats that start
+    alike: the constructs that backtrack without practical bound. Python's ``re`` has no time
+    limit, so user patterns are refused them instead."""
+    if _adjacent_repeats(parsed):
+        return True
     for op, arg in parsed:
         children: list[Any] = []
-        repeats = False
+        repeats = many = False
         if op in _REPEATS:
-            _, high, body = arg
-            if high > 1 and inside:
+            low, high, body = arg
+            if (high > 1 and inside) or (bounded and low < high):
+                return True
+            if high > 1 and _optional_tail_restarts(body):
                 return True
             repeats = high == re_constants.MAXREPEAT  # unbounded: where backtracking explodes
+            many = _BOUNDED_NEST < high < re_constants.MAXREPEAT
             children = [body]
         elif op == re_constants.SUBPATTERN:
             children = [arg[-1]]
         elif op == re_constants.BRANCH:
             children = list(arg[1])
-            if inside and _ambiguous(children):
+            if (inside or bounded) and _ambiguous(children):
                 return True
         elif op in (re_constants.ASSERT, re_constants.ASSERT_NOT):
             children = [arg[1]]
@@ -190,6 +272,6 @@ def _repeat_in_repeat(parsed: Any, inside: bool = False) -> bool:
         elif op == re_constants.GROUPREF_EXISTS:
             children = [branch for branch in arg[1:] if branch is not None]
         for child in children:
-            if _repeat_in_repeat(child, inside or repeats):
+            if _repeat_in_repeat(child, inside or repeats, bounded or many):
                 return True
     return False

@@ -314,4 +314,22 @@ def verify_campaign(
     return Verification(sealed, verified, digests[-1], heads)
 
 
-__all__ = ["Verification", "verify_campaign"]
+UNSEALED_NOTE = "(unverified: no seal from its start)"
+
+
+def verified_source(root: Path, *, allow_unsealed: bool, command: str) -> str:
+    """``root`` verified for a reader that prices or predicts from its records (``fit-cost``):
+    refused (exit 3) when no seal vouches for it from its start, unless ``allow_unsealed``;
+    then the name it is cited by says so, wherever the fit is read later."""
+    if verify_campaign(root).sealed:
+        return str(root)
+    if not allow_unsealed:
+        raise VerificationError(
+            f"{root}: not sealed from its start (made before campaign directories were sealed, "
+            f"or its seal was stripped), so nothing vouches for its records; `harness {command} "
+            "--allow-unsealed` reads it unverified and says so where the fit is named"
+        )
+    return f"{root} {UNSEALED_NOTE}"
+
+
+__all__ = ["UNSEALED_NOTE", "Verification", "verified_source", "verify_campaign"]

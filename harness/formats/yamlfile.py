@@ -49,6 +49,8 @@ class YamlDoc:
     problems: list[str] = field(default_factory=list)
     text: str = ""
     values: int = 0
+    seen: set[int] = field(default_factory=set)  # nodes converted once: a second is an alias
+    aliased: bool = False
 
     def line_of(self, loc: Loc) -> int:
         """The line of ``loc`` or of its nearest located ancestor (1 for the document)."""
@@ -70,13 +72,16 @@ def _tag_text(tag: str) -> str:
 
 def _convert(node: yaml.Node, loc: Loc, doc: YamlDoc, open_nodes: set[int]) -> Any:
     doc.values += 1
+    doc.aliased = doc.aliased or id(node) in doc.seen
+    doc.seen.add(id(node))
     if doc.values > MAX_VALUES:
-        raise _fail(
-            doc,
-            node,
-            f"the document expands to more than {MAX_VALUES:,} values (aliases of aliases?); "
-            "write the values out instead of repeating anchors",
+        why = (
+            "its anchors repeat values (aliases of aliases?); write the values out instead"
+            if doc.aliased
+            else "far more than any card or profile needs; split it, or generate the cells you "
+            "compare with fewer knobs"
         )
+        raise _fail(doc, node, f"the document expands to more than {MAX_VALUES:,} values: {why}")
     if node.tag not in _ALLOWED_TAGS:
         raise _fail(
             doc,

@@ -119,6 +119,17 @@ def _predictions(args: argparse.Namespace, folder: Path, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _pvalue(text: str) -> float:
+    """A p-value threshold: a number strictly between 0 and 1 (NaN would pass every test)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 < value < 1.0:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``harness history`` to the CLI."""
     verb = verbs.add_parser("history", help="trends and change points across campaigns")
@@ -126,7 +137,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     verb.add_argument("--campaign", metavar="NAME", help="only this campaign")
     verb.add_argument("--metric", metavar="M", help="only this metric")
     verb.add_argument("--cell", metavar="CELL", help="only this cell")
-    verb.add_argument("--max-pvalue", type=float, default=0.001, help="change-point threshold")
+    verb.add_argument(
+        "--max-pvalue",
+        type=_pvalue,
+        default=0.001,
+        help="change-point threshold, a p-value in (0, 1) (default 0.001)",
+    )
     verb.add_argument("--plot", metavar="PNG", help="also draw each trend to this file")
     verb.add_argument("--json", action="store_true", help="machine-readable trends")
     verb.add_argument(

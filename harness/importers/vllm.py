@@ -65,6 +65,22 @@ def read_vllm(path: Path) -> SourceBlock:
     return read_result(data, path, FORMAT, _SUMMARY, "--save-detailed")
 
 
+# More requests than any benchmark client sends in a run: a count past it is a damaged file
+# (`completed: 10**30` was imported, and every rate drawn from it).
+_MAX_REQUESTS = 10**9
+
+
+def _count(value: object, where: str) -> int:
+    """A request count: a whole, non-negative number no client could exceed."""
+    count = number(value, where, non_negative=True)
+    if count != int(count) or count > _MAX_REQUESTS:
+        raise ResultFileError(
+            f"{where}: must be a whole number of requests up to {_MAX_REQUESTS:,}, "
+            f"got {value!r:.40}"
+        )
+    return int(count)
+
+
 def read_result(
     data: dict[str, Any], path: Path, fmt: str, summary: dict[str, str], detail_flag: str
 ) -> SourceBlock:
@@ -79,8 +95,11 @@ def read_result(
             # Times and throughputs: a zero or negative figure is no measurement.
             block.metrics[metric] = number(data[source], f"{path}: {source}", positive=True)
             block.fields[metric] = source
-    completed = int(number(data.get("completed"), f"{path}: completed", non_negative=True))
-    failed = int(number(data.get("failed", 0) or 0, f"{path}: failed", non_negative=True))
+    # The run's length: a zero or negative duration is no run (SGLang's `duration: -42` was
+    # imported as if measured).
+    number(data.get("duration"), f"{path}: duration", positive=True)
+    completed = _count(data.get("completed"), f"{path}: completed")
+    failed = _count(data.get("failed", 0) or 0, f"{path}: failed")
     block.failed, block.sent, block.failed_field = failed, completed + failed, "failed"
     if completed == 0 and failed == 0:
         raise ResultFileError(f"{path}: completed is 0: the run measured no request")

@@ -155,8 +155,11 @@ def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
         if len(args.campaign) > 1:
             raise BadInput("--per-run fits one campaign's runs: give one DIR")
         return _fit_run_cost(args, out)
-    fit = fit_cost([Path(c) for c in args.campaign], seed=args.seed)
+    fit = fit_cost(
+        [Path(c) for c in args.campaign], seed=args.seed, allow_unsealed=args.allow_unsealed
+    )
     write_cost(fit, Path(args.output))
+    _say_unverified(fit.source, out)
     out.write(
         f"fitted from {fit.steps:,} host steps of {fit.runs} runs: R² {fit.r2:.4f}, residual SD "
         f"{fit.residual_sd_ns / 1e6:.3f} ms "
@@ -214,12 +217,20 @@ def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _say_unverified(source: str, out: TextIO) -> None:
+    from harness.formats.verify import UNSEALED_NOTE
+
+    if UNSEALED_NOTE in source:
+        out.write(f"WARNING: fitted from records nothing vouches for: {source}\n")
+
+
 def _fit_run_cost(args: argparse.Namespace, out: TextIO) -> int:
     from harness.formats.records import write_json_atomic
     from harness.sim.run_cost_fit import fit_run_cost
 
-    fit = fit_run_cost(Path(args.campaign[0]))
+    fit = fit_run_cost(Path(args.campaign[0]), allow_unsealed=args.allow_unsealed)
     write_json_atomic(Path(args.output), fit.to_json())
+    _say_unverified(fit.source, out)
     low, high = fit.load_range
     out.write(
         f"fitted from {fit.runs} runs (one point each): R² {fit.r2:.4f}\n"
@@ -429,6 +440,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="fit from run aggregates, for runtimes without a ring (vLLM, SGLang, llama.cpp): "
         "client ms per decode token against expert loads (or cache misses) per token, one "
         "point per run",
+    )
+    cost.add_argument(
+        "--allow-unsealed",
+        action="store_true",
+        help="fit from a directory with no seal from its start (an older one, or one whose "
+        "seal was stripped): refused (exit 3) otherwise; allowed, cost.json names it unverified",
     )
     cost.set_defaults(handler=_cmd_fit_cost)
 

@@ -325,20 +325,29 @@ def _client_summary(
     }
 
 
-def fit_cost(root: Path | list[Path], *, seed: int = 0, replicates: int = REPLICATES) -> CostFit:
+def fit_cost(
+    root: Path | list[Path],
+    *,
+    seed: int = 0,
+    replicates: int = REPLICATES,
+    allow_unsealed: bool = False,
+) -> CostFit:
     """Fit the step cost from every ok run's ring in ``root`` — one campaign, or several
-    pooled (runs of two row sizes split the cold and swap terms) — BadInput when none can."""
-    from harness.formats.verify import verify_campaign
+    pooled (runs of two row sizes split the cold and swap terms) — BadInput when none can.
+    A directory with no seal from its start is refused unless ``allow_unsealed``."""
+    from harness.formats.verify import verified_source
 
     roots = [root] if isinstance(root, Path) else list(root)
     rings: list[pd.DataFrame] = []
     clients: list[float | None] = []
+    names = []
     for each in roots:
-        verify_campaign(each)  # a fit from records that do not verify would predict from anything
+        # A fit from records that do not verify would predict from anything.
+        names.append(verified_source(each, allow_unsealed=allow_unsealed, command="fit-cost"))
         more, paths = _rings(each)
         rings += more
         clients += paths
-    source = ", ".join(str(r) for r in roots)  # what cost.json and every message name
+    source = ", ".join(names)  # what cost.json and every message name
     if 0 < len(rings) < MIN_RUNS:
         raise BadInput(
             f"{source}: {len(rings)} ok run(s) with a telemetry ring; a fit needs {MIN_RUNS} or "

@@ -146,12 +146,13 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def fit_run_cost(root: Path) -> RunCostFit:
-    """Fit the per-run line from every ok run in ``root`` (BadInput when it cannot)."""
-    from harness.formats.verify import verify_campaign
+def fit_run_cost(root: Path, *, allow_unsealed: bool = False) -> RunCostFit:
+    """Fit the per-run line from every ok run in ``root`` (BadInput when it cannot; a
+    directory with no seal from its start refused unless ``allow_unsealed``)."""
+    from harness.formats.verify import verified_source
 
-    verify_campaign(root)
-    return fit_points(_run_points(root), str(root))
+    source = verified_source(root, allow_unsealed=allow_unsealed, command="fit-cost --per-run")
+    return fit_points(_run_points(root), source)
 
 
 def fit_points(points: list[tuple[float, float]], source: str) -> RunCostFit:

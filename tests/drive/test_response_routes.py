@@ -262,3 +262,14 @@ def test_an_id_past_any_model_is_refused_before_the_counts_are_sized_by_it() -> 
     with pytest.raises(BadInput, match="past --experts 64"):
         check_ids(array, 64, "request 1")
     check_ids(np.array([[[1, 63]]]), 64, "request 1")  # within the model: fine
+
+
+def test_a_npy_whose_header_claims_more_than_it_holds_is_refused_before_numpy_allocates() -> None:
+    # A header claiming 64 PiB in a response's `routed_experts` reached the last-resort handler
+    # as a MemoryError ("a harness bug"); the header is now held to the bytes first.
+    header = {"descr": "<i4", "fortran_order": False, "shape": (2**22, 2**22, 2**10)}
+    handle = io.BytesIO()
+    np.lib.format.write_array_header_1_0(handle, header)
+    raw = base64.b64encode(handle.getvalue() + b"\0" * 16).decode()
+    with pytest.raises(InfrastructureError, match=r"its header says \[4194304, 4194304, 1024\]"):
+        decode_routes({"choices": [{"routed_experts": raw}]}, SPEC, 5, "r", top_k=3)

@@ -19,6 +19,7 @@ from harness.formats.expert_distribution import (
     write_stat_dump,
 )
 from harness.formats.torchfile import read_torch_file, write_torch_file
+from tests.conftest import run_cli
 
 # Two passes, two layers, three experts.
 COUNTS = np.array([[[4, 0, 1], [2, 2, 1]], [[0, 3, 2], [5, 0, 0]]], dtype=np.int32)
@@ -116,3 +117,17 @@ def test_counts_that_are_nan_or_negative_are_refused_naming_the_file(
     for read in (read_dump, read_logical_count):
         with pytest.raises(BadInput, match=f"{path}: logical_count holds"):
             read(path)
+
+
+def test_counts_that_add_up_past_int64_are_refused_not_wrapped(tmp_path: Path) -> None:
+    # Two steps of 2^62 for expert 0: summed in int64 they wrapped negative, and fit-map ranked
+    # the hottest expert coldest; a count past 2^63 raised out of the JSON reader.
+    source = tmp_path / "counts.json"
+    for counts, words in (
+        ([[[2**62, 5, 1, 2]], [[2**62, 5, 1, 2]]], "adds up to 2^62 or more selections"),
+        ([[[2**64, 5, 1, 2]]], "rectangular array of integers (each under 2^63)"),
+    ):
+        source.write_text(json.dumps({"logical_count": counts}), encoding="utf-8")
+        done = run_cli("fit-map", str(source), "--top", "2", "-o", str(tmp_path / "map.json"))
+        assert done.code == 2 and words in done.stderr, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "map.json").exists()

@@ -159,3 +159,19 @@ def test_the_head_a_resume_printed_passes_and_says_it_was_checked(tmp_path: Path
     assert newer is not None
     done = run_cli("gate", str(root), "--quiet", "--journal-head", newer.digest)
     assert done.code == 0, done.stdout + done.stderr
+
+
+def test_a_kept_head_with_a_damaged_time_still_names_the_rewrite_not_a_harness_bug(
+    tmp_path: Path,
+) -> None:
+    # The store is appended to by every campaign of the tree: a line whose `t` is "soon" once
+    # reached the last-resort handler ("a harness bug") instead of saying the journal changed.
+    root, _ = _copy(tmp_path)
+    store = tmp_path / "reports" / "history" / "journal-heads.jsonl"
+    store.parent.mkdir(parents=True)
+    entry = {"campaign": "demo/20261204T230934Z", "head": "0" * 64, "events": 3, "t": "soon"}
+    store.write_text(json.dumps(entry) + "\n", encoding="utf-8")
+    refused = run_cli("gate", str(root))
+    assert refused.code == EXIT_INFRASTRUCTURE, refused.stdout + refused.stderr
+    assert "rewritten since a time the store does not say" in refused.stderr, refused.stderr
+    assert "harness bug" not in refused.stderr and "Traceback" not in refused.stderr

@@ -16,6 +16,7 @@ from harness.cli import main
 from harness.formats.records import write_parquet
 from harness.history.changes import change_points
 from harness.history.store import COLUMNS, read_history
+from tests.conftest import run_cli
 
 DEMO = Path(__file__).parent.parent / "data" / "campaigns" / "demo-shaped"
 
@@ -128,3 +129,11 @@ def test_a_store_file_without_the_stores_columns_is_exit_2_naming_it(tmp_path: P
     assert code == 2
     with pytest.raises(Exception, match=r"other-tool\.parquet: not a results-store file \(no "):
         read_history(tmp_path / "history")
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "1", "abc"])
+def test_a_change_point_threshold_that_is_no_p_value_is_refused(value: str) -> None:
+    # NaN compares false with every p-value, and -1 or 1 decide every or no point alike.
+    done = run_cli("history", f"--max-pvalue={value}")
+    assert done.code == 2 and "--max-pvalue" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

@@ -105,7 +105,9 @@ def test_a_line_in_size_that_falls_as_rows_grow_is_called_doubtful() -> None:
     # ladder at 1 MiB): pooled, the split puts their machine and traffic difference on size and
     # prices the larger row cheaper. The fit says so, and so does every cell it prices at
     # another size than its own.
-    fit = fit_cost([WASHED, DATA / "campaigns" / "ladder-shaped"])
+    # The ladder fixture was recorded before directories were sealed: read unverified.
+    fit = fit_cost([WASHED, DATA / "campaigns" / "ladder-shaped"], allow_unsealed=True)
+    assert "ladder-shaped (unverified: no seal from its start)" in fit.source
     assert fit.row_sizes == (1048576, 2097152)
     assert fit.size_warning is not None and "differ in more than expert_bytes" in fit.size_warning
     assert "doubtful line in size" in str(fit.size_note(1048576))
@@ -347,3 +349,27 @@ def test_a_predicted_recovery_holds_its_own_estimate(tmp_path: Path) -> None:
     estimate, low, high = band["estimate"], band["low"], band["high"]
     assert estimate is not None and low is not None and low <= estimate
     assert high is None or estimate <= high
+
+
+def test_a_seal_stripped_campaign_is_not_fitted_without_the_flag_and_says_so_with_it(
+    tmp_path: Path,
+) -> None:
+    # The adversary's edit gate refuses (seal, files and chain removed from every event, so the
+    # directory reads as one made before sealing) once priced every prediction from it.
+    root = tmp_path / "washed"
+    shutil.copytree(WASHED, root)
+    journal = root / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
+    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files", "prev")} for e in events]
+    journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
+    cost = tmp_path / "cost.json"
+    for extra in ([], ["--per-run"]):
+        refused = run_cli("fit-cost", str(root), *extra, "-o", str(cost))
+        assert refused.code == 3, refused.stdout + refused.stderr
+        assert "not sealed from its start" in refused.stderr, refused.stderr
+        assert "--allow-unsealed" in refused.stderr
+        assert not cost.exists()
+    allowed = run_cli("fit-cost", str(root), "--allow-unsealed", "-o", str(cost))
+    assert allowed.code == 0, allowed.stdout + allowed.stderr
+    assert "WARNING: fitted from records nothing vouches for" in allowed.stdout
+    assert json.loads(cost.read_text())["source"].endswith("(unverified: no seal from its start)")
