@@ -46,6 +46,15 @@ def copy_campaign(root: Path, dest: Path) -> Path:
     return target
 
 
+def strip_seal(root: Path) -> None:
+    """The adversary's edit: ``seal``, ``files`` and the chain's ``prev`` removed from every
+    journal event, so a sealed directory reads as one made before sealing."""
+    journal = root / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
+    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files", "prev")} for e in events]
+    journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
+
+
 def rechain_journal(journal: Path, change: Callable[[list[dict]], None] | None = None) -> None:  # type: ignore[type-arg]
     """Rewrite a journal's events (after ``change``) with every ``prev`` recomputed, as the
     harness would have chained them: a test that writes another history than the one run, or

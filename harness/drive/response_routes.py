@@ -38,6 +38,7 @@ import numpy.typing as npt
 from harness.drive.client import DriveSpec, WorkItem, request_body
 from harness.errors import BadInput, InfrastructureError
 from harness.formats.maps import write_count_dump
+from harness.formats.npy import npy_header_problem
 from harness.formats.safe_write import atomic_binary_writer
 from harness.profiles.telemetry import ResponseRoutesSpec
 from harness.runtimes.boot import http_json
@@ -63,18 +64,10 @@ def field_value(body: Any, dotted: str) -> Any:
 
 def _npy_array(data: bytes) -> npt.NDArray[Any]:
     """``.npy`` bytes as an array, the header held to the bytes before numpy allocates its
-    shape (a header claiming 64 TiB reached the last-resort handler as a MemoryError)."""
-    handle = io.BytesIO(data)
-    version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-    elif version == (2, 0):
-        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-    else:
-        raise ValueError(f".npy format version {version} (vLLM writes 1.0)")
-    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if dtype.hasobject or need != len(data) - handle.tell():
-        raise ValueError(f"its header says {list(shape)} {dtype}, its body holds other bytes")
+    shape (a header claiming 64 PiB reached the last-resort handler as a MemoryError)."""
+    problem = npy_header_problem(io.BytesIO(data), len(data))
+    if problem is not None:
+        raise ValueError(problem)
     return np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
 
 

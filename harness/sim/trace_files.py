@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.errors import KnobError, TraceError
+from harness.formats.npy import npy_header_problem
 from harness.formats.records import UNSCORED_STEPS
 from harness.formats.ring import ROUTE_TRACE_VERSION
 from harness.formats.textfile import parse_json
@@ -321,20 +322,7 @@ def _megatron_trace(
 def _npy_header_problem(path: str) -> str | None:
     """What is wrong with a ``.npy`` file's header, checked before numpy allocates its shape."""
     with open(path, "rb") as handle:
-        version = np.lib.format.read_magic(handle)
-        if version == (1, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-        elif version == (2, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-        else:
-            return None  # a newer format: np.load checks it (and its errors are caught too)
-        body = os.fstat(handle.fileno()).st_size - handle.tell()
-    if dtype.hasobject:
-        return f"holds Python objects ({dtype}), not expert ids"
-    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if need != body:
-        return f"its header says {list(shape)} {dtype} ({need:,} bytes), the file has {body:,}"
-    return None
+        return npy_header_problem(handle, os.fstat(handle.fileno()).st_size)
 
 
 def _array_trace(path: str, experts: int | None) -> Trace:

@@ -195,12 +195,11 @@ def test_a_stripped_seal_never_gates_exit_0_without_the_flag_and_says_unverified
     # The adversary's edit: remove `seal`, `files` and the chain's `prev` from every event of a
     # sealed, passing campaign, so the directory reads as one made before sealing (it once
     # gated PASS, exit 0, with one stderr note).
+    from tests.campaign_dirs import strip_seal
+
     root = tmp_path / "washed"
     shutil.copytree(WASHED, root)
-    journal = root / "journal.jsonl"
-    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
-    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files", "prev")} for e in events]
-    journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
+    strip_seal(root)
     refused = run_cli("gate", str(root))
     assert refused.code == 3, refused.stdout + refused.stderr
     assert "not sealed from its start" in refused.stderr and "--allow-unsealed" in refused.stderr

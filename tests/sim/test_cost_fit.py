@@ -356,12 +356,11 @@ def test_a_seal_stripped_campaign_is_not_fitted_without_the_flag_and_says_so_wit
 ) -> None:
     # The adversary's edit gate refuses (seal, files and chain removed from every event, so the
     # directory reads as one made before sealing) once priced every prediction from it.
+    from tests.campaign_dirs import strip_seal
+
     root = tmp_path / "washed"
     shutil.copytree(WASHED, root)
-    journal = root / "journal.jsonl"
-    events = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
-    stripped = [{k: v for k, v in e.items() if k not in ("seal", "files", "prev")} for e in events]
-    journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
+    strip_seal(root)
     cost = tmp_path / "cost.json"
     for extra in ([], ["--per-run"]):
         refused = run_cli("fit-cost", str(root), *extra, "-o", str(cost))
