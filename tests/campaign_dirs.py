@@ -69,3 +69,35 @@ def rechain_journal(journal: Path, change: Callable[[list[dict]], None] | None =
         lines.append(line)
         prev = hashlib.sha256(line.encode("utf-8")).hexdigest()
     journal.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def start_with(root: Path, name: str, payload: dict) -> None:  # type: ignore[type-arg]
+    """Make ``root`` a campaign that started with ``payload`` as its top-level ``name`` (a
+    ``quality.json`` the card cannot produce: written by an older harness, or damaged before
+    the start sealed it). The file, its digest in ``campaign_start``, the chain after it and
+    the results store's heads of this campaign are all rewritten, as the start would have left
+    them; a ``sealed`` event afterwards is refused (what a campaign starts with is sealed once)."""
+    from harness.formats.heads import HEADS_FILE, store_dir
+
+    path = root / name
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def reseal(events: list[dict]) -> None:  # type: ignore[type-arg]
+        start = next(e for e in events if e["event"] == "campaign_start")
+        start["files"][name] = digest
+
+    journal = root / "journal.jsonl"
+    rechain_journal(journal, reseal)
+    lines = journal.read_text(encoding="utf-8").splitlines()
+    store = store_dir(root)
+    heads = None if store is None else store / HEADS_FILE
+    if heads is None or not heads.is_file():
+        return
+    key = f"{root.resolve().parent.name}/{root.resolve().name}"
+    entries = [json.loads(line) for line in heads.read_text(encoding="utf-8").splitlines()]
+    for entry in entries:
+        if entry.get("campaign") == key:
+            line = lines[entry["events"] - 1]
+            entry["head"] = hashlib.sha256(line.encode("utf-8")).hexdigest()
+    heads.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")

@@ -773,7 +773,7 @@ TRAP = (
 def test_card_text_is_data_in_the_terminal_junit_and_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.formats.records import write_sealed_json
+    from tests.campaign_dirs import start_with
     from tests.gate.campaigns import Synth, build_campaign, card_text
 
     # The card's description, and a quality prompt id (from a pool) that every gate reason names.
@@ -782,7 +782,7 @@ def test_card_text_is_data_in_the_terminal_junit_and_record(
     synth = Synth(quality=lambda run, prompt_id: "no", quality_ids=(TRAP,))
     campaign = build_campaign(tmp_path, text, synth)
     suite = [{"id": TRAP, "domain": "x", "check": {"kind": "regex", "pattern": "^OK"}}]
-    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": suite})
+    start_with(campaign.root, "quality.json", {"prompts": suite})
     code, out, err = cli("gate", str(campaign.root), capsys=capsys)
     assert code == 1, out + err  # no answer passes: a verdict, not a crash
     assert "Traceback" not in err and "\x1b[31m" not in out

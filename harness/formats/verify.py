@@ -105,14 +105,10 @@ def _sealed_files(events: list[dict[str, Any]]) -> dict[str, list[str]]:
     return written
 
 
-# What a campaign starts with and is never sealed again. quality.json is not yet among them:
-# the quality gate's test fixtures still re-seal it after the start (issue 57 follow-up).
-_SEALED_ONCE = tuple(name for name in START_FILES if name != "quality.json")
-
-
 def _started_with(name: str) -> bool:
-    """Whether ``name`` is sealed once, at the start (card, plan, frozen inputs)."""
-    return name in _SEALED_ONCE or any(name.startswith(f"{top}/") for top in START_FOLDERS)
+    """Whether ``name`` is sealed once, at the start (card, plan, quality suite, frozen
+    inputs)."""
+    return name in START_FILES or any(name.startswith(f"{top}/") for top in START_FOLDERS)
 
 
 def _check_sealed_once(root: Path, lines: list[tuple[int, bytes, dict[str, Any]]]) -> None:

@@ -13,12 +13,10 @@ import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.errors import VerificationError
-from harness.formats.records import (
-    RUN_OK,
-    write_sealed_json,
-)
+from harness.formats.records import RUN_OK, write_sealed_json
 from harness.gate.evaluate import Verdict, evaluate_gates
 from harness.gate.quality import check_passes
+from tests.campaign_dirs import start_with
 from tests.gate.campaigns import (
     Run,
     Synth,
@@ -56,8 +54,8 @@ def _quality_campaign(
     ids = tuple(str(p["id"]) for p in SUITE)
     campaign = build_campaign(root, card_text(gates), Synth(quality=answers, quality_ids=ids))
     if suite:
-        # The suite as the harness writes it: its digest journalled (harness.formats.seal).
-        write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
+        # The suite as the harness's start writes it: sealed by campaign_start.
+        start_with(campaign.root, "quality.json", {"prompts": SUITE})
     else:
         (campaign.root / "quality.json").unlink()
     return evaluate_gates(analyze_campaign(campaign.root))
@@ -134,7 +132,7 @@ def test_quality_fails_closed_on_an_invalid_check_in_the_campaign(tmp_path: Path
         Synth(quality=_answers({}), quality_ids=ids),
     )  # fmt: skip
     suite = [{**SUITE[0], "check": {"kind": "regex"}}, *SUITE[1:]]
-    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": suite})
+    start_with(campaign.root, "quality.json", {"prompts": suite})
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed and not result.incomplete
     assert result.reason == (
@@ -191,7 +189,7 @@ def test_quality_fails_closed_on_a_missing_run(
         status=lambda run: None if run["run_id"].startswith(missing) else RUN_OK,
     )
     campaign = build_campaign(tmp_path, card_text(f"  - {gate}", cycles=2), synth)
-    write_sealed_json(campaign.root, campaign.root / "quality.json", {"prompts": SUITE})
+    start_with(campaign.root, "quality.json", {"prompts": SUITE})
     result = only(evaluate_gates(analyze_campaign(campaign.root)))
     assert not result.passed
     assert who in result.reason and "(missing)" in result.reason
@@ -199,3 +197,15 @@ def test_quality_fails_closed_on_a_missing_run(
 
 
 # ---- soak --------------------------------------------------------------------------------------
+
+
+def test_a_suite_sealed_again_after_the_start_is_refused(tmp_path: Path) -> None:
+    # The quality suite is what the campaign started with: loosening a check and journalling
+    # the new digest (as anyone who can write the directory could) does not make it the suite.
+    campaign = build_campaign(
+        tmp_path, card_text("  - {kind: quality, min_pass: 2/2}"), Synth(quality=_answers({}))
+    )
+    loose = {"prompts": [{**SUITE[0], "check": {"kind": "regex", "pattern": ".*"}}, SUITE[1]]}
+    write_sealed_json(campaign.root, campaign.root / "quality.json", loose)
+    with pytest.raises(VerificationError, match=r"quality\.json: sealed again by journal line"):
+        analyze_campaign(campaign.root)

@@ -13,9 +13,9 @@ from harness.analyze.campaign import analyze_campaign
 from harness.errors import RecordError
 from harness.formats.records import (
     write_json_atomic,
-    write_sealed_json,
 )
 from harness.gate.evaluate import GateResult, evaluate_gates
+from tests.campaign_dirs import start_with
 from tests.gate.campaigns import (
     Run,
     Synth,
@@ -144,8 +144,7 @@ def test_a_damaged_lockstep_record_is_bad_input_not_a_gate_result(
 
 def test_a_damaged_quality_record_names_its_field(tmp_path: Path) -> None:
     campaign = build_campaign(tmp_path, card_text("  - {kind: quality, min_pass: 1}"), Synth())
-    path = campaign.root / "quality.json"
-    write_sealed_json(campaign.root, path, {"prompts": [{"check": {}}]})
+    start_with(campaign.root, "quality.json", {"prompts": [{"check": {}}]})
     with pytest.raises(RecordError, match=r"quality\.json: `prompts` must be a list"):
         evaluate_gates(analyze_campaign(campaign.root))
 
