@@ -243,6 +243,22 @@ def test_file_round_trip_and_queries(box: Box, tmp_path: Path) -> None:
     assert box.read_text(remote + ".missing") == ""
 
 
+def test_a_download_replaces_a_link_at_its_target_and_never_writes_through_it(
+    box: Box, tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote.bin"
+    remote.write_bytes(b"downloaded\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not ours\n")
+    back = tmp_path / "back" / "ring.bin"
+    back.parent.mkdir()
+    back.symlink_to(victim)
+    box.get_file(str(remote), back)
+    assert victim.read_text() == "not ours\n"
+    assert not back.is_symlink() and back.read_bytes() == b"downloaded\n"
+    assert sorted(p.name for p in back.parent.iterdir()) == ["ring.bin"]  # no temp file left
+
+
 def test_directory_round_trip(box: Box, tmp_path: Path) -> None:
     source = tmp_path / "tree"
     (source / "a" / "b c").mkdir(parents=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from harness.formats.torchfile import write_torch_file
 from harness.runtimes.ds4.gguf_writer import STRING, Region, Value, write_gguf
 from harness.runtimes.llamacpp.traces import write_jsonl
 from harness.runtimes.vllm.model import write_safetensors
+from harness.runtimes.vllm.plugin import _Recorder
 from tests.conftest import DATA, REPO, run_cli
 
 VICTIM_TEXT = "not the harness's to write\n"
@@ -55,7 +57,7 @@ def _victim(tmp_path: Path) -> Path:
 def _plant_temp_links(target: Path, victim: Path) -> None:
     """Links at every name the harness's writers used for their temp file beside ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    for name in (f".{target.name}.tmp", f"{target.name}.tmp"):
+    for name in (f".{target.name}.tmp", f"{target.name}.tmp", f"{target.name}.tmp.{os.getpid()}"):
         (target.parent / name).symlink_to(victim)
 
 
@@ -95,6 +97,15 @@ def _streamed_bytes(path: Path) -> None:
         handle.write(b"streamed\n")
 
 
+def _vllm_route_dump(path: Path) -> None:
+    # The route plugin as vLLM runs it: a layer known, counted, the dump flushed (its flush
+    # thread sleeps an hour, so only this flush writes).
+    recorder = _Recorder(str(path), None, 3600.0)
+    recorder.add_layer(0, 4)
+    recorder.observe(0, [[1, 2]], prefill=False)
+    recorder.flush()
+
+
 def _by_name(path: Path) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(b"by name\n")
@@ -118,6 +129,7 @@ WRITERS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "torch file": ("dump.pt", lambda p: write_torch_file(p, {"x": np.arange(3)})),
     "logical count": ("logical.json", lambda p: write_logical_count(p, np.ones((2, 3)))),
     "ds4 gguf": ("tiny.gguf", _gguf),
+    "vLLM route dump": ("routes.json", _vllm_route_dump),
 }
 
 
@@ -146,6 +158,17 @@ def test_a_link_at_the_record_itself_is_replaced_not_followed(tmp_path: Path, ki
     write(target)
     _assert_untouched(victim)
     _assert_record(target)
+
+
+def test_the_vllm_route_trace_is_never_opened_through_a_link(tmp_path: Path) -> None:
+    # The plugin appends its trace inside vLLM's process, by the name the harness gave it.
+    victim = _victim(tmp_path)
+    trace = tmp_path / "run" / "routes.jsonl"
+    trace.parent.mkdir()
+    trace.symlink_to(victim)
+    with pytest.raises(OSError):
+        _Recorder(None, str(trace), 3600.0)
+    _assert_untouched(victim)
 
 
 def test_what_is_written_is_what_was_asked_for_and_readable_by_a_runtime(tmp_path: Path) -> None:

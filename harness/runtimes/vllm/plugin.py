@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import json
 import os
+import tempfile
 import threading
 import time
 from typing import Any
@@ -37,6 +38,12 @@ from typing import Any
 ROUTES_ENV = "HARNESS_VLLM_ROUTES"
 TRACE_ENV = "HARNESS_VLLM_ROUTE_TRACE"
 EVERY_ENV = "HARNESS_VLLM_ROUTES_EVERY_S"
+
+
+def _append_no_follow(path: str) -> Any:
+    """The trace opened for appending, never through a link planted at its name."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o644), "a", encoding="utf-8")
 
 
 class _Recorder:
@@ -51,7 +58,7 @@ class _Recorder:
         self.dirty = False
         self.step = -1
         self.last_layer: int | None = None
-        self.trace: Any = open(trace_path, "a", encoding="utf-8") if trace_path else None  # noqa: SIM115
+        self.trace: Any = _append_no_follow(trace_path) if trace_path else None
         if dump_path:
             threading.Thread(target=self._flush_loop, name="harness-routes", daemon=True).start()
         atexit.register(self.flush)
@@ -89,10 +96,19 @@ class _Recorder:
                 "time": time.time(),
             }
             self.dirty = False
-        tmp = f"{self.dump_path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, separators=(",", ":"))
-        os.replace(tmp, self.dump_path)
+        # A random name created exclusively (mkstemp), so no link planted beside the dump is
+        # followed; removed when the write fails (a full disk).
+        folder, name = os.path.split(os.path.abspath(self.dump_path))
+        descriptor, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                os.fchmod(handle.fileno(), 0o644)
+                json.dump(document, handle, separators=(",", ":"))
+            os.replace(tmp, self.dump_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _flush_loop(self) -> None:
         while True:
