@@ -41,7 +41,9 @@ from tests.conftest import REPO, run_cli, shipped_card_variant
 RUNTIMES = REPO / "harness" / "profiles" / "data" / "runtimes"
 SMOKE = REPO / "campaigns" / "ds4-cpu-smoke.yaml"
 SMOKE_DESIGN = "design: {order: abba, cycles: 1, repeats: 1, cache_states: [warm], seed: 28}"
-IN_SEQUENCE = "design: {order: sequential, cycles: 1, repeats: 1, cache_states: [warm], seed: 28}"
+IN_SEQUENCE = (
+    "design: {order: sequential, cycles: 1, repeats: 1, cache_states: [warm], seed: 28, washout: 0}"
+)
 
 # ---- the model writer ------------------------------------------------------------------------
 
@@ -302,8 +304,8 @@ def ds4_ready() -> Path:
 @pytest.fixture(scope="session")
 def smoke(ds4_ready: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """campaigns/ds4-cpu-smoke.yaml run once, its two cells in sequence rather than A/B/B/A
-    (each run is ~40 s of ds4's arithmetic; the mirrored order adds nothing these tests check):
-    (campaign directory, output)."""
+    and without a washout request (each request is ~30 s of ds4's arithmetic; the mirrored
+    order and the washout add nothing these tests check): (campaign directory, output)."""
     work = tmp_path_factory.mktemp("ds4-card")
     # Without the competing-process guard (tests/execute/test_guards.py holds it): on a shared
     # test machine another test's runtime may run, which would rightly refuse the cohort.
