@@ -2725,6 +2725,18 @@ def added_journal_link(ctx: Ctx) -> str | None:
     return gated.said(100)
 
 
+@case("three", "Medium", "a quality.json sealed by a later `sealed` event", added=True)
+def added_quality_sealed_later(ctx: Ctx) -> str | None:
+    # The README (since de02fb3): the quality suite, like the card and plan, is sealed once.
+    root = ctx.copy("added_quality_later")
+    (root / "quality.json").write_text(json.dumps({"schema_version": 1, "prompts": []}))
+    jappend(root, {"event": "sealed", "files": {"quality.json": sha_file(root / "quality.json")}})
+    res = ctx.gate(root)
+    check(res.rc == 3 and not res.crashed(), f"gate: {res.brief()}")
+    check("quality.json" in res.text, f"quality.json is not named: {res.said()}")
+    return res.said(100)
+
+
 # -- running and reporting ----------------------------------------------------------------------
 
 
