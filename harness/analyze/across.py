@@ -21,7 +21,6 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from harness.analyze.campaign import CampaignAnalysis
 from harness.analyze.cell_values import finite
@@ -29,6 +28,7 @@ from harness.catalog import METRICS
 from harness.errors import BadInput
 from harness.formats.records import read_json
 from harness.stats.cycles import log_to_ratio, margin_log
+from harness.stats.distributions import t_ppf
 from harness.stats.labels import decide_label
 
 __all__ = ["box_identity", "compare_campaigns", "welch_interval"]
@@ -72,7 +72,7 @@ def welch_interval(a: list[float], b: list[float], confidence: float) -> tuple[f
     if se == 0:
         return (d, d)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(sps.t.ppf(0.5 + confidence / 2, df)) * se
+    half = t_ppf(0.5 + confidence / 2, df) * se
     return (d - half, d + half)
 
 

@@ -40,11 +40,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from harness.analyze.compare import CellComparison, cell_cycles, runs_before
 from harness.catalog import METRICS
 from harness.stats.decision import compare_cycles
+
+
+def _scipy_stats() -> Any:
+    """scipy.stats, imported when a fleet's boxes are compared (0.4 s a command that a campaign
+    on one box does not pay)."""
+    from scipy import stats
+
+    return stats
+
 
 # Fewest cycles a box needs for its Dⱼ to enter the interaction test: a variance needs two.
 # Welch's test, which lets each box's noise differ, needs three: at two a box it rejects a true
@@ -144,9 +152,9 @@ def interaction_p(effects_by_box: Mapping[str, Sequence[float]]) -> float | None
         means = {round(float(g.mean()), 12) for g in groups}
         return 1.0 if len(means) == 1 else 0.0
     if min(len(g) for g in groups) < WELCH_CYCLES_PER_BOX:
-        p = float(stats.f_oneway(*groups).pvalue)  # pooled within-box variance
+        p = float(_scipy_stats().f_oneway(*groups).pvalue)  # pooled within-box variance
     elif len(groups) == 2:
-        p = float(stats.ttest_ind(groups[0], groups[1], equal_var=False).pvalue)
+        p = float(_scipy_stats().ttest_ind(groups[0], groups[1], equal_var=False).pvalue)
     else:
         p = welch_anova_p(groups)
     return p if math.isfinite(p) else None
@@ -171,7 +179,7 @@ def welch_anova_p(groups: Sequence[np.ndarray]) -> float:
     a = float((w * (means - grand) ** 2).sum()) / (k - 1)
     lam = float((((1 - w / w.sum()) ** 2) / (n - 1)).sum())
     f = a / (1 + 2 * (k - 2) * lam / (k * k - 1))
-    return float(stats.f.sf(f, k - 1, (k * k - 1) / (3 * lam)))
+    return float(_scipy_stats().f.sf(f, k - 1, (k * k - 1) / (3 * lam)))
 
 
 def fleet_tables(

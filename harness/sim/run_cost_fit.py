@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from harness.analyze.metrics import request_metrics
 from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json
+from harness.stats.distributions import t_ppf
 
 __all__ = [
     "KIND",
@@ -102,7 +102,7 @@ def _line_se(x: np.ndarray, sd: float, rate: float) -> float:
 
 def _t95(n: int) -> float:
     """The two-sided 95% t quantile for a line fitted through ``n`` points."""
-    return float(stats.t.ppf(0.975, n - 2))
+    return t_ppf(0.975, n - 2)
 
 
 def load_rate(delta: dict[str, Any], tokens: float | None = None) -> float | None:

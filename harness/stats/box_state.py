@@ -41,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
+
+from harness.stats.distributions import t_isf
 
 # The residue a washout may leave, as a share of the arms' spread: a state that starts a
 # switched block within a tenth of the way to the other arm's level has settled.
@@ -173,7 +174,7 @@ def _beyond_noise(
     if fit.df < 1:
         return False
     se = fit.residual_sd * math.sqrt(1.0 / n_switched + 1.0 / n_own)
-    return bool(abs(gap) / se > float(sps.t.isf(alpha / 2.0, fit.df)))
+    return bool(abs(gap) / se > t_isf(alpha / 2.0, fit.df))
 
 
 GRID = np.linspace(0.0, 0.999, 1000)

@@ -65,9 +65,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as sps
 
 from harness.stats.cycles import Cycle, FloatArray
+from harness.stats.distributions import t_ppf, t_sf
 
 # Below three cycles the two carry-over terms would leave at most two residual degrees of
 # freedom (t₀.₉₇₅ = 4.3): the model keeps arm and trend only and says so.
@@ -85,14 +85,14 @@ class Term:
 
     def interval(self, confidence: float) -> tuple[float, float]:
         """Two-sided t-interval estimate ± t_{(1+c)/2, df}·se."""
-        half = float(sps.t.ppf(0.5 + confidence / 2.0, self.df)) * self.se
+        half = t_ppf(0.5 + confidence / 2.0, self.df) * self.se
         return self.estimate - half, self.estimate + half
 
     def p_value(self) -> float:
         """Two-sided t-test of the coefficient against 0."""
         if self.se == 0.0:
             return 1.0 if self.estimate == 0.0 else 0.0
-        return float(2.0 * sps.t.sf(abs(self.estimate) / self.se, self.df))
+        return 2.0 * t_sf(abs(self.estimate) / self.se, self.df)
 
 
 @dataclass(frozen=True)

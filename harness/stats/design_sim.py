@@ -27,10 +27,10 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as sps
 
 from harness.stats.crossover import MIN_CARRY_CYCLES, fit_terms_many
 from harness.stats.cycles import Cycle, FloatArray
+from harness.stats.distributions import t_isf
 from harness.stats.layout import cycle_pattern, fleet_box
 from harness.stats.sequential_t import balanced_t, balanced_weights
 
@@ -338,8 +338,8 @@ def decide_many(
     if layout.random_boxes:
         se, box_df = between_boxes_se(effects, mean, se, [c.box for c in cycles])
         df = df if box_df is None else box_df
-    t95 = float(sps.t.isf(alpha / 2.0, df))
-    t90 = float(sps.t.isf(alpha, df))
+    t95 = t_isf(alpha / 2.0, df)
+    t90 = t_isf(alpha, df)
     within = (mean - t90 * se > -margin) & (mean + t90 * se < margin)
     codes[within] = WITHIN
     significant = (np.abs(mean) > t95 * se) & (np.abs(mean) >= margin)
@@ -353,7 +353,7 @@ def decide_many(
         if not washed:
             codes[significant] = CARRY  # nothing estimates the carry-over: fail closed
         return codes
-    level = float(sps.t.isf(alpha / 2.0, terms.df))
+    level = t_isf(alpha / 2.0, terms.df)
     if washed:
         # The washout's evidence: where carry-over it should have cleared is still beyond
         # noise, the label needs the deployed effect too (it can only be withheld here).

@@ -23,9 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats as sps
-
 from harness.stats.cycles import Cycle, pct_change
+from harness.stats.distributions import chi2_ppf, norm_ppf
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def drift_flags(cycles: Sequence[Cycle], margin: float, s_w: float | None) -> tu
     # Two flags per cycle are tested; at two SDs each, a clean 6-cycle campaign would raise a
     # false flag about half the time. Bonferroni over the 2m tests keeps the chance of any
     # false flag near FLAG_ALPHA (z = 2.39 for one cycle, 2.64 for three, 2.86 for six).
-    z_flag = float(sps.norm.ppf(1.0 - FLAG_ALPHA / (4.0 * max(len(cycles), 1))))
+    z_flag = norm_ppf(1.0 - FLAG_ALPHA / (4.0 * max(len(cycles), 1)))
     for c in cycles:
         if s_w is not None and c.prompt_logs is not None:
             inv_k = [1.0 / len(b) for b in c.prompt_logs]
@@ -105,7 +104,7 @@ def drift_flags(cycles: Sequence[Cycle], margin: float, s_w: float | None) -> tu
             # tenth of the time under a third of the truth), which would flag plain noise. Use
             # its one-sided 90% upper bound: χ² with one degree of freedom per other cycle.
             dof = len(others)
-            upper = math.sqrt(dof / float(sps.chi2.ppf(0.10, dof)))
+            upper = math.sqrt(dof / chi2_ppf(0.10, dof))
             sd_block = upper * math.sqrt(sum(r * r for r in others) / dof / 20.0)
             sd_outer = max(sd_outer, math.sqrt(2.0) * sd_block)
             sd_r = max(sd_r, math.sqrt(20.0) * sd_block)

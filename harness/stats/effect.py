@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy import stats as sps
 
 from harness.stats.crossover import ROUNDING, CrossoverFit
 from harness.stats.cycles import Cycle
 from harness.stats.design_sim import between_boxes_se
+from harness.stats.distributions import t_ppf, t_sf
 from harness.stats.drift import Flag
 
 
@@ -53,7 +53,7 @@ class Effect:
         """Two-sided t-interval D̄ ± t_{(1+c)/2, df}·SE; None with one cycle."""
         if self.se is None:
             return None
-        half = float(sps.t.ppf(0.5 + confidence / 2.0, self.df)) * self.se
+        half = t_ppf(0.5 + confidence / 2.0, self.df) * self.se
         return self.mean - half, self.mean + half
 
     def p_value(self) -> float | None:
@@ -62,7 +62,7 @@ class Effect:
             return None
         if self.se == 0.0:
             return 1.0 if self.mean == 0.0 else 0.0
-        return float(2.0 * sps.t.sf(abs(self.mean) / self.se, self.df))
+        return 2.0 * t_sf(abs(self.mean) / self.se, self.df)
 
 
 def balanced_effect(cycles: Sequence[Cycle]) -> Effect:

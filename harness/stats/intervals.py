@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as sps
 
 from harness.errors import BadInput
 from harness.stats.cycles import ORDERS, Cycle, FloatArray, log_to_ratio
+from harness.stats.distributions import t_ppf, t_sf
 
 __all__ = [
     "bootstrap_ratio_ci",
@@ -36,7 +36,7 @@ def t_interval(effects: npt.ArrayLike, confidence: float) -> tuple[float, float]
     if d.size < 2:
         raise BadInput("t_interval: needs at least 2 cycles")
     mean = float(d.mean())
-    half = float(sps.t.ppf(0.5 + confidence / 2.0, d.size - 1)) * standard_error(d)
+    half = t_ppf(0.5 + confidence / 2.0, d.size - 1) * standard_error(d)
     return mean - half, mean + half
 
 
@@ -50,7 +50,7 @@ def t_test_p(effects: npt.ArrayLike) -> float:
     if sem == 0.0:
         # Perfectly consistent cycles: any non-zero effect is certain, a zero one is not evidence.
         return 1.0 if mean == 0.0 else 0.0
-    return float(2.0 * sps.t.sf(abs(mean) / sem, d.size - 1))
+    return 2.0 * t_sf(abs(mean) / sem, d.size - 1)
 
 
 def wilcoxon_p(effects: npt.ArrayLike) -> float:
@@ -58,6 +58,8 @@ def wilcoxon_p(effects: npt.ArrayLike) -> float:
     d = effects_array(effects)
     if not np.any(d != 0):
         return 1.0
+    from scipy import stats as sps  # only here: the rest of the analysis needs no scipy.stats
+
     return float(sps.wilcoxon(d).pvalue)
 
 

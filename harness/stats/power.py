@@ -26,10 +26,10 @@ from __future__ import annotations
 import math
 
 from scipy import special
-from scipy import stats as sps
 
 from harness.errors import BadInput
 from harness.stats.cycles import pct_change
+from harness.stats.distributions import chi2_isf, norm_ppf
 
 # The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
 RESUME_HINT = (
@@ -64,7 +64,7 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
         return two_sided_power(m, margin / s_d, alpha)
 
     # Start from the normal approximation, then walk to the exact answer.
-    z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
+    z = norm_ppf(1 - alpha / 2) + norm_ppf(power)
     # A float's ** raises OverflowError past 1e308 (an SD of 1e200 log) where * gives inf.
     approx = (z * s_d / margin) * (z * s_d / margin)
     m = _MAX_CYCLES_SEARCH if approx >= _MAX_CYCLES_SEARCH else max(2, math.ceil(approx))
@@ -76,7 +76,7 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
 
 
 def _t_quantile(p: float, df: int) -> float:
-    """Student's t quantile (``sps.t.ppf``'s number, as the special function gives it)."""
+    """Student's t quantile (``scipy.stats.t.ppf``'s number, as the special function gives it)."""
     return float(special.stdtrit(df, p))
 
 
@@ -84,7 +84,7 @@ def nct_sf(t: float, df: int, nc: float) -> float:
     """P(T > t), T ~ nct(df, nc); scipy returns NaN beyond |nc| ≈ 1e10 (a deterministic
     metric's effect over a rounding-size SD), where the answer is 1 or 0 to 1e-9 and is given
     as such (tost_power once returned NaN there, and the search ran to 100,000 cycles)."""
-    # The special function, not sps.nct.sf: the same number to 1e-16 (absolute) at ~6 µs
+    # The special function, not scipy.stats.nct.sf: the same number to 1e-16 (absolute) at ~6 µs
     # instead of ~100 µs, and an analysis asks for tens of thousands of them.
     value = 1.0 - float(special.nctdtr(df, nc, t))
     if math.isnan(value):
@@ -190,8 +190,8 @@ def needed_range(
     if spread is None or spread <= 0 or m < 3:
         return None
     df = m - 1
-    low_sd = spread * math.sqrt(df / float(sps.chi2.isf(0.10, df)))
-    high_sd = spread * math.sqrt(df / float(sps.chi2.isf(0.90, df)))
+    low_sd = spread * math.sqrt(df / chi2_isf(0.10, df))
+    high_sd = spread * math.sqrt(df / chi2_isf(0.90, df))
     middle = cycles_to_decide(spread, mean, delta, alpha)
     if middle <= 0:
         return None

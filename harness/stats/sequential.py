@@ -36,9 +36,17 @@ from functools import lru_cache
 
 import numpy as np
 from scipy import optimize
-from scipy import stats as sps
 
 from harness.errors import BadInput
+from harness.stats.distributions import (
+    norm_cdf,
+    norm_cdf_array,
+    norm_isf,
+    norm_pdf_array,
+    norm_ppf,
+    norm_sf,
+    norm_sf_array,
+)
 from harness.stats.sequential_t import Calibration, t_calibration
 
 GRID_POINTS = 401  # Simpson grid over each look's continuation region (odd)
@@ -49,8 +57,8 @@ def spent(t: float, alpha: float) -> float:
     """Two-sided α spent by information fraction t (O'Brien–Fleming type, α/2 a side)."""
     if t <= 0:
         return 0.0
-    z = float(sps.norm.ppf(1.0 - alpha / 4.0))
-    return float(2.0 * (2.0 - 2.0 * sps.norm.cdf(z / math.sqrt(min(t, 1.0)))))
+    z = norm_ppf(1.0 - alpha / 4.0)
+    return 2.0 * (2.0 - 2.0 * norm_cdf(z / math.sqrt(min(t, 1.0))))
 
 
 def _simpson_weights(n: int) -> np.ndarray:
@@ -65,7 +73,7 @@ def _crossing(
 ) -> float:
     """P(continue to the previous look, then |Z| ≥ c at this one), less the α to spend."""
     edge = c * root_t
-    outside = sps.norm.sf((edge - grid) / sd) + sps.norm.cdf((-edge - grid) / sd)
+    outside = norm_sf_array((edge - grid) / sd) + norm_cdf_array((-edge - grid) / sd)
     return float(mass @ outside) - target
 
 
@@ -80,11 +88,11 @@ def boundaries(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
         fractions[0] > 0 and fractions[-1] <= 1.0 + 1e-12
     ):
         raise BadInput(f"information fractions must increase within (0, 1], got {fractions}")
-    out = [float(sps.norm.isf(spent(fractions[0], alpha) / 2.0))]
+    out = [norm_isf(spent(fractions[0], alpha) / 2.0)]
     # Density of the score S = Z·√t on the first look's continuation region.
     width = out[0] * math.sqrt(fractions[0])
     grid = np.linspace(-width, width, GRID_POINTS)
-    density = sps.norm.pdf(grid, scale=math.sqrt(fractions[0]))
+    density = norm_pdf_array(grid, scale=math.sqrt(fractions[0]))
     step = grid[1] - grid[0]
     for k in range(1, len(fractions)):
         sd = math.sqrt(fractions[k] - fractions[k - 1])
@@ -101,7 +109,7 @@ def boundaries(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
         # Carry the density forward to the new look's continuation region.
         width = c_k * root_t
         new_grid = np.linspace(-width, width, GRID_POINTS)
-        kernel = sps.norm.pdf((new_grid[:, None] - grid[None, :]) / sd) / sd
+        kernel = norm_pdf_array((new_grid[:, None] - grid[None, :]) / sd) / sd
         density = kernel @ mass
         grid, step = new_grid, new_grid[1] - new_grid[0]
     return tuple(out)
@@ -152,7 +160,7 @@ class SequentialPlan:
 
     def _calibration(self, looks: tuple[int, ...]) -> Calibration:
         fractions = tuple(m / self.max_cycles for m in looks)
-        normal = tuple(float(2.0 * sps.norm.sf(c)) for c in boundaries(fractions, self.alpha))
+        normal = tuple(2.0 * norm_sf(c) for c in boundaries(fractions, self.alpha))
         spent_by = tuple(spent(t, self.alpha) for t in fractions)
         return t_calibration(looks, spent_by, normal)
 
@@ -177,7 +185,7 @@ class SequentialPlan:
                 "information": t,
                 "alpha_spent": spent(t, self.alpha),
                 "z_boundary": c,
-                "normal_alpha": float(2.0 * sps.norm.sf(c)),
+                "normal_alpha": 2.0 * norm_sf(c),
                 "nominal_alpha": level,
             }
             for m, t, c, level in zip(looks, fractions, bounds, levels, strict=True)

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as sps
 
 from harness.stats.cycles import FloatArray
+from harness.stats.distributions import t_isf, t_sf
 
 CALIBRATION_CAMPAIGNS = 2_000_000
 CALIBRATION_SEED = 26
@@ -164,15 +164,15 @@ def _solve_levels(
         to_spend = spent_k - previous
         previous = spent_k
         if alive.all():
-            c = float(sps.t.isf(to_spend / 2.0, m - 1))
+            c = t_isf(to_spend / 2.0, m - 1)
         elif to_spend * campaigns < MIN_CROSSINGS:
-            c = float(sps.t.isf(normal / 2.0, m - 1))
+            c = t_isf(normal / 2.0, m - 1)
         else:
             rank = round(to_spend * campaigns)
             survivors = np.sort(t_abs[alive])[::-1]
             c = float(survivors[min(rank, survivors.size - 1)])
         alive &= t_abs <= c  # a look rejects when p < p_k, i.e. |t| > c
-        out[m] = float(2.0 * sps.t.sf(c, m - 1))
+        out[m] = 2.0 * t_sf(c, m - 1)
     # A look at one cycle has no t statistic and spends nothing of the running total.
     return tuple(out[m] for m in looks)
 
@@ -185,7 +185,7 @@ def _crossings(
     crossed = np.zeros(campaigns, dtype=bool)
     level = dict(zip(looks, levels, strict=True))
     for m, t_abs in _running_t(rng, campaigns, looks):
-        crossed |= t_abs > float(sps.t.isf(level[m] / 2.0, m - 1))
+        crossed |= t_abs > t_isf(level[m] / 2.0, m - 1)
     return crossed
 
 

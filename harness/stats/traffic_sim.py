@@ -49,11 +49,11 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-import scipy.stats as sps
 
 from harness.stats.box_state import BlockTraffic, StateReading
 from harness.stats.cycles import FloatArray
 from harness.stats.design_sim import Layout, layout_cycles, planned_blocks
+from harness.stats.distributions import norm_cdf, norm_isf
 
 KINDS = ("decay", "evict")
 
@@ -183,7 +183,7 @@ def most_powerful_bound(
     gap = block_means(layout, cycles, alternative) - block_means(layout, cycles, null)
     gap = gap - gap.mean()
     distance = float(np.linalg.norm(gap)) / null.block_sd
-    return float(sps.norm.cdf(distance - sps.norm.isf(alpha)))
+    return norm_cdf(distance - norm_isf(alpha))
 
 
 def simulate_traffic(
