@@ -97,6 +97,7 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
         "soak_failed": soak_failed,
         "ungated": verdict.ungated_text,
         "unverified": verdict.unverified,
+        "checked_against": verdict.checked_against,
     }
 
 

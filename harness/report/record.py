@@ -166,6 +166,11 @@ def _header(context: dict[str, Any]) -> list[str]:
         "",
         *([f"**Not decided here:** {_md(verdict['ungated'])}.", ""] if verdict["ungated"] else []),
         *([f"**Unverified:** {_md(verdict['unverified'])}.", ""] if verdict["unverified"] else []),
+        *(
+            [f"**Journal:** {_md(verdict['checked_against'])}.", ""]
+            if verdict["checked_against"]
+            else []
+        ),
     ]
 
 

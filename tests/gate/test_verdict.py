@@ -281,6 +281,8 @@ def test_a_moved_and_rewritten_campaign_says_it_was_verified_against_itself_only
     assert case.get("classname") == "campaign.journal_head"
     skipped = case.find("skipped")
     assert skipped is not None and "verified against itself only" in str(skipped.get("message"))
+    for page in ("record.md", "report.html"):  # the records a reviewer reads say it too
+        assert "verified against itself only" in (root / page).read_text(encoding="utf-8"), page
     # Given back the head it printed, it says which head was checked.
     head = verdict["journal_head"]
     done = run_cli("gate", str(root), "--journal-head", head)
@@ -291,3 +293,6 @@ def test_a_moved_and_rewritten_campaign_says_it_was_verified_against_itself_only
     assert verdict["checked_against"] == said and said in done.stdout
     (case,) = ET.parse(root / "verdict.junit.xml").findall(".//testcase[@classname]")[-1:]
     assert case.find("skipped") is None and case.findtext("system-out") == said
+    assert f"**Journal:** verified against the journal head you kept ({head[:16]}" in (
+        root / "record.md"
+    ).read_text(encoding="utf-8")
