@@ -34,7 +34,9 @@ FLAG = "#c0392b"
 
 def _png(figure: Figure) -> str:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    # Constrained layout already keeps every label inside the figure: a tight bounding box
+    # would draw each figure twice (once to measure it) for the same picture.
+    figure.savefig(buffer, format="png", dpi=DPI, facecolor="white")
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
