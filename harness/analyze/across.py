@@ -72,7 +72,7 @@ def welch_interval(a: list[float], b: list[float], confidence: float) -> tuple[f
     if se == 0:
         return (d, d)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = t_ppf(0.5 + confidence / 2, df) * se
+    half = t_ppf(0.5 + confidence / 2, float(df)) * se
     return (d - half, d + half)
 
 
