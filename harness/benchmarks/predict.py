@@ -17,8 +17,8 @@ apart (its speeds differ by more than the prediction's own error): a pair the bo
 separate is a coin toss for any desk.
 
 Full size: both cards at their own scale and cycles (about 15 minutes on two cores); quick:
-``--scale 0.25``, the fit's demo and three cells of the ladder (the control, B2 and the stale
-companion: enough for the pair figures) at their first cycle, shift phases run on at most 4
+the fit's demo at ``--scale 0.25`` and three cells of the ladder at 0.1 (the control, B2 and the
+stale companion: enough for the pair figures) each run once in turn, shift phases run on at most 4
 requests until recovered, the second demo left out (a few minutes: it shows the path works, at
 sizes too small for the targets).
 """
@@ -71,6 +71,9 @@ def _card(
         for phase in card["workload"]["phases"]:
             if phase.get("until_recovered"):
                 phase["until_recovered"] = min(phase["until_recovered"], QUICK_RECOVERY_CAP)
+        if cells is not None:
+            # Each cell once, in turn: the figures read cell medians, not the ladder's pairs.
+            card["design"]["order"] = "sequential"
     path = folder / f"{campaign}.yaml"
     path.write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
     return path
