@@ -55,6 +55,13 @@ def strip_seal(root: Path) -> None:
     journal.write_text("".join(json.dumps(e) + "\n" for e in stripped), encoding="utf-8")
 
 
+def stripped_copy(source: Path, root: Path) -> Path:
+    """A copy of the campaign ``source`` at ``root`` with its seal stripped (:func:`strip_seal`)."""
+    shutil.copytree(source, root)
+    strip_seal(root)
+    return root
+
+
 def rechain_journal(journal: Path, change: Callable[[list[dict]], None] | None = None) -> None:  # type: ignore[type-arg]
     """Rewrite a journal's events (after ``change``) with every ``prev`` recomputed, as the
     harness would have chained them: a test that writes another history than the one run, or
@@ -78,10 +85,12 @@ def start_with(root: Path, name: str, payload: dict) -> None:  # type: ignore[ty
     the results store's heads of this campaign are all rewritten, as the start would have left
     them; a ``sealed`` event afterwards is refused (what a campaign starts with is sealed once)."""
     from harness.formats.heads import HEADS_FILE, store_dir
+    from harness.formats.records import line_digest
+    from harness.formats.seal import file_sha256
 
     path = root / name
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
 
     def reseal(events: list[dict]) -> None:  # type: ignore[type-arg]
         start = next(e for e in events if e["event"] == "campaign_start")
@@ -99,5 +108,5 @@ def start_with(root: Path, name: str, payload: dict) -> None:  # type: ignore[ty
     for entry in entries:
         if entry.get("campaign") == key:
             line = lines[entry["events"] - 1]
-            entry["head"] = hashlib.sha256(line.encode("utf-8")).hexdigest()
+            entry["head"] = line_digest(line.encode("utf-8"))
     heads.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")

@@ -29,7 +29,7 @@ from scipy import special
 
 from harness.errors import BadInput
 from harness.stats.cycles import pct_change
-from harness.stats.distributions import chi2_isf, norm_ppf
+from harness.stats.distributions import chi2_isf, norm_ppf, t_ppf
 
 # The remedy every "add cycles" warning ends with (pyperf style: the warning says what to do).
 RESUME_HINT = (
@@ -75,11 +75,6 @@ def cycles_needed(s_d: float, margin: float, alpha: float, power: float = 0.8) -
     return m
 
 
-def _t_quantile(p: float, df: int) -> float:
-    """Student's t quantile (``scipy.stats.t.ppf``'s number, as the special function gives it)."""
-    return float(special.stdtrit(df, p))
-
-
 def nct_sf(t: float, df: int, nc: float) -> float:
     """P(T > t), T ~ nct(df, nc); scipy returns NaN beyond |nc| ≈ 1e10 (a deterministic
     metric's effect over a rounding-size SD), where the answer is 1 or 0 to 1e-9 and is given
@@ -98,7 +93,7 @@ def two_sided_power(m: int, effect_over_sd: float, alpha: float) -> float:
     The lower tail P(T < −t) is written as ``nct.sf(t, df, −nc)`` (the same number by
     symmetry); scipy's ``nct.cdf(−t, df, nc)`` is NaN for large nc at small df.
     """
-    tc = _t_quantile(1 - alpha / 2, m - 1)
+    tc = t_ppf(1 - alpha / 2, m - 1)
     nc = math.sqrt(m) * effect_over_sd
     return nct_sf(tc, m - 1, nc) + nct_sf(tc, m - 1, -nc)
 
@@ -115,7 +110,7 @@ def tost_power(
     """
     if s_d == 0:
         return 1.0 if min(distance_low, distance_high) > 0 else 0.0
-    tc = _t_quantile(1 - alpha, m - 1)
+    tc = t_ppf(1 - alpha, m - 1)
     root = math.sqrt(m) / s_d
     low = nct_sf(tc, m - 1, root * distance_low)
     high = nct_sf(tc, m - 1, root * distance_high)
@@ -155,14 +150,12 @@ def _cycles_to_clear(s_d: float, distance: float, alpha: float) -> int:
     if distance <= 0:
         return _MAX_CYCLES_SEARCH
     m = 2
-    while m < _MAX_CYCLES_SEARCH and _t_quantile(1 - alpha, m - 1) * s_d / math.sqrt(m) >= (
-        distance
-    ):
+    while m < _MAX_CYCLES_SEARCH and t_ppf(1 - alpha, m - 1) * s_d / math.sqrt(m) >= (distance):
         m = m * 2 if m < 1024 else m + 1024
     lo = max(2, m // 2)
     while lo < m:  # bisect the last doubling step
         mid = (lo + m) // 2
-        if _t_quantile(1 - alpha, mid - 1) * s_d / math.sqrt(mid) < distance:
+        if t_ppf(1 - alpha, mid - 1) * s_d / math.sqrt(mid) < distance:
             m = mid
         else:
             lo = mid + 1

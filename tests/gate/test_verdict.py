@@ -195,11 +195,9 @@ def test_a_stripped_seal_never_gates_exit_0_without_the_flag_and_says_unverified
     # The adversary's edit: remove `seal`, `files` and the chain's `prev` from every event of a
     # sealed, passing campaign, so the directory reads as one made before sealing (it once
     # gated PASS, exit 0, with one stderr note).
-    from tests.campaign_dirs import strip_seal
+    from tests.campaign_dirs import stripped_copy
 
-    root = tmp_path / "washed"
-    shutil.copytree(WASHED, root)
-    strip_seal(root)
+    root = stripped_copy(WASHED, tmp_path / "washed")
     refused = run_cli("gate", str(root))
     assert refused.code == 3, refused.stdout + refused.stderr
     assert "not sealed from its start" in refused.stderr and "--allow-unsealed" in refused.stderr

@@ -356,11 +356,9 @@ def test_a_seal_stripped_campaign_is_not_fitted_without_the_flag_and_says_so_wit
 ) -> None:
     # The adversary's edit gate refuses (seal, files and chain removed from every event, so the
     # directory reads as one made before sealing) once priced every prediction from it.
-    from tests.campaign_dirs import strip_seal
+    from tests.campaign_dirs import stripped_copy
 
-    root = tmp_path / "washed"
-    shutil.copytree(WASHED, root)
-    strip_seal(root)
+    root = stripped_copy(WASHED, tmp_path / "washed")
     cost = tmp_path / "cost.json"
     for extra in ([], ["--per-run"]):
         refused = run_cli("fit-cost", str(root), *extra, "-o", str(cost))
