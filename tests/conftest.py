@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from harness.threads import one_blas_thread
+from tests.cli_fork import ForkServer
 
 # Before any test module imports numpy: the analysis's arithmetic on one BLAS thread, as the
 # `harness` command runs it (harness/threads.py), in this process and the CLIs it starts.
@@ -107,10 +108,23 @@ class CliResult:
     stderr: str
 
 
+@functools.cache  # one per test process
+def _fork_server() -> ForkServer | None:
+    if os.environ.get("HARNESS_TEST_CLI") == "spawn":
+        return None
+    return ForkServer()
+
+
 def run_cli(*args: str, cwd: Path = REPO, timeout_s: float = 120) -> CliResult:
-    """Run ``python -m harness ARGS`` in a subprocess, as a user would."""
+    """Run ``harness ARGS`` in a process of its own, as a user would: forked from a harness that
+    has imported its stages already (tests/cli_fork.py), or ``python -m harness`` where a fork
+    cannot stand in for it."""
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
+    server = _fork_server()
+    if server is not None and server.fits(env):
+        forked = server.run(list(args), cwd, env, timeout_s)
+        return CliResult(forked.code, forked.stdout, forked.stderr)
     done = subprocess.run(
         [sys.executable, "-m", "harness", *args],
         cwd=cwd,

@@ -56,13 +56,17 @@ def test_the_refbox_probe_reads_the_slow_tier_files_share_in_the_page_cache(
     reader = BoxStateReader(box, refbox, {"policy": "adaptive"}, {"cache_dir": str(cache)})
     for point in ("start", "scored", "end"):
         reader.read(point)
+    # The kernel's readahead may still bring pages in after the read returned: the share
+    # only grows while nothing evicts, so the start lies between the two reads around it.
+    after = read_probe(box, probe, {"cache_dir": str(cache)})
+    assert after is not None
     runtime: dict[str, object] = {}
     reader.record(runtime, 3)
     # The record carries the probe's tolerance: the analysis reads the state as declared then.
     recorded = runtime["box_state"]
     assert isinstance(recorded, dict) and set(recorded) == {"page_cache"}
     assert recorded["page_cache"]["tolerance"] == 0.02
-    assert recorded["page_cache"]["start"] == pytest.approx(partly, abs=0.01)
+    assert partly - 0.01 <= recorded["page_cache"]["start"] <= after + 0.01
 
 
 def test_the_llama_cpp_probe_reads_a_model_on_the_box_and_only_then(tmp_path: Path) -> None:
