@@ -796,6 +796,7 @@ def test_card_text_is_data_in_the_terminal_junit_and_record(
     assert not any(line.startswith("# 2026-12-01 forged") for line in record.splitlines())
 
 
+@pytest.mark.slow  # resumes boot the runtime
 def test_a_run_killed_between_its_record_and_its_seal_is_redone_by_resume(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1027,6 +1028,7 @@ def test_a_campaign_cut_off_while_it_is_made_leaves_no_directory_to_strand(
         assert [p.name for p in (disk / "trust").iterdir()] == []  # nothing, not even a partial
 
 
+@pytest.mark.slow  # resumes boot the runtime
 def test_an_extension_cut_off_before_its_plan_is_in_place_is_finished_by_resume(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +63,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow  # a real campaign, gated twice
 def test_run_gate_and_the_library_leave_the_same_directory(tmp_path: Path) -> None:
     """`harness run` (through the library's run_campaign, which the tiny campaign used),
     `harness gate` and `harness.gate_campaign` walk one spine: on the same records they leave

@@ -344,6 +344,7 @@ def test_missing_known_hosts_file_is_an_error(sshd: LoopbackSshd, tmp_path: Path
 # ---- the remote guard without coreutils' timeout (stock macOS) ----------------------------------
 
 
+@pytest.mark.slow  # a loopback sshd of its own; real deadlines
 def test_commands_are_guarded_without_timeout_or_gtimeout(tmp_path: Path) -> None:
     # A box like stock macOS: no `timeout`, no `gtimeout`; perl enforces the deadline instead.
     with sshd_with_path(tmp_path / "box", hidden=("timeout", "gtimeout")) as server:
@@ -382,6 +383,7 @@ def test_commands_are_guarded_without_timeout_or_gtimeout(tmp_path: Path) -> Non
             box.close()
 
 
+@pytest.mark.slow  # a loopback sshd of its own; real deadlines
 def test_a_box_with_no_way_to_guard_commands_is_refused_with_the_remedy(tmp_path: Path) -> None:
     with sshd_with_path(tmp_path / "box", hidden=("timeout", "gtimeout", "perl")) as server:
         box = SshBox("bare", _spec(server), known_hosts=[server.known_hosts])

@@ -36,6 +36,9 @@ from tests.conftest import REPO
 from tests.execute.test_execute_ssh import runtime_processes, write_card
 from tests.sshd import LoopbackSshd, sshd  # noqa: F401 - the session fixture
 
+# Over the loopback sshd, with a driver shipped and started on the box: the slow tier.
+pytestmark = pytest.mark.slow
+
 PROFILE = load_runtime_profile(REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml")
 
 
@@ -257,7 +260,6 @@ def _run_campaign(card: Path, root: Path) -> tuple[Any, Any, list[int], dict[str
     return plan, campaign, carried, hello
 
 
-@pytest.mark.slow
 def test_an_on_box_campaign_leaves_the_records_of_a_tunnelled_one(
     sshd: LoopbackSshd,  # noqa: F811
     tmp_path: Path,

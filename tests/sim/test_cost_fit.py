@@ -114,6 +114,7 @@ def test_a_line_in_size_that_falls_as_rows_grow_is_called_doubtful() -> None:
     assert fit.size_note(fit.record_bytes) is None
 
 
+@pytest.mark.slow  # five commands end to end
 def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path) -> None:
     # The reference runtime's own rings (the demo-washed fixture): the fit explains most of a
     # step's time, its swap term agrees with seed 000's reading of the same rings, and a
