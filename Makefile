@@ -11,17 +11,20 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: demo test check lint typecheck pytest pytest-fast sysdeps clean
 
 $(STAMP): pyproject.toml Makefile
+	@echo "make: installing harness and its Python packages into $(VENV) (a few minutes, once)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --editable '.[dev]'
 	# Apache Otava (harness history's change points) needs only numpy and scipy at run time, but
 	# its metadata pins numpy==2.2.0, which would downgrade ours: installed without its deps.
 	$(BIN)/python -m pip install --quiet --no-deps 'apache-otava==0.8.0'
 	touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 .venv: $(STAMP)
 
 demo: $(STAMP)
 	bash scripts/install-sysdeps.sh demo
+	@echo "make: the demo campaign (two cells, 16 runs of the reference runtime: a few minutes)"
 	$(BIN)/harness run campaigns/demo.yaml
 
 sysdeps:

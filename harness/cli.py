@@ -68,7 +68,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    verbs = parser.add_subparsers(
+        dest="verb", metavar="VERB", required=True, help="the command (`harness VERB --help`)"
+    )
 
     for module, names in VERBS:
         if verb is None or verb in names:

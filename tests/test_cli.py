@@ -136,7 +136,7 @@ def test_the_terminal_counts_comparisons_and_says_when_none_was_decided() -> Non
 
     assert label_tally([], True) == ""
     text = label_tally(["inconclusive", "inconclusive"], True)
-    assert "2 inconclusive (undecided)" in text and "no comparison was decided" in text
+    assert "2 inconclusive (more cycles would decide)" in text and "no comparison was decided" in text
     mixed = label_tally(["better", "worse", "carry-over"], False)
     assert "1 better, 1 worse" in mixed and "1 flagged" in mixed
     assert "no comparison was decided" not in mixed
@@ -156,3 +156,30 @@ def test_an_unexpected_error_is_an_internal_error_exit_3_never_1(
     assert "Traceback" not in err
     assert main(["--debug", "validate", VALID], out=closed) == 3
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_every_positional_says_what_it_takes_and_gate_lists_its_exit_codes() -> None:
+    import argparse
+
+    from harness.cli import build_parser
+
+    def parsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+        found = [(parser.prog, parser)]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    found += parsers(child)
+        return found
+
+    silent = [
+        f"{prog} {action.metavar or action.dest}"
+        for prog, parser in parsers(build_parser())
+        for action in parser._actions
+        if not action.option_strings and not action.help
+    ]
+    assert silent == []
+    gate = run_cli("gate", "--help")
+    assert gate.code == 0
+    text = " ".join(gate.stdout.split())
+    for code in ("0 pass", "1 a gate failed or is undecided", "2 bad input", "3 runs incomplete"):
+        assert code in text, code

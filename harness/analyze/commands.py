@@ -42,7 +42,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``analyze`` and ``compare``."""
     analyze = verbs.add_parser("analyze", help="compute the tables of a campaign directory")
-    analyze.add_argument("dir", metavar="DIR")
+    analyze.add_argument("dir", metavar="DIR", help="the campaign directory `harness run` printed")
     analyze.add_argument("--json", action="store_true", help="print the summary as JSON")
     analyze.set_defaults(handler=_cmd_analyze)
 

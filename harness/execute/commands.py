@@ -152,7 +152,9 @@ def _cmd_collect(args: argparse.Namespace, out: TextIO) -> int:
 def register(verbs: Any) -> None:
     """Add ``run``, ``box check`` and ``collect`` to the ``harness`` parser."""
     run = verbs.add_parser("run", help="execute a campaign (or resume one)")
-    run.add_argument("card", nargs="?", metavar="CARD")
+    run.add_argument(
+        "card", nargs="?", metavar="CARD", help="the campaign card (YAML); none with --resume"
+    )
     run.add_argument("--resume", metavar="DIR", help="continue the campaign in DIR")
     run.add_argument(
         "--cycles",
@@ -178,7 +180,9 @@ def register(verbs: Any) -> None:
     run.set_defaults(handler=_cmd_run)
 
     box = verbs.add_parser("box", help="boxes: check that one is ready")
-    box_verbs = box.add_subparsers(dest="box_verb", metavar="VERB", required=True)
+    box_verbs = box.add_subparsers(
+        dest="box_verb", metavar="VERB", required=True, help="check: preflight a box"
+    )
     check = box_verbs.add_parser("check", help="preflight a box (reachable, python, disk, clock…)")
     check.add_argument("name", nargs="?", metavar="NAME", help="box name (default: the card's)")
     check.add_argument("--card", metavar="CARD", help="also check the card's runtime on the box")
@@ -187,7 +191,7 @@ def register(verbs: Any) -> None:
     collect = verbs.add_parser(
         "collect", help="boot a cell, send one prompt split, save route counts (for fit-map)"
     )
-    collect.add_argument("card", metavar="CARD")
+    collect.add_argument("card", metavar="CARD", help="the campaign card whose runtime to boot")
     collect.add_argument("--cell", help="cell whose knobs to boot with (default: the control)")
     collect.add_argument("--split", default="fit", help="prompt split to send (default: fit)")
     collect.add_argument("--passes", type=int, default=1, help="passes over the split")

@@ -21,7 +21,9 @@ def _cmd_ring_show(args: argparse.Namespace, out: TextIO) -> int:
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``ring show``."""
     ring = verbs.add_parser("ring", help="telemetry ring files")
-    ring_verbs = ring.add_subparsers(dest="ring_verb", metavar="VERB", required=True)
+    ring_verbs = ring.add_subparsers(
+        dest="ring_verb", metavar="VERB", required=True, help="show: a ring's header and summary"
+    )
     show = ring_verbs.add_parser("show", help="print a ring's header and a summary")
-    show.add_argument("file", metavar="FILE")
+    show.add_argument("file", metavar="FILE", help="a telemetry ring file (ring.bin)")
     show.set_defaults(handler=_cmd_ring_show)

@@ -27,10 +27,18 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``gate``."""
-    gate = verbs.add_parser(
-        "gate", help="evaluate the card's gates (exit 0 pass, 1 fail, 3 runs incomplete)"
+    codes = (
+        "0 pass; 1 a gate failed or is undecided; 2 bad input (a card, record or flag "
+        "that cannot be read, named with the fix); 3 runs incomplete, a directory that does not "
+        "verify against its seal, or an infrastructure error"
     )
-    gate.add_argument("dir", metavar="DIR")
+    gate = verbs.add_parser(
+        "gate",
+        help=f"evaluate the card's gates (exit {codes})",
+        description="Evaluate the gates of a campaign directory's card; write verdict.json, "
+        f"JUnit XML, report.html and record.md. Exit {codes}.",
+    )
+    gate.add_argument("dir", metavar="DIR", help="the campaign directory `harness run` printed")
     gate.add_argument("--quiet", action="store_true", help="no verdict table")
     gate.add_argument(
         "--allow-unsealed",

@@ -51,7 +51,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verb.add_argument("format", metavar="FORMAT", help=f"one of: {formats}")
-    verb.add_argument("files", nargs="+", metavar="FILE")
+    verb.add_argument("files", nargs="+", metavar="FILE", help="the other tool's results files")
     verb.add_argument("--map", required=True, metavar="MAPPING", help="the mapping YAML")
     verb.add_argument("-o", "--out", required=True, metavar="DIR", help="campaign folder to write")
     verb.add_argument(

@@ -112,7 +112,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     validate = verbs.add_parser(
         "validate", help="check cards (or runtimes/*.yaml, boxes.yaml) without touching a box"
     )
-    validate.add_argument("cards", nargs="+", metavar="CARD")
+    validate.add_argument(
+        "cards", nargs="+", metavar="CARD", help="campaign cards, runtime profiles or boxes.yaml"
+    )
     validate.add_argument(
         "--scale", type=float, default=1.0, metavar="F", help="check the cards as run at --scale F"
     )
@@ -125,7 +127,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     validate.set_defaults(handler=_cmd_validate)
 
     plan = verbs.add_parser("plan", help="print the ordered runs of a card")
-    plan.add_argument("card", metavar="CARD")
+    plan.add_argument("card", metavar="CARD", help="the campaign card (YAML)")
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
     plan.add_argument(
         "--reports",

@@ -20,5 +20,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     refbox = verbs.add_parser(
         "refbox", help="the bundled reference runtime", add_help=False, prefix_chars="\0"
     )
-    refbox.add_argument("rest", nargs=argparse.REMAINDER)
+    refbox.add_argument(
+        "rest", nargs=argparse.REMAINDER, help="the runtime's own arguments (serve --help)"
+    )
     refbox.set_defaults(handler=_cmd_refbox)

@@ -18,7 +18,11 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "report", help="render the HTML report of a campaign directory (analysis and gates)"
     )
     parser.add_argument("dir", metavar="DIR", help="the campaign directory `harness run` printed")
-    parser.add_argument("--no-figures", action="store_true", help="tables only (faster)")
+    parser.add_argument(
+        "--no-figures",
+        action="store_true",
+        help="tables only (faster); the page it writes replaces the one with figures",
+    )
     parser.set_defaults(handler=_cmd_report)
 
 
@@ -35,6 +39,11 @@ def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
         "rewrote report.html and record.md from the records; verdict.json, JUnit and the "
         "results store are as `harness gate` last wrote them\n"
     )
+    if args.no_figures:
+        out.write(
+            f"report.html has no figures now (--no-figures): `harness report {root}` draws "
+            "them again\n"
+        )
     copy = copy_path(root, concluded.decision.analysis.card.campaign)
     if copy is not None:
         out.write(f"copy: {copy}\n")

@@ -230,10 +230,12 @@ def label_tally(labels: list[str], passed: bool) -> str:
         return ""
     counts = {k: labels.count(k) for k in ("better", "worse", "within noise", "inconclusive")}
     other = len(labels) - sum(counts.values())
+    # Every cell and metric, gated or not: worded apart from the verdict line above it, which
+    # is the gates' alone ("undecided" there is a verdict; an inconclusive row here is not).
     text = (
-        f"comparisons: {counts['better']} better, {counts['worse']} worse, "
-        f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive (undecided)"
-        + (f", {other} flagged (confounded or carry-over)" if other else "")
+        f"comparisons, gated or not: {counts['better']} better, {counts['worse']} worse, "
+        f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive (more "
+        "cycles would decide)" + (f", {other} flagged (confounded or carry-over)" if other else "")
     )
     if passed and counts["inconclusive"] == len(labels):
         text += ": the gates passed, but no comparison was decided"

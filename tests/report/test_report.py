@@ -26,6 +26,7 @@ from harness.gate.evaluate import evaluate_gates
 from harness.report import build_context, copy_path, fmt, render_report
 from harness.report.commands import register
 from harness.report.context import boxes_context
+from tests.conftest import run_cli
 
 POOL = [
     {"id": "en-fit-1", "domain": "en-prose", "split": "fit", "prompt": "The river ran low."},
@@ -333,6 +334,10 @@ def test_cli_verb_renders_and_prints_the_path(tiny_root: Path, tmp_path: Path) -
     assert f"report: {root / 'report.html'}" in out.getvalue()
     assert f"record: {root / 'record.md'}" in out.getvalue()
     assert "rewrote report.html and record.md from the records" in out.getvalue()
+    # A page without figures replaces the full one: said where the user reads the command.
+    assert f"report.html has no figures now (--no-figures): `harness report {root}`" in (
+        out.getvalue()
+    )
     page = (root / "report.html").read_text()
     assert "Figures were disabled" in page and "data:image/png" not in page
 
@@ -403,8 +408,6 @@ def test_a_team_template_in_the_working_directory_extends_the_report(
 ) -> None:
     """`templates/report.html.j2` where harness runs replaces the shipped page, and can extend
     it (as harness/report.html.j2) by filling its blocks; elsewhere the shipped one renders."""
-    import subprocess
-    import sys
 
     root = _copy(tiny_root, tmp_path)
     team = tmp_path / "team"
@@ -414,20 +417,14 @@ def test_a_team_template_in_the_working_directory_extends_the_report(
         '{% block header %}<div class="brand">ACME perf review</div>{{ super() }}{% endblock %}\n'
         "{% block footer %}<p>Reviewed under ACME policy 7.</p>{% endblock %}\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "report", str(root), "--no-figures"],
-        capture_output=True, text=True, cwd=team, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = run_cli("report", str(root), "--no-figures", cwd=team)
+    assert done.code == 0, done.stderr
     page = (root / "report.html").read_text()
     assert '<div class="brand">ACME perf review</div>' in page
     assert "Reviewed under ACME policy 7." in page
     assert 'id="verdict"' in page and "<h1>" in page  # the shipped page is all still there
-    plain = subprocess.run(
-        [sys.executable, "-m", "harness", "report", str(root), "--no-figures"],
-        capture_output=True, text=True, cwd=tmp_path, check=False,
-    )  # fmt: skip
-    assert plain.returncode == 0, plain.stderr
+    plain = run_cli("report", str(root), "--no-figures", cwd=tmp_path)
+    assert plain.code == 0, plain.stderr
     assert "ACME" not in (root / "report.html").read_text()
 
 
