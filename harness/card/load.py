@@ -5,10 +5,12 @@ Also the card as stored in a campaign directory (schema only), and a card's work
 
 from __future__ import annotations
 
+import contextlib
+import copy as copy_module
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -125,20 +127,20 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
             f"{doc.path}: a card is a YAML mapping", [f"{doc.path}:1: must be a mapping"]
         )
     build_card_schema()
+    where = where or Locator(doc.path.resolve().parent)
     try:
         card = Card.model_validate(doc.data)
     except ValidationError as exc:
         problems.lines.extend(pydantic_problems(exc, doc, Card))
+        # Every problem at once: the card again without the fields the schema refused (their
+        # defaults in their place), through the checks that need a whole card, so that a typo
+        # in `design` does not hide a knob the runtime lacks or a missing file.
+        repaired = _without(doc.data, [error["loc"] for error in exc.errors()])
+        with contextlib.suppress(ValidationError):
+            _check_whole(Card.model_validate(repaired), where, problems)
         raise CardError(f"{doc.path}: invalid card", problems.lines) from None
-    where = where or Locator(doc.path.resolve().parent)
-    fleet = resolve_fleet(card, where, problems)
+    fleet, runtime, runtime_file, prompts, quality = _check_whole(card, where, problems)
     box_name, box, box_file = fleet[0] if fleet else ("local", None, None)
-    runtime, runtime_file = resolve_runtime(card, where, problems)
-    check_cells(card, runtime, where, problems)
-    check_shared_boot(card, runtime, problems)
-    check_gates(card, problems)
-    check_runtime_needs(card, runtime, problems)
-    prompts, quality = check_prompts(card, where, problems)
     if problems.lines or box is None or runtime is None:
         raise CardError(f"{doc.path}: invalid card", problems.lines)
     return LoadedCard(
@@ -153,6 +155,44 @@ def validate_card(doc: YamlDoc, where: Locator | None = None) -> LoadedCard:
         inputs=_inputs(doc.path, card, where, runtime_file, box_file, fleet),
         fleet=tuple((name, spec) for name, spec, _ in fleet) if card.boxes is not None else (),
     )
+
+
+def _check_whole(
+    card: Card, where: Locator, problems: Problems
+) -> tuple[
+    list[tuple[str, BoxSpec, Path | None]],
+    RuntimeProfile | None,
+    Path | None,
+    list[Prompt],
+    list[Prompt],
+]:
+    """The checks of a card the schema took: boxes, runtime, cells, gates, prompts."""
+    fleet = resolve_fleet(card, where, problems)
+    runtime, runtime_file = resolve_runtime(card, where, problems)
+    check_cells(card, runtime, where, problems)
+    check_shared_boot(card, runtime, problems)
+    check_gates(card, problems)
+    check_runtime_needs(card, runtime, problems)
+    prompts, quality = check_prompts(card, where, problems)
+    return fleet, runtime, runtime_file, prompts, quality
+
+
+def _without(data: dict[str, Any], locations: list[tuple[int | str, ...]]) -> dict[str, Any]:
+    """A deep copy of ``data`` without the mapping keys the schema's errors point at (a
+    location's parts that name no key, such as a union's tag, are passed over; an error at a
+    list item leaves the item, so that later problems keep their indices)."""
+    copy = copy_module.deepcopy(data)
+    for location in locations:
+        parent: Any = None
+        key: int | str | None = None
+        node: Any = copy
+        for part in location:
+            in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+            if in_list or (isinstance(node, dict) and part in node):
+                parent, key, node = node, part, node[part]
+        if isinstance(parent, dict) and key in parent:
+            del parent[key]
+    return copy
 
 
 def _inputs(
