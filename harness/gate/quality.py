@@ -168,8 +168,13 @@ def quality_gate(gate: QualityGate, analysis: CampaignAnalysis) -> GateResult:
             gate.kind, name, False, "; ".join(failures), evidence, incomplete=not on_data
         )
     counts = "; ".join(
-        f"{cell}: {e['passed']}/{e['n']} pass, need {e['required']}" for cell, e in evidence.items()
+        f"{cell}: {e['passed']}/{e['n']} pass, need {e['required']}"
+        + (f" (as many as {gate.vs})" if gate.vs else "")
+        for cell, e in evidence.items()
     )
-    return GateResult(
-        gate.kind, name, True, f"every cell passes the quality suite ({counts})", evidence
-    )
+    # "Passes" is the bar's word, not the prompts': a bar of 0 (a reference that passes none)
+    # is met by a cell that passes none, which the reason must not read as quality shown.
+    reason = f"every cell meets its bar on the quality suite ({counts})"
+    if evidence and all(e["passed"] == 0 for e in evidence.values()):
+        reason += "; no prompt of the suite passes in any cell, so it shows nothing of quality"
+    return GateResult(gate.kind, name, True, reason, evidence)

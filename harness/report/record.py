@@ -246,7 +246,9 @@ def _policy_and_tiers(context: dict[str, Any]) -> list[str]:
             ],
         )  # fmt: skip
         caveat = context["policy"]["caveat"]
-        out += [f"Evidence columns: {_md(context['policy']['evidence_title'])}. "
+        # The page's two column groups, named: decode speed and TPOT are timing.
+        out += ["Timing (decode t/s, TPOT), drift-sensitive; hit rate, expert loads, routed "
+                f"reads and new swap-out: {_md(context['policy']['evidence_title'])}. "
                 f"{_md(caveat)}".rstrip(), ""]  # fmt: skip
     if context.get("tiers"):
         tiers = context["tiers"]

@@ -160,6 +160,19 @@ def test_quality_vs_is_a_no_regression_floor(tmp_path: Path) -> None:
     assert list(held.evidence) == ["treat"]
 
 
+def test_a_bar_of_zero_met_by_nothing_is_not_read_as_quality(tmp_path: Path) -> None:
+    # Seed 000's quality table: 0/12 pass in every cell. A no-regression gate passes (the
+    # treatment passes as many as the control), but its reason must not say the cell passes.
+    gate = "  - {kind: quality, min_pass: 0, vs: control}"
+    nothing = _answers(dict.fromkeys(GOOD, "no"), cells=("control", "treat"))
+    result = only(_quality_campaign(tmp_path, gate, nothing))
+    assert result.passed, result.reason
+    assert result.reason == (
+        "every cell meets its bar on the quality suite (treat: 0/3 pass, need 0 (as many as "
+        "control)); no prompt of the suite passes in any cell, so it shows nothing of quality"
+    )
+
+
 def test_quality_fails_closed_without_a_suite_or_answers(tmp_path: Path) -> None:
     # The suite the campaign started with, deleted: the directory no longer verifies.
     with pytest.raises(VerificationError, match=r"quality\.json: missing, but the journal sealed"):
