@@ -163,6 +163,7 @@ def build_context(
         "runtime_tables": runtime_context(analysis),
         "fleet": fleet_context(analysis),
         "looks": tables.looks_table(analysis),
+        "ci_header": tables.interval_header(analysis),
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
         # A timed phase serves as many requests as the speed allows: counter totals move with it.

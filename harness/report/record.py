@@ -60,9 +60,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
+def _comparisons(rows: list[dict[str, Any]], ci_header: str) -> list[str]:
     return _table(
-        ["cell", "vs", "state", "metric", "control", "cell value", "ratio", "95% CI", "label",
+        ["cell", "vs", "state", "metric", "control", "cell value", "ratio", ci_header, "label",
          "cycles", "notes"],
         [
             [r["cell"], r["vs"], r["state"], r["metric"], r["control_text"], r["cell_text"],
@@ -349,7 +349,7 @@ def _looks(context: dict[str, Any]) -> list[str]:
     ]
     if looks["rows"]:
         out += _table(
-            ["look", "cycles", "information", "nominal α", "comparison", "ratio", "CI", "label",
+            ["look", "cycles", "information", "nominal α", "comparison", "ratio", "CI at that α", "label",
              "decision"],
             [[r["look"], r["cycles"], r["information"], r["nominal"], r["comparison"], r["ratio"],
               r["ci"], r["label"], r["decision"]] for r in looks["rows"]],
@@ -358,12 +358,13 @@ def _looks(context: dict[str, Any]) -> list[str]:
 
 
 def _comparison_sections(context: dict[str, Any]) -> list[str]:
-    level = "interval at the look's nominal α" if context.get("looks") else "95% interval"
-    out = [f"## Timing comparisons (ratio cell / control, {level}, label)", ""]
-    out += _comparisons(context["timing_rows"]) if context["timing_rows"] else ["None.", ""]
+    out = ["## Timing comparisons (ratio cell / control, interval, label)", ""]
+    header = context["ci_header"]
+    timing = context["timing_rows"]
+    out += _comparisons(timing, header) if timing else ["None.", ""]
     out += [f"## {context['deterministic_title']}", ""]
     if context["deterministic_rows"]:
-        out += _comparisons(context["deterministic_rows"])
+        out += _comparisons(context["deterministic_rows"], header)
     logits = context.get("logit_hashes") or []
     if logits:
         out += ["Frontier-logit SHA-256 (over the sorted per-file hashes) per cell:", ""]

@@ -40,6 +40,17 @@ def frame_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
 
 
+def interval_header(analysis: CampaignAnalysis) -> str:
+    """The comparisons' interval column, at the level its intervals were computed at: the
+    card's alpha, or a sequential design's current look's nominal alpha (a 95% header over
+    intervals at α 0.0121 would claim less coverage than they have, and mislabel them)."""
+    look = analysis.look
+    if look is not None and analysis.sequential_plan is not None:
+        alpha = look.nominal_alpha
+        return f"{100 * (1 - alpha):.4g}% CI (look {look.look}, α {fmt.num(alpha)})"
+    return f"{100 * (1 - analysis.card.analysis.alpha):.4g}% CI"
+
+
 def key_name(analysis: CampaignAnalysis, cell: str, state: str) -> str:
     """A cell's row name: the cell, with its cache state when the card has several."""
     return cell if len(analysis.card.design.cache_states) == 1 else f"{cell} / {state}"

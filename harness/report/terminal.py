@@ -313,8 +313,11 @@ def print_comparisons(analysis: CampaignAnalysis, folder: Path, out: TextIO) -> 
 
     console = _console(out, 140)
     table = Table(title="comparisons (cell / control)", title_justify="left")
-    for column in ("cell", "state", "metric", "ratio", "95% CI", "label", "cycles"):
+    from harness.report.tables import interval_header
+
+    for column in ("cell", "state", "metric", "ratio", interval_header(analysis), "label"):
         table.add_column(column)
+    table.add_column("cycles")
     for item in analysis.comparisons:
         c = item.comparison
         interval = interval_text(c.ci_low, c.ci_high)
