@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from harness.report.labels import adaptation
 from harness.report.tables import t90_text
 
 if TYPE_CHECKING:
@@ -87,6 +88,9 @@ def cold_share_figure(analysis: CampaignAnalysis, palette: dict[str, str]) -> st
     if not keys:
         return None
     shifts = analysis.shifts
+    # The recovery table's classification: with adaptation frozen in every cell there is no
+    # T90 to mark (the table says n/a), whatever a run's cold share did after the shift.
+    frozen = adaptation(analysis.card) == "adaptation frozen"
     figure, axes = _panels(len(keys))
     for ax, (cell, state, title) in zip(axes, keys, strict=True):
         color = palette.get(cell, "#555555")
@@ -101,11 +105,11 @@ def cold_share_figure(analysis: CampaignAnalysis, palette: dict[str, str]) -> st
                 shift_t = float(shift["shift_t_s"])
                 ax.axvline(shift_t, color=MUTED, linewidth=0.7, linestyle=":")
                 t90 = shift["t90_s"]
-                if t90 is not None and math.isfinite(float(t90)):
+                if not frozen and t90 is not None and math.isfinite(float(t90)):
                     level = float(shift["converged"]) * 100
                     ax.plot([shift_t + float(t90)], [level], marker="v", color=TEXT, ms=4)
         ladder = analysis.seed_tables.recovery
-        for row in ladder.rows if ladder else ():
+        for row in ladder.rows if ladder and not frozen else ():
             if (row.cell, row.cache_state) == (cell, state):
                 # The table's own T90 (one definition): never counted as slowest, n/a apart.
                 lines += [f"{t.from_phase}→{t.to_phase} T90 {t90_text(t)}" for t in row.t90]

@@ -349,8 +349,8 @@ def _looks(context: dict[str, Any]) -> list[str]:
     ]
     if looks["rows"]:
         out += _table(
-            ["look", "cycles", "information", "nominal α", "comparison", "ratio", "CI at that α", "label",
-             "decision"],
+            ["look", "cycles", "information", "nominal α", "comparison", "ratio", "CI at that α",
+             "label", "decision"],
             [[r["look"], r["cycles"], r["information"], r["nominal"], r["comparison"], r["ratio"],
               r["ci"], r["label"], r["decision"]] for r in looks["rows"]],
         )  # fmt: skip

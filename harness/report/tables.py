@@ -177,7 +177,12 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "notes": notes,
         "window_s": ladder.window_s,
         "hold_s": ladder.hold_s,
-        "definition": T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s),
+        "frozen": frozen,
+        "definition": (
+            FROZEN_DEFINITION
+            if frozen
+            else T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s)
+        ),
     }
 
 
@@ -226,6 +231,10 @@ SWAP_DEFINITION = (
 
 
 FROZEN_TEXT = "n/a (adaptation frozen)"
+FROZEN_DEFINITION = (
+    "T90 and T2x are not measured: adaptation is frozen in every cell, so no cell can recover "
+    "from a shift; the peak and converged cold share are measured as in any campaign."
+)
 
 # One sentence for the HTML caption and record.md, so both define T90 alike.
 T90_DEFINITION = (

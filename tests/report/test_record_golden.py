@@ -175,6 +175,12 @@ def test_frozen_adaptation_titles_the_tables_and_empties_recovery_with_its_reaso
         assert not any(words in n for n in recovery["notes"]), words
     marks = [i for row in recovery["rows"] for i in row["note_ids"]]
     assert all(1 <= i <= len(recovery["notes"]) for i in marks)
+    # The T90 definition is not printed under a table with no T90, and the cold-share figure's
+    # caption (the figure draws no T90 mark or legend) says why it marks none.
+    assert recovery["definition"].startswith("T90 and T2x are not measured: adaptation is")
+    page = render_report(root, analysis, evaluate_gates(analysis)).read_text(encoding="utf-8")
+    assert "(adaptation is frozen in every cell: no T90 is marked)" in page
+    assert "▼ marks where each run" not in page and "T90: time from the shift" not in page
     # Nor does `run` tell a frozen card to lengthen its phases: nothing there would recover.
     assert unmeasured_shifts(analyze_campaign(RECORDS)).startswith("warning: in 11 of 12 runs")
     assert unmeasured_shifts(analysis) == ""

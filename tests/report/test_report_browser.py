@@ -28,6 +28,7 @@ from matplotlib.image import imread
 from harness.analyze.campaign import analyze_campaign
 from harness.gate.evaluate import evaluate_gates
 from harness.report import render_report
+from tests.conftest import DATA
 from tests.report.test_report import make_tiny_campaign
 
 pytestmark = pytest.mark.slow
@@ -74,6 +75,7 @@ class Page:
         self.requests: list[str] = []
         self.text = ""
         self.banner: dict[str, Any] = {}
+        self.scroll_width = 0
 
 
 async def _devtools(ws_url: str, url: str) -> Page:
@@ -150,6 +152,13 @@ async def _devtools(ws_url: str, url: str) -> Page:
             ),
         )
         seen.banner = banner["result"].get("value") or {}
+        width = await call(
+            "Runtime.evaluate",
+            session,
+            returnByValue=True,
+            expression="document.documentElement.scrollWidth",
+        )
+        seen.scroll_width = int(width["result"]["value"])
         task.cancel()
     return seen
 
@@ -214,6 +223,19 @@ def test_report_loads_without_errors_or_requests(report: Path, tmp_path: Path) -
     assert page.banner["background"] == colour
     assert page.text.lstrip().startswith("tiny-report")
     assert word in page.text and "gates passed" in page.text
+
+
+def test_the_ladders_page_fits_a_1280_px_window(tmp_path: Path) -> None:
+    # The queue-rate ladder's recovery table (a row per rung, both shift directions, every
+    # column seed 000 reads) ran past the page's right edge: a wide table scrolls in its own
+    # box, and the page itself is never wider than the window.
+    root = tmp_path / "ladder" / "20260101T000000Z"
+    shutil.copytree(DATA / "campaigns" / "ladder-shaped", root)
+    analysis = analyze_campaign(root)
+    page = render_report(root, analysis, evaluate_gates(analysis), figures=False)
+    seen = _load(_chromium(), page, tmp_path / "profile")
+    assert seen.errors == []
+    assert seen.scroll_width <= WIDTH, seen.scroll_width
 
 
 def test_screenshot_is_not_blank_and_dom_has_the_verdict(report: Path, tmp_path: Path) -> None:
