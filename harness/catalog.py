@@ -57,6 +57,9 @@ COUNTERS: dict[str, str] = {
     "failed_runs": "runs that did not complete",
     "route_selections": "expert selections the runtime's route-count dump counted, all layers "
     "(top_k x routed tokens per layer)",
+    "full_gpu_selections": "expert selections of the passes KTransformers ran wholly on the GPU "
+    "(prefills of kt_gpu_prefill_token_threshold tokens or more), left out of hits, misses and "
+    "hit_rate",
     "eplb_rearrangements": "expert rearrangements vLLM's EPLB logged during the run",
     # vLLM's Prometheus counters (/metrics), summed over their label sets.
     "vllm:prompt_tokens_total": "prompt tokens vLLM processed",

@@ -101,19 +101,23 @@ def test_the_readme_shows_the_verdict_the_golden_file_pins() -> None:
     assert shown in README, "update the README's verdict block from gate.demo-washed.txt"
 
 
-def test_the_quick_starts_edit_varies_one_setting() -> None:
-    """The quick start's edit asks one question: the cells then differ in one knob only."""
+def test_the_quick_starts_edit_asks_the_question_its_gates_ask() -> None:
+    """The quick start's edit asks one question, the one the demo's gates ask (does this map
+    beat the stale one?): the cells then differ in the map only, and plan prices the run's
+    scale."""
+    import re
+
     from harness.card import load_card
     from harness.report.labels import varied_against
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     quick = readme.split("## Quick start", 1)[1].split("## ", 1)[0]
-    assert "maps/seed.json" in quick and "drain_every: 64" in quick
+    assert "-o campaigns/maps/mine.json" in quick and "rowmap: maps/mine.json" in quick
     card = load_card(REPO / "campaigns" / "demo.yaml").card
-    stale, seed = card.cells["stale"], card.cells["seed"]
-    cells = {
-        "stale": stale.model_copy(update={"files": dict(seed.files)}),
-        "seed": seed.model_copy(update={"knobs": {**seed.knobs, "drain_every": 64}}),
-    }
-    edited = card.model_copy(update={"cells": cells})
-    assert varied_against(edited, "seed") == ["knobs.drain_every"]
+    seed = card.cells["seed"]
+    mine = seed.model_copy(update={"files": {**seed.files, "rowmap": "maps/mine.json"}})
+    edited = card.model_copy(update={"cells": {**card.cells, "seed": mine}})
+    assert varied_against(edited, "seed") == ["files.rowmap"]
+    assert {g.metric for g in card.gates if g.kind == "better"} == {"decode_tok_s", "hit_rate"}
+    scales = re.findall(r"harness (?:plan|run) campaigns/mine.yaml --scale (\S+)", quick)
+    assert len(scales) == 2 and len(set(scales)) == 1, scales

@@ -106,6 +106,8 @@ def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
         "cold_lookups": cold,
         "new_swapout_pages": get("new_swapout_pages"),
         "route_selections": get("route_selections"),
+        # KT's passes run wholly on the GPU: in neither hits nor misses (runtimes/recorder.py).
+        "full_gpu_selections": get("full_gpu_selections"),
     }
     for name in PROMETHEUS_COUNTERS:
         out[name] = prometheus_sum(delta, name)

@@ -28,6 +28,7 @@ from harness.formats.maps import read_count_dump
 from harness.formats.records import CampaignDir
 
 ROUTE_COUNTER = "route_selections"
+FULL_GPU_COUNTER = "full_gpu_selections"  # KT: passes run wholly on the GPU
 TOP_EXPERTS = 4  # experts named per layer in the routing table
 
 
@@ -125,7 +126,7 @@ class RuntimeTables:
 def counter_rows(card: Card, cells: pd.DataFrame) -> tuple[list[CounterRow], list[str]]:
     """Median counter deltas per cell; only counters some completed run recorded."""
     # The policy table shows the residency counters; these are the runtime's own.
-    wanted = (ROUTE_COUNTER, *PROMETHEUS_COUNTERS)
+    wanted = (ROUTE_COUNTER, FULL_GPU_COUNTER, *PROMETHEUS_COUNTERS)
     names = [name for name in wanted if name in cells.columns and cells[name].notna().any()]
     if not names:
         return [], []

@@ -1,7 +1,7 @@
 """The semantic checks of a card's cells: files, knobs, env and live values against the
 runtime profile, and the engine-specific rules a knob's value brings (a KT frequency file's
-shape, EPLB's recorder, DeepEP's all-to-all, Paged Experts' settings), each a named rule that
-adds its findings to :class:`~harness.card.checks.Problems`.
+shape, EPLB's recorder, DeepEP's all-to-all, Paged Experts' settings and model, vLLM's prefetch
+offload), each a named rule that adds its findings to :class:`~harness.card.checks.Problems`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
                 _check_kt_frequency_shape(where.path(rel), cell, local_box, name, out)
         if runtime is not None:
             _check_cell_settings(name, cell, runtime, out)
+            if card.box == "local" and card.boxes is None:
+                # The model's own config, where it is on this machine (a remote box's is read
+                # when the campaign starts: execute/engine_inputs.py).
+                config = _model_config(cell.knobs.get("model"))
+                for field, problem in paged_experts_model_refusals(cell, runtime, config or {}):
+                    out.add(("cells", name, "knobs", field), problem)
 
 
 def _check_rowmap(path: Path, field: tuple[str | int, ...], out: Problems) -> None:
@@ -78,6 +84,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     _check_eplb_recorder(name, cell, runtime, out)
     _check_dispatch_needs_a2a(name, cell, runtime, out)
     _check_paged_experts(name, cell, runtime, out)
+    _check_prefetch_offload(name, cell, runtime, out)
     for knob, spec in runtime.knobs.items():
         if spec.required and spec.default is None and knob not in cell.knobs:
             out.add(
@@ -199,13 +206,20 @@ def _check_dispatch_needs_a2a(
         )
 
 
+def paged_experts_cell(cell: Cell, runtime: RuntimeProfile) -> bool:
+    """Whether the cell turns on SGLang's Paged Experts."""
+    return "enable_paged_experts" in runtime.knobs and _switched_on(cell, "enable_paged_experts")
+
+
 def _check_paged_experts(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
     """SGLang's Paged Experts refuses at boot what it does not support (0.5.23,
     ``srt/layers/moe/paged_experts/method.py``, ``check_paged_experts_compat``): more than one
-    GPU, EPLB, and no resident count. Said here, before a GPU box is booted."""
-    if "enable_paged_experts" not in runtime.knobs:
-        return
-    if not _switched_on(cell, "enable_paged_experts"):
+    GPU, EPLB, speculative decoding, and no resident count. Said here, before a GPU box is
+    booted; what the model decides (its router's top-k, fused shared experts) is
+    :func:`paged_experts_model_refusals`. Its CUDA-graph backends, ``--load-format dummy``,
+    ``--enable-fused-moe-sum-all-reduce`` and the experts' quantization are left to the boot:
+    no knob of the profile sets them."""
+    if not paged_experts_cell(cell, runtime):
         return
     loc: Loc = ("cells", name, "knobs", "enable_paged_experts")
     if "paged_experts_num_resident" not in cell.knobs:
@@ -215,6 +229,108 @@ def _check_paged_experts(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
             out.add(loc, f"runs on a single GPU only: SGLang refuses it with {knob} > 1")
     if _switched_on(cell, "enable_eplb"):
         out.add(loc, "SGLang refuses it with enable_eplb")
+    speculative = [a for a in cell.args if a.split("=", 1)[0] == "--speculative-algorithm"]
+    if speculative or cell.knobs.get("speculative_algorithm") not in (None, ""):
+        out.add(
+            loc,
+            "SGLang refuses it with speculative decoding (--speculative-algorithm): drop "
+            "speculative decoding from this cell, or Paged Experts",
+        )
+
+
+# DeepSeek-V3/R1's checkpoints, whose shared expert SGLang fuses into the routed experts unless
+# told not to (0.5.23, srt/models/deepseek_v2.py: shared_experts_fusion_disable_reason lets it
+# fuse only for this architecture, 256 routed experts and one shared one, on a CUDA GPU of
+# compute capability 8.0 or more, without expert parallelism or DeepEP), and Paged Experts
+# refuses fused shared experts.
+_FUSED_SHARED_EXPERTS = {"architecture": "DeepseekV3ForCausalLM", "routed": 256, "shared": 1}
+
+
+def paged_experts_model_refusals(
+    cell: Cell, runtime: RuntimeProfile, config: dict[str, Any]
+) -> list[tuple[str, str]]:
+    """(knob, problem) for what SGLang's Paged Experts refuses of a cell given its model's
+    ``config.json`` (an empty dict: nothing to judge by): fewer resident experts than the
+    router's top-k (``num_experts_per_tok`` of the text config SGLang reads), and DeepSeek-V3/R1's
+    fused shared expert unless ``disable_shared_experts_fusion`` is on (0.5.23,
+    ``check_paged_experts_compat``)."""
+    if not paged_experts_cell(cell, runtime) or not config:
+        return []
+    from harness.formats.expert_distribution import kt_text_config
+
+    text = kt_text_config(config)
+    out = []
+    top_k = text.get("num_experts_per_tok")
+    resident = _knob_text(cell.knobs.get("paged_experts_num_resident", ""))
+    if isinstance(top_k, int) and resident.isdigit() and int(resident) < top_k:
+        out.append(
+            (
+                "paged_experts_num_resident",
+                f"{resident} resident experts per layer, fewer than the model's router top-k "
+                f"{top_k} (num_experts_per_tok): SGLang refuses it at boot; keep at least {top_k}",
+            )
+        )
+    architectures = text.get("architectures") or config.get("architectures") or [None]
+    fused = _FUSED_SHARED_EXPERTS
+    if (
+        isinstance(architectures, list)
+        and architectures[0] == fused["architecture"]
+        and text.get("n_routed_experts") == fused["routed"]
+        and text.get("n_shared_experts") == fused["shared"]
+        and not _switched_on(cell, "disable_shared_experts_fusion")
+    ):
+        out.append(
+            (
+                "enable_paged_experts",
+                f"SGLang fuses {fused['architecture']}'s shared expert into the routed experts, "
+                "which Paged Experts refuses at boot: set disable_shared_experts_fusion: true",
+            )
+        )
+    return out
+
+
+def _check_prefetch_offload(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """vLLM refuses at config what its OffloadConfig's validator refuses (0.32,
+    ``config/offload.py``, ``validate_offload_config``): with ``--offload-backend prefetch`` or
+    an offload group size set, ``offload_num_in_group`` (default 1) above
+    ``offload_group_size`` (default 0, so prefetch alone) or ``offload_prefetch_step`` (default
+    1) under 1. A value that does not fit its knob is reported by the knob's own check."""
+    needed = ("offload_backend", "offload_group_size", "offload_num_in_group")
+    if not all(knob in runtime.knobs for knob in (*needed, "offload_prefetch_step")):
+        return
+    backend = _knob_text(cell.knobs.get("offload_backend", "auto"))
+    numbers = {}
+    for knob, default in (
+        ("offload_group_size", 0),
+        ("offload_num_in_group", 1),
+        ("offload_prefetch_step", 1),
+    ):
+        text = _knob_text(cell.knobs.get(knob, default))
+        if runtime.knobs[knob].check(text) is not None:
+            return
+        numbers[knob] = int(text)
+    group = numbers["offload_group_size"]
+    if backend != "prefetch" and group == 0:
+        return
+    knobs: Loc = ("cells", name, "knobs")
+    loc: Loc = (
+        *knobs,
+        "offload_group_size" if "offload_group_size" in cell.knobs else "offload_backend",
+    )
+    in_group = numbers["offload_num_in_group"]
+    if in_group > group:
+        out.add(
+            loc,
+            f"vLLM refuses prefetch offload with offload_num_in_group {in_group} over "
+            f"offload_group_size {group}: set offload_group_size N (of every N layers the last "
+            "offload_num_in_group are kept in host memory), at least offload_num_in_group",
+        )
+    if numbers["offload_prefetch_step"] < 1:
+        out.add(
+            (*knobs, "offload_prefetch_step"),
+            "vLLM refuses prefetch offload with offload_prefetch_step 0: prefetch at least 1 "
+            "layer ahead",
+        )
 
 
 def _check_values(

@@ -2,19 +2,27 @@
 
 A KTransformers frequency file must have the model's ``num_hidden_layers`` rows and experts per
 layer, or its loader raises at boot (``_init_kt_gpu_experts_masks``): after minutes of weights
-loading, on every frequency cell. ``validate`` checks what it can read on this machine (the
-file's dimensions, and a local box's model); the model on a remote box is read here, over the
-box's shell, when a campaign starts.
+loading, on every frequency cell. SGLang's Paged Experts refuses fewer resident experts than
+the model's router top-k, and DeepSeek-V3's fused shared expert
+(:func:`~harness.card.cell_checks.paged_experts_model_refusals`). ``validate`` checks what it
+can read on this machine (the file's dimensions, and a local box's model); the model on a
+remote box is read here, over the box's shell, when a campaign starts.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
-from harness.card.cell_checks import kt_frequency_cell
+from harness.card.cell_checks import (
+    kt_frequency_cell,
+    paged_experts_cell,
+    paged_experts_model_refusals,
+)
 from harness.errors import BadInput, HarnessError
 from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
 
@@ -33,12 +41,34 @@ def _frequency_cells(loaded: LoadedCard) -> list[tuple[str, Path, str]]:
     return found
 
 
+def _paged_cells(loaded: LoadedCard) -> list[tuple[str, str]]:
+    """(cell, model folder on the box) of every Paged Experts cell."""
+    found = []
+    for name, cell in loaded.card.cells.items():
+        model = cell.knobs.get("model")
+        if paged_experts_cell(cell, loaded.runtime) and isinstance(model, str) and model:
+            found.append((name, model))
+    return found
+
+
+def _box_config(box: Box, model: str) -> tuple[str, dict[str, Any] | None]:
+    """The model folder's ``config.json`` path on the box, and its contents (None where it
+    cannot be read or is not an object)."""
+    path = f"{model.rstrip('/')}/config.json"
+    try:
+        config = json.loads(box.read_text(path) or "null")
+    except (HarnessError, OSError, ValueError):
+        return path, None
+    return path, config if isinstance(config, dict) else None
+
+
 def check_engine_inputs(loaded: LoadedCard) -> None:
     """Raise BadInput (exit 2) naming the cell, the file and the model when an engine would
     refuse a cell's input at boot. A box that cannot be reached, a Slurm box (no shell) or a
     model folder without a readable ``config.json`` is left to the boot, which says why."""
     cells = _frequency_cells(loaded)
-    if not cells:
+    paged = _paged_cells(loaded)
+    if not cells and not paged:
         return
     shapes = [logical_count_shape(path) for _, path, _ in cells]  # read once, not per box
     for box_name, spec in loaded.boxes:
@@ -50,12 +80,8 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
             continue
         try:
             for (cell, path, model), shape in zip(cells, shapes, strict=True):
-                config_path = f"{model.rstrip('/')}/config.json"
-                try:
-                    config = json.loads(box.read_text(config_path) or "null")
-                except (HarnessError, OSError, ValueError):
-                    continue
-                if not isinstance(config, dict):
+                config_path, config = _box_config(box, model)
+                if config is None:
                     continue
                 refusal = kt_frequency_refusal(shape, config)
                 if refusal is not None:
@@ -64,6 +90,19 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
                         f"(the model's {config_path} on box {box_name}); record the model's "
                         "own counts on the fit split and write them with `harness fit-map "
                         "COUNTS --format kt-frequency -o FILE.pt`"
+                    )
+            for cell, model in paged:
+                config_path, config = _box_config(box, model)
+                refusals = paged_experts_model_refusals(
+                    loaded.card.cells[cell], loaded.runtime, config or {}
+                )
+                if refusals:
+                    raise BadInput(
+                        "\n".join(
+                            f"cells.{cell}.knobs.{knob}: {problem} (the model's {config_path} "
+                            f"on box {box_name})"
+                            for knob, problem in refusals
+                        )
                     )
         finally:
             box.close()

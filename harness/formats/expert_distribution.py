@@ -21,9 +21,10 @@ Counts are expert selections (top-k per token, every token of every recorded for
 included). GPU hits = Σ counts × masks over aligned passes; misses = the rest.
 
 ``--init-expert-location`` takes a ``.pt`` or a ``.json`` holding ``{"logical_count": [layers,
-experts] or [steps, layers, experts]}``; KTransformers' frequency file (``--kt-expert-frequency-
-file``, or ``--init-expert-location`` with ``--kt-expert-placement-strategy frequency``) is the
-same ``.pt``, or a bare tensor. Multi-step counts are summed over steps, as both read them.
+experts] or [steps, layers, experts]}``; KTransformers' frequency file (``--init-expert-location``
+with ``--kt-expert-placement-strategy frequency``) is the same ``.pt``, or a bare tensor.
+Multi-step counts are summed over steps, as both read them. Counts may be fractions (decayed
+counts): both loaders take floats.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ __all__ = [
     "DUMP_GLOB",
     "ExpertDistribution",
     "combine_dumps",
+    "full_gpu_passes",
     "kt_frequency_refusal",
+    "kt_text_config",
     "logical_count_shape",
     "read_dump",
     "read_logical_count",
@@ -57,6 +60,7 @@ __all__ = [
 DUMP_GLOB = "expert_distribution_recorder_*.pt"
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 _MAX_TOTAL = 2.0**62  # headroom for the few dumps a fit combines
@@ -69,6 +73,8 @@ class ExpertDistribution:
     counts: I64
     masks: npt.NDArray[np.bool_] | None
     mode: str  # "stat", "per_pass" or "masks" (a masks-only file)
+    counts_from: str = ""  # the file(s) the counts were read from, for messages
+    masks_from: str = ""  # the file the masks were read from
 
 
 def _array(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> npt.NDArray[Any]:
@@ -80,7 +86,12 @@ def _array(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> npt.NDArra
 
 def _counts(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> I64:
     """A tensor of counts as int64: finite and non-negative, else BadInput naming the file.
-    Every reader of counts comes through here: a NaN cast to int64 is a huge negative number,
+    Every reader of recorded counts comes through here (or ``_numbers``)."""
+    return _numbers(path, value, key, ndim).astype(np.int64)
+
+
+def _numbers(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> npt.NDArray[Any]:
+    """A tensor of counts as stored, checked: a NaN cast to int64 is a huge negative number,
     and a map fitted from it (or from negative counts) ranks experts by garbage."""
     array = _array(path, value, key, ndim)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -96,7 +107,7 @@ def _counts(path: str, value: Any, key: str, ndim: tuple[int, ...]) -> I64:
             f"{path}: {key} adds up to 2^62 or more selections, past what the int64 sums of "
             "every reader hold (a recorder counts far fewer): the file is corrupt"
         )
-    return array.astype(np.int64)
+    return array
 
 
 def read_dump(path: str | os.PathLike[str]) -> ExpertDistribution:
@@ -117,11 +128,15 @@ def read_dump(path: str | os.PathLike[str]) -> ExpertDistribution:
                 f"{name}: gpu_expert_masks {list(masks.shape)} and logical_count "
                 f"{list(counts.shape)} differ in layers or experts"
             )
-        return ExpertDistribution(counts, masks, "stat")
+        return ExpertDistribution(counts, masks, "stat", name, name if masks is not None else "")
     if "records" in data:
-        return ExpertDistribution(_per_pass_counts(name, data), masks, "per_pass")
+        counted = _per_pass_counts(name, data)
+        return ExpertDistribution(
+            counted, masks, "per_pass", name, name if masks is not None else ""
+        )
     if masks is not None:
-        return ExpertDistribution(np.zeros((0, *masks.shape[1:]), np.int64), masks, "masks")
+        empty = np.zeros((0, *masks.shape[1:]), np.int64)
+        return ExpertDistribution(empty, masks, "masks", "", name)
     raise BadInput(
         f"{name}: not an expert-distribution dump (no logical_count, records or "
         f"gpu_expert_masks; keys: {', '.join(sorted(map(str, data)))})"
@@ -162,8 +177,7 @@ def _per_pass_counts(name: str, data: dict[str, Any]) -> I64:
 def combine_dumps(dumps: list[ExpertDistribution], where: str) -> ExpertDistribution:
     """The dumps of one ``/dump_expert_distribution_record`` as one: count files summed (ranks of
     a per-pass dump; steps concatenated if their step counts differ), masks from the file that
-    holds them. Masks pair with the last passes of the counts, as KTransformers' own hit-rate
-    script pairs them."""
+    holds them (:func:`gpu_hits` pairs them pass by pass)."""
     counted = [d for d in dumps if d.mode != "masks"]
     if not counted:
         raise BadInput(f"{where}: the dump holds GPU masks but no counts")
@@ -175,22 +189,62 @@ def combine_dumps(dumps: list[ExpertDistribution], where: str) -> ExpertDistribu
         counts = np.sum([d.counts for d in counted], axis=0)
     else:
         counts = np.concatenate([d.counts for d in counted])
-    masks = [d.masks for d in dumps if d.masks is not None]
-    if len(masks) > 1:
+    masked = [d for d in dumps if d.masks is not None]
+    if len(masked) > 1:
         raise BadInput(f"{where}: more than one file of the dump holds gpu_expert_masks")
-    return ExpertDistribution(counts, masks[0] if masks else None, counted[0].mode)
+    return ExpertDistribution(
+        counts,
+        masked[0].masks if masked else None,
+        counted[0].mode,
+        ", ".join(d.counts_from for d in counted if d.counts_from) or where,
+        masked[0].masks_from or where if masked else "",
+    )
 
 
-def gpu_hits(dist: ExpertDistribution) -> tuple[int, int] | None:
+def full_gpu_passes(
+    dist: ExpertDistribution, threshold_tokens: int, top_k: int
+) -> npt.NDArray[np.bool_]:
+    """The passes KTransformers ran wholly on the GPU: with ``--kt-gpu-prefill-token-threshold``
+    N > 0, a forward pass of N tokens or more loads each MoE layer whole onto the GPU and
+    computes every expert there (sglang-kt 0.7.2, ``kt_ep_wrapper.py``, ``apply``:
+    ``num_tokens >= self.gpu_prefill_token_threshold``), after recording the layer's mask of the
+    partial placement, so the mask calls misses what ran on the GPU. A pass's tokens are its
+    busiest layer's selections ÷ ``top_k`` (every token selects top_k experts in each MoE
+    layer)."""
+    if threshold_tokens <= 0 or dist.counts.shape[0] == 0:
+        return np.zeros(dist.counts.shape[0], dtype=bool)
+    selections = dist.counts.sum(axis=2).max(axis=1)
+    return np.asarray(selections >= threshold_tokens * top_k, dtype=bool)
+
+
+def gpu_hits(
+    dist: ExpertDistribution, left_out: npt.NDArray[np.bool_] | None = None
+) -> tuple[int, int] | None:
     """(hits, misses): selections of experts on the GPU in their pass, and the rest; None
-    without masks. The last ``n`` passes of each are paired (n = the shorter)."""
+    without masks. Pass ``i`` of the masks is pass ``i`` of the counts: KTransformers'
+    recorder appends one of each at the end of every forward pass, into buffers of the same
+    size (``_on_forward_pass_end``; ``expert_distribution_recorder_buffer_size``), and its
+    dump writes both, so files of different lengths are not one dump's: refused, naming both.
+    Passes ``left_out`` marks (:func:`full_gpu_passes`) count in neither."""
     if dist.masks is None:
         return None
-    n = min(dist.counts.shape[0], dist.masks.shape[0])
+    counts_from = dist.counts_from or "logical_count"
+    masks_from = dist.masks_from or "gpu_expert_masks"
+    if dist.masks.shape[0] != dist.counts.shape[0]:
+        raise BadInput(
+            f"{masks_from}: gpu_expert_masks holds {dist.masks.shape[0]} passes and "
+            f"{counts_from}: logical_count {dist.counts.shape[0]}: KTransformers' recorder "
+            "writes one mask per counted pass, so these are not one dump's; pair the two files "
+            "of one /dump_expert_distribution_record"
+        )
     if dist.masks.shape[1:] != dist.counts.shape[1:]:
-        raise BadInput("gpu_expert_masks and logical_count differ in layers or experts")
-    counts = dist.counts[dist.counts.shape[0] - n :]
-    masks = dist.masks[dist.masks.shape[0] - n :]
+        raise BadInput(
+            f"{masks_from}: gpu_expert_masks {list(dist.masks.shape)} and {counts_from}: "
+            f"logical_count {list(dist.counts.shape)} differ in layers or experts"
+        )
+    counts, masks = dist.counts, dist.masks
+    if left_out is not None:
+        counts, masks = counts[~left_out], masks[~left_out]
     hits = int((counts * masks).sum())
     return hits, int(counts.sum()) - hits
 
@@ -213,22 +267,17 @@ def write_stat_dump(
     write_torch_file(path, data)
 
 
-def read_logical_count(path: str | os.PathLike[str]) -> I64:
+def read_logical_count(path: str | os.PathLike[str]) -> F64:
     """Counts ``[layers, experts]`` from an ``--init-expert-location`` / KT frequency file
     (``.pt``: a dict with ``logical_count`` or a bare tensor; ``.json``: ``{"logical_count":
-    ...}``), steps summed."""
+    ...}``), steps summed, as the values stored: a file ``fit-map`` wrote from decayed counts
+    holds fractions, and its order is what the engine places by."""
     name = os.fspath(path)
     data: Any
     if Path(name).suffix.lower() == ".json":
         data = parse_json(read_text(name, MapError, "expert location"), name, MapError)
         if isinstance(data, dict) and "logical_count" in data:
-            try:
-                data = {"logical_count": np.asarray(data["logical_count"], dtype=np.int64)}
-            except (ValueError, TypeError, OverflowError):
-                raise BadInput(
-                    f"{name}: logical_count must be a rectangular array of integers (each "
-                    "under 2^63)"
-                ) from None
+            data = {"logical_count": _json_counts(name, data["logical_count"])}
     else:
         data = read_torch_file(name)
     if isinstance(data, dict):
@@ -239,10 +288,22 @@ def read_logical_count(path: str | os.PathLike[str]) -> I64:
                 '{"logical_count": [layers][experts]} or a recorder dump'
             )
         data = data["logical_count"]
-    counts = _counts(name, data, "logical_count", (2, 3))
+    counts = _numbers(name, data, "logical_count", (2, 3)).astype(np.float64)
     if counts.ndim == 3:
         counts = counts.sum(axis=0)
     return counts
+
+
+def _json_counts(name: str, value: Any) -> npt.NDArray[Any]:
+    """A JSON ``logical_count``: integers as int64, fractional counts as float64."""
+    try:
+        array = np.asarray(value)
+        return array if array.dtype.kind == "f" else np.asarray(value, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        raise BadInput(
+            f"{name}: logical_count must be a rectangular array of integers (each under 2^63), "
+            "or of fractional counts"
+        ) from None
 
 
 def write_logical_count(path: str | os.PathLike[str], counts: npt.ArrayLike) -> None:
@@ -251,8 +312,15 @@ def write_logical_count(path: str | os.PathLike[str], counts: npt.ArrayLike) -> 
     in its SGLang build's ``kt_ep_wrapper.py``) refuses anything but 3-D with the model's
     ``num_hidden_layers`` rows, dense layers included; SGLang's ``init_by_eplb`` takes 2-D or
     3-D. ``.json`` writes ``{"logical_count": [[[...]]]}``, anything else a torch file
-    ``{"logical_count": tensor}`` (KT reads only a ``.pt``)."""
-    table = np.asarray(counts, dtype=np.int64)
+    ``{"logical_count": tensor}`` (KT reads only a ``.pt``).
+
+    Integer counts are written as int64, fractional ones (decayed counts, or counts
+    :func:`harness.sim.fitmap.separate_ties` made distinct) as float32, never truncated: both
+    loaders take floats (KT sums the passes and compares in float32, ``.sum(dim=0).float()``;
+    SGLang's EPLB algorithms sort ``weight.float()`` and divide it by replica counts), and a
+    fraction truncated to 0 ties with every other one."""
+    table = np.asarray(counts)
+    table = table.astype(np.float32 if table.dtype.kind == "f" else np.int64)
     if table.ndim == 2:
         table = table[None]
     if Path(path).suffix.lower() == ".json":
@@ -283,27 +351,42 @@ def kt_frequency_refusal(shape: tuple[int, ...], config: dict[str, Any]) -> str 
     """Why KTransformers' frequency placement refuses counts of ``shape`` for a model whose
     ``config.json`` is ``config`` (None: it takes them). Its SGLang build's
     ``_init_kt_gpu_experts_masks`` (kt_ep_wrapper.py) raises at boot unless the tensor is 3-D
-    ``[passes, num_hidden_layers, experts]``, experts read from the first of
-    num_local_experts, num_experts, n_routed_experts that the config sets. A config without
-    them is not judged here (KT then gives up on its own, before placing anything)."""
+    ``[passes, num_hidden_layers, experts]``, read as :func:`kt_text_config` reads them. A
+    config without them is not judged here (KT then gives up on its own, before placing
+    anything)."""
     if len(shape) != 3:
         return (
             f"KTransformers refuses a {len(shape)}-D frequency tensor {list(shape)}: it wants "
             "[passes, layers, experts]"
         )
-    layers = config.get("num_hidden_layers")
-    experts = next((config[k] for k in _KT_EXPERT_KEYS if config.get(k) is not None), None)
+    text = kt_text_config(config)
+    layers = text.get("num_hidden_layers")
+    experts = next((text[k] for k in _KT_EXPERT_KEYS if text.get(k) is not None), None)
     if not isinstance(layers, int) or not isinstance(experts, int):
         return None
+    where = " of its text_config" if text is not config else ""
     _, file_layers, file_experts = shape
     if file_layers != layers:
         return (
-            f"the file has {file_layers} layers and the model {layers} (num_hidden_layers, "
-            "dense layers included): KTransformers refuses it at boot"
+            f"the file has {file_layers} layers and the model {layers} (num_hidden_layers"
+            f"{where}, dense layers included): KTransformers refuses it at boot"
         )
     if file_experts != experts:
         return (
-            f"the file has {file_experts} experts per layer and the model {experts}: "
+            f"the file has {file_experts} experts per layer and the model {experts}{where}: "
             "KTransformers refuses it at boot"
         )
     return None
+
+
+def kt_text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a ``config.json`` KTransformers reads the model's shape from: a VL model's
+    ``text_config`` when it has one (Kimi-K2.5's layout: ``if getattr(hf_config, "text_config",
+    None) is not None: hf_config = hf_config.text_config`` in ``_init_kt_gpu_experts_masks``),
+    else the config itself. Layers from ``num_hidden_layers``, experts per layer from the first
+    of num_local_experts, num_experts, n_routed_experts it sets. A ``text_config`` that is not
+    an object is returned as an empty one: nothing to judge by."""
+    text = config.get("text_config")
+    if text is None:
+        return config
+    return text if isinstance(text, dict) else {}

@@ -431,7 +431,12 @@ class RuntimeProfile(Strict):
                 f"telemetry.response_routes names knob {routes.knob!r}, not in `knobs`"
             )
         recorder = self.telemetry.expert_recorder
-        for name in (recorder.replicas_knob, recorder.sharding_knob) if recorder else ():
+        recorder_knobs = (
+            (recorder.replicas_knob, recorder.sharding_knob, recorder.full_gpu_prefill_knob)
+            if recorder
+            else ()
+        )
+        for name in recorder_knobs:
             if name is not None and name not in self.knobs:
                 raise ValueError(f"telemetry.expert_recorder names knob {name!r}, not in `knobs`")
         for pin in self.knob_pins:

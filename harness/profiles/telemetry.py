@@ -172,6 +172,13 @@ class ExpertRecorderSpec(Strict):
         description="knob whose setting other than `none` makes each rank route only its own "
         "tokens (SGLang's moe_a2a_backend): the counts are then not divided",
     )
+    full_gpu_prefill_knob: str | None = Field(
+        None,
+        description="knob holding the token count from which a forward pass runs wholly on the "
+        "GPU (KTransformers' kt_gpu_prefill_token_threshold: its whole layer loaded, though the "
+        "masks record the partial placement); such passes are left out of hits and misses and "
+        "counted apart as full_gpu_selections",
+    )
 
 
 class AppliedCheck(Strict):

@@ -14,7 +14,11 @@ earlier run left); after it, ``/stop_expert_distribution_record`` and
 * with KTransformers' ``gpu_expert_masks`` (its SGLang build writes them to
   ``gpu_expert_distribution_<time>.pt`` beside the counts): ``hits`` = Σ counts × masks
   (selections of experts on the GPU in their pass) and ``misses`` the rest, so the run has a
-  ``hit_rate``.
+  ``hit_rate``. A pass KT ran wholly on the GPU (a prefill of at least
+  ``kt_gpu_prefill_token_threshold`` tokens, the spec's ``full_gpu_prefill_knob``) is in
+  neither: its selections are ``full_gpu_selections``, so the hit rate is the hybrid passes'.
+  Telling such a pass needs the router's top-k, read from the model's ``config.json`` on the
+  box; without it the run has no hits or misses (no hit rate), never a wrong one.
 
 The recorder counts from its start, so these are the run's own counts; the counters before the
 workload read 0.
@@ -23,6 +27,7 @@ workload read 0.
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import shlex
 import time
@@ -33,11 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import InfrastructureError
+from harness.boxes.base import Box
+from harness.errors import HarnessError, InfrastructureError
 from harness.formats.expert_distribution import (
     ExpertDistribution,
     combine_dumps,
+    full_gpu_passes,
     gpu_hits,
+    kt_text_config,
     read_dump,
 )
 from harness.formats.maps import write_count_dump
@@ -45,7 +53,19 @@ from harness.profiles.telemetry import ExpertRecorderSpec
 from harness.runtimes.boot import RunningRuntime, http_request, render
 from harness.runtimes.routes import ROUTE_COUNTER
 
-__all__ = ["Recording", "finish_recording", "recorder_folder", "start_recording"]
+__all__ = [
+    "FULL_GPU_COUNTER",
+    "Recording",
+    "finish_recording",
+    "full_gpu_threshold",
+    "recorder_folder",
+    "router_top_k",
+    "run_counters",
+    "start_recording",
+]
+
+# Selections of passes run wholly on the GPU, in neither hits nor misses (harness/catalog.py).
+FULL_GPU_COUNTER = "full_gpu_selections"
 
 
 @dataclass
@@ -151,11 +171,60 @@ def finish_recording(
         local = folder / posixpath.basename(remote)
         box.get_file(remote, local)
         dumps.append(read_dump(local))
-    dist = per_token_counts(combine_dumps(dumps, str(folder)), spec, runtime.spec.knobs)
+    knobs = runtime.spec.knobs
+    dist = per_token_counts(combine_dumps(dumps, str(folder)), spec, knobs)
     counts = dist.counts.sum(axis=0)
     write_count_dump(local_dir / counts_name, np.asarray(counts), time.time())
-    counters: dict[str, float] = {ROUTE_COUNTER: float(counts.sum())}
-    split = gpu_hits(dist)
+    needs_top_k = dist.masks is not None and full_gpu_threshold(spec, knobs) > 0
+    top_k = router_top_k(runtime.box, knobs.get("model", "")) if needs_top_k else None
+    return run_counters(dist, spec, knobs, top_k)
+
+
+def run_counters(
+    dist: ExpertDistribution,
+    spec: ExpertRecorderSpec,
+    knobs: Mapping[str, str],
+    top_k: int | None,
+) -> dict[str, float]:
+    """A dump's counters: ``route_selections``; with GPU masks, ``hits`` and ``misses``, less
+    the passes the runtime ran wholly on the GPU (``full_gpu_selections``), told by the
+    router's ``top_k``. Where there are such passes to leave out and ``top_k`` is None, no hits
+    or misses: the hit rate is missing, never one counting GPU work as misses."""
+    counters: dict[str, float] = {ROUTE_COUNTER: float(dist.counts.sum())}
+    if dist.masks is None:
+        return counters
+    left_out = None
+    threshold = full_gpu_threshold(spec, knobs)
+    if threshold > 0:
+        if top_k is None:
+            return counters
+        left_out = full_gpu_passes(dist, threshold, top_k)
+        counters[FULL_GPU_COUNTER] = float(dist.counts[left_out].sum())
+    split = gpu_hits(dist, left_out)
     if split is not None:
         counters["hits"], counters["misses"] = float(split[0]), float(split[1])
     return counters
+
+
+def full_gpu_threshold(spec: ExpertRecorderSpec, knobs: Mapping[str, str]) -> int:
+    """The tokens from which the runtime runs a pass wholly on the GPU (0: never)."""
+    if spec.full_gpu_prefill_knob is None:
+        return 0
+    value = str(knobs.get(spec.full_gpu_prefill_knob, "") or "0")
+    return int(value) if value.isdigit() else 0
+
+
+def router_top_k(box: Box, model: str) -> int | None:
+    """The model's router top-k (``num_experts_per_tok``, of the text config of a VL model)
+    from ``MODEL/config.json`` on the box; None where ``model`` is not a folder there with
+    one (a Hugging Face name, say)."""
+    if not model:
+        return None
+    try:
+        config = json.loads(box.read_text(f"{model.rstrip('/')}/config.json") or "0")
+    except (HarnessError, OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    top_k = kt_text_config(config).get("num_experts_per_tok")
+    return top_k if isinstance(top_k, int) and top_k > 0 else None

@@ -174,7 +174,9 @@ def _cmd_fit_cost(args: argparse.Namespace, out: TextIO) -> int:
         low, high = fit.interval[term]
         out.write(
             f"  {names[term]}: {fit.estimate[term] / 1e6:.4f} ms "
-            f"[{low / 1e6:.4f}, {high / 1e6:.4f}] (95%, runs resampled)\n"
+            f"[{low / 1e6:.4f}, {high / 1e6:.4f}] (95%, runs resampled)"
+            + _negative_note(term, high)
+            + "\n"
         )
     if fit.record_bytes and len(fit.row_sizes) > 1:
         sizes = ", ".join(f"{b:,}" for b in fit.row_sizes)
@@ -259,19 +261,30 @@ def _lockstep(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_GATE_FAILED if result.divergent else EXIT_OK
 
 
-def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
-    import numpy as np
+def _negative_note(term: str, high: float) -> str:
+    """What a term wholly below zero means: no cost is negative, so the other terms took more
+    than their share of the time (they move together on these rings); the sum still predicts."""
+    if high >= 0:
+        return ""
+    return (
+        ": below zero, which no cost is; the rings cannot tell this term from the others "
+        f"(they moved together), so read the terms' sum, not {term} alone"
+    )
 
+
+def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
     from harness.formats.expert_distribution import read_logical_count, write_logical_count
     from harness.formats.maps import read_hotlist, read_rowmap, write_hotlist, write_rowmap
     from harness.sim.fitmap import (
         COUNT_FORMATS,
         check_held_out,
         coverage,
+        cut_ties,
         fit_hotlist_entries,
         fit_top_k,
         frequency_hot,
         load_counts,
+        separate_ties,
     )
     from harness.sim.trace_files import file_sha256, load_trace
 
@@ -280,6 +293,13 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
     if counts_file:
         if args.hotlist is not None:
             raise BadInput(f"--format {kind} writes counts: drop --hotlist (give --top K to score)")
+        if args.score and kind != "kt-frequency":
+            raise BadInput(
+                f"--format {kind}: SGLang keeps every expert on a GPU and reads these counts "
+                "only to give its redundant slots (--ep-num-redundant-experts) to the hottest "
+                "experts, which coverage does not measure; to score the GPU experts KT places "
+                "from the same file, give --format kt-frequency --top K"
+            )
         if args.score and args.top is None:
             raise BadInput(
                 f"--format {kind}: give --top K, the GPU experts per layer the runtime keeps "
@@ -296,8 +316,17 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
     if args.map:
         if args.source:
             fitted_on.append((args.source, file_sha256(args.source)))
-        if counts_file:
-            hot = frequency_hot(read_logical_count(args.map), args.top)
+        if counts_file and args.top is not None:
+            stored = read_logical_count(args.map)
+            hot = frequency_hot(stored, args.top)
+            tied = cut_ties(stored, hot) if kind == "kt-frequency" else 0
+            if tied:
+                out.write(
+                    f"WARNING: {args.map}: {tied} of the GPU experts scored tie at the cut "
+                    "with experts left out, and KT's torch.topk breaks ties its own way, so "
+                    "it may place others than are scored here; write every count distinct "
+                    f"with `harness fit-map {args.map} --format kt-frequency -o NEW.pt`\n"
+                )
         elif args.top is not None:
             rowmap = read_rowmap(args.map)
             hot = rowmap.hot
@@ -323,13 +352,18 @@ def _cmd_fit_map(args: argparse.Namespace, out: TextIO) -> int:
         layers, experts = source.counts.shape
         if counts_file:
             _check_suffix(args.output, kind)
-            table = np.rint(source.counts).astype(np.int64)
+            # Written distinct and in the order the harness ranks them (no truncation of
+            # decayed counts to tied zeros), and scored as written: the engine places exactly
+            # the set scored here, whatever its tie rule.
+            table = separate_ties(source.counts)
             write_logical_count(args.output, table)
             if args.top is not None:
                 hot = frequency_hot(table, args.top)
+            total = float(source.counts.sum())
+            weight = f"{total:,.0f}" if total == round(total) else f"{total:,.2f} decay-weighted"
             out.write(
                 f"wrote {kind} {args.output}: logical_count [1, {layers}, {experts}], "
-                f"{int(table.sum()):,} selections, from {source.kind} {source.path}\n"
+                f"{weight} selections, from {source.kind} {source.path}\n"
             )
         elif args.top is not None:
             hot = fit_top_k(source.counts, args.top)
@@ -463,8 +497,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--format",
         choices=["rowmap", "hotlist", "sglang-json", "sglang-pt", "kt-frequency"],
         help="what to write or score: a rowmap (--top), a ds4 hotlist (--hotlist), SGLang's "
-        "--init-expert-location JSON or .pt, KTransformers' frequency file (.pt); counts files "
-        "are scored as KT's frequency placement of --top K per layer",
+        "--init-expert-location JSON or .pt, KTransformers' frequency file (.pt); a kt-frequency "
+        "file is scored as KT's frequency placement of --top K per layer (SGLang keeps every "
+        "expert on a GPU: its files have no coverage to score)",
     )
     fit.add_argument("--top", type=int, metavar="K", help="rowmap: keep the top K per layer")
     fit.add_argument("--hotlist", type=int, metavar="N", help="hotlist: the global top N records")

@@ -4,7 +4,9 @@ Fit: from a route-count dump (``/admin/dump`` JSON, seed 000's ``MEGA_COUNT`` fo
 routing trace (its decode selections counted, optionally EWMA-weighted with a half-life), keep
 the top K experts of every layer (a rowmap, ties to the lower id) or the global top N (layer,
 expert) pairs (a ds4 hotlist). The files are written with ``maps.write_rowmap`` /
-``maps.write_hotlist``, exactly what the runtimes boot from.
+``maps.write_hotlist``, exactly what the runtimes boot from. Counts files (SGLang's
+``--init-expert-location``, KT's frequency file) hold the counts made distinct in the harness's
+order (``separate_ties``), so the engine places the set the harness scores.
 
 Score: coverage = decode selections whose expert the map keeps hot (or the hotlist lists) ÷ all
 decode selections of held-out traces, with the worst layer (seed 004: the built-in top 3,097
@@ -34,10 +36,12 @@ __all__ = [
     "FitSource",
     "check_held_out",
     "coverage",
+    "cut_ties",
     "fit_hotlist_entries",
     "fit_top_k",
     "frequency_hot",
     "load_counts",
+    "separate_ties",
 ]
 
 # fit-map --format values whose file holds counts, not a placement: SGLang's
@@ -98,14 +102,24 @@ def load_counts(
     return FitSource(counts, "trace", name, digest)
 
 
-def _pt_counts(name: str) -> npt.NDArray[np.int64]:
+def _pt_counts(name: str) -> FloatArray:
     """Counts ``[layers, experts]`` of a torch file: a recorder dump of any mode, or a
     ``{"logical_count": ...}`` / bare-tensor location or frequency file."""
     try:
         return read_logical_count(name)
     except BadInput:
         dump = combine_dumps([read_dump(name)], name)
-        return np.asarray(dump.counts.sum(axis=0), dtype=np.int64)
+        return np.asarray(dump.counts.sum(axis=0), dtype=np.float64)
+
+
+def _placement_order(table: FloatArray) -> npt.NDArray[np.intp]:
+    """Flat positions of the MoE rows (rows with any count), hottest first: count descending,
+    ties to the lower layer, then the lower expert. A dense layer (a row of zeros: no router,
+    nothing recorded) is left out."""
+    experts = table.shape[1]
+    positions = np.flatnonzero(np.repeat(table.any(axis=1), experts))
+    flat = table.reshape(-1)[positions]
+    return positions[np.lexsort((positions, -flat))]
 
 
 def frequency_hot(counts: npt.ArrayLike, per_layer: int) -> list[list[int]]:
@@ -113,19 +127,55 @@ def frequency_hot(counts: npt.ArrayLike, per_layer: int) -> list[list[int]]:
     ``--kt-num-gpu-experts per_layer``: the global top ``per_layer x MoE layers`` (layer,
     expert) positions by count (ties: lower layer, then lower expert), so a layer may get more
     or fewer than ``per_layer``. Ids ascending per layer. A dense layer (a row of zeros: no
-    router, nothing recorded) takes no share of the budget, as KT counts MoE layers only
-    (``kt_num_gpu_experts * num_moe_layers``; it then puts a dense layer wholly on the GPU)."""
+    router, nothing recorded) takes no share of the budget and none of its places, as KT counts
+    MoE layers only (``kt_num_gpu_experts * num_moe_layers``; it then puts a dense layer wholly
+    on the GPU). KT breaks ties its own way (``torch.topk(sorted=False)``): a file written from
+    :func:`separate_ties` has none, so KT places exactly this set."""
     table = np.asarray(counts, dtype=np.float64)
     layers, experts = table.shape
     if not 0 <= per_layer <= experts:
         raise MapError(f"--top {per_layer}: must be in 0..{experts} (GPU experts per layer)")
-    moe_layers = int(table.any(axis=1).sum()) or layers
-    flat = table.reshape(-1)
-    order = np.lexsort((np.arange(flat.size), -flat))[: per_layer * moe_layers]
+    moe_layers = int(table.any(axis=1).sum())
+    order = _placement_order(table)[: per_layer * moe_layers]
     hot: list[list[int]] = [[] for _ in range(layers)]
     for position in sorted(int(p) for p in order):
         hot[position // experts].append(position % experts)
     return hot
+
+
+def separate_ties(counts: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """The counts as a placement file holds them: float32 (KT compares in float32), every
+    MoE-row value distinct and in :func:`frequency_hot`'s order, each raised by the fewest
+    float32 steps that make it so. Any engine's top N is then the harness's top N, whatever its
+    tie rule and for every N: KT's global ``torch.topk(sorted=False)``, SGLang's per-layer
+    sort. A count under the smallest normal float32 (a zero, or a decayed count float32 rounds
+    away) is raised to it, above a dense row's zeros, which stay 0. A count moves by a float32
+    step (a relative 1.2e-7) per position it ties with."""
+    table = np.asarray(counts, dtype=np.float64)
+    order = _placement_order(table)
+    values = table.reshape(-1)[order].astype(np.float32)
+    written = np.empty_like(values)
+    up = np.float32(np.inf)
+    step = np.finfo(np.float32).tiny  # the least the coldest MoE position may hold
+    for index in range(len(order) - 1, -1, -1):  # coldest first
+        written[index] = max(values[index], step)
+        step = np.nextafter(written[index], up)
+    out = np.zeros(table.size, dtype=np.float32)
+    out[order] = written
+    return out.reshape(table.shape)
+
+
+def cut_ties(counts: npt.ArrayLike, hot: Sequence[Sequence[int]]) -> int:
+    """How many of ``hot``'s experts tie, as KT compares them (float32), with a position left
+    out of it, dense rows included: KT's ``torch.topk`` breaks such ties its own way, so it may
+    place others than :func:`frequency_hot` scored. 0 for a file :func:`separate_ties` wrote."""
+    table = np.asarray(counts, dtype=np.float64).astype(np.float32)
+    keep = np.zeros(table.shape, dtype=bool)
+    for layer, ids in enumerate(hot):
+        keep[layer, list(ids)] = True
+    if keep.all() or not keep.any():
+        return 0
+    return int((table[keep] <= table[~keep].max()).sum())
 
 
 def fit_top_k(counts: npt.ArrayLike, top_k: int) -> list[list[int]]:

@@ -218,8 +218,8 @@ def _lru_settings(
     raw = str(typed.get("moe_cache_mib", "0"))  # no cache: every host-resident lookup misses
     if not raw.isdigit():
         raise KnobError(
-            f"{where}: moe_cache_mib={raw!r}: the simulator needs a number of MiB (llama.cpp "
-            "sizes `auto` from the free GPU memory at boot, which a replay cannot know)"
+            f"{where}: moe_cache_mib={raw!r}: must be a whole number of MiB (llama.cpp parses "
+            "--moe-cache-mib as an integer)"
         )
     size = expert_bytes if expert_bytes is not None else typed.get("expert_bytes")
     if size is None or int(size) < 1:

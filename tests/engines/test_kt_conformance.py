@@ -8,9 +8,11 @@ the function that turns a frequency file into GPU expert masks is plain torch: s
 downloaded once (`pip download --no-deps`, into the harness cache), those two functions are
 taken out of their sources unchanged and run in vLLM's venv (real torch) with the server
 arguments a 48-layer, 128-expert model with one dense layer (DeepSeek's `first_k_dense_replace`)
-would give them. Its recorder (sglang/srt/eplb/expert_distribution.py: the stat gatherer and
-accumulator, the GPU-mask gatherer and accumulator, and `dump_record`) runs the same way on one
-rank and writes the counts and the masks to their two files. Nothing of theirs is copied here:
+would give them, and with DeepSeek-V2-Lite's config, plain and nested under `text_config` as a VL
+model's is, on what `fit-map` writes from one short calibration with and without decay. Its
+recorder (sglang/srt/eplb/expert_distribution.py: the stat gatherer and accumulator, the
+GPU-mask gatherer and accumulator, and `dump_record`) runs the same way on one rank and writes
+the counts and the masks to their two files. Nothing of theirs is copied here:
 the test reads their files at run time.
 """
 
@@ -31,12 +33,14 @@ from harness.formats.expert_distribution import (
     kt_frequency_refusal,
     logical_count_shape,
     read_dump,
+    read_logical_count,
 )
 from harness.formats.maps import write_count_dump
 from harness.formats.torchfile import write_torch_file
 from harness.runtimes.build_script import cache_root
 from harness.runtimes.recorder import per_token_counts
-from harness.sim.fitmap import frequency_hot
+from harness.sim.fitmap import coverage, frequency_hot
+from harness.sim.trace_files import load_trace
 from tests.conftest import REPO
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.sim.test_fitmap import cli
@@ -49,14 +53,14 @@ WHEELS = {
 }
 LAYERS, EXPERTS, DENSE, PER_LAYER = 48, 128, 1, 8
 
-# Runs in vLLM's venv: KT's two functions from their released sources, called as SGLang calls
-# the first at boot (tensor-parallel rank 0, no process group), printing the masks.
-RUN_KT_LOADER = """
+# Runs in vLLM's venv: KT's two functions from their released sources, as SGLang calls the first
+# at boot (tensor-parallel rank 0, no process group).
+KT_LOADER = """
 import ast, json, logging, sys, types, typing
 import torch
 import torch.distributed as dist
 
-wrapper, base, init_file, layers, experts, dense, per_layer = sys.argv[1:8]
+wrapper, base = sys.argv[1:3]
 
 def function(path, name):
     source = open(path, encoding="utf-8").read()
@@ -70,15 +74,45 @@ space = {"torch": torch, "dist": dist, "logger": logging.getLogger("kt"),
          "get_tensor_model_parallel_rank": lambda: 0}
 exec(function(base, "generate_gpu_experts_masks"), space)
 exec(function(wrapper, "_init_kt_gpu_experts_masks"), space)
+
+def masks(config, init_file, per_layer):
+    space["_KT_GPU_EXPERTS_MASKS"] = None  # its once-per-process cache
+    args = types.SimpleNamespace(get_hf_config=lambda: config, kt_gpu_experts_ratio=None,
+                                 kt_num_gpu_experts=per_layer,
+                                 kt_expert_placement_strategy="frequency",
+                                 init_expert_location=init_file)
+    return space["_init_kt_gpu_experts_masks"](args).tolist()
+"""
+
+# One placement, printed: a model of LAYERS x EXPERTS with DENSE dense layers.
+RUN_KT_LOADER = (
+    KT_LOADER
+    + """
+init_file, layers, experts, dense, per_layer = sys.argv[3:8]
 config = types.SimpleNamespace(num_hidden_layers=int(layers), n_routed_experts=int(experts),
                                first_k_dense_replace=int(dense), moe_layer_freq=1)
-args = types.SimpleNamespace(get_hf_config=lambda: config, kt_gpu_experts_ratio=None,
-                             kt_num_gpu_experts=int(per_layer),
-                             kt_expert_placement_strategy="frequency",
-                             init_expert_location=init_file)
-masks = space["_init_kt_gpu_experts_masks"](args)
-print(json.dumps(masks.tolist()))
+print(json.dumps(masks(config, init_file, int(per_layer))))
 """
+)
+
+# Many placements in one process: jobs [{"config": config.json, "init": file, "per_layer": K}],
+# each config.json given as the attributes an HF config object has (nested configs, such as a
+# VL model's text_config, as objects of their own).
+RUN_KT_PLACEMENTS = (
+    KT_LOADER
+    + """
+def attributes(value):
+    if isinstance(value, dict):
+        return types.SimpleNamespace(**{k: attributes(v) for k, v in value.items()})
+    return value
+
+out = []
+for job in json.load(open(sys.argv[3])):
+    config = attributes(json.load(open(job["config"])))
+    out.append(masks(config, job["init"], job["per_layer"]))
+print(json.dumps(out))
+"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +142,15 @@ def _kt_masks(
     python: str, sources: dict[str, Path], init_file: Path
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [python, "-c", RUN_KT_LOADER,
-         str(sources["sglang/srt/layers/moe/kt_ep_wrapper.py"]),
-         str(sources["kt_kernel/experts_base.py"]), str(init_file),
+        [python, "-c", RUN_KT_LOADER, *_loader_sources(sources), str(init_file),
          str(LAYERS), str(EXPERTS), str(DENSE), str(PER_LAYER)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+
+
+def _loader_sources(sources: dict[str, Path]) -> list[str]:
+    return [str(sources["sglang/srt/layers/moe/kt_ep_wrapper.py"]),
+            str(sources["kt_kernel/experts_base.py"])]  # fmt: skip
 
 
 def _dense_prefix_counts() -> np.ndarray:
@@ -185,6 +222,99 @@ def test_the_harness_refuses_exactly_the_frequency_files_kts_loader_refuses(
         assert (ours is None) == (done.returncode == 0), (path.name, ours, done.stderr[-800:])
         if ours is not None:
             assert "doesn't match model" in done.stderr, done.stderr[-800:]
+
+
+# DeepSeek-V2-Lite's shape (layer 0 dense, 26 MoE layers of 64 routed experts, 6 per token), as
+# its config.json gives it, and the same model nested under `text_config` as a VL model's config
+# (Kimi-K2.5's layout) nests it: KT unwraps it before it reads the shape.
+V2_LITE = {
+    "model_type": "deepseek_v2",
+    "num_hidden_layers": 27,
+    "n_routed_experts": 64,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_experts_per_tok": 6,
+}
+VL_WRAPPED = {
+    "model_type": "kimi_k25",
+    "text_config": V2_LITE,
+    "vision_config": {"model_type": "moonvit", "hidden_size": 1152},
+}
+HALF_LIVES = {"2": ["--decay-half-life-steps", "2"], "20": ["--decay-half-life-steps", "20"],
+              "none": []}  # fmt: skip
+GPU_PER_LAYER = 8  # x 26 MoE layers: 208 GPU experts
+
+
+def _v2_lite_trace(path: Path, tokens: int, seed: int) -> None:
+    """A routing trace of V2_LITE's MoE layers (decode tokens, Zipf-popular experts per layer),
+    as `collect --routes-from-responses` writes it: the dense layer named, not routed."""
+    rng = np.random.default_rng(seed)
+    layers = V2_LITE["num_hidden_layers"] - V2_LITE["first_k_dense_replace"]
+    experts, top_k = V2_LITE["n_routed_experts"], V2_LITE["num_experts_per_tok"]
+    popularity = 1.0 / np.arange(1, experts + 1) ** 1.1
+    rows = np.empty((tokens, layers, top_k), dtype=np.int64)
+    for layer in range(layers):
+        weights = rng.permutation(popularity)
+        for token in range(tokens):
+            rows[token, layer] = rng.choice(
+                experts, top_k, replace=False, p=weights / weights.sum()
+            )
+    np.savez(path, experts=rows, moe_layers=np.arange(1, layers + 1), dense_layers=np.array([0]))
+
+
+def test_kts_own_loader_places_exactly_what_fit_map_scored(
+    torch_python: str,  # noqa: F811
+    kt_sources: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # One short calibration, fitted with decay half-lives 2, 20 and none: decayed counts are
+    # fractions (most under one at a half-life of 2) and a short calibration ties at the cut. KT's
+    # own loader, for the plain and the VL-wrapped config, places in the MoE layers exactly the
+    # 208 experts `fit-map --score` scored, and the held-out coverage of its placement is the
+    # line fit-map printed.
+    calibration, held = tmp_path / "calibration.npz", tmp_path / "held.npz"
+    _v2_lite_trace(calibration, 48, seed=1)
+    _v2_lite_trace(held, 32, seed=2)
+    configs = {}
+    for name, config in (("v2-lite", V2_LITE), ("vl-wrapped", VL_WRAPPED)):
+        configs[name] = tmp_path / name / "config.json"
+        configs[name].parent.mkdir()
+        configs[name].write_text(json.dumps(config), encoding="utf-8")
+    jobs, cases, printed = [], [], {}
+    for label, decay in HALF_LIVES.items():
+        frequency = tmp_path / f"kt-{label}.pt"
+        fit = ["--format", "kt-frequency", "--top", f"{GPU_PER_LAYER}", "-o", str(frequency)]
+        code, text = cli("fit-map", str(calibration), *decay, *fit, "--score", str(held))
+        assert code == 0, text
+        printed[label] = next(line for line in text.splitlines() if line.startswith("coverage "))
+        for name, config in configs.items():
+            shape = logical_count_shape(frequency)
+            assert kt_frequency_refusal(shape, json.loads(config.read_text())) is None
+            jobs.append({"config": str(config), "init": str(frequency), "per_layer": GPU_PER_LAYER})
+            cases.append((label, name))
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
+    done = subprocess.run(
+        [torch_python, "-c", RUN_KT_PLACEMENTS, *_loader_sources(kt_sources),
+         str(tmp_path / "jobs.json")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    moe = range(V2_LITE["first_k_dense_replace"], V2_LITE["num_hidden_layers"])
+    budget = GPU_PER_LAYER * len(moe)
+    held_trace = load_trace(held)
+    differ, lines = {}, {}
+    for (label, name), placed in zip(cases, json.loads(done.stdout), strict=True):
+        masks = np.array(placed, dtype=bool)
+        assert masks[: moe.start].all()  # KT keeps the dense layer wholly on the GPU
+        kt_hot = [np.flatnonzero(row).tolist() for row in masks]
+        scored = frequency_hot(read_logical_count(tmp_path / f"kt-{label}.pt"), GPU_PER_LAYER)
+        kt_set = {(layer, e) for layer in moe for e in kt_hot[layer]}
+        ours = {(layer, e) for layer in moe for e in scored[layer]}
+        differ[label, name] = budget - len(kt_set & ours)  # of the 208 KT places
+        placed_line = f"coverage {coverage(held_trace, hot=kt_hot).text()}"
+        lines[label, name] = placed_line == printed[label] or (placed_line, printed[label])
+    assert differ == dict.fromkeys(cases, 0)
+    assert lines == dict.fromkeys(cases, True)
 
 
 # Runs in vLLM's venv: sglang-kt 0.7.2's recorder as a KT server records with

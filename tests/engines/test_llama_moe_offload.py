@@ -17,6 +17,7 @@ threads card (tests/engines/test_llamacpp.py) runs with `fit: "off"` pinned.
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 from pathlib import Path
@@ -28,6 +29,7 @@ from harness.boxes.local import LocalBox
 from harness.card import load_card
 from harness.card.knob_pins import knob_pin_warnings
 from harness.card.resolve import load_runtime_profile
+from harness.cli import main
 from harness.errors import RuntimeBootError
 from harness.profiles.box import BoxSpec
 from harness.runtimes.applied_policy import add_exit_counters, identity_lines
@@ -138,6 +140,42 @@ def test_a_cell_placing_experts_without_pinning_fit_is_warned() -> None:
     assert 'Set `fit: "off"`' in warning
 
 
+def _cache_card(folder: Path, moe_cache_mib: str) -> Path:
+    """The shipped offload card with the cache cell's ``moe_cache_mib`` set to ``moe_cache_mib``."""
+    (folder / "prompts").symlink_to(REPO / "campaigns" / "prompts")
+    text = CARD.read_text(encoding="utf-8")
+    assert text.count("moe_cache_mib: 8192}") == 1
+    card = folder / "card.yaml"
+    card.write_text(text.replace("moe_cache_mib: 8192}", f"moe_cache_mib: {moe_cache_mib}}}"))
+    return card
+
+
+def test_moe_cache_mib_auto_is_refused_at_validate_naming_the_field_and_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Upstream declares --moe-cache-mib an int option (`int value`, negative refused), so its
+    # parser refuses `auto` at boot (the slow test below runs that parse in the built binary);
+    # `validate` refuses it first (exit 2), and the profile offers no other word.
+    code = main(["validate", str(_cache_card(tmp_path, "auto"))], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cells.cache.knobs.moe_cache_mib: must be a whole number of MiB" in err, err
+    assert "no `auto`" in err, err
+    knob = load_runtime_profile(PROFILE).knobs["moe_cache_mib"]
+    assert knob.check("8192") is None and knob.check("auto") is not None
+
+
+def test_no_knob_offers_a_flag_in_no_source() -> None:
+    # --moe-cache-cpu-share is in no llama.cpp source (not the pinned 0.3.36, not upstream's
+    # cache at 4b060f27): no profile offers it, and no doc names it.
+    for path in (REPO / "harness" / "profiles" / "data" / "runtimes").glob("*.yaml"):
+        assert "moe-cache-cpu-share" not in path.read_text(encoding="utf-8"), path
+        assert "moe_cache_cpu_share" not in load_runtime_profile(path).knobs, path
+    for doc in (REPO / "README.md", *(REPO / "docs").glob("*.md")):
+        text = doc.read_text(encoding="utf-8")
+        assert "moe_cache_cpu_share" not in text and "moe-cache-cpu-share" not in text, doc
+
+
 # ---- the built llama-server (slow: it needs `make llama-server`) ------------------------------
 
 
@@ -146,10 +184,10 @@ def test_the_pinned_build_is_the_build_scripts_default() -> None:
     assert f'version="${{HARNESS_LLAMA_CPP_PY_VERSION:-{build.PINNED_VERSION}}}"' in script
 
 
-# Knobs whose flag the pinned build lacks, and why: the fork's expert cache, and llama-bench's
-# -mmp (0.3.16's; 0.3.36 loads by -lm). Everything else must reach the binary.
+# Knobs whose flag the pinned build lacks, and why: upstream's later expert cache, and
+# llama-bench's -mmp (0.3.16's; 0.3.36 loads by -lm). Everything else must reach the binary.
 NOT_IN_THE_PINNED_BUILD = {
-    "llama-cpp": {"moe_cache_mib", "moe_cache_cpu_share", "mlock", "no_mmap"},
+    "llama-cpp": {"moe_cache_mib", "mlock", "no_mmap"},
     "llama-bench": {"mmap"},
 }
 
@@ -201,3 +239,23 @@ def test_a_build_without_the_flag_refuses_the_knob_at_boot(tmp_path: Path) -> No
     message = str(caught.value)
     assert "exited during boot" in message
     assert "error: invalid argument: --moe-cache-mib" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["auto", "-1", "0", "8192"])
+def test_the_knob_refuses_what_llama_cpps_int_parse_refuses(value: str) -> None:
+    # Upstream's --moe-cache-mib is an int option whose handler refuses a negative value, the
+    # form of the pinned build's --n-cpu-moe (`[](common_params & params, int value) { if
+    # (value < 0) throw ...`), parsed by the same common_params_parse (std::stoi): the built
+    # binary judges each value through --n-cpu-moe (`--version` after it exits 0 once the value
+    # parses), and the moe_cache_mib knob refuses exactly the values it refuses.
+    build.ensure_built()
+    done = subprocess.run(
+        [str(build.binary("llama-server")), "--n-cpu-moe", value, "--version"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    engine_refuses = done.returncode != 0
+    if engine_refuses:
+        assert 'error while handling argument "--n-cpu-moe"' in done.stderr, done.stderr
+    knob = load_runtime_profile(PROFILE).knobs["moe_cache_mib"]
+    assert (knob.check(value) is not None) == engine_refuses, (value, done.stderr[-300:])

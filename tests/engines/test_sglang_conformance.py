@@ -7,7 +7,10 @@ time; nothing of theirs is copied here.
 - Its server arguments are annotated fields of dataclasses (``srt/arg_groups/fields/*.py``; a
   field ``tp_size`` is the flag ``--tp-size``, ``Arg(aliases=[...])`` adds others), read with
   ``ast``: a profile flag no field declares is one the build refuses at boot
-  (``--enable-expert-distribution-metrics`` was, until this test).
+  (``--enable-expert-distribution-metrics`` was, until this test). KTransformers' build
+  (sglang-kt 0.7.2) still declares them with ``add_argument`` in ``srt/server_args.py``; the
+  sglang-kt profile's flags are read against those (``--kt-expert-frequency-file`` was offered
+  until this test).
 - Its expert-distribution recorder (``srt/eplb/expert_distribution.py``): the single-pass
   gatherer that counts ``topk_ids``, the stat and per-pass accumulators and ``_dump_to_file``
   are taken out of the source unchanged and run in vLLM's venv (real torch) on two
@@ -86,20 +89,66 @@ def declared_flags() -> set[str]:
     return flags
 
 
+def _profile_flags(name: str) -> set[str]:
+    """Every flag a runtime profile can put on a boot's command line: its boot command's, each
+    knob's on and off flags, and each file knob's."""
+    profile = yaml.safe_load(
+        (REPO / f"harness/profiles/data/runtimes/{name}.yaml").read_text(encoding="utf-8")
+    )
+    sent = {word for word in profile["boot"]["command"] if str(word).startswith("--")}
+    sent |= {spec[key] for spec in profile["knobs"].values() for key in ("arg", "off_arg")
+             if spec.get(key)}  # fmt: skip
+    sent |= {route.split(":", 1)[1] for route in profile.get("files", {}).values()
+             if route.startswith("arg:")}  # fmt: skip
+    return sent
+
+
 def test_every_flag_of_the_sglang_profile_is_one_the_release_declares(
     declared_flags: set[str],
 ) -> None:
-    profile = yaml.safe_load(
-        (REPO / "harness/profiles/data/runtimes/sglang.yaml").read_text(encoding="utf-8")
-    )
-    sent = {spec[key] for spec in profile["knobs"].values() for key in ("arg", "off_arg")
-            if spec.get(key)}  # fmt: skip
-    sent |= {route.split(":", 1)[1] for route in profile["files"].values()
-             if route.startswith("arg:")}  # fmt: skip
+    sent = _profile_flags("sglang")
     assert sent - declared_flags == set()
     # The flag 0.5.23 dropped, and what replaced it.
     assert "--enable-expert-distribution-metrics" not in declared_flags
     assert "--expert-balancedness-report-mode" in sent
+
+
+def _kt_wheel() -> Path:
+    """KTransformers' SGLang build, sglang-kt 0.7.2 (the newest release), downloaded once into
+    the harness cache beside kt-kernel's (tests/engines/test_kt_conformance.py)."""
+    folder = cache_root() / "kt-wheels"
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob("sglang_kt-0.7.2-*.whl"))
+    if not found:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+             "sglang-kt==0.7.2", "-d", str(folder)],
+            check=True, timeout=900,
+        )  # fmt: skip
+        found = sorted(folder.glob("sglang_kt-0.7.2-*.whl"))
+    return found[0]
+
+
+def test_every_flag_of_the_sglang_kt_profile_is_one_its_release_declares() -> None:
+    # sglang-kt keeps the older argparse server arguments: each flag is a string given to
+    # `parser.add_argument` in its srt/server_args.py (aliases too). A profile flag none of
+    # them names is one the build refuses at boot.
+    with zipfile.ZipFile(_kt_wheel()) as wheel:
+        tree = ast.parse(wheel.read("sglang/srt/server_args.py"))
+    declared = {
+        arg.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
+        for arg in node.args
+        if isinstance(arg, ast.Constant) and str(arg.value).startswith("--")
+    }
+    assert {"--kt-num-gpu-experts", "--init-expert-location", "--model-path"} <= declared
+    sent = _profile_flags("sglang-kt")
+    assert sent - declared == set()
+    # Offered once "in newer builds"; no release has it.
+    assert "--kt-expert-frequency-file" not in declared
 
 
 # Runs in vLLM's venv, once per rank: SGLang's recorder pieces from the released source, the
@@ -346,28 +395,47 @@ print(json.dumps(meta.physical_to_logical_map.tolist()))
 """
 
 
+@pytest.mark.parametrize("source", ["counts", "decayed"])
 @pytest.mark.parametrize("suffix", ["pt", "json"])
 def test_sglangs_own_loader_takes_fit_maps_counts_for_a_dense_prefix_model(
     torch_python: str,  # noqa: F811
     tmp_path: Path,
     suffix: str,
+    source: str,
 ) -> None:
     # `fit-map --format sglang-pt|sglang-json` writes SGLang's --init-expert-location counts;
     # SGLang's own loader (compute_initial_expert_location_metadata -> init_by_eplb -> its EPLB
     # algorithm) places them for a DeepSeek-shaped model whose layer 0 is dense: every layer
     # holds every expert, and the redundant slots go to each MoE layer's hottest experts by the
-    # counts the harness wrote, so the file is read the right way round.
+    # counts the harness wrote (one slot at a time, to the most count per replica), so the file
+    # is read the right way round. Decayed counts (a trace fitted with a half-life) are written
+    # as float32 fractions, which it takes as it takes integers.
+    from harness.formats.expert_distribution import read_logical_count
     from harness.formats.maps import write_count_dump
     from tests.sim.test_fitmap import cli
 
     layers, experts, dense, redundant = 4, 8, 1, 2
-    counts = np.random.default_rng(9).permutation(layers * experts).reshape(layers, experts) + 1
-    counts[:dense] = 0
-    dump = tmp_path / "counts.json"
-    write_count_dump(dump, counts, 1.0)
     init = tmp_path / f"location.{suffix}"
-    code, text = cli("fit-map", str(dump), "--format", f"sglang-{suffix}", "-o", str(init))
+    fit = ["--format", f"sglang-{suffix}", "-o", str(init)]
+    if source == "counts":
+        counts = np.random.default_rng(9).permutation(layers * experts).reshape(layers, experts)
+        counts = counts + 1
+        counts[:dense] = 0
+        dump = tmp_path / "counts.json"
+        write_count_dump(dump, counts, 1.0)
+        code, text = cli("fit-map", str(dump), *fit)
+    else:
+        rng = np.random.default_rng(9)
+        popular = [0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05]
+        routing = np.array([[rng.choice(experts, 2, replace=False, p=popular)
+                             for _ in range(dense, layers)] for _ in range(12)])  # fmt: skip
+        trace = tmp_path / "trace.npz"
+        np.savez(trace, experts=routing, moe_layers=np.arange(dense, layers), dense_layers=[0])
+        code, text = cli("fit-map", str(trace), "--decay-half-life-steps", "2", *fit)
+        assert "decay-weighted" in text
     assert code == 0, text
+    written = read_logical_count(init)
+    assert source == "counts" or not np.array_equal(written, np.rint(written))
     root = tmp_path / "site"
     with zipfile.ZipFile(_wheel()) as wheel:
         for member in wheel.namelist():
@@ -390,5 +458,7 @@ def test_sglangs_own_loader_takes_fit_maps_counts_for_a_dense_prefix_model(
         assert set(placed[layer]) == set(range(experts)), layer
     for layer in range(dense, layers):
         replicas = np.bincount(placed[layer], minlength=experts)
-        hottest = set(np.argsort(-counts[layer])[:redundant].tolist())
-        assert set(np.flatnonzero(replicas > 1).tolist()) == hottest, (layer, replicas)
+        expected = np.ones(experts)
+        for _ in range(redundant):
+            expected[np.argmax(written[layer] / expected)] += 1
+        assert replicas.tolist() == expected.tolist(), (layer, replicas, written[layer])

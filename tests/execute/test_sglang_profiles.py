@@ -5,6 +5,7 @@ reference runtime in tests/execute/test_recorder_campaign.py."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from harness.card import load_card, load_runtime_profile
+from harness.cli import main
 from harness.errors import CardError, InfrastructureError
 from harness.profiles.telemetry import Telemetry
 from harness.runtimes.boot import boot_spec
@@ -113,12 +115,21 @@ def test_a_kt_frequency_cell_with_a_json_file_is_refused_before_any_boot(tmp_pat
     )
 
 
-def _kt_card_with_model(folder: Path, model: Path, layers: int, experts: int) -> Path:
-    """The KT card with its model at ``model`` (a config.json of ``layers`` x ``experts``)."""
+def _kt_card_with_model(
+    folder: Path, model: Path, layers: int, experts: int, *, wrapped: bool = False
+) -> Path:
+    """The KT card with its model at ``model`` (a config.json of ``layers`` x ``experts``; with
+    ``wrapped``, nested under ``text_config`` as a VL model's config nests it)."""
     for name in ("prompts", "maps"):
         (folder / name).symlink_to(REPO / "campaigns" / name)
     model.mkdir(parents=True)
-    config = {"num_hidden_layers": layers, "num_experts": experts, "model_type": "qwen3_moe"}
+    config: dict[str, object] = {
+        "num_hidden_layers": layers,
+        "num_experts": experts,
+        "model_type": "qwen3_moe",
+    }
+    if wrapped:
+        config = {"model_type": "kimi_k25", "text_config": config, "vision_config": {}}
     (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
     text = CARD.read_text(encoding="utf-8").replace("/models/Qwen3-30B-A3B\n", f"{model}\n")
     (folder / "card.yaml").write_text(text, encoding="utf-8")
@@ -140,6 +151,34 @@ def test_a_frequency_file_of_another_model_is_refused_before_any_boot(tmp_path: 
     other = tmp_path / "other"
     other.mkdir()
     assert load_card(_kt_card_with_model(other, other / "model", 8, 64)).card.cells
+
+
+def test_a_vl_wrapped_models_frequency_file_is_refused_before_any_boot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # KT reads a VL model's shape from its text_config (Kimi-K2.5's layout), as
+    # tests/engines/test_kt_conformance.py runs it: the shipped 8 x 64 file is refused for such
+    # a 48 x 128 model by `validate` and by `run`, before a campaign folder is made (exit 2,
+    # naming the cell's file, the shape and the fix), and taken for an 8 x 64 one.
+    card = _kt_card_with_model(tmp_path, tmp_path / "model", 48, 128, wrapped=True)
+    reports = tmp_path / "reports"
+    for verb in (["validate"], ["run", "--reports", str(reports)]):
+        capsys.readouterr()
+        code = main([*verb, str(card)], out=io.StringIO())
+        err = capsys.readouterr().err
+        assert code == 2, err
+        for words in (
+            "cells.frequency.files.init_expert_location",
+            "kt-frequency-refbox.pt: the file has 8 layers and the model 48 (num_hidden_layers "
+            "of its text_config",
+            "`harness fit-map COUNTS --format kt-frequency -o FILE.pt`",
+        ):
+            assert words in err, err
+    assert not reports.exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    card = _kt_card_with_model(other, other / "model", 8, 64, wrapped=True)
+    assert main(["validate", str(card)], out=io.StringIO()) == 0
 
 
 def test_eplb_on_a_profile_that_drives_the_recorder_is_refused(tmp_path: Path) -> None:

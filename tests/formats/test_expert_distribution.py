@@ -43,13 +43,32 @@ def test_a_stat_dump_with_kt_masks_is_written_as_sglang_writes_it(tmp_path: Path
     assert gpu_hits(dump) == (10, 20 - 10)
 
 
-def test_masks_pair_with_the_last_passes_of_the_counts(tmp_path: Path) -> None:
-    # A separate masks file of fewer passes (an earlier KT build): the last passes pair up.
+def test_masks_pair_with_the_counts_pass_by_pass_and_other_lengths_are_refused(
+    tmp_path: Path,
+) -> None:
+    # KT's recorder appends a mask with every counted pass (into a buffer of the same size), so
+    # its two files are of one length, pass i with pass i. A masks file of another length is
+    # another dump's: refused, naming both files and both lengths, never paired by guess.
     counts_path, masks_path = tmp_path / "c.pt", tmp_path / "m.pt"
     write_stat_dump(counts_path, COUNTS)
+    write_torch_file(masks_path, {"gpu_expert_masks": MASKS})
+    dump = combine_dumps([read_dump(counts_path), read_dump(masks_path)], "d")
+    assert gpu_hits(dump) == (10, 20 - 10)
     write_torch_file(masks_path, {"gpu_expert_masks": MASKS[1:]})
     dump = combine_dumps([read_dump(counts_path), read_dump(masks_path)], "d")
-    assert gpu_hits(dump) == (3, 10 - 3)  # only pass 1 is paired: 10 selections
+    with pytest.raises(BadInput) as caught:
+        gpu_hits(dump)
+    message = str(caught.value)
+    assert f"{masks_path}: gpu_expert_masks holds 1 passes" in message, message
+    assert f"{counts_path}: logical_count 2" in message, message
+    # Passes left out (KT ran them wholly on the GPU) count in neither hits nor misses.
+    assert gpu_hits(read_dump(_with_masks(tmp_path)), np.array([False, True])) == (7, 10 - 7)
+
+
+def _with_masks(folder: Path) -> Path:
+    path = folder / "both.pt"
+    write_stat_dump(path, COUNTS, MASKS)
+    return path
 
 
 def test_a_per_pass_dump_maps_physical_experts_to_logical_ones(tmp_path: Path) -> None:

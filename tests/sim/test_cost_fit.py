@@ -371,3 +371,12 @@ def test_a_seal_stripped_campaign_is_not_fitted_without_the_flag_and_says_so_wit
     assert allowed.code == 0, allowed.stdout + allowed.stderr
     assert "WARNING: fitted from records nothing vouches for" in allowed.stdout
     assert json.loads(cost.read_text())["source"].endswith("(unverified: no seal from its start)")
+
+
+def test_a_term_wholly_below_zero_is_printed_with_what_it_means() -> None:
+    # Seen on a loaded box: "per step: -0.45 ms [-0.55, -0.34]" with no word on it.
+    from harness.sim.commands import _negative_note
+
+    note = _negative_note("step_ns", -0.34e6)
+    assert "below zero, which no cost is" in note and "not step_ns alone" in note
+    assert _negative_note("step_ns", 0.1e6) == ""  # an interval reaching above zero: a cost
