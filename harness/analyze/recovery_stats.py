@@ -64,8 +64,22 @@ def time_range(times: Sequence[float]) -> tuple[float, float] | None:
     return (min(times), max(times)) if times else None
 
 
-def ratio_reason(cell: float | None, control: float | None) -> str | None:
-    """Why a T90 ratio to the control has no finite value, or None when it has one."""
+# The fewest measurable runs a side a T90 ratio is printed from: what its bootstrap interval
+# needs. A median of one run beside another's is one pair of boots, not a finding (a ladder
+# rung read "0.60x the control" from one run a side, the opposite of its seed's figure).
+MIN_RATIO_RUNS = 2
+
+
+def ratio_reason(
+    cell: float | None, control: float | None, runs: tuple[int, int] = (MIN_RATIO_RUNS,) * 2
+) -> str | None:
+    """Why a T90 ratio to the control has no finite value, or None when it has one; ``runs``:
+    the measurable runs (never included) of the cell and of the control."""
+    if min(runs) < MIN_RATIO_RUNS and cell is not None and control is not None:
+        return (
+            f"{runs[0]} measurable run(s) beside the control's {runs[1]}: a ratio needs "
+            f"{MIN_RATIO_RUNS} a side"
+        )
     if cell is None or control is None:
         side = "cell" if cell is None else "control"
         return f"{side}: no measurable shift (no excess or no runs)"

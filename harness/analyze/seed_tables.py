@@ -196,7 +196,7 @@ def _summarise(
     ratio = ci = None
     note = None
     if base is not None:
-        note = ratio_reason(median, base_median)
+        note = ratio_reason(median, base_median, (len(times), len(base)))
         if note is None and median is not None and base_median:
             ratio = median / base_median
         ci = ratio_interval(times, base, resolution_s=resolution_s, seed=seed)
@@ -330,6 +330,7 @@ class FrozenRow:
     ratio: float | None  # cell ÷ control
     metric: str | None  # the comparison behind this line's statistics, if it has one
     comparison: dict[str, Any] | None  # ratio, CI and label of that comparison
+    note: str | None = None  # why a line with both values has no ratio
 
 
 @dataclass(frozen=True)
@@ -414,34 +415,56 @@ def frozen_map_tables(
                 paired = _paired(domains, control, cell, state)
                 for domain in sorted(set(domains["domain"].astype(str))):
                     pick = paired[paired["domain"] == domain]
+                    sides = [
+                        pick[pick["cell"] == c]["decode_tok_s"].dropna() for c in (control, cell)
+                    ]
                     rows.append(
                         _frozen_row(
                             f"{domain} C1",
-                            median_of(pick[pick["cell"] == control]["decode_tok_s"]),
-                            median_of(pick[pick["cell"] == cell]["decode_tok_s"]),
+                            median_of(sides[0]),
+                            median_of(sides[1]),
+                            runs=(len(sides[0]), len(sides[1])),
                         )
                     )
             first: tuple[float | None, float | None] = (
                 cell_value(cells, control, state, "first_request_tok_s"),
                 cell_value(cells, cell, state, "first_request_tok_s"),
             )
+            first_runs = None
             if not ok.empty and "first_request_tok_s" in ok.columns:
                 paired = _paired(ok, control, cell, state)
-                first = (
-                    median_of(paired[paired["cell"] == control]["first_request_tok_s"]),
-                    median_of(paired[paired["cell"] == cell]["first_request_tok_s"]),
-                )
-            rows.append(_frozen_row("first request after boot", *first))
+                picks = [
+                    paired[paired["cell"] == c]["first_request_tok_s"].dropna()
+                    for c in (control, cell)
+                ]
+                first = (median_of(picks[0]), median_of(picks[1]))
+                first_runs = (len(picks[0]), len(picks[1]))
+            rows.append(_frozen_row("first request after boot", *first, runs=first_runs))
             tables.append(FrozenMapTable(cell, control, state, tuple(rows)))
     return tables
 
 
+# The fewest runs a side a frozen-map line's ratio of medians is printed from (the aggregate
+# line's comes from its comparison, which says how many cycles it rests on).
+MIN_MEDIAN_RUNS = 2
+
+
 def _frozen_row(
-    label: str, control: float | None, cell: float | None, stat: dict[str, Any] | None = None
+    label: str,
+    control: float | None,
+    cell: float | None,
+    stat: dict[str, Any] | None = None,
+    *,
+    runs: tuple[int, int] | None = None,
 ) -> FrozenRow:
-    return FrozenRow(
-        label, control, cell, ratio_of(control, cell), FROZEN_METRIC if stat else None, stat
-    )
+    ratio, note = ratio_of(control, cell), None
+    if runs is not None and ratio is not None and min(runs) < MIN_MEDIAN_RUNS:
+        ratio = None
+        note = (
+            f"medians of {runs[1]} run(s) beside the control's {runs[0]}: a ratio needs "
+            f"{MIN_MEDIAN_RUNS} a side"
+        )
+    return FrozenRow(label, control, cell, ratio, FROZEN_METRIC if stat else None, stat, note)
 
 
 def frozen_map_frame(tables: list[FrozenMapTable]) -> pd.DataFrame:

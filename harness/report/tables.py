@@ -285,7 +285,7 @@ def frozen_map_tables(
                 {
                     "label": r.label,
                     # Why a value reads "—", shown under the row's label (the cells stay narrow).
-                    "why": _frozen_gap(analysis, r.label) if missing else "",
+                    "why": _frozen_gap(analysis, r.label) if missing else (r.note or ""),
                     "control": {"value": r.control, "text": fmt.fixed(r.control, 1)},
                     "cell": {"value": r.cell, "text": fmt.fixed(r.cell, 1)},
                     "delta": fmt.delta(r.ratio),

@@ -39,6 +39,12 @@ def test_ratio_reasons_say_why_there_is_no_number() -> None:
     assert ratio_reason(INF, 4.0) == "the cell's median run never recovered; the control's did"
     assert ratio_reason(INF, INF) == "both never recovered"
     assert "no measurable shift" in str(ratio_reason(None, 4.0))
+    # A median of one run beside another's is one pair of boots, not a finding: no number.
+    assert ratio_reason(2.0, 4.0, (1, 4)) == (
+        "1 measurable run(s) beside the control's 4: a ratio needs 2 a side"
+    )
+    assert ratio_reason(2.0, 4.0, (3, 1)) is not None
+    assert ratio_reason(2.0, 4.0, (2, 2)) is None
 
 
 def test_ratio_interval_covers_the_ratio_and_is_seeded() -> None:
@@ -67,3 +73,14 @@ def test_runs_that_all_read_one_window_get_the_windows_width_not_zero() -> None:
     assert lo == pytest.approx(0.5 / 1.5) and hi == pytest.approx(1.0)
     # A window as long as the times themselves resolves nothing.
     assert ratio_interval([1.0] * 6, [1.0] * 6, resolution_s=1.0) == (0.0, INF)
+
+
+def test_a_frozen_map_line_prints_no_ratio_from_one_run_a_side() -> None:
+    # A ladder rung's per-domain median from one run beside the control's read "0.60x".
+    from harness.analyze.seed_tables import _frozen_row
+
+    thin = _frozen_row("agent C1", 100.0, 60.0, runs=(1, 1))
+    assert thin.ratio is None and thin.control == 100.0 and thin.cell == 60.0
+    assert thin.note == "medians of 1 run(s) beside the control's 1: a ratio needs 2 a side"
+    enough = _frozen_row("agent C1", 100.0, 60.0, runs=(2, 3))
+    assert enough.ratio == pytest.approx(0.6) and enough.note is None
