@@ -89,7 +89,11 @@ def _cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     else:
         warnings = shift_phase_warnings(loaded, scale=args.scale) + knob_pin_warnings(loaded)
         warnings += simulation_warnings(loaded, Path(args.reports))
-        print_plan(plan, out, warnings=warnings)
+        from harness.plan.measured import measured_runs
+
+        boxes = {run.box for run in plan.runs}
+        measured = measured_runs(loaded.card.campaign, boxes, Path(args.reports), args.scale)
+        print_plan(plan, out, warnings=warnings, measured=measured)
         if args.boot_s is not None:
             from harness.report.terminal import print_boot_costs
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from harness.analyze.design_cost import PricedDesigns
     from harness.gate.evaluate import Verdict
     from harness.plan.build import Plan
+    from harness.plan.measured import MeasuredRuns
 
 __all__ = [
     "format_duration",
@@ -65,9 +67,16 @@ def runs_text(plan: Plan) -> str:
     return text + (f", at --scale {plan.scale:g}" if plan.scale != 1 else "")
 
 
-def print_plan(plan: Plan, out: TextIO, *, warnings: Sequence[str] = ()) -> None:
+def print_plan(
+    plan: Plan,
+    out: TextIO,
+    *,
+    warnings: Sequence[str] = (),
+    measured: MeasuredRuns | None = None,
+) -> None:
     """The ordered runs of a plan, what the whole campaign is estimated to take and on what
-    assumptions, and the card's warnings at this scale."""
+    assumptions (and what the card's last campaign here took, when there is one), and the
+    card's warnings at this scale."""
     from rich.table import Table
 
     card = plan.card.card
@@ -99,9 +108,32 @@ def print_plan(plan: Plan, out: TextIO, *, warnings: Sequence[str] = ()) -> None
         f"{format_duration(plan.estimated_total_s())} in all{upto}; "
         f"assumed: {shown(plan.estimate_basis())}"
     )
+    if measured is not None:
+        console.print(measured_text(plan, measured))
     console.print(shown(plan.washout_text()))
     for warning in warnings:
         console.print(f"warning: {shown(warning)}")
+
+
+def measured_text(plan: Plan, measured: MeasuredRuns) -> str:
+    """The plan priced from the card's last campaign on these boxes (its median run)."""
+    busiest = max(Counter(run.box for run in plan.runs).values())
+    most = plan.max_runs()
+    rescaled = (
+        f", its drive rescaled to --scale {plan.scale:g}" if measured.ran_at != plan.scale else ""
+    )
+    upto = (
+        f" (up to {format_duration(measured.run_s * most * busiest / len(plan.runs))} for "
+        f"{most} runs)"
+        if most != len(plan.runs)
+        else ""
+    )
+    return (
+        f"measured: {format_duration(measured.run_s)} per run, "
+        f"{format_duration(measured.run_s * busiest)} in all{upto}; the median of "
+        f"{measured.runs} completed runs of {shown(str(measured.directory))} (--scale "
+        f"{measured.ran_at:g}, boot {measured.boot_s:.1f} s){rescaled}"
+    )
 
 
 def print_boot_costs(plan: Plan, boot_s: float, out: TextIO) -> None:
@@ -268,6 +300,8 @@ def print_conclusion(
         unmeasured = unmeasured_shifts(analysis)
         if unmeasured:
             out.write(unmeasured + "\n")
+        if analysis.box_load is not None and analysis.box_load.warning:
+            out.write(f"warning: {inert(analysis.box_load.warning)}\n")
     out.write(f"report: {report}\n")
     if verdict.checked_against:
         # Plain text (no rich here); it may name the store's path, which is data.

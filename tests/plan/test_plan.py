@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -238,3 +239,26 @@ def test_the_default_washout_is_a_whole_block_and_a_card_of_one_cell_sends_none(
     soak = build_plan(load_card(REPO / "campaigns" / "soak.yaml"))
     assert washout_requests(soak.card) == 0
     assert soak.washout_text() == "washout: none (one cell: no other arm runs before a block)"
+
+
+def test_plan_prices_runs_from_the_cards_last_campaign_here(tmp_path: Path) -> None:
+    # The profile's expected speeds are one box's guess; the card's last campaign on this box
+    # is a measurement: its median run (boot kept, drive rescaled to the planned scale).
+    reports = tmp_path / "reports"
+    shutil.copytree(DATA / "campaigns" / "demo-washed", reports / "demo" / "20261205T181524Z")
+    card = str(REPO / "campaigns" / "demo.yaml")
+    half = run_cli("plan", card, "--reports", str(reports), "--scale", "0.5")
+    assert half.code == 0, half.stderr
+    text = " ".join(half.stdout.split())
+    assert "the median of 16 completed runs of" in text and "(--scale 0.5, boot 0.9 s)" in text
+    assert "rescaled" not in text
+    whole = " ".join(run_cli("plan", card, "--reports", str(reports)).stdout.split())
+    assert "its drive rescaled to --scale 1" in whole
+
+    def per_run(words: str) -> str:
+        return words.split("measured: ", 1)[1].split(" per run", 1)[0]
+
+    assert per_run(whole) != per_run(text)  # twice the requests: a longer run
+    # Nothing measured (another card, or no store): the estimate alone, as before.
+    alone = run_cli("plan", card, "--reports", str(tmp_path / "empty"))
+    assert alone.code == 0 and "measured:" not in alone.stdout
