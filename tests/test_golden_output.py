@@ -37,8 +37,9 @@ def _relative(text: str, **paths: Path) -> str:
     return text
 
 
-def test_plan_prints_the_ordered_runs_and_the_estimate() -> None:
-    result = run_cli("plan", "campaigns/demo.yaml")
+def test_plan_prints_the_ordered_runs_and_the_estimate(tmp_path: Path) -> None:
+    # An empty results store: what the card last measured here is a developer's own.
+    result = run_cli("plan", "campaigns/demo.yaml", "--reports", str(tmp_path))
     assert result.code == 0, result.stderr
     assert_golden("plan.demo.txt", result.stdout)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from harness.analyze.box_load import BoxLoad, box_load_table
 from harness.analyze.cell_values import cell_value
 from harness.analyze.compare import (
     DEFAULT_METRICS,
@@ -78,6 +79,7 @@ class CampaignAnalysis:
     journal_head: str = ""  # the digest of the journal's last event line as verified
     head_checked: str = ""  # the head given back, which is that last line ("" when none was)
     checked_against: str = ""  # which head was checked, or "verified against itself only"
+    box_load: BoxLoad | None = None  # the box's load and speed per run (harness.analyze.box_load)
     # A simulated campaign's oracle bounds per cell (oracle.json, written by harness simulate).
     oracle: list[dict[str, Any]] = field(default_factory=list)
 
@@ -138,6 +140,8 @@ class CampaignAnalysis:
             out["fleet"] = self.fleet.to_json()
         if self.oracle:  # only for a simulated campaign whose replay wrote its bounds
             out["oracle"] = self.oracle
+        if self.box_load is not None and self.box_load.recorded:  # only where runs read it
+            out["box_load"] = self.box_load.to_json()
         return out
 
     def undecided(self) -> list[str]:
@@ -321,6 +325,9 @@ def analyze_campaign(
     for _, row in bad.iterrows():
         warnings.append(f"run {row['run_id']} {row['status']}: {row.get('reason', '')}")
     warnings.extend(tables.imported_notes)
+    box_load = box_load_table(tables.box_load)
+    if box_load.warning:
+        warnings.append(box_load.warning)
     warnings.extend(extension_warnings(card, events))
     mismatch = embedded_mismatch(tables.logit_embedded)
     if mismatch is not None:
@@ -399,6 +406,7 @@ def analyze_campaign(
         head_checked=verification.heads.head,
         checked_against=verification.heads.text,
         oracle=_oracle(root) if simulated else [],
+        box_load=box_load,
     )
 
 
@@ -434,6 +442,8 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
     if analysis.runtime:
         for stem, frame in analysis.runtime.frames().items():
             write_parquet(frame, folder / f"{stem}.parquet")
+    if analysis.box_load is not None and analysis.box_load.recorded:
+        write_parquet(analysis.box_load.rows, folder / "box_load.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())
     return folder
 

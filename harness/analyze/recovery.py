@@ -511,14 +511,25 @@ def converged_mask(windows: pd.DataFrame, converged_span_s: float) -> npt.NDArra
     return mask
 
 
+# The fewest swap-free steps with a swap-bearing step's count of slow-tier lookups that its p95
+# is read from; a swap-bearing step with fewer such neighbours is left out of both figures.
+MIN_MATCHED_FREE = 20
+
+
 def swap_cost(frame: RingInput, *, decode_tokens: int = DECODE_TOKENS) -> dict[str, float | None]:
     """Swap cost from decode step durations (seed 000 measured ~1.9× and 1.9–2.4 ms).
 
     Only decode steps (``tokens == decode_tokens``) count on both sides: a prefill step is
-    slower by the prompt's length, not by a swap, and would make the swap-free side slow.
-    swap_cost_ratio = mean dur_ns of swap-bearing decode steps (swaps > 0) ÷ p95 of swap-free
-    decode steps; swap_ms_per_swap = (mean swap-step dur − mean swap-free dur) / mean swaps per
-    swap-step, in ms. None where a side has no steps.
+    slower by the prompt's length, not by a swap, and would make the swap-free side slow. And a
+    swap-bearing step is compared with the swap-free steps that looked up as many experts in
+    the slow tier (``cold_lookups``): a cold lookup reads a row as a swap does, so the swap-free
+    p95 of all steps is the p95 of the coldest ones, and a swap step read "0.4× a step without
+    one" on the reference runtime. swap_cost_ratio = mean dur_ns of the swap-bearing decode
+    steps (swaps > 0) ÷ the mean, over them, of the p95 of the swap-free decode steps with the
+    same cold lookups; swap_ms_per_swap = the mean, over them, of (dur − mean of those
+    swap-free steps) ÷ mean swaps per swap-bearing step, in ms. A swap-bearing step whose cold
+    count has fewer than MIN_MATCHED_FREE swap-free steps is left out; None where none is left.
+    A ring that records no cold lookups is one group: all its decode steps.
     """
     cols = ring_columns(frame)
     return _swap_cost(cols, decode_tokens)
@@ -528,25 +539,36 @@ def _swap_cost(
     cols: Mapping[str, IntArray], decode_tokens: int = DECODE_TOKENS
 ) -> dict[str, float | None]:
     decode = cols["tokens"] == decode_tokens
-    dur, swaps = cols["dur_ns"], cols["swaps"]
-    # Swap-bearing steps are rare: gather them by index, copy the rest once for the p95.
+    dur, swaps, cold = cols["dur_ns"], cols["swaps"], cols["cold_lookups"]
     swap_idx = np.flatnonzero((swaps > 0) & decode)
-    free_idx = np.flatnonzero((swaps == 0) & decode)
-    n_swap = int(swap_idx.size)
+    free = (swaps == 0) & decode
     out: dict[str, float | None] = {
-        "swap_steps": float(n_swap),
+        "swap_steps": float(swap_idx.size),
         "swap_cost_ratio": None,
         "swap_ms_per_swap": None,
     }
-    if n_swap == 0 or free_idx.size == 0:
+    durations: list[IntArray] = []
+    p95s: list[float] = []
+    excess: list[float] = []
+    counts: list[IntArray] = []
+    # Swap-bearing steps are rare: one pass over the free steps per cold count they have.
+    for value in np.unique(cold[swap_idx]):
+        mine = swap_idx[cold[swap_idx] == value]
+        neighbours = dur[free & (cold == value)]  # a copy: percentile may partition it
+        if neighbours.size < MIN_MATCHED_FREE:
+            continue
+        p95 = float(np.percentile(neighbours, 95, overwrite_input=True))
+        mean_free = float(neighbours.mean())
+        durations.append(dur[mine])
+        p95s += [p95] * mine.size
+        excess += (dur[mine] - mean_free).tolist()
+        counts.append(swaps[mine])
+    if not durations:
         return out
-    mean_swap = float(dur[swap_idx].mean())
-    free_dur = dur[free_idx]  # a copy (fancy indexing): percentile may partition it in place
-    mean_free = float(free_dur.mean())
-    p95_free = float(np.percentile(free_dur, 95, overwrite_input=True))
-    mean_swaps = float(swaps[swap_idx].mean())
-    out["swap_cost_ratio"] = mean_swap / p95_free if p95_free > 0 else None
-    out["swap_ms_per_swap"] = (mean_swap - mean_free) / mean_swaps / 1e6
+    mean_p95 = float(np.mean(p95s))
+    mean_swap = float(np.concatenate(durations).mean())
+    out["swap_cost_ratio"] = mean_swap / mean_p95 if mean_p95 > 0 else None
+    out["swap_ms_per_swap"] = float(np.mean(excess)) / float(np.concatenate(counts).mean()) / 1e6
     return out
 
 

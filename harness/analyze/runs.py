@@ -63,6 +63,8 @@ class RunTables:
     logit_embedded: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # command-driver rows per tier
     imported_notes: list[str] = field(default_factory=list)
+    # Per run with a record: run_id, cell, box and its runtime.box_load (harness.analyze.box_load)
+    box_load: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _washed_by_boot(card: Card, record: Mapping[str, Any]) -> bool:
@@ -88,8 +90,18 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
             row.update(
                 status="missing", box=raw.get("box"), reason="never ran (resume the campaign)"
             )
-        elif _record_row(row, raw, record, cohorts, card, campaign) and record["status"] == "ok":
-            _read_run(acc, row, raw, campaign.run_dir(raw["run_id"]), card)
+        else:
+            load = (record.get("runtime") or {}).get("box_load")
+            acc.box_load.append(
+                {
+                    "run_id": raw["run_id"],
+                    "cell": raw["cell"],
+                    "box": record.get("box", raw.get("box")),
+                    "box_load": load,
+                }
+            )
+            if _record_row(row, raw, record, cohorts, card, campaign) and record["status"] == "ok":
+                _read_run(acc, row, raw, campaign.run_dir(raw["run_id"]), card)
         acc.rows.append(row)
     return RunTables(
         runs=pd.DataFrame(acc.rows),
@@ -100,6 +112,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         logit_embedded=acc.embedded,
         tiers=tier_table(acc.bench_frames),
         imported_notes=acc.notes,
+        box_load=acc.box_load,
     )
 
 
@@ -115,6 +128,7 @@ class _Accumulated:
     embedded: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     bench_frames: list[tuple[str, str, pd.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    box_load: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _record_row(

@@ -39,6 +39,7 @@ from harness.drive.client import RequestResult, RuntimeHung
 from harness.drive.remote import prepare_drive
 from harness.drive.workload import build_phases
 from harness.errors import HarnessError, InfrastructureError
+from harness.execute.box_load import read_box_load
 from harness.execute.box_state import BoxStateReader
 from harness.execute.cohorts import CohortBook
 from harness.execute.drive_step import DriveStep, counters, with_log
@@ -352,6 +353,9 @@ class CampaignRunner:
             "run_start", run_id=run.run_id, attempt=at.attempt, boot_id=record.boot_id
         )
         self.progress("start", run, {"attempt": at.attempt})
+        # The box before the boot (its load is other tenants'); Records.finish reads it after.
+        load = read_box_load(self.box, self.box_spec.python_path())
+        record.runtime["box_load"] = {"before": load}
         uploaded = self._upload_files(cell.files, at.remote_dir)
         spec = self._boot_spec(cell, self.box.free_port(), at.remote_dir, uploaded)
         record.knobs = spec.knobs

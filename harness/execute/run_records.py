@@ -22,6 +22,7 @@ import pandas as pd
 from harness.analyze.logit_parity import LOGITS_DIR
 from harness.drive.client import RequestResult
 from harness.errors import HarnessError, RecordError
+from harness.execute.box_load import read_box_load
 from harness.execute.frames import chunks_frame, counters_record, numbered, requests_frame
 from harness.execute.guards import RunWatch, cohort_key
 from harness.execute.resume import (
@@ -157,6 +158,9 @@ class Records:
                 record.reason = (record.reason + "; " if record.reason else "") + (
                     f"process group {runtime.pgid} survived SIGKILL"
                 )
+        if "box_load" in record.runtime:  # read before the boot: read again, its runtime stopped
+            python = self.scope.box_spec.python_path()
+            record.runtime["box_load"]["after"] = read_box_load(self.scope.box, python)
         try:
             self._collect(local_dir, state, record)
             self._check_applied(local_dir, record)

@@ -105,6 +105,7 @@ def build_context(
     from harness.report import context as ctx
     from harness.report import figures as fig
     from harness.report import tables
+    from harness.report.box_load import box_load_context
     from harness.report.fleet import fleet_context
     from harness.report.labels import section_title
     from harness.report.runtime import runtime_context
@@ -146,6 +147,7 @@ def build_context(
         "runtime_name": card.runtime if isinstance(card.runtime, str) else card.runtime.name,
         "design": ctx.design_context(analysis),
         "timing": run_timing(analysis),
+        "box_load": box_load_context(analysis),
         "pools": pools,
         "workload": card.workload.model_dump(mode="json"),
         "analysis_spec": card.analysis.model_dump(mode="json"),

@@ -144,8 +144,8 @@ def render_record(context: dict[str, Any]) -> str:
     report's order."""
     out: list[str] = []
     for section in (
-        _header, _machines, _cells, _policy_and_tiers, _seed_sections, _looks, _comparison_sections,
-        _cohorts_and_failures, _gates_and_warnings,
+        _header, _machines, _cells, _box_load, _policy_and_tiers, _seed_sections, _looks,
+        _comparison_sections, _cohorts_and_failures, _gates_and_warnings,
     ):  # fmt: skip
         out += section(context)
     return "\n".join(out).rstrip() + "\n"
@@ -228,6 +228,35 @@ def _cells(context: dict[str, Any]) -> list[str]:
             f"- **{_md(cell['name'])}**{role}: {_md(cell['description'] or '')} {settings or ''}"
         )
     out.append("")
+    return out
+
+
+def _box_load(context: dict[str, Any]) -> list[str]:
+    """Each run's load and reference step as the box read them, and the campaign's line."""
+    load = context["box_load"]
+    out = ["## Box load and speed", "", f"{_md(load['summary'], line_start=True)}.", ""]
+    if not load["rows"]:
+        return out
+    columns = ("load", "per_core", "cpus", "reference_ms", "ratio", "flags", "note")
+    rows = [
+        [
+            r["run_id"],
+            r["cell"],
+            *(["not recorded"] + [""] * 6 if r["not_recorded"] else [r[c] for c in columns]),
+        ]
+        for r in load["rows"]
+    ]
+    header = [
+        "run", "cell", "load 1 min before / after", "load per core before", "CPUs",
+        "reference step ms before / after", "÷ median", "flag", "note",
+    ]  # fmt: skip
+    out += _table(header, rows)
+    out += [
+        f"Loaded: more than {load['loaded_per_core']} other runnable tasks per core before the "
+        f"boot; drifted: a reference step more than {load['drift_pct']}% off the campaign's "
+        "median on that box. Either can move timing-derived rows, never counter rows.",
+        "",
+    ]
     return out
 
 

@@ -222,11 +222,12 @@ def swap_cost_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
 
 
 SWAP_DEFINITION = (
-    "Per run, from the ring's decode steps (prefill steps left out of both sides): ms per "
-    "applied swap = (mean swap-bearing step − mean swap-free step) ÷ mean swaps per "
-    "swap-bearing step; ratio = mean swap-bearing step ÷ p95 of swap-free steps (seed 000 §6 "
-    "measured ~1.9× and 1.9–2.4 ms per swap). Per cell: median over runs, 95% bootstrap "
-    "interval over runs."
+    "Per run, from the ring's decode steps (prefill steps left out of both sides), each "
+    "swap-bearing step against the swap-free steps with as many cold lookups (a cold lookup "
+    "reads a row as a swap does): ms per applied swap = (swap-bearing step − mean of those "
+    "swap-free steps) ÷ mean swaps per swap-bearing step; ratio = mean swap-bearing step ÷ "
+    "p95 of those swap-free steps (seed 000 §6 measured ~1.9× and 1.9–2.4 ms per swap). Per "
+    "cell: median over runs, 95% bootstrap interval over runs."
 )
 
 

@@ -315,6 +315,28 @@ def test_swap_cost_leaves_prefill_steps_out_of_both_sides() -> None:
     assert cost["swap_steps"] == 4.0
 
 
+def test_swap_cost_is_read_against_steps_with_as_many_cold_lookups() -> None:
+    # A known cost: a step takes 1 ms plus 1 ms per cold lookup (a row read from the slow
+    # tier), plus 0.5 ms per applied swap. Most steps look nothing up cold; 1 in 10 reads 3
+    # rows, so the p95 of all swap-free steps is a 4 ms cold step and a 3 ms swap step (4
+    # swaps, no cold lookup) read as 0.75x "a step without a swap" against it.
+    rng = np.random.default_rng(3)
+    cold = [3 if i % 10 == 0 else 0 for i in range(400)] + [0] * 8
+    swaps = [0] * 400 + [4] * 8
+    dur = [
+        1.0 + c + 0.5 * k + float(rng.uniform(0, 0.05)) for c, k in zip(cold, swaps, strict=True)
+    ]
+    frame = _steps(dur, swaps).assign(cold_lookups=cold)
+    cost = swap_cost(frame)
+    assert cost["swap_ms_per_swap"] == pytest.approx(0.5, abs=0.02)
+    assert cost["swap_cost_ratio"] is not None and cost["swap_cost_ratio"] >= 1.0
+    assert cost["swap_cost_ratio"] == pytest.approx(3.0 / 1.05, rel=0.03)
+    # A swap step whose cold count no swap-free step shares (here 7) is left out, not
+    # compared with steps that did other work.
+    odd = _steps([*dur, 9.0], [*swaps, 2]).assign(cold_lookups=[*cold, 7])
+    assert swap_cost(odd)["swap_ms_per_swap"] == pytest.approx(0.5, abs=0.02)
+
+
 def test_churn_uses_the_converged_span_only() -> None:
     # 30 s phase; 1 swap per 2 s window early on, 5 per window in the last 10 s.
     swaps = [1] * 10 + [5] * 5

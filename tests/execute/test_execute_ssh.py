@@ -157,6 +157,10 @@ def test_ab_campaign_over_ssh(sshd: LoopbackSshd, tmp_path: Path) -> None:  # no
             record = read_json(folder / "run.json")
             assert record["status"] == RUN_OK, record["reason"]
             assert record["knobs"]["env.REFBOX_LAYERS"] == "2"
+            # The box's load and reference step, read on the box over SSH before and after.
+            load = record["runtime"]["box_load"]
+            for when in ("before", "after"):
+                assert load[when]["cpus"] >= 1 and load[when]["reference_ms"] > 0, load
             requests = read_parquet(folder / "requests.parquet")
             assert len(requests[~requests["warmup"]]) == 2 and requests["ok"].all()
             assert (requests["completion_tokens"] == 8).all()
