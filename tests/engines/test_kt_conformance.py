@@ -22,6 +22,7 @@ import json
 import subprocess
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -395,6 +396,24 @@ torch.distributed.destroy_process_group()
 """
 
 
+def run_kt_recorder(
+    python: str, source: Path, folder: Path, routing: Any, masks: Any, experts: int
+) -> Path:
+    """KT's own recorder (its module's source at ``source``) over ``routing`` [passes][layers]
+    [tokens][top-k] and ``masks`` [passes][layers][experts], run in vLLM's venv on one rank;
+    the folder its dump went to."""
+    (folder / "routing.json").write_text(json.dumps(routing))
+    (folder / "masks.json").write_text(json.dumps(masks))
+    out = folder / "dumps"
+    done = subprocess.run(
+        [python, "-c", RUN_KT_RECORDER, str(source), str(folder / "store"), str(out),
+         str(folder / "routing.json"), str(folder / "masks.json"), str(experts)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 def test_kts_own_recorder_writes_the_two_files_whose_hits_the_harness_reads(
     torch_python: str,  # noqa: F811
     kt_sources: dict[str, Path],  # the wheels, downloaded once
@@ -413,15 +432,7 @@ def test_kts_own_recorder_writes_the_two_files_whose_hits_the_harness_reads(
     routing = np.array([[[rng.choice(experts, top_k, replace=False) for _ in range(tokens)]
                          for _ in range(layers)] for _ in range(passes)])  # fmt: skip
     masks = rng.random((passes, layers, experts)) < 0.4  # dynamic placement moves them
-    (tmp_path / "routing.json").write_text(json.dumps(routing.tolist()))
-    (tmp_path / "masks.json").write_text(json.dumps(masks.tolist()))
-    out = tmp_path / "dumps"
-    done = subprocess.run(
-        [torch_python, "-c", RUN_KT_RECORDER, str(source), str(tmp_path / "store"), str(out),
-         str(tmp_path / "routing.json"), str(tmp_path / "masks.json"), str(experts)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = run_kt_recorder(torch_python, source, tmp_path, routing.tolist(), masks.tolist(), experts)
     profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang-kt.yaml")
     recorder = profile.telemetry.expert_recorder
     assert recorder is not None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import zipfile
 from pathlib import Path
 
@@ -39,8 +38,8 @@ from harness.runtimes.recorder import (
 )
 from tests.conftest import REPO
 from tests.engines.test_kt_conformance import (
-    RUN_KT_RECORDER,
     kt_sources,  # noqa: F401 - the fixture
+    run_kt_recorder,
 )
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 
@@ -70,15 +69,7 @@ def _record(
          for _ in range(LAYERS)]
         for n in tokens
     ]  # fmt: skip
-    (folder / "routing.json").write_text(json.dumps(routing))
-    (folder / "masks.json").write_text(json.dumps(masks.tolist()))
-    out = folder / "dumps"
-    done = subprocess.run(
-        [python, "-c", RUN_KT_RECORDER, str(source), str(folder / "store"), str(out),
-         str(folder / "routing.json"), str(folder / "masks.json"), str(EXPERTS)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = run_kt_recorder(python, source, folder, routing, masks.tolist(), EXPERTS)
     recorder = load_runtime_profile(PROFILE).telemetry.expert_recorder
     assert recorder is not None
     files = sorted({p for pattern in recorder.glob for p in out.glob(pattern)})
