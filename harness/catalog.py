@@ -39,6 +39,14 @@ METRICS: dict[str, MetricInfo] = {
         "tok/s", True, "decode speed of the first request after each boot"
     ),
     "hit_rate": MetricInfo("", True, "expert lookups served from the fast tier", True),
+    "replayed_hit_rate": MetricInfo(
+        "",
+        True,
+        "REPLAYED, not measured: SGLang Paged Experts' LRU (residency.py) run by the harness over "
+        "the run's recorded passes with the cell's resident count; distinct experts per step and "
+        "layer found resident / all (the runtime counts no hits)",
+        True,
+    ),
     "cold_share": MetricInfo("", False, "cold lookups / all lookups", True),
     "expert_loads": MetricInfo("", False, "experts read from the slow tier", True),
     "bytes_read": MetricInfo("B", False, "bytes read from the slow tier", True),
@@ -60,6 +68,10 @@ COUNTERS: dict[str, str] = {
     "full_gpu_selections": "expert selections of the passes KTransformers ran wholly on the GPU "
     "(prefills of kt_gpu_prefill_token_threshold tokens or more), left out of hits, misses and "
     "hit_rate",
+    "replayed_hits": "REPLAYED, not measured: distinct experts per step and layer that SGLang "
+    "Paged Experts' LRU, run by the harness over the recorded passes, found resident",
+    "replayed_misses": "REPLAYED, not measured: distinct experts per step and layer that SGLang "
+    "Paged Experts' LRU, run by the harness over the recorded passes, paged in from host memory",
     "eplb_rearrangements": "expert rearrangements vLLM's EPLB logged during the run",
     # vLLM's Prometheus counters (/metrics), summed over their label sets.
     "vllm:prompt_tokens_total": "prompt tokens vLLM processed",

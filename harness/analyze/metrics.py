@@ -97,8 +97,18 @@ def counter_metrics(counters: dict[str, Any]) -> dict[str, float | None]:
     hit_rate = None
     if hits is not None and misses is not None and hits + misses:
         hit_rate = hits / (hits + misses)
+    # Paged Experts' residency replayed over the recorded passes (runtimes/recorder.py): never
+    # the measured hit_rate, whose name a reader takes for the runtime's own count.
+    replayed_hits, replayed_misses = get("replayed_hits"), get("replayed_misses")
+    replayed = None
+    if replayed_hits is not None and replayed_misses is not None:
+        looked_up = replayed_hits + replayed_misses
+        replayed = replayed_hits / looked_up if looked_up else None
     out: dict[str, float | None] = {
         "hit_rate": hit_rate,
+        "replayed_hit_rate": replayed,
+        "replayed_hits": replayed_hits,
+        "replayed_misses": replayed_misses,
         "cold_share": cold / lookups if cold is not None and lookups else None,
         "expert_loads": get("expert_loads"),
         "bytes_read": get("bytes_read"),
@@ -128,7 +138,7 @@ def prometheus_sum(samples: dict[str, Any], name: str) -> float | None:
 # Result-row metrics summed over a run's rows (counts of work done); shares are averaged; the rest
 # (speeds, times) are geomeans over rows, as over prompts.
 _SUMMED = frozenset(COUNTERS) - {"failed_runs", "lost_ring_records"}
-_AVERAGED = frozenset({"hit_rate", "cold_share"})
+_AVERAGED = frozenset({"hit_rate", "replayed_hit_rate", "cold_share"})
 
 
 def bench_metrics(bench: pd.DataFrame) -> dict[str, float | None]:

@@ -3,7 +3,9 @@
 * **Counters**: for every catalog counter some run recorded (``route_selections``, vLLM's
   ``vllm:*`` counters, ...), the median over completed runs of its before/after delta, per cell
   and cache state. Counters are deterministic for a fixed workload (tokens, cache hits), so a
-  difference here is the change, not noise.
+  difference here is the change, not noise. With SGLang's Paged Experts, which counts nothing,
+  ``replayed_hit_rate`` (and its ``replayed_hits`` / ``replayed_misses``): its LRU replayed by
+  the harness over the recorded passes, labelled replayed, never the measured ``hit_rate``.
 * **Routing**: per cell, the completed runs' ``route-counts.json`` (each run's own routing, from
   the runtime's route-count dump) summed; per layer, the selections and the shares of the most
   used experts, the share the top quarter of experts takes, and the check that every layer
@@ -29,6 +31,8 @@ from harness.formats.records import CampaignDir
 
 ROUTE_COUNTER = "route_selections"
 FULL_GPU_COUNTER = "full_gpu_selections"  # KT: passes run wholly on the GPU
+# Paged Experts' LRU replayed over the recorded passes: named "replayed" wherever shown.
+REPLAYED = ("replayed_hit_rate", "replayed_hits", "replayed_misses")
 TOP_EXPERTS = 4  # experts named per layer in the routing table
 
 
@@ -126,7 +130,7 @@ class RuntimeTables:
 def counter_rows(card: Card, cells: pd.DataFrame) -> tuple[list[CounterRow], list[str]]:
     """Median counter deltas per cell; only counters some completed run recorded."""
     # The policy table shows the residency counters; these are the runtime's own.
-    wanted = (ROUTE_COUNTER, FULL_GPU_COUNTER, *PROMETHEUS_COUNTERS)
+    wanted = (ROUTE_COUNTER, FULL_GPU_COUNTER, *REPLAYED, *PROMETHEUS_COUNTERS)
     names = [name for name in wanted if name in cells.columns and cells[name].notna().any()]
     if not names:
         return [], []

@@ -82,6 +82,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     )
     _check_kt_frequency_file(name, cell, out)
     _check_eplb_recorder(name, cell, runtime, out)
+    _check_eplb_needs_ep(name, cell, runtime, out)
     _check_dispatch_needs_a2a(name, cell, runtime, out)
     _check_paged_experts(name, cell, runtime, out)
     _check_prefetch_offload(name, cell, runtime, out)
@@ -184,6 +185,20 @@ def _check_eplb_recorder(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
         "EPLB's window, so neither the run's counts nor EPLB's balance would be what they "
         "claim; drop enable_eplb here, or run EPLB on a profile without `expert_recorder`",
     )
+
+
+def _check_eplb_needs_ep(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
+    """SGLang asserts ``ep_size > 1`` with EPLB (0.5.23, ``srt/arg_groups/parallel_hook.py``,
+    ``handle_eplb_and_dispatch``): an AssertionError at boot, said here instead. Where the
+    profile drives the recorder, :func:`_check_eplb_recorder` refuses EPLB already."""
+    if runtime.telemetry.expert_recorder is not None or "ep_size" not in runtime.knobs:
+        return
+    if _switched_on(cell, "enable_eplb") and str(cell.knobs.get("ep_size", "1")) in ("", "1"):
+        out.add(
+            ("cells", name, "knobs", "enable_eplb"),
+            "SGLang refuses EPLB without expert parallelism (it asserts ep_size > 1 at boot): "
+            "set ep_size to the GPUs the experts spread over (2 or more)",
+        )
 
 
 def _check_dispatch_needs_a2a(

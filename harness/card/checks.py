@@ -374,14 +374,22 @@ def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problem
             "the profile, or drop `cold`",
         )
     _check_washed_by_boot(card, runtime, out)
+    unavailable = runtime.telemetry.unavailable
     for index, gate in enumerate(card.gates):
-        if isinstance(gate, CounterGate) and gate.counter in runtime.telemetry.unavailable:
-            out.add(
-                ("gates", index, "counter"),
-                f"{gate.counter} cannot exist in runtime {runtime.name!r}'s build: "
-                f"{runtime.telemetry.unavailable[gate.counter]}; drop the gate, or run a build "
-                "that has it",
-            )
+        named: list[tuple[str, str]] = []  # (field, counter or metric) the gate decides on
+        if isinstance(gate, CounterGate):
+            named.append(("counter", gate.counter))
+        if isinstance(gate, BetterGate | RegressionGate):
+            named.append(("metric", gate.metric))
+        if isinstance(gate, SurvivesGate):
+            named.extend(("metrics", metric) for metric in gate.metrics or [])
+        for field, name in named:
+            if name in unavailable:
+                out.add(
+                    ("gates", index, field),
+                    f"{name} cannot exist in runtime {runtime.name!r}: {unavailable[name]}; "
+                    "drop the gate, or use a build or profile that has it",
+                )
     if runtime.telemetry.ring is not None:
         return
     needs = (

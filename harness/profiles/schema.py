@@ -431,11 +431,14 @@ class RuntimeProfile(Strict):
                 f"telemetry.response_routes names knob {routes.knob!r}, not in `knobs`"
             )
         recorder = self.telemetry.expert_recorder
-        recorder_knobs = (
+        recorder_knobs: tuple[str | None, ...] = (
             (recorder.replicas_knob, recorder.sharding_knob, recorder.full_gpu_prefill_knob)
             if recorder
             else ()
         )
+        if recorder is not None and recorder.paged_experts is not None:
+            paged = recorder.paged_experts
+            recorder_knobs += (paged.switch_knob, paged.slots_knob)
         for name in recorder_knobs:
             if name is not None and name not in self.knobs:
                 raise ValueError(f"telemetry.expert_recorder names knob {name!r}, not in `knobs`")

@@ -128,6 +128,16 @@ class ResponseRoutesSpec(Strict):
     )
 
 
+class PagedExpertsReplaySpec(Strict):
+    """The knobs that turn on SGLang's Paged Experts and size its slots: with the switch on,
+    each run's recorded passes are replayed through its residency policy
+    (harness/policy/paged_experts.py) for a hit rate labelled replayed, since the runtime counts
+    none."""
+
+    switch_knob: str = Field(description="switch knob that turns Paged Experts on")
+    slots_knob: str = Field(description="knob holding the experts per layer kept on the GPU")
+
+
 class ExpertRecorderSpec(Strict):
     """SGLang's expert-distribution recorder, driven around each run's scored workload: start
     before it, stop and dump after; the dump's files (``.pt``, read without torch) become the
@@ -179,6 +189,11 @@ class ExpertRecorderSpec(Strict):
         "masks record the partial placement); such passes are left out of hits and misses and "
         "counted apart as full_gpu_selections",
     )
+    paged_experts: PagedExpertsReplaySpec | None = Field(
+        None,
+        description="SGLang's Paged Experts knobs: a run with it on gets replayed_hits, "
+        "replayed_misses and replayed_hit_rate from its recorded passes (replayed, not measured)",
+    )
 
 
 class AppliedCheck(Strict):
@@ -226,7 +241,8 @@ class Telemetry(Strict):
     )
     unavailable: dict[str, str] = Field(
         default_factory=dict,
-        description="counter -> why this build cannot produce it (a gate on it fails validation)",
+        description="counter or metric -> why this build cannot produce it (a gate on it "
+        "fails validation)",
     )
     applied: list[AppliedCheck] = Field(
         default_factory=list, description="log lines that must agree with a knob's value"

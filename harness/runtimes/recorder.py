@@ -19,6 +19,9 @@ earlier run left); after it, ``/stop_expert_distribution_record`` and
   neither: its selections are ``full_gpu_selections``, so the hit rate is the hybrid passes'.
   Telling such a pass needs the router's top-k, read from the model's ``config.json`` on the
   box; without it the run has no hits or misses (no hit rate), never a wrong one.
+* with SGLang's Paged Experts on (the spec's ``paged_experts`` knobs), which counts nothing: the
+  passes replayed through its own LRU with the cell's resident count give ``replayed_hits`` and
+  ``replayed_misses`` (:mod:`harness.policy.paged_experts`), a hit rate replayed, not measured.
 
 The recorder counts from its start, so these are the run's own counts; the counters before the
 workload read 0.
@@ -49,16 +52,21 @@ from harness.formats.expert_distribution import (
     read_dump,
 )
 from harness.formats.maps import write_count_dump
+from harness.policy.paged_experts import replay_paged_experts
+from harness.profiles.schema import switch_state
 from harness.profiles.telemetry import ExpertRecorderSpec
 from harness.runtimes.boot import RunningRuntime, http_request, render
 from harness.runtimes.routes import ROUTE_COUNTER
 
 __all__ = [
     "FULL_GPU_COUNTER",
+    "REPLAYED_HITS",
+    "REPLAYED_MISSES",
     "Recording",
     "finish_recording",
     "full_gpu_threshold",
     "recorder_folder",
+    "replayed_counters",
     "router_top_k",
     "run_counters",
     "start_recording",
@@ -66,6 +74,9 @@ __all__ = [
 
 # Selections of passes run wholly on the GPU, in neither hits nor misses (harness/catalog.py).
 FULL_GPU_COUNTER = "full_gpu_selections"
+# Paged Experts' residency replayed over the recorded passes (harness/catalog.py).
+REPLAYED_HITS = "replayed_hits"
+REPLAYED_MISSES = "replayed_misses"
 
 
 @dataclass
@@ -191,6 +202,7 @@ def run_counters(
     router's ``top_k``. Where there are such passes to leave out and ``top_k`` is None, no hits
     or misses: the hit rate is missing, never one counting GPU work as misses."""
     counters: dict[str, float] = {ROUTE_COUNTER: float(dist.counts.sum())}
+    counters.update(replayed_counters(dist, spec, knobs))
     if dist.masks is None:
         return counters
     left_out = None
@@ -204,6 +216,23 @@ def run_counters(
     if split is not None:
         counters["hits"], counters["misses"] = float(split[0]), float(split[1])
     return counters
+
+
+def replayed_counters(
+    dist: ExpertDistribution, spec: ExpertRecorderSpec, knobs: Mapping[str, str]
+) -> dict[str, float]:
+    """``replayed_hits`` and ``replayed_misses`` of a run with SGLang's Paged Experts on: its
+    recorded passes replayed through Paged Experts' own LRU (:mod:`harness.policy.paged_experts`)
+    with the cell's resident count, since the runtime counts none. Replayed, not measured: named
+    so in every counter, metric and table. Empty for any other run."""
+    paged = spec.paged_experts
+    if paged is None or switch_state(str(knobs.get(paged.switch_knob, ""))) is not True:
+        return {}
+    slots = str(knobs.get(paged.slots_knob, ""))
+    if not slots.isdigit() or int(slots) < 1:
+        return {}  # SGLang refuses to boot without it (and `validate` says so)
+    replayed = replay_paged_experts(dist.counts, int(slots))
+    return {REPLAYED_HITS: float(replayed.hits), REPLAYED_MISSES: float(replayed.misses)}
 
 
 def full_gpu_threshold(spec: ExpertRecorderSpec, knobs: Mapping[str, str]) -> int:

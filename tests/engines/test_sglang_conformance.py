@@ -113,6 +113,27 @@ def test_every_flag_of_the_sglang_profile_is_one_the_release_declares(
     assert "--expert-balancedness-report-mode" in sent
 
 
+def test_every_flag_of_the_sglang_eplb_profile_is_one_the_release_declares(
+    declared_flags: set[str],
+) -> None:
+    # EPLB and its rebalance knobs, and none of the recorder's: EPLB owns the recorder there
+    # (it sizes the recorder's buffer to its own rebalance period, eplb/eplb_manager.py).
+    sent = _profile_flags("sglang-eplb")
+    assert sent - declared_flags == set()
+    rebalance = {
+        "--enable-eplb",
+        "--eplb-algorithm",
+        "--eplb-rebalance-num-iterations",
+        "--eplb-rebalance-layers-per-chunk",
+        "--eplb-min-rebalancing-utilization-threshold",
+        "--ep-num-redundant-experts",
+        "--ep-size",
+    }
+    assert rebalance <= sent
+    assert not {flag for flag in sent if "expert-distribution" in flag}
+    assert "--enable-paged-experts" not in sent  # SGLang refuses Paged Experts with EPLB
+
+
 def _kt_wheel() -> Path:
     """KTransformers' SGLang build, sglang-kt 0.7.2 (the newest release), downloaded once into
     the harness cache beside kt-kernel's (tests/engines/test_kt_conformance.py)."""
