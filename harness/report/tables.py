@@ -462,6 +462,16 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
             )
         if lo is None:
             notes.append("no interval (one cycle)")
+        elif c.label == Label.WITHIN_NOISE and lo == hi:
+            # An exact count that moved by the same ratio in every cycle has no noise to be
+            # within: the label's "within" is the margin's.
+            margin = analysis.card.analysis.margin_pct
+            notes.append(
+                "identical in every cycle: an exact count, no noise"
+                if lo == 1.0
+                else f"exactly {fmt.delta(lo)} in every cycle: an exact count inside the "
+                f"±{margin:g}% margin, not noise"
+            )
         flags = [
             f
             for f in analysis.flags

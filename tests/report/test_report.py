@@ -441,3 +441,25 @@ def test_the_wheel_carries_the_top_level_templates(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     built = tmp_path / "harness" / "templates" / "report.html.j2"
     assert built.read_bytes() == (repo / "templates" / "report.html.j2").read_bytes()
+
+
+def test_an_exact_count_inside_the_margin_is_not_called_noise(tmp_path: Path) -> None:
+    # Hit counts are exact: the same ratio in every cycle gives a zero-width interval. Inside
+    # the 2% margin it is labelled within noise (the TOST decision), and the note says what it
+    # is: identical, or an exact difference smaller than the margin, not noise.
+    from tests.gate.campaigns import COUNTERS, Synth, build_campaign, card_text
+
+    def counters(run: dict[str, Any]) -> dict[str, float]:
+        hits = 606.0 if run["cell"] == "treat" else 600.0
+        return {**COUNTERS, "hits": hits, "misses": 800.0 - hits}
+
+    gates = "  - {kind: counter, counter: new_swapout_pages, max: 0}"
+    root = build_campaign(tmp_path, card_text(gates, cycles=4), Synth(counters=counters)).root
+    analysis = analyze_campaign(root)
+    context = build_context(root, analysis, evaluate_gates(analysis), figures=False)
+    rows = {r["metric"]: r for r in context["deterministic_rows"]}
+    assert rows["hit_rate"]["label"] == "within noise", rows["hit_rate"]
+    exact = "exactly +1.0% in every cycle: an exact count inside the ±2% margin, not noise"
+    assert exact in rows["hit_rate"]["notes"]
+    assert rows["expert_loads"]["label"] == "within noise"
+    assert "identical in every cycle: an exact count, no noise" in rows["expert_loads"]["notes"]
