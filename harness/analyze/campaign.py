@@ -35,7 +35,7 @@ from harness.analyze.looks import (
     planned_cycles,
     undecided,
 )
-from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured
+from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured, provenance
 from harness.analyze.runs import RUN_KEYS, load_runs
 from harness.analyze.runtime_tables import RuntimeTables, build_runtime_tables
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
@@ -43,6 +43,7 @@ from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.catalog import METRICS
 from harness.errors import HarnessError, RecordError
 from harness.formats.records import (
+    CAMPAIGN_JOURNAL,
     CampaignDir,
     read_json,
     write_json_atomic,
@@ -294,8 +295,34 @@ def _predictions(
                 found,
                 mismatches=tuple(_simulation_mismatches(root, sibling)),
                 fitted_swap=_fitted_swap(sibling),
+                provenance=_provenance(root, sibling),
             )
     return None
+
+
+def _provenance(root: Path, sibling: Path) -> str:
+    """:func:`~harness.analyze.predicted.provenance` from the two directories' records: the
+    simulation's traces (its inputs file) and when each campaign started (its journal)."""
+    from harness.card.simulation_match import SIMULATED_INPUTS
+
+    try:
+        traces = read_json(sibling / SIMULATED_INPUTS).get("traces") or []
+    except (HarnessError, AttributeError):
+        traces = []
+    return provenance(
+        str(root.resolve()), [str(t) for t in traces], _started(root), _started(sibling)
+    )
+
+
+def _started(root: Path) -> float | None:
+    """When a campaign started: its journal's first event's time (None: not recorded)."""
+    try:
+        with (root / CAMPAIGN_JOURNAL).open(encoding="utf-8") as journal:
+            first = json.loads(journal.readline())
+    except (OSError, ValueError):
+        return None
+    started = first.get("t") if isinstance(first, dict) else None
+    return float(started) if isinstance(started, int | float) else None
 
 
 def analyze_campaign(

@@ -128,11 +128,14 @@ class PredictedVsMeasured:
     # The fitted cost's swap term the simulation was priced with (harness fit-cost): ms per
     # applied swap, its interval, the row size it is for and the campaign it was fitted from.
     fitted_swap: dict[str, Any] | None = None
+    # When and from what the simulation was made, against this campaign (:func:`provenance`).
+    provenance: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
         return {
             "source": self.source,
+            "provenance": self.provenance,
             "cache_state": self.cache_state,
             "rows": [r.to_json() for r in self.rows],
             "order_held": dict(self.order_held),
@@ -255,3 +258,26 @@ def _sign(a: float | None, b: float | None) -> int:
     if a is None or b is None:
         return 0
     return (a > b) - (a < b)
+
+
+def provenance(
+    measured_root: str, traces: list[str], measured_started: float | None, simulated: float | None
+) -> str:
+    """Whether a simulation predicted this campaign or replayed it: its traces taken from this
+    campaign's own runs (``measured_root``'s ``runs/``) make it a replay after the fact, whose
+    small errors show the simulator's fidelity to runs it saw, not a prediction made first; else
+    it is a prediction, made before the campaign started or after (from other traces)."""
+    # A path as given to `simulate` (absolute, or relative to where it ran): the campaign's
+    # own <campaign>/<stamp>/runs/ in it, or a path from inside the campaign directory.
+    parts = measured_root.rstrip("/").split("/")
+    own = "/".join(parts[-2:]) + "/runs/"
+    if any(own in trace or trace.startswith("runs/") for trace in traces):
+        return (
+            "replayed after this campaign ran, from its own route traces: how faithfully the "
+            "simulator replays runs it saw, not a prediction made first"
+        )
+    if measured_started is None or simulated is None:
+        return "a prediction from other traces; when it was made is not recorded"
+    if simulated < measured_started:
+        return "simulated before this campaign started, from other traces: a prediction made first"
+    return "simulated after this campaign started, from other traces: a prediction made later"

@@ -322,6 +322,8 @@ def _predicted(predicted: dict[str, Any] | None) -> list[str]:
             "the measured value lies inside.", line_start=True),
         "",
     ]  # fmt: skip
+    if predicted.get("provenance"):
+        out += [f"**Provenance:** {_md(predicted['provenance'])}.", ""]
     if predicted.get("mismatches"):
         out += [
             "**The simulation replayed another campaign:** this card differs from what it "
@@ -330,9 +332,9 @@ def _predicted(predicted: dict[str, Any] | None) -> list[str]:
         ]
         out += [f"- {_md(m)}" for m in predicted["mismatches"]] + [""]  # fmt: skip
     out += _table(
-        ["metric", "cell", "predicted", "interval", "measured", "error", "ratio",
+        ["metric", "unit", "cell", "predicted", "interval", "measured", "error", "ratio",
          "vs control, ratio", "inside"],
-        [[_code(r["metric"]), r["cell"], r["predicted_text"], r["interval_text"],
+        [[_code(r["metric"]), r["unit"], r["cell"], r["predicted_text"], r["interval_text"],
           r["measured_text"], r["error_text"], r["ratio_text"], r["relative_text"],
           r["within_text"]]
          for r in predicted["rows"]],

@@ -378,6 +378,7 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
     rows = [
         {
             "metric": r.metric,
+            "unit": _predicted_unit(r.metric),
             "cell": r.cell,
             "predicted": r.predicted,
             "measured": r.measured,
@@ -420,12 +421,21 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         )
     return {
         "dir": predicted.source,
+        "provenance": predicted.provenance,
         "rows": rows,
         "png": None,
         "orders": orders,
         "mismatches": list(predicted.mismatches),
         "fitted_swap": swap,
     }
+
+
+def _predicted_unit(metric: str) -> str:
+    """A predicted row's unit; T90 and T2x are each run's worst shift with an excess."""
+    if metric in ("t90_s", "t2x_s"):
+        return "s, each run's worst shift (median over runs)"
+    info = METRICS.get(metric)
+    return info.unit if info else ""
 
 
 def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:

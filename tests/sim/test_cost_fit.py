@@ -139,6 +139,8 @@ def test_a_fit_from_real_rings_predicts_the_campaign_it_came_from(tmp_path: Path
     assert json.loads((sibling / "cost.json").read_text())["terms"]["swap_ns"]["estimate"] > 0
     predicted = analyze_campaign(root).seed_tables.predicted
     assert predicted is not None
+    # Replayed from this campaign's own trace after it ran: said, not passed off as a forecast.
+    assert predicted.provenance.startswith("replayed after this campaign ran, from its own")
     rows = {(r.metric, r.cell): r for r in predicted.rows}
     rows_by_cell = {r.cell: r for r in predicted.rows if r.metric == "ring_decode_tok_s"}
     for cell in ("stale", "seed"):
@@ -294,6 +296,8 @@ def test_a_per_run_fit_predicts_client_speed_from_a_replays_loads(tmp_path: Path
     assert sim.code == 0, sim.stderr
     predicted = analyze_campaign(root).seed_tables.predicted
     assert predicted is not None
+    # Replayed from this campaign's own trace after it ran: said, not passed off as a forecast.
+    assert predicted.provenance.startswith("replayed after this campaign ran, from its own")
     rows = {(r.metric, r.cell): r for r in predicted.rows}
     for cell in ("stale", "seed"):
         row = rows[("decode_tok_s", cell)]

@@ -69,3 +69,19 @@ def test_the_report_says_the_simulation_replayed_another_campaign(tmp_path: Path
     assert report.code == 0, report.stderr
     html = (root / "report.html").read_text(encoding="utf-8")
     assert "The simulation replayed another campaign" in html
+
+
+def test_predicted_vs_measured_says_whether_it_was_predicted_or_replayed() -> None:
+    # A simulation replayed from the measured campaign's own route traces, after it ran,
+    # matches it closely by construction: the table must not read as "simulate first".
+    from harness.analyze.predicted import provenance
+
+    root = "/r/reports/demo/20260101T000000Z"
+    own = [f"{root}/runs/0000-stale-c0-warm-s0-r0/route-trace.jsonl"]
+    assert provenance(root, own, 100.0, 50.0).startswith("replayed after this campaign ran")
+    relative = ["reports/demo/20260101T000000Z/runs/0001-seed-c0-warm-s1-r0/route-trace.jsonl"]
+    assert provenance(root, relative, 100.0, 150.0).startswith("replayed after")
+    other = ["/r/fit/route-trace.jsonl"]
+    assert provenance(root, other, 100.0, 50.0).startswith("simulated before this campaign")
+    assert provenance(root, other, 100.0, 150.0).startswith("simulated after this campaign")
+    assert "not recorded" in provenance(root, other, None, 150.0)
