@@ -60,6 +60,10 @@ class Prediction:
     # A recovery time whose median run never recovered (its value None above).
     predicted_never: bool = False
     measured_never: bool = False
+    # A recovery time's runs without a shift with an excess ("17/18 n/a"): its median is over
+    # the rest, and a median of one run in eighteen says so.
+    predicted_na: str = ""
+    measured_na: str = ""
 
     @property
     def relative_ratio(self) -> float | None:
@@ -169,11 +173,16 @@ def predicted_vs_measured(
             value = cell_value(measured, cell, state, metric)
             guess = cell_value(predicted, cell, state, metric)
             never = {"measured_never": False, "predicted_never": False}
+            na: dict[str, str] = {}
             if shifts is not None and metric in RECOVERY_METRICS:
                 value = recovery_median(shifts[0], cell, state, metric)
                 guess = recovery_median(shifts[1], cell, state, metric)
                 never = {"measured_never": value == math.inf, "predicted_never": guess == math.inf}
                 value, guess = (None if v == math.inf else v for v in (value, guess))
+                na = {
+                    "measured_na": recovery_na(shifts[0], cell, state),
+                    "predicted_na": recovery_na(shifts[1], cell, state),
+                }
             band = (speed or {}).get(cell, {}).get(metric)
             low = high = None
             if band is not None:
@@ -182,7 +191,20 @@ def predicted_vs_measured(
             seen = value is not None or guess is not None or any(never.values())
             if not seen or (metric in CLIENT_ONLY and band is None):
                 continue
-            rows.append(Prediction(metric, cell, guess, value, low, high, **never))
+            rows.append(
+                Prediction(
+                    metric,
+                    cell,
+                    guess,
+                    value,
+                    low,
+                    high,
+                    predicted_never=never["predicted_never"],
+                    measured_never=never["measured_never"],
+                    predicted_na=na.get("predicted_na", ""),
+                    measured_na=na.get("measured_na", ""),
+                )
+            )
     if not rows:
         return None
     rows = _against_control(rows, card.control)
@@ -203,6 +225,17 @@ def recovery_median(shifts: pd.DataFrame, cell: str, state: str, metric: str) ->
         if times:
             worst.append(max(times))
     return median_never_slowest(worst)
+
+
+def recovery_na(shifts: pd.DataFrame, cell: str, state: str) -> str:
+    """ "k/n n/a": of a cell's n runs with a shift, the k with no excess at any shift (no T90
+    to take); "" when every run had one."""
+    if shifts.empty:
+        return ""
+    mine = shifts[(shifts["cell"] == cell) & (shifts["cache_state"] == state)]
+    runs = [bool(shift_excess(run).any()) for _, run in mine.groupby("run_id")]
+    missing = runs.count(False)
+    return f"{missing}/{len(runs)} n/a" if missing else ""
 
 
 def _against_control(rows: list[Prediction], control: str | None) -> list[Prediction]:

@@ -382,8 +382,12 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             "cell": r.cell,
             "predicted": r.predicted,
             "measured": r.measured,
-            "predicted_text": "never" if r.predicted_never else fmt.num(r.predicted),
-            "measured_text": "never" if r.measured_never else fmt.num(r.measured),
+            "predicted_text": _with_na(
+                "never" if r.predicted_never else fmt.num(r.predicted), r.predicted_na
+            ),
+            "measured_text": _with_na(
+                "never" if r.measured_never else fmt.num(r.measured), r.measured_na
+            ),
             "error_text": fmt.num(r.error),
             "interval_text": (
                 f"[{fmt.num(r.low)}, {fmt.num(r.high) if r.high is not None else '∞'}]"
@@ -428,6 +432,10 @@ def predicted_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "mismatches": list(predicted.mismatches),
         "fitted_swap": swap,
     }
+
+
+def _with_na(text: str, na: str) -> str:
+    return f"{text} ({na})" if na else text
 
 
 def _predicted_unit(metric: str) -> str:

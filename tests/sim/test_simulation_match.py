@@ -85,3 +85,21 @@ def test_predicted_vs_measured_says_whether_it_was_predicted_or_replayed() -> No
     assert provenance(root, other, 100.0, 50.0).startswith("simulated before this campaign")
     assert provenance(root, other, 100.0, 150.0).startswith("simulated after this campaign")
     assert "not recorded" in provenance(root, other, None, 150.0)
+
+
+def test_a_recovery_row_says_how_many_runs_had_no_t90_to_take() -> None:
+    # Seed 000's ladder: a T90 median over 1 run of 18 read like a finding without "17/18 n/a".
+    import pandas as pd
+
+    from harness.analyze.predicted import recovery_na
+
+    shifts = pd.DataFrame(
+        {
+            "run_id": ["r0", "r0", "r1", "r2", "r3"],
+            "cell": ["a", "a", "a", "a", "b"],
+            "cache_state": ["warm"] * 5,
+            "excess": [False, True, False, False, True],
+        }
+    )
+    assert recovery_na(shifts, "a", "warm") == "2/3 n/a"  # r0 had an excess at one shift
+    assert recovery_na(shifts, "b", "warm") == ""
