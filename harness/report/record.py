@@ -62,8 +62,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 def _comparisons(rows: list[dict[str, Any]], ci_header: str) -> list[str]:
     return _table(
-        ["cell", "vs", "state", "metric", "control", "cell value", "ratio", ci_header, "label",
-         "cycles", "notes"],
+        ["cell", "vs", "state", "metric", "control, paired blocks", "cell, paired blocks",
+         "ratio", ci_header, "label", "cycles", "notes"],
         [
             [r["cell"], r["vs"], r["state"], r["metric"], r["control_text"], r["cell_text"],
              r["ratio_text"], r["ci_text"], r["label"], r["n_cycles"],
@@ -265,8 +265,8 @@ def _policy_and_tiers(context: dict[str, Any]) -> list[str]:
     if context["policy"]:
         out += [f"## {_md(context['titles']['policy'])}", ""]
         out += _table(
-            ["cell", "runs", "decode t/s", "hit rate", "expert loads", "routed reads",
-             "TPOT p50 / p95", "new swap-out"],
+            ["cell", "runs", "decode t/s, median of runs", "hit rate", "expert loads",
+             "routed reads", "TPOT p50 / p95", "new swap-out"],
             [
                 [r["name"] + (" (control)" if r["control"] else ""), r["runs"],
                  r["decode"]["text"], r["hit_rate"]["text"], r["loads"]["text"],
