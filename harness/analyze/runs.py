@@ -18,6 +18,7 @@ import pandas as pd
 from harness.analyze.compare import probe_readings
 from harness.analyze.logit_parity import LOGITS_DIR, read_logit_dumps
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
+from harness.analyze.saturation import QueueSaturation, queue_saturation
 from harness.analyze.tiers import tier_table
 from harness.card import Card
 from harness.catalog import METRICS
@@ -214,7 +215,8 @@ def _read_run(
     if bench is not None:
         acc.bench_frames.append((str(raw["cell"]), str(raw["cache_state"]), bench))
     names = {i: p.name for i, p in enumerate(card.workload.phases or [])}
-    for shift in shifts:
+    queue = _queue(run_dir, ring, [shift.shift_t_s for shift in shifts])
+    for shift, saturation in zip(shifts, queue, strict=True):
         acc.shift_rows.append(
             {
                 "run_id": run_id,
@@ -231,6 +233,9 @@ def _read_run(
                 "speed_recovery_s": shift.speed_recovery_s,
                 "converged_tok_s": shift.converged_tok_s,
                 "notes": "; ".join(shift.notes),
+                "peak_at_budget": saturation.peak_layers if saturation else None,
+                "layers": saturation.layers if saturation else None,
+                "saturated_s": saturation.saturated_s if saturation else None,
             }
         )
     for domain, speed in domain_speeds(requests).items():
@@ -305,3 +310,16 @@ def _imported_metrics(run_dir: Path, row: dict[str, Any]) -> list[str]:
     notes = source.get("notes") or []
     label = f"imported from {source.get('format', '?')}"
     return [f"{label}: {n}" for n in notes if isinstance(n, str)]
+
+
+def _queue(
+    run_dir: Path, ring: pd.DataFrame | None, starts: list[float]
+) -> list[QueueSaturation | None]:
+    """Each shift's swap queue at its budget (analyze/saturation.py), its span up to the next
+    shift or the ring's last step."""
+    if not starts or ring is None or ring.empty:
+        return [None] * len(starts)
+    t_ns = ring["t_ns"]
+    last = float(t_ns.max() - t_ns.min()) / 1e9
+    spans = list(zip(starts, [*starts[1:], last], strict=True))
+    return queue_saturation(run_dir / "route-trace.jsonl", ring, spans)

@@ -69,6 +69,11 @@ class T90:
     t2x_never: int
     peak_cold_share: float | None
     converged_cold_share: float | None
+    # The swap queue at its budget after the shift (analyze/saturation.py): medians over the
+    # runs whose trace logs drains; None: not measured (no drain events).
+    at_budget_layers: float | None = None
+    layers: int | None = None
+    saturated_s: float | None = None
 
     @property
     def never_majority(self) -> bool:
@@ -162,12 +167,29 @@ class RecoveryLadder:
                         "t2x_median_s": t.t2x_median_s,
                         "peak_cold_share": t.peak_cold_share,
                         "converged_cold_share": t.converged_cold_share,
+                        "at_budget_layers": t.at_budget_layers,
+                        "saturated_s": t.saturated_s,
                         "converged_tok_s": row.converged_tok_s.get(t.to_phase),
                         "churn_per_min": row.churn_per_min,
                         "c1_tok_s": row.c1_tok_s,
                     }
                 )
         return pd.DataFrame(rows)
+
+
+def _queue_medians(sel: pd.DataFrame) -> dict[str, Any]:
+    """The queue's saturation over a cell's runs in one direction: medians of the runs that
+    measured it (their trace logs drains); nothing where none did."""
+    if sel.empty or "peak_at_budget" not in sel.columns:
+        return {}
+    measured = sel[sel["peak_at_budget"].notna()]
+    if measured.empty:
+        return {}
+    return {
+        "at_budget_layers": median_of(measured["peak_at_budget"]),
+        "layers": int(measured["layers"].max()),
+        "saturated_s": median_of(measured["saturated_s"]),
+    }
 
 
 def t90_median(values: Iterable[Any]) -> tuple[float | None, int]:
@@ -219,6 +241,7 @@ def _summarise(
             t2x_never=sum(1 for v in t2x if math.isinf(v)),
             peak_cold_share=median_of(measured["peak"]) if not measured.empty else None,
             converged_cold_share=median_of(measured["converged"]) if not measured.empty else None,
+            **_queue_medians(sel),
         ),
         times,
     )

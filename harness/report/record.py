@@ -98,11 +98,12 @@ def _recovery(recovery: dict[str, Any]) -> list[str]:
 def _shift_rows(recovery: dict[str, Any]) -> list[str]:
     out = _table(
         ["cell", "shift", "T90 median", "T90 range over runs", "vs control [95% CI]",
-         "peak cold share", "converged cold share", "T2x"],
+         "peak cold share", "converged cold share", "T2x", "layers at budget",
+         "queue saturated"],
         [
             [r["name"] + (" (control)" if r["control"] else "") + _marks(r["note_ids"]),
              t["direction"], t["text"], t["range"], t["ratio"], t["peak"], t["converged"],
-             t["t2x"]]
+             t["t2x"], t["at_budget"], t["saturated"]]
             for r in recovery["rows"]
             for t in r["t90"]
         ],

@@ -87,6 +87,20 @@ def t90_range_text(t90: T90) -> str:
     return f"{_time_or_never(lo)} – {_time_or_never(hi)}"
 
 
+def _saturated_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "not measured (no drain events)"
+    return "not saturated" if seconds == 0 else fmt.seconds(seconds)
+
+
+def _at_budget_text(t90: T90) -> str:
+    """The most layers the swap queue held at its budget after the shift (median over runs),
+    or why there is no figure."""
+    if t90.at_budget_layers is None or t90.layers is None:
+        return "not measured (no drain events)"
+    return f"{t90.at_budget_layers:g} of {t90.layers}"
+
+
 def _t2x_text(t90: T90) -> str:
     if t90.t2x_median_s is None:
         return "n/a (no excess)" if t90.no_excess else fmt.MISSING
@@ -152,6 +166,8 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                             else t90_ratio_text(t)
                         ),
                         "t2x": FROZEN_TEXT if frozen else _t2x_text(t),
+                        "at_budget": _at_budget_text(t),
+                        "saturated": _saturated_text(t.saturated_s),
                         "peak": fmt.pct(t.peak_cold_share, 1),
                         "converged": fmt.pct(t.converged_cold_share, 1),
                         "n": t.runs,
