@@ -306,6 +306,7 @@ def _seed_sections(context: dict[str, Any]) -> list[str]:
               r["ms"], r["ratio"]] for r in swap["rows"]],
         )  # fmt: skip
         out += [_md(swap["definition"], line_start=True), ""]
+        out += [_md(swap["not_measured"], line_start=True), ""]
     out += _predicted(context.get("predicted"))
     out += _oracle(context.get("oracle"), str(context.get("oracle_definition", "")))
     return out
