@@ -226,6 +226,8 @@ class ForkServer:
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 messages += [json.loads(line) for line in lines if line]
+                if any("code" in m for m in messages):
+                    break  # reported: a process it forked may still hold the connection
         codes = [m["code"] for m in messages if "code" in m]
         # A call killed by a signal never reported: read as Python's -N would be.
         return codes[-1] if codes else -signal.SIGKILL
