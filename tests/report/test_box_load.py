@@ -176,3 +176,19 @@ def test_drifted_is_a_reference_step_more_than_ten_percent_off_the_median(
     assert (load.drifted_runs == ("slow",)) is drifted
     assert load.reference_spread == pytest.approx(slower, abs=1e-3)
     assert load.median_reference_ms == {"b": 20.0}
+
+
+def test_one_reading_off_alone_is_a_blip_not_a_drifted_run() -> None:
+    # A quiet VM's make demo: 16-19 ms readings, and now and then one of 24-30 ms whose run's
+    # other reading sat at the median. The block ran between the two: not on a slower machine.
+    def both(run_id: str, before: float, after: float) -> dict[str, Any]:
+        entry = _entry(run_id, 0, before)
+        entry["box_load"]["after"] = _reading(0, after, cpus=4) | {"runnable": 0}
+        return entry
+
+    runs = [both(f"r{i}", 18.0, 18.0) for i in range(6)]
+    load = box_load_table([*runs, both("blip", 29.5, 18.0)])
+    assert load.drifted_runs == () and load.warning is None
+    assert load.reference_spread == pytest.approx(29.5 / 18.0, abs=1e-3)
+    # Both readings slow: the block ran on a slower machine.
+    assert box_load_table([*runs, both("slow", 29.5, 25.0)]).drifted_runs == ("slow",)
