@@ -171,6 +171,8 @@ class ForkServer:
         assert self.process.stdout is not None
         hello = json.loads(self.process.stdout.readline() or '{"ready": false}')
         self.ready = bool(hello["ready"])
+        # Why it is not (the threads it found, or that it did not start): calls then spawn.
+        self.why_not = "" if self.ready else f"threads beside the main one: {hello.get('threads')}"
         atexit.register(self.stop)
 
     def stop(self) -> None:
