@@ -13,12 +13,13 @@ A run without readings (a directory made before they were read, an import, a sim
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+
+from harness.stats.cycles import finite
 
 # Loaded: more than half a core's worth of other runnable tasks per core before the boot. Before
 # the boot the run's own runtime is not running (a shared boot's sits idle) and the reading
@@ -92,7 +93,8 @@ class BoxLoad:
         if self.drifted_runs:
             why.append(
                 f"the reference step of {_runs(self.drifted_runs)} was more than "
-                f"{DRIFT:.0%} off the campaign's median (spread {self.reference_spread:.2f}×)"
+                f"{DRIFT:.0%} off the campaign's median before and after, the same way "
+                f"(spread {self.reference_spread:.2f}×)"
             )
         return (
             f"box load: {'; '.join(why)}, so timing-derived rows (decode speed, TPOT, T90) "
@@ -127,9 +129,8 @@ def _runs(run_ids: Sequence[str]) -> str:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
+    number = finite(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _reading(raw: Any) -> tuple[dict[str, Any] | None, str]:

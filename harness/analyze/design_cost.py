@@ -39,6 +39,7 @@ from harness.card.schema import BootDesign
 from harness.errors import BadInput
 from harness.formats.records import read_json
 from harness.plan.build import BOOT_DESIGNS, build_plan
+from harness.plan.measured import run_times
 from harness.stats.crossover import MIN_CARRY_CYCLES
 from harness.stats.design_sim import DECIDED, Layout, Scenario, decide_many, simulate_blocks
 from harness.stats.power import cycles_to_decide
@@ -90,21 +91,10 @@ def measured_costs(analysis: CampaignAnalysis) -> MeasuredCosts:
     A run that booted spent ``boot_s`` of its time booting; a run on a shared boot measured
     (and washed out) for all of it.
     """
-    boots: list[float] = []
-    blocks: list[float] = []
-    seen: set[str] = set()
     ok = analysis.runs[analysis.runs["status"] == "ok"]
-    for run_id in ok["run_id"]:
-        record = read_json(analysis.campaign.run_dir(str(run_id)) / "run.json")
-        span = float(record.get("ended_at") or 0) - float(record.get("started_at") or 0)
-        boot_id = str(record.get("boot_id") or run_id)
-        booted = boot_id not in seen
-        seen.add(boot_id)
-        boot_s = float((record.get("runtime") or {}).get("boot_s") or 0.0) if booted else 0.0
-        if booted and boot_s > 0:
-            boots.append(boot_s)
-        if span > 0:
-            blocks.append(max(0.0, span - boot_s))
+    boots, blocks = run_times(
+        read_json(analysis.campaign.run_dir(str(run_id)) / "run.json") for run_id in ok["run_id"]
+    )
     if not blocks:
         raise BadInput(
             f"{analysis.campaign.root}: no finished run with its start and end times; "

@@ -10,13 +10,15 @@ its boot kept and its drive rescaled from the scale it ran at to the scale plann
 from __future__ import annotations
 
 import json
-import math
 import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MeasuredRuns", "measured_runs"]
+from harness.stats.cycles import finite
+
+__all__ = ["MeasuredRuns", "measured_runs", "run_times"]
 
 MIN_RUNS = 2  # a median of one run is one boot's luck
 
@@ -45,32 +47,45 @@ def measured_runs(
         found = _runs(directory, boxes)
         if found is None:
             continue
-        walls, boots, ran_at = found
-        boot = statistics.median(boots)
-        drive = max(0.0, statistics.median(walls) - boot)
-        return MeasuredRuns(directory, len(walls), ran_at, boot + drive * scale / ran_at, boot)
+        blocks, boots, ran_at = found
+        boot = statistics.median(boots) if boots else 0.0
+        drive = statistics.median(blocks)
+        return MeasuredRuns(directory, len(blocks), ran_at, boot + drive * scale / ran_at, boot)
     return None
+
+
+def run_times(records: Iterable[Mapping[str, Any]]) -> tuple[list[float], list[float]]:
+    """The boots' seconds and the blocks' seconds of completed runs' records (``run.json``,
+    in plan order): a run that booted spent ``runtime.boot_s`` of its span (start to end)
+    booting, once per boot (a run on a shared boot measured, and washed out, for all of it).
+    Records without a positive span are passed over."""
+    boots: list[float] = []
+    blocks: list[float] = []
+    seen: set[str] = set()
+    for record in records:
+        start, end = finite(record.get("started_at")), finite(record.get("ended_at"))
+        boot_id = str(record.get("boot_id") or record.get("run_id"))
+        booted = boot_id not in seen
+        seen.add(boot_id)
+        runtime = record.get("runtime")
+        boot = finite(runtime.get("boot_s")) if isinstance(runtime, dict) and booted else None
+        boot = boot if boot is not None and boot > 0 else 0.0
+        if boot > 0:
+            boots.append(boot)
+        if start is not None and end is not None and end > start:
+            blocks.append(max(0.0, end - start - boot))
+    return boots, blocks
 
 
 def _runs(directory: Path, boxes: set[str]) -> tuple[list[float], list[float], float] | None:
     plan = _json(directory / "plan.json")
-    ran_at = _positive(plan.get("scale", 1.0)) if plan is not None else None
-    if ran_at is None:
+    ran_at = finite(plan.get("scale", 1.0)) if plan is not None else None
+    if ran_at is None or ran_at <= 0:
         return None
-    walls: list[float] = []
-    boots: list[float] = []
-    for path in sorted((directory / "runs").glob("*/run.json")):
-        record = _json(path)
-        if record is None or record.get("status") != "ok" or record.get("box") not in boxes:
-            continue
-        start, end = _positive(record.get("started_at")), _positive(record.get("ended_at"))
-        if start is None or end is None or end <= start:
-            continue
-        runtime = record.get("runtime")
-        boot = _positive(runtime.get("boot_s")) if isinstance(runtime, dict) else None
-        walls.append(end - start)
-        boots.append(boot if boot is not None and boot < end - start else 0.0)
-    return (walls, boots, ran_at) if len(walls) >= MIN_RUNS else None
+    records = [_json(path) for path in sorted((directory / "runs").glob("*/run.json"))]
+    mine = [r for r in records if r and r.get("status") == "ok" and r.get("box") in boxes]
+    boots, blocks = run_times(mine)
+    return (blocks, boots, ran_at) if len(blocks) >= MIN_RUNS else None
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -79,11 +94,3 @@ def _json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _positive(value: object) -> float | None:
-    """``value`` as a finite positive float, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) and number > 0 else None
