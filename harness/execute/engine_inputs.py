@@ -11,11 +11,8 @@ remote box is read here, over the box's shell, when a campaign starts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
 from harness.card.cell_checks import (
@@ -25,6 +22,7 @@ from harness.card.cell_checks import (
 )
 from harness.errors import BadInput, HarnessError
 from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
+from harness.runtimes.recorder import model_config_on_box
 
 __all__ = ["check_engine_inputs"]
 
@@ -51,17 +49,6 @@ def _paged_cells(loaded: LoadedCard) -> list[tuple[str, str]]:
     return found
 
 
-def _box_config(box: Box, model: str) -> tuple[str, dict[str, Any] | None]:
-    """The model folder's ``config.json`` path on the box, and its contents (None where it
-    cannot be read or is not an object)."""
-    path = f"{model.rstrip('/')}/config.json"
-    try:
-        config = json.loads(box.read_text(path) or "null")
-    except (HarnessError, OSError, ValueError):
-        return path, None
-    return path, config if isinstance(config, dict) else None
-
-
 def check_engine_inputs(loaded: LoadedCard) -> None:
     """Raise BadInput (exit 2) naming the cell, the file and the model when an engine would
     refuse a cell's input at boot. A box that cannot be reached, a Slurm box (no shell) or a
@@ -80,7 +67,7 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
             continue
         try:
             for (cell, path, model), shape in zip(cells, shapes, strict=True):
-                config_path, config = _box_config(box, model)
+                config_path, config = model_config_on_box(box, model)
                 if config is None:
                     continue
                 refusal = kt_frequency_refusal(shape, config)
@@ -92,7 +79,7 @@ def check_engine_inputs(loaded: LoadedCard) -> None:
                         "COUNTS --format kt-frequency -o FILE.pt`"
                     )
             for cell, model in paged:
-                config_path, config = _box_config(box, model)
+                config_path, config = model_config_on_box(box, model)
                 refusals = paged_experts_model_refusals(
                     loaded.card.cells[cell], loaded.runtime, config or {}
                 )

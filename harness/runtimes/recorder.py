@@ -38,6 +38,7 @@ import urllib.error
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,7 @@ __all__ = [
     "Recording",
     "finish_recording",
     "full_gpu_threshold",
+    "model_config_on_box",
     "recorder_folder",
     "replayed_counters",
     "router_top_k",
@@ -243,17 +245,25 @@ def full_gpu_threshold(spec: ExpertRecorderSpec, knobs: Mapping[str, str]) -> in
     return int(value) if value.isdigit() else 0
 
 
+def model_config_on_box(box: Box, model: str) -> tuple[str, dict[str, Any] | None]:
+    """A model folder's ``config.json`` path on the box, and its contents (None where it
+    cannot be read or is not an object: a Hugging Face name, say)."""
+    path = f"{model.rstrip('/')}/config.json"
+    try:
+        config = json.loads(box.read_text(path) or "null")
+    except (HarnessError, OSError, ValueError):
+        return path, None
+    return path, config if isinstance(config, dict) else None
+
+
 def router_top_k(box: Box, model: str) -> int | None:
     """The model's router top-k (``num_experts_per_tok``, of the text config of a VL model)
     from ``MODEL/config.json`` on the box; None where ``model`` is not a folder there with
     one (a Hugging Face name, say)."""
     if not model:
         return None
-    try:
-        config = json.loads(box.read_text(f"{model.rstrip('/')}/config.json") or "0")
-    except (HarnessError, OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    _, config = model_config_on_box(box, model)
+    if config is None:
         return None
     top_k = kt_text_config(config).get("num_experts_per_tok")
     return top_k if isinstance(top_k, int) and top_k > 0 else None
