@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analyze.recovery import ShiftRecovery, phase_recovery, ring_summary
+from harness.analyze.recovery import ShiftRecovery, StepClock, phase_recovery, ring_summary
 from harness.catalog import COUNTERS, PROMETHEUS_COUNTERS
 
 _SCORED_COLUMNS = [
@@ -168,6 +168,7 @@ def run_metrics(
     window_s: float,
     converged_span_s: float,
     hold_s: float,
+    steps: StepClock | None = None,
     samples: pd.DataFrame | None = None,
     bench: pd.DataFrame | None = None,
 ) -> tuple[dict[str, Any], list[ShiftRecovery]]:
@@ -226,7 +227,9 @@ def run_metrics(
             out["ring_duration_s"] = float(spans.sum())
             out["boots"] = int(ring["boot"].nunique())
         out["ring_cold_share"] = summary.get("cold_share")
-        shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
+        shifts = phase_recovery(
+            ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s, steps=steps
+        )
         out.update(worst_recovery(shifts))
     return out, shifts
 
@@ -281,11 +284,14 @@ def rss_metrics(samples: pd.DataFrame) -> dict[str, float | None]:
 
 def worst_recovery(shifts: list[ShiftRecovery]) -> dict[str, float | None]:
     """A run's T90 and T2x: the slowest of its shifts that had an excess (no excess: n/a, not
-    never); None when one never recovered, or when no shift had an excess."""
+    never); None when one never recovered, or when no shift had an excess. In seconds, and in
+    host steps (the step clock's measure; on the seconds clock, the steps served meanwhile)."""
     measurable = [s for s in shifts if s.excess]
     return {
         "t90_s": _nan_max([s.t90_s for s in measurable]),
         "t2x_s": _nan_max([s.t2x_s for s in measurable]),
+        "t90_steps": _nan_max([s.t90_steps for s in measurable]),
+        "t2x_steps": _nan_max([s.t2x_steps for s in measurable]),
     }
 
 

@@ -2,10 +2,14 @@
 
 docs/design.md#runtime-side:
 
-- cold share = Σcold_lookups / Σlookups per window (default 2 s);
+- cold share = Σcold_lookups / Σlookups per window: windows of ``window_s`` seconds (default
+  2 s), or, on the step clock (:class:`StepClock`), of a fixed number of host steps;
 - converged value C = median of the last window span of a phase; peak P = max after the shift;
 - T90 = time from the shift until the cold share enters and stays (for a hold window) at or
   below C + max(0.10·(P − C), N), N the late windows' spread; T2x the same for max(2·C, C + N);
+  on the step clock, windows, converged span, hold and T90 itself count host steps, and the
+  wall seconds those steps took are kept beside them (a busy box serves the same steps in
+  more seconds: counted in steps, load cannot stretch or blur a recovery);
   speed recovery: decode speed back at ≥ 90 % of its converged value. T90 and T2x are
   undefined — "n/a (no excess)", never 0 — when P ≤ C + N: there is no excess to clear, so no
   time to clear it;
@@ -33,6 +37,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from harness.card.phase_length import t90_min_phase_s
+from harness.card.schema import AnalysisSpec
 from harness.errors import BadInput, RingError
 from harness.formats.ring import RING_FIELDS
 
@@ -41,6 +46,7 @@ RING_COLUMNS = RING_FIELDS
 WINDOW_COLUMNS = (
     "t_s",
     "span_s",
+    "step0",
     "segment",
     "phase",
     "steps",
@@ -61,7 +67,12 @@ DECODE_TOKENS = 1
 # Words in every note this module writes about timing a recovery (T90, T2x, speed recovery, or a
 # phase too short to time one), and in none about the phase's cold share itself: a report on a
 # frozen map, where nothing recovers, leaves those notes out (:func:`times_recovery`).
-RECOVERY_TIMING_MARKS = ("never recovered", "(T90 n/a)", "converged_span_s + hold_s")
+RECOVERY_TIMING_MARKS = (
+    "never recovered",
+    "(T90 n/a)",
+    "converged_span_s + hold_s",
+    "converged_span_steps + hold_steps",
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -95,20 +106,49 @@ def ring_columns(frame: RingInput) -> dict[str, IntArray]:
     return cols
 
 
+@dataclass(frozen=True)
+class StepClock:
+    """Recovery counted in host steps (ring rows) instead of seconds: windows of ``window``
+    steps from each phase's first step, a converged span of the phase's last
+    ``converged_span`` steps, and a recovery that must hold ``hold`` steps.
+
+    The policies we time adapt per step (a swap queue drained every 64 decode steps), so the
+    steps a recovery takes are the policy's; the seconds they take are also the box's speed.
+    On a busy box a second-long window holds half the steps, its cold share twice the noise,
+    and a prefill can fill it alone: the ladder read "no excess" in 30 of 30 loaded runs where
+    a quiet box measured it. A window of whole requests' steps holds the same traffic at any
+    speed."""
+
+    window: int
+    converged_span: int
+    hold: int
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.converged_span < 1 or self.hold < 0:
+            raise BadInput(
+                "step clock: window_steps and converged_span_steps must be >= 1, hold_steps >= 0"
+            )
+
+
 def cold_share_windows(
-    frame: RingInput, window_s: float = DEFAULT_WINDOW_S, *, decode_tokens: int = DECODE_TOKENS
+    frame: RingInput,
+    window_s: float = DEFAULT_WINDOW_S,
+    *,
+    decode_tokens: int = DECODE_TOKENS,
+    steps: StepClock | None = None,
 ) -> pd.DataFrame:
     """Per-window sums and cold share, windows restarting at every phase shift.
 
-    Windows are ``window_s`` long and aligned to the first step of each phase span (a span is a
-    run of equal ``phase``), so no window mixes two phases and a shift always starts a window;
-    the last window of a span may be shorter (``span_s``). Columns: t_s (window start, seconds
-    after the first step), span_s, segment (span number), phase, steps, cold_share
-    (Σcold_lookups/Σlookups; NaN with no lookups), lookups, cold_lookups, swaps, tokens,
-    busy_s (Σdur_ns), decode_tok_s (decode tokens ÷ decode steps' Σdur: a rate over step time,
-    idle gaps and prefill steps excluded; a decode step emits exactly ``decode_tokens`` tokens —
-    1 for one request decoding, the C1 setting of soaks; NaN in a window without one).
-    Windows with no step do not appear.
+    Windows are ``window_s`` long (or, with ``steps``, ``steps.window`` host steps) and aligned
+    to the first step of each phase span (a span is a run of equal ``phase``), so no window
+    mixes two phases and a shift always starts a window; the last window of a span may be
+    shorter. Columns: t_s (window start, seconds after the first step), span_s (its wall
+    length), step0 (its first step, counted from the ring's first), segment (span number),
+    phase, steps, cold_share (Σcold_lookups/Σlookups; NaN with no lookups), lookups,
+    cold_lookups, swaps, tokens, busy_s (Σdur_ns), decode_tok_s (decode tokens ÷ decode steps'
+    Σdur: a rate over step time, idle gaps and prefill steps excluded; a decode step emits
+    exactly ``decode_tokens`` tokens — 1 for one request decoding, the C1 setting of soaks; NaN
+    in a window without one). Windows with no step do not appear.
     """
     if not math.isfinite(window_s) or window_s <= 0:
         raise BadInput(f"window_s: must be a positive number of seconds, got {window_s!r}")
@@ -120,38 +160,48 @@ def cold_share_windows(
     seg_starts = np.flatnonzero(phase[1:] != phase[:-1]) + 1
     seg_first = np.concatenate(([0], seg_starts))
     seg_next = np.concatenate((seg_starts, [n]))
-    # Window edges per span, t0 + k·w, located with one searchsorted: O(windows·log steps)
-    # instead of a per-step window number (this is what keeps 15M steps fast).
-    seg_t0 = t[seg_first]
-    n_edges = (t[seg_next - 1] - seg_t0) // w_ns + 1
-    edge_segment = np.repeat(np.arange(seg_first.size), n_edges)
-    k = np.arange(edge_segment.size) - np.repeat(np.cumsum(n_edges) - n_edges, n_edges)
-    edge_ns = seg_t0[edge_segment] + k * w_ns
-    # Clipping keeps equal timestamps on both sides of a phase change in their own span.
-    idx = np.clip(
-        np.searchsorted(t, edge_ns, side="left"),
-        seg_first[edge_segment],
-        seg_next[edge_segment],
-    )
-    keep = np.append(idx[1:], n) > idx  # drop windows without a step
-    starts, segment, start_ns = idx[keep], edge_segment[keep], edge_ns[keep]
+    # A window ends at the next window's start in the same span, else at the span's end (the
+    # next span's first step, or the last step's end for the final span).
+    seg_end_ns = np.concatenate((t[seg_starts], [t[-1] + cols["dur_ns"][-1]]))
+    if steps is not None:
+        counts = (seg_next - seg_first + steps.window - 1) // steps.window
+        segment = np.repeat(np.arange(seg_first.size), counts)
+        k = np.arange(segment.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = seg_first[segment] + k * steps.window
+        start_ns = t[starts]
+        following = np.append(starts[1:], n)
+        same_span = np.append(segment[1:] == segment[:-1], False)
+        end_ns = np.where(same_span, t[np.minimum(following, n - 1)], seg_end_ns[segment])
+    else:
+        # Window edges per span, t0 + k·w, located with one searchsorted: O(windows·log steps)
+        # instead of a per-step window number (this is what keeps 15M steps fast).
+        seg_t0 = t[seg_first]
+        n_edges = (t[seg_next - 1] - seg_t0) // w_ns + 1
+        edge_segment = np.repeat(np.arange(seg_first.size), n_edges)
+        k = np.arange(edge_segment.size) - np.repeat(np.cumsum(n_edges) - n_edges, n_edges)
+        edge_ns = seg_t0[edge_segment] + k * w_ns
+        # Clipping keeps equal timestamps on both sides of a phase change in their own span.
+        idx = np.clip(
+            np.searchsorted(t, edge_ns, side="left"),
+            seg_first[edge_segment],
+            seg_next[edge_segment],
+        )
+        keep = np.append(idx[1:], n) > idx  # drop windows without a step
+        starts, segment, start_ns = idx[keep], edge_segment[keep], edge_ns[keep]
+        end_ns = np.minimum(start_ns + w_ns, seg_end_ns[segment])
 
     sums = {
         name: np.add.reduceat(cols[name], starts)
         for name in ("lookups", "cold_lookups", "swaps", "tokens", "dur_ns")
     }
-    steps = np.diff(np.concatenate((starts, [n])))
+    n_steps = np.diff(np.concatenate((starts, [n])))
     # Decode sums = all steps minus the (rare) other steps, so only those few are gathered.
     other = np.flatnonzero(cols["tokens"] != decode_tokens)
     other_window = np.searchsorted(starts, other, side="right") - 1
-    decode_steps = steps - np.bincount(other_window, minlength=starts.size)
+    decode_steps = n_steps - np.bincount(other_window, minlength=starts.size)
     decode_ns = sums["dur_ns"] - np.bincount(
         other_window, weights=cols["dur_ns"][other], minlength=starts.size
     ).astype(np.int64)
-    # A window ends at the next window's start in the same span, else at the span's end (the
-    # next span's first step, or the last step's end for the final span).
-    seg_end_ns = np.concatenate((t[seg_starts], [t[-1] + cols["dur_ns"][-1]]))
-    end_ns = np.minimum(start_ns + w_ns, seg_end_ns[segment])
     lookups = sums["lookups"]
     busy_s = sums["dur_ns"] / NS_PER_S
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -165,9 +215,10 @@ def cold_share_windows(
         {
             "t_s": (start_ns - t[0]) / NS_PER_S,
             "span_s": np.maximum(end_ns - start_ns, 0) / NS_PER_S,
+            "step0": starts.astype(np.int64),
             "segment": segment.astype(np.int64),
             "phase": phase[starts],
-            "steps": steps.astype(np.int64),
+            "steps": n_steps.astype(np.int64),
             "cold_share": cold_share,
             "lookups": lookups,
             "cold_lookups": sums["cold_lookups"],
@@ -261,6 +312,12 @@ def recovery_time(
 class ShiftRecovery:
     """Recovery after one phase shift; times in seconds from the shift.
 
+    On the step clock (``clock`` "steps") the recovery is timed in host steps
+    (``t90_steps``, ``t2x_steps``, ``speed_recovery_steps``) and the ``_s`` fields are the wall
+    seconds those steps took on this box; on the seconds clock the ``_steps`` fields are the
+    steps the box served in that time. Either way both are kept, and ``clock`` says which one
+    the recovery was measured in.
+
     ``excess`` is False when there was nothing to recover from (no lookups, or the peak did not
     exceed the converged value): T90 and T2x are then None and mean "n/a", not "never".
     With ``excess`` True, a None time means the series never entered and stayed in its band.
@@ -277,6 +334,10 @@ class ShiftRecovery:
     converged_tok_s: float
     notes: tuple[str, ...]
     excess: bool = True
+    t90_steps: float | None = None
+    t2x_steps: float | None = None
+    speed_recovery_steps: float | None = None
+    clock: str = "seconds"
 
 
 def phase_recovery(
@@ -287,15 +348,19 @@ def phase_recovery(
     fraction: float = 0.1,
     hold_s: float = DEFAULT_HOLD_S,
     speed_fraction: float = 0.9,
+    steps: StepClock | None = None,
 ) -> list[ShiftRecovery]:
-    """T90, T2x and speed recovery for every phase shift of a ring (one row per host step)."""
-    windows = cold_share_windows(frame, window_s)
+    """T90, T2x and speed recovery for every phase shift of a ring (one row per host step);
+    with ``steps``, on the step clock (its window, converged span and hold replace the
+    seconds ones)."""
+    windows = cold_share_windows(frame, window_s, steps=steps)
     return recovery_from_windows(
         windows,
         converged_span_s=converged_span_s,
         fraction=fraction,
         hold_s=hold_s,
         speed_fraction=speed_fraction,
+        steps=steps,
     )
 
 
@@ -306,8 +371,10 @@ def recovery_from_windows(
     fraction: float = 0.1,
     hold_s: float = DEFAULT_HOLD_S,
     speed_fraction: float = 0.9,
+    steps: StepClock | None = None,
 ) -> list[ShiftRecovery]:
-    """:func:`phase_recovery` over windows already built by :func:`cold_share_windows`.
+    """:func:`phase_recovery` over windows already built by :func:`cold_share_windows` (with
+    the same ``steps``).
 
     For each span after the first: C = median cold share of the windows starting in the span's
     last ``converged_span_s``; P = max cold share in the span; N = the spread of the windows in
@@ -319,6 +386,17 @@ def recovery_from_windows(
     """
     if converged_span_s <= 0 or hold_s < 0:
         raise BadInput("converged_span_s must be > 0 and hold_s >= 0")
+    # The clock the recovery is timed on: seconds, or host steps (then the step clock's span,
+    # hold and units). Both positions of every window are kept, to give each time in both.
+    position = "step0" if steps is not None else "t_s"
+    span_len = "steps" if steps is not None else "span_s"
+    conv_span = float(steps.converged_span) if steps is not None else converged_span_s
+    hold = float(steps.hold) if steps is not None else hold_s
+    unit = " steps" if steps is not None else " s"
+    names = (
+        ("converged_span_steps", "hold_steps") if steps is not None
+        else ("converged_span_s", "hold_s")
+    )  # fmt: skip
     out: list[ShiftRecovery] = []
     seg = windows["segment"].to_numpy()
     phases = windows["phase"].to_numpy(dtype=np.int64)
@@ -327,23 +405,28 @@ def recovery_from_windows(
     lasts = np.concatenate((bounds, [seg.size]))
     for i in range(1, firsts.size):
         span = windows.iloc[firsts[i] : lasts[i]]
-        t = span["t_s"].to_numpy(dtype=np.float64)
+        t = span[position].to_numpy(dtype=np.float64)
         share = span["cold_share"].to_numpy(dtype=np.float64)
         speed = span["decode_tok_s"].to_numpy(dtype=np.float64)
         shift_t = float(t[0])
-        end_t = float(t[-1] + span["span_s"].to_numpy()[-1])
-        conv = t >= end_t - converged_span_s
+        end_t = float(t[-1] + span[span_len].to_numpy()[-1])
+        conv = t >= end_t - conv_span
         notes: list[str] = []
-        minimum = t90_min_phase_s(converged_span_s=converged_span_s, hold_s=hold_s)
+        minimum = t90_min_phase_s(converged_span_s=conv_span, hold_s=hold)
         if end_t - shift_t < minimum:
             notes.append(
-                f"phase lasted {end_t - shift_t:.1f} s, under converged_span_s + hold_s "
-                f"({minimum:g} s): the converged value may include the transient"
+                f"phase lasted {end_t - shift_t:.{0 if steps else 1}f}{unit}, under "
+                f"{names[0]} + {names[1]} ({minimum:g}{unit}): the converged value may include "
+                "the transient"
             )
         c = _nan_stat(np.nanmedian, share[conv])
         p = _nan_stat(np.nanmax, share)
         c_speed = _nan_stat(np.nanmedian, speed[conv])
-        floor = _noise_floor(c, share, span["lookups"].to_numpy(dtype=np.float64)[conv])
+        # The noise is read where the phase has converged, when it has four windows there: a
+        # transient as long as half the phase, whose prompts differ in cold share, would
+        # otherwise count its own fall as noise (a 7.7% peak over 2.3% read "within noise").
+        settled = share[conv] if np.count_nonzero(np.isfinite(share[conv])) >= 4 else share
+        floor = _noise_floor(c, settled, span["lookups"].to_numpy(dtype=np.float64)[conv])
         excess = not (math.isnan(c) or math.isnan(p)) and p > c + floor
         t90 = t2x = None
         if math.isnan(c) or math.isnan(p):
@@ -363,10 +446,10 @@ def recovery_from_windows(
             band = min(spread, 0.5 * (p - c))
             t90 = recovery_time(
                 t, share, shift_t, c, p,
-                fraction=fraction, hold_s=hold_s, end_t_s=end_t, band=band,
+                fraction=fraction, hold_s=hold, end_t_s=end_t, band=band,
             )  # fmt: skip
             t2x = time_to_stay(
-                t, share, shift_t, max(2.0 * c, c + band), hold_s=hold_s, end_t_s=end_t
+                t, share, shift_t, max(2.0 * c, c + band), hold_s=hold, end_t_s=end_t
             )
         speed_rec = (
             None
@@ -377,7 +460,7 @@ def recovery_from_windows(
                 shift_t,
                 speed_fraction * c_speed,
                 below=False,
-                hold_s=hold_s,
+                hold_s=hold,
                 end_t_s=end_t,
             )
         )
@@ -389,24 +472,47 @@ def recovery_from_windows(
         for name, value, basis in defined:
             if value is None and not math.isnan(basis):
                 notes.append(
-                    f"{name}: never recovered (held for {hold_s:g} s) before the phase ended"
+                    f"{name}: never recovered (held for {hold:g}{unit}) before the phase ended"
                 )
+        both = _both_clocks(span, position)
         out.append(
             ShiftRecovery(
                 from_phase=int(phases[firsts[i - 1]]),
                 to_phase=int(phases[firsts[i]]),
-                shift_t_s=shift_t,
+                shift_t_s=float(span["t_s"].iloc[0]),
                 peak=p,
                 converged=c,
-                t90_s=t90,
-                t2x_s=t2x,
-                speed_recovery_s=speed_rec,
+                t90_s=both(t90)[0],
+                t2x_s=both(t2x)[0],
+                speed_recovery_s=both(speed_rec)[0],
                 converged_tok_s=c_speed,
                 notes=tuple(notes),
                 excess=excess,
+                t90_steps=both(t90)[1],
+                t2x_steps=both(t2x)[1],
+                speed_recovery_steps=both(speed_rec)[1],
+                clock="steps" if steps is not None else "seconds",
             )
         )
     return out
+
+
+def _both_clocks(
+    span: pd.DataFrame, position: str
+) -> Callable[[float | None], tuple[float | None, float | None]]:
+    """A time after the span's shift, on the clock of ``position``, as (seconds, steps): every
+    recovery time is a window's start (or None: never, n/a), so both are that window's."""
+    at = span[position].to_numpy(dtype=np.float64)
+    seconds = span["t_s"].to_numpy(dtype=np.float64)
+    steps = span["step0"].to_numpy(dtype=np.float64)
+
+    def convert(offset: float | None) -> tuple[float | None, float | None]:
+        if offset is None:
+            return None, None
+        j = min(int(np.searchsorted(at, at[0] + offset - 1e-9)), at.size - 1)
+        return float(seconds[j] - seconds[0]), float(steps[j] - steps[0])
+
+    return convert
 
 
 def general_note(note: str) -> str:
@@ -436,30 +542,45 @@ def recovery_measured(
     converged_span_s: float = DEFAULT_CONVERGED_SPAN_S,
     fraction: float = 0.1,
     hold_s: float = DEFAULT_HOLD_S,
+    steps: StepClock | None = None,
 ) -> bool:
     """Whether the ring so far measures the recovery of the shift into ``phase_index``, if the
-    phase ended now: it has lasted converged_span_s + hold_s, and either there is nothing to
-    recover from (no excess) or T90 is found, held, and ends before the converged span begins
-    (so the converged value is not the transient). The same definitions as the analysis
-    (:func:`recovery_from_windows`), so a phase cut here reads as measured there."""
+    phase ended now: it has lasted converged_span_s + hold_s (on the step clock, its steps),
+    and either there is nothing to recover from (no excess) or T90 is found, held, and ends
+    before the converged span begins (so the converged value is not the transient). The same
+    definitions as the analysis (:func:`recovery_from_windows`), so a phase cut here reads as
+    measured there."""
     cols = ring_columns(frame)
     if cols["t_ns"].size == 0 or int(cols["phase"][-1]) != phase_index:
         return False
     shifts = phase_recovery(
-        frame, window_s, converged_span_s=converged_span_s, fraction=fraction, hold_s=hold_s
-    )
+        frame, window_s, converged_span_s=converged_span_s, fraction=fraction, hold_s=hold_s,
+        steps=steps,
+    )  # fmt: skip
     if not shifts or shifts[-1].to_phase != phase_index:
         return False
     last = shifts[-1]
-    end_t = (float(cols["t_ns"][-1]) - float(cols["t_ns"][0])) / NS_PER_S
-    if end_t - last.shift_t_s < t90_min_phase_s(converged_span_s=converged_span_s, hold_s=hold_s):
+    if steps is not None:
+        before = np.flatnonzero(cols["phase"] != phase_index)
+        start = int(before[-1]) + 1 if before.size else 0
+        lasted, t90, conv_span = (
+            float(cols["phase"].size - start),
+            last.t90_steps,
+            float(steps.converged_span),
+        )
+        minimum = t90_min_phase_s(converged_span_s=steps.converged_span, hold_s=steps.hold)
+    else:
+        end_t = (float(cols["t_ns"][-1]) - float(cols["t_ns"][0])) / NS_PER_S
+        lasted, t90, conv_span = end_t - last.shift_t_s, last.t90_s, converged_span_s
+        minimum = t90_min_phase_s(converged_span_s=converged_span_s, hold_s=hold_s)
+    if lasted < minimum:
         return False
     if not last.excess:
         return not math.isnan(last.converged)  # nothing to recover from: measured as n/a
-    if last.t90_s is None:
+    if t90 is None:
         return False
     # Strictly before: at least some recovered windows lie outside the converged span.
-    return last.shift_t_s + last.t90_s < end_t - converged_span_s
+    return t90 < lasted - conv_span
 
 
 def _late_spread(share: FloatArray) -> float:
@@ -623,3 +744,16 @@ def ring_summary(
     }
     summary.update(_swap_cost(cols, decode_tokens))
     return summary
+
+
+def step_clock(analysis: AnalysisSpec) -> StepClock | None:
+    """The card's step clock (``analysis.window_steps``), or None: recovery timed in seconds.
+    Unset, the converged span is four windows (its median and noise need four) and the hold
+    two."""
+    if analysis.window_steps is None:
+        return None
+    return StepClock(
+        window=analysis.window_steps,
+        converged_span=analysis.converged_span_steps or 4 * analysis.window_steps,
+        hold=analysis.hold_steps if analysis.hold_steps is not None else 2 * analysis.window_steps,
+    )

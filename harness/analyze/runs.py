@@ -18,6 +18,7 @@ import pandas as pd
 from harness.analyze.compare import probe_readings
 from harness.analyze.logit_parity import LOGITS_DIR, read_logit_dumps
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
+from harness.analyze.recovery import step_clock
 from harness.analyze.saturation import QueueSaturation, queue_saturation
 from harness.analyze.tiers import tier_table
 from harness.card import Card
@@ -203,6 +204,7 @@ def _read_run(
         window_s=card.analysis.window_s,
         converged_span_s=card.analysis.converged_span_s,
         hold_s=card.analysis.hold_s,
+        steps=step_clock(card.analysis),
     )
     row.update(metrics)
     row["scored_requests"] = int((~requests["warmup"].astype(bool)).sum())
@@ -231,6 +233,9 @@ def _read_run(
                 "t2x_s": shift.t2x_s,
                 "excess": shift.excess,
                 "speed_recovery_s": shift.speed_recovery_s,
+                "t90_steps": shift.t90_steps,
+                "t2x_steps": shift.t2x_steps,
+                "speed_recovery_steps": shift.speed_recovery_steps,
                 "converged_tok_s": shift.converged_tok_s,
                 "notes": "; ".join(shift.notes),
                 "peak_at_budget": saturation.peak_layers if saturation else None,

@@ -25,7 +25,7 @@ import pandas as pd
 
 from harness.analyze.cell_values import cell_keys, cell_value, finite, jsonable, median_of, ratio_of
 from harness.analyze.predicted import PredictedVsMeasured
-from harness.analyze.recovery import general_note, times_recovery
+from harness.analyze.recovery import general_note, step_clock, times_recovery
 from harness.analyze.recovery_stats import (
     median_never_slowest,
     ratio_interval,
@@ -36,6 +36,7 @@ from harness.analyze.recovery_stats import (
 )
 from harness.analyze.swap_table import SwapCost, swap_cost_frame, swap_cost_table
 from harness.card import Card
+from harness.errors import BadInput
 
 FROZEN_METRIC = "decode_tok_s"  # the metric of the frozen-map table's aggregate row
 
@@ -52,7 +53,9 @@ class T90:
     slowest measurable run (slowest inf: some run never recovered). ``vs_control`` is finite or
     None, with ``vs_control_note`` saying why it is None; ``vs_control_ci`` its bootstrap
     interval over runs (bounds may be 0 or inf). Cold shares are medians over runs of each
-    run's peak and converged value after the shift.
+    run's peak and converged value after the shift. Times are in ``unit``: "s", or "steps" on
+    the step clock, where ``wall_median_s`` is the median over the same runs of the wall
+    seconds their recoveries took on the box (load stretches those, not the steps).
     """
 
     from_phase: str
@@ -74,6 +77,8 @@ class T90:
     at_budget_layers: float | None = None
     layers: int | None = None
     saturated_s: float | None = None
+    unit: str = "s"
+    wall_median_s: float | None = None
 
     @property
     def never_majority(self) -> bool:
@@ -132,9 +137,17 @@ class RecoveryLadder:
     # 1-based ids of the notes about timing a recovery (not about a phase's cold share): a
     # report on a frozen map, where nothing recovers, leaves them out.
     timing_notes: tuple[int, ...] = ()
+    # The step clock's window and hold (host steps), None on the seconds clock.
+    window_steps: int | None = None
+    hold_steps: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
+        clock = (
+            {"window_steps": self.window_steps, "hold_steps": self.hold_steps}
+            if self.window_steps is not None
+            else {}
+        )
         return {
             "directions": [list(d) for d in self.directions],
             "phases": list(self.phases),
@@ -142,6 +155,7 @@ class RecoveryLadder:
             "notes": list(self.notes),
             "window_s": self.window_s,
             "hold_s": self.hold_s,
+            **clock,
         }
 
     def frame(self) -> pd.DataFrame:
@@ -149,22 +163,25 @@ class RecoveryLadder:
         rows = []
         for row in self.rows:
             for t in row.t90:
+                u = "_steps" if t.unit == "steps" else "_s"  # the columns say their unit
+                wall = {"t90_wall_median_s": t.wall_median_s} if t.unit == "steps" else {}
                 rows.append(
                     {
                         "cell": row.cell,
                         "cache_state": row.cache_state,
                         "from_phase": t.from_phase,
                         "to_phase": t.to_phase,
-                        "t90_median_s": t.median_s,
-                        "t90_min_s": t.range_s[0] if t.range_s else None,
-                        "t90_max_s": t.range_s[1] if t.range_s else None,
+                        f"t90_median{u}": t.median_s,
+                        f"t90_min{u}": t.range_s[0] if t.range_s else None,
+                        f"t90_max{u}": t.range_s[1] if t.range_s else None,
+                        **wall,
                         "runs": t.runs,
                         "never": t.never,
                         "no_excess": t.no_excess,
                         "t90_vs_control": t.vs_control,
                         "t90_vs_control_lo": t.vs_control_ci[0] if t.vs_control_ci else None,
                         "t90_vs_control_hi": t.vs_control_ci[1] if t.vs_control_ci else None,
-                        "t2x_median_s": t.t2x_median_s,
+                        f"t2x_median{u}": t.t2x_median_s,
                         "peak_cold_share": t.peak_cold_share,
                         "converged_cold_share": t.converged_cold_share,
                         "at_budget_layers": t.at_budget_layers,
@@ -209,11 +226,20 @@ def _summarise(
     base_median: float | None,
     seed: int,
     resolution_s: float = 0.0,
+    unit: str = "s",
 ) -> tuple[T90, list[float]]:
-    """One cell's T90 in one direction; also its measurable runs' times (for the control's)."""
+    """One cell's T90 in one direction; also its measurable runs' times (for the control's).
+    ``unit`` "steps": read on the step clock (``resolution_s`` is then its window in steps)."""
     excess = shift_excess(sel) if not sel.empty else pd.Series([], dtype=bool)
-    times, no_excess = run_times(sel["t90_s"] if not sel.empty else [], excess)
-    t2x, _ = run_times(sel["t2x_s"] if not sel.empty else [], excess)
+    column = "_steps" if unit == "steps" else "_s"
+    if not sel.empty and f"t90{column}" not in sel.columns:
+        raise BadInput(
+            "this campaign was analysed before T90 had a step clock: re-run `harness analyze` "
+            "on it (its rings are kept)"
+        )
+    times, no_excess = run_times(sel[f"t90{column}"] if not sel.empty else [], excess)
+    t2x, _ = run_times(sel[f"t2x{column}"] if not sel.empty else [], excess)
+    wall, _ = run_times(sel["t90_s"] if not sel.empty else [], excess)
     median = median_never_slowest(times)
     ratio = ci = None
     note = None
@@ -242,6 +268,8 @@ def _summarise(
             peak_cold_share=median_of(measured["peak"]) if not measured.empty else None,
             converged_cold_share=median_of(measured["converged"]) if not measured.empty else None,
             **_queue_medians(sel),
+            unit=unit,
+            wall_median_s=median_never_slowest(wall) if unit == "steps" else None,
         ),
         times,
     )
@@ -275,11 +303,16 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
     directions = _directions(shifts)
     phases = list(dict.fromkeys(to for _, to in directions))
     control = card.control
+    clock = step_clock(card.analysis)
+    unit = "steps" if clock is not None else "s"
+    resolution = float(clock.window) if clock is not None else card.analysis.window_s
     control_times: dict[tuple[str, tuple[str, str]], list[float]] = {}
     for key_state in card.design.cache_states if control else ():
         for direction in directions:
             sel = _in_direction(_shifts_of(shifts, str(control), key_state), direction)
-            _, control_times[(key_state, direction)] = _summarise(direction, sel, None, None, 0)
+            _, control_times[(key_state, direction)] = _summarise(
+                direction, sel, None, None, 0, unit=unit
+            )
     rows: list[RecoveryRow] = []
     notes: list[str] = []
     for cell, state in cell_keys(card):
@@ -291,7 +324,7 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
             base = None if cell == control else control_times.get((state, direction))
             summary, _ = _summarise(
                 direction, sel, base, median_never_slowest(base or []), card.design.seed,
-                card.analysis.window_s,
+                resolution, unit,
             )  # fmt: skip
             if cell == control and summary.median_s is not None:
                 summary = replace(summary, vs_control=1.0)  # itself, by definition
@@ -337,6 +370,8 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
         window_s=card.analysis.window_s,
         hold_s=card.analysis.hold_s,
         timing_notes=tuple(i for i, note in enumerate(notes, 1) if times_recovery(note)),
+        window_steps=clock.window if clock is not None else None,
+        hold_steps=clock.hold if clock is not None else None,
     )
 
 

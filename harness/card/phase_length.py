@@ -67,8 +67,10 @@ def shift_phase_warnings(loaded: LoadedCard, *, scale: float = 1.0) -> list[str]
     ``loaded`` is the card as it will run (already scaled); ``scale`` is only named in the text.
     """
     analysis = loaded.card.analysis
-    minimum = t90_min_phase_s(analysis)
     scaled = f" at --scale {scale:g}" if scale != 1 else ""
+    if analysis.window_steps is not None:
+        return _step_clock_warnings(loaded, scaled)
+    minimum = t90_min_phase_s(analysis)
     out: list[str] = []
     for phase in loaded.card.workload.phases or []:
         if not phase.shift:
@@ -101,6 +103,38 @@ def shift_phase_warnings(loaded: LoadedCard, *, scale: float = 1.0) -> list[str]
             f"at analysis.converged_span_s={analysis.converged_span_s:g} + "
             f'hold_s={analysis.hold_s:g}: its T90 would read "never" or include the transient; '
             f"{fix}, or lower converged_span_s/hold_s"
+        )
+    return out
+
+
+def _step_clock_warnings(loaded: LoadedCard, scaled: str) -> list[str]:
+    """:func:`shift_phase_warnings` on the step clock, where a phase's length is exact: a
+    request is max_tokens host steps (a prefill and max_tokens − 1 decodes), shared among the
+    requests in flight. A timed phase's steps depend on the box's speed: not checked here."""
+    analysis, workload = loaded.card.analysis, loaded.card.workload
+    window = analysis.window_steps or 1
+    span = analysis.converged_span_steps or 4 * window
+    hold = analysis.hold_steps if analysis.hold_steps is not None else 2 * window
+    minimum = span + hold
+    per_request = workload.max_tokens / max(1, workload.concurrency)
+    out: list[str] = []
+    for phase in workload.phases or []:
+        if not phase.shift or phase.duration_s is not None:
+            continue
+        count = phase.requests or sum(
+            1 for p in loaded.split("heldout") if p.domain in set(phase.domains)
+        )
+        most = (count + (phase.until_recovered or 0)) * per_request
+        if most >= minimum:
+            continue
+        out.append(
+            f"{display_path(loaded.path)}: workload.phases.{phase.name}: the shift phase serves "
+            f"at most {most:,.0f} host steps{scaled} ({count} requests"
+            f"{f' + {phase.until_recovered} until_recovered' if phase.until_recovered else ''} × "
+            f"{workload.max_tokens} tokens ÷ concurrency {workload.concurrency}), under the "
+            f"{minimum:,} T90 needs at analysis.converged_span_steps={span} + hold_steps={hold}: "
+            f'its T90 would read "never" or include the transient; give it at least '
+            f"{math.ceil(minimum / per_request)} requests, or lower converged_span_steps/hold_steps"
         )
     return out
 

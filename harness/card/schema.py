@@ -281,6 +281,30 @@ class AnalysisSpec(Strict):
     hold_s: float = Field(
         4.0, ge=0, le=1e7, allow_inf_nan=False, description="how long a recovery must hold"
     )
+    # The step clock (analyze/recovery.StepClock): recovery counted in host steps, so a busy
+    # box's slower steps neither stretch nor blur it. converged_span_s still spans churn.
+    window_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10**9,
+        description=(
+            "time recovery on the step clock: cold-share windows of this many host steps "
+            "(T90 in steps, wall seconds beside); unset: window_s seconds"
+        ),
+    )
+    converged_span_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10**12,
+        description="step clock: the span whose median is converged (default 4 windows)",
+    )
+    hold_steps: int | None = Field(
+        None,
+        ge=0,
+        le=10**12,
+        description="step clock: how many steps a recovery must hold (default 2 windows)",
+    )
+
     boxes: Literal["fixed", "random"] = Field(
         "fixed",
         description=(
@@ -288,6 +312,16 @@ class AnalysisSpec(Strict):
             "cell interaction fails better gates) or boxes like these (random: between boxes)"
         ),
     )
+
+    @model_validator(mode="after")
+    def _step_clock(self) -> AnalysisSpec:
+        step_only = self.converged_span_steps is not None or self.hold_steps is not None
+        if self.window_steps is None and step_only:
+            raise ValueError(
+                "converged_span_steps and hold_steps are the step clock's: set window_steps "
+                "too, or use converged_span_s and hold_s"
+            )
+        return self
 
 
 class _CellGate(Strict):

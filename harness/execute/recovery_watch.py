@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.analyze.recovery import recovery_measured
+from harness.analyze.recovery import recovery_measured, step_clock
 from harness.boxes.base import Box
 from harness.boxes.local import LocalBox
 from harness.card.schema import AnalysisSpec
@@ -60,6 +60,7 @@ class RecoveryWatch:
             return recovery_measured(
                 frame, phase_index, self.spec.window_s,
                 converged_span_s=self.spec.converged_span_s, hold_s=self.spec.hold_s,
+                steps=step_clock(self.spec),
             )  # fmt: skip
         except HarnessError:
             return False

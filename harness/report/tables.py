@@ -64,7 +64,9 @@ def t90_text(t90: T90) -> str:
     """A cell's T90 median as the report, record and figure show it (recovery_stats defines it)."""
     if t90.median_s is None:
         return "n/a (no excess)" if t90.no_excess else f"{fmt.MISSING} (no shift measured)"
-    text = "never" if t90.never_majority else fmt.seconds(t90.median_s)
+    text = "never" if t90.never_majority else _time(t90.median_s, t90.unit)
+    if t90.unit == "steps" and t90.wall_median_s is not None and math.isfinite(t90.wall_median_s):
+        text += f" ({fmt.seconds(t90.wall_median_s)} here)"
     extras = []
     if t90.never and not t90.never_majority:
         extras.append(f"{t90.never}/{t90.runs} never")
@@ -73,8 +75,13 @@ def t90_text(t90: T90) -> str:
     return text + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _time_or_never(value: float) -> str:
-    return "never" if math.isinf(value) else fmt.seconds(value)
+def _time(value: float, unit: str) -> str:
+    """A recovery time in its clock's unit: seconds, or host steps on the step clock."""
+    return f"{value:,.0f} steps" if unit == "steps" else fmt.seconds(value)
+
+
+def _time_or_never(value: float, unit: str = "s") -> str:
+    return "never" if math.isinf(value) else _time(value, unit)
 
 
 def t90_range_text(t90: T90) -> str:
@@ -83,8 +90,8 @@ def t90_range_text(t90: T90) -> str:
         return fmt.MISSING
     lo, hi = t90.range_s
     if lo == hi:
-        return f"{_time_or_never(lo)} (all {t90.runs - t90.no_excess})"
-    return f"{_time_or_never(lo)} – {_time_or_never(hi)}"
+        return f"{_time_or_never(lo, t90.unit)} (all {t90.runs - t90.no_excess})"
+    return f"{_time_or_never(lo, t90.unit)} – {_time_or_never(hi, t90.unit)}"
 
 
 def _saturated_text(seconds: float | None) -> str:
@@ -104,7 +111,7 @@ def _at_budget_text(t90: T90) -> str:
 def _t2x_text(t90: T90) -> str:
     if t90.t2x_median_s is None:
         return "n/a (no excess)" if t90.no_excess else fmt.MISSING
-    text = _time_or_never(t90.t2x_median_s)
+    text = _time_or_never(t90.t2x_median_s, t90.unit)
     return text + (
         f" ({t90.t2x_never}/{t90.runs} never)" if t90.t2x_never and text != "never" else ""
     )
@@ -197,7 +204,9 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "definition": (
             FROZEN_DEFINITION
             if frozen
-            else T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s)
+            else t90_definition(
+                ladder.window_s, ladder.hold_s, ladder.window_steps, ladder.hold_steps
+            )
         ),
     }
 
@@ -260,6 +269,16 @@ FROZEN_DEFINITION = (
     "from a shift; the peak and converged cold share are measured as in any campaign."
 )
 
+
+def t90_definition(
+    window_s: float, hold_s: float, window_steps: int | None, hold_steps: int | None
+) -> str:
+    """The caption that defines T90 on the page and in record.md, on the campaign's clock."""
+    if window_steps is None:
+        return T90_DEFINITION.format(window_s=window_s, hold_s=hold_s)
+    return T90_STEPS_DEFINITION.format(window_steps=window_steps, hold_steps=hold_steps)
+
+
 # One sentence for the HTML caption and record.md, so both define T90 alike.
 T90_DEFINITION = (
     "T90: time from the shift until the cold share ({window_s:g} s windows) enters and stays "
@@ -272,6 +291,20 @@ T90_DEFINITION = (
     "side, since a T90 is known to one window (∞: the cell's resampled median was never). "
     "T2x: the same to 2 × converged (0 s when the cold share never exceeded 2 × converged). "
     "Peak and converged cold share: medians over runs."
+)
+T90_STEPS_DEFINITION = (
+    "T90, on the step clock: host steps served from the shift until the cold share (windows of "
+    "{window_steps:,} steps) enters and stays (held {hold_steps:,} steps, to the phase's end) "
+    "at or below converged + 10% of (peak − converged), or + the late windows' own noise "
+    "where that is wider (at most half the excess); the seconds those steps took here follow "
+    "in brackets (median over runs; a busy box stretches them, not the steps). Median over "
+    'runs with "never" (not within the phase) counted as slowest, range = fastest – slowest '
+    'run; "n/a (no excess)" where the peak did not exceed the converged value by more than '
+    "the windows' noise (no T90 exists; such runs are left out). vs control = median ÷ the "
+    "control's median, with a 95% bootstrap interval over runs widened by a window either "
+    "side, since a T90 is known to one window (∞: the cell's resampled median was never). "
+    "T2x: the same to 2 × converged (0 steps when the cold share never exceeded 2 × "
+    "converged). Peak and converged cold share: medians over runs."
 )
 
 

@@ -47,7 +47,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from harness.analyze.metrics import request_metrics, worst_recovery
-from harness.analyze.recovery import DECODE_TOKENS, phase_recovery, swap_cost
+from harness.analyze.recovery import DECODE_TOKENS, StepClock, phase_recovery, swap_cost
 from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json, write_json_atomic
 from harness.formats.ring import RING_FIELDS
@@ -585,35 +585,47 @@ def predict_recovery(
     window_s: float,
     converged_span_s: float,
     hold_s: float,
+    steps: StepClock | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """T90 and T2x in seconds (the worst measurable shift, as a run's metrics take them) with a
     95% interval: ``ring_of`` prices the replay's ring with each resampled fit, decode steps
     given residuals drawn from the fit's own; the interval is then widened by one window either
-    side, the resolution of both the prediction and the box's reading. A draw that never
+    side, the resolution of both the prediction and the box's reading (on the step clock,
+    ``steps``, T90 is timed as the runs time it, and a window's wall time is its steps at the
+    replay's median step). A draw that never
     recovers is infinitely slow (an open upper end, null); a replay with no measurable shift
     predicts nothing here."""
     rng = np.random.default_rng(fit.seed + 1)
     pool = np.asarray(fit.residuals_ns or [0.0], dtype=np.float64)
 
-    def times(model: CostModel, noisy: bool) -> dict[str, float] | None:
-        ring = ring_of(model)
+    def times(ring: pd.DataFrame, noisy: bool) -> dict[str, float] | None:
         if noisy:
             dur = ring["dur_ns"].to_numpy(dtype=np.float64).copy()
             decode = ring["tokens"].to_numpy() == DECODE_TOKENS
             dur[decode] = np.maximum(dur[decode] + rng.choice(pool, int(decode.sum())), 1.0)
             ring = ring.assign(dur_ns=dur.astype(np.int64))
             ring = ring.assign(t_ns=np.cumsum(ring["dur_ns"].to_numpy()))
-        shifts = phase_recovery(ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s)
+        shifts = phase_recovery(
+            ring, window_s, converged_span_s=converged_span_s, hold_s=hold_s, steps=steps
+        )
         if not any(s.excess for s in shifts):
             return None
         # The runs' own reading of the worst shift; None there is "never", slowest of all.
         worst = worst_recovery(shifts)
-        return {metric: math.inf if v is None else v for metric, v in worst.items()}
+        return {
+            metric: math.inf if v is None else v
+            for metric, v in worst.items()
+            if metric in ("t90_s", "t2x_s")
+        }
 
-    point = times(fit.model(record_bytes), noisy=False)
+    point_ring = ring_of(fit.model(record_bytes))
+    resolution = window_s
+    if steps is not None and len(point_ring):
+        resolution = steps.window * float(np.median(point_ring["dur_ns"])) / 1e9
+    point = times(point_ring, noisy=False)
     if point is None:
         return {}
-    draws = [d for m in fit.replicate_models(record_bytes) if (d := times(m, noisy=True))]
+    draws = [d for m in fit.replicate_models(record_bytes) if (d := times(ring_of(m), noisy=True))]
     out: dict[str, dict[str, float | None]] = {}
     for metric, estimate in point.items():
         values = np.asarray([d[metric] for d in draws], dtype=np.float64)
@@ -624,7 +636,7 @@ def predict_recovery(
         # moves them past the estimate, the interval still holds its own estimate.
         out[metric] = {
             "estimate": estimate,
-            "low": min(max(0.0, low - window_s), estimate) if math.isfinite(low) else None,
-            "high": max(high + window_s, estimate) if math.isfinite(high) else None,
+            "low": min(max(0.0, low - resolution), estimate) if math.isfinite(low) else None,
+            "high": max(high + resolution, estimate) if math.isfinite(high) else None,
         }
     return out

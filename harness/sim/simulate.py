@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from harness.analyze.recovery import step_clock
 from harness.card import Cell, LoadedCard
 from harness.card.simulation_match import SIMULATED_INPUTS, fingerprint
 from harness.errors import KnobError, MapError
@@ -587,6 +588,7 @@ def _predict(
                 window_s=analysis.window_s,
                 converged_span_s=analysis.converged_span_s,
                 hold_s=analysis.hold_s,
+                steps=step_clock(analysis),
             )
     if cost_fit is not None:
         write_json_atomic(
