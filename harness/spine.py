@@ -275,7 +275,8 @@ def run_campaign(
                 )
             loaded = scale_workload(load_card(Path(card)), scale)
             plan = build_plan(loaded, scale=scale)
-            check_engine_inputs(loaded)  # before anything is made or booted
+            # Before anything is made or booted; what it only warns of is said first.
+            notes.extend(f"warning: {w}" for w in check_engine_inputs(loaded))
             campaign = new_campaign_dir(loaded, plan, Path(reports))
             held.enter_context(campaign_lock(campaign.root))
         for note in notes:

@@ -15,6 +15,7 @@ import pytest
 from harness.card import load_card, load_runtime_profile
 from harness.cli import main
 from harness.errors import CardError, InfrastructureError
+from harness.execute.engine_inputs import check_engine_inputs
 from harness.profiles.telemetry import Telemetry
 from harness.runtimes.boot import boot_spec
 from tests.conftest import REPO
@@ -301,3 +302,21 @@ def test_the_version_names_each_build_by_its_record(
     first.write_text(first.read_text().replace("abc", "abd"))
     assert runtime_version(LocalBox("local", BoxSpec()), load_runtime_profile(path),
                            "python3")["version"] != line  # fmt: skip
+
+
+def test_a_full_gpu_prefill_threshold_without_the_models_config_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    # The dynamic cell sets kt_gpu_prefill_token_threshold 512: the recorder then needs the
+    # router's top-k from the model's config.json to leave full-GPU prefills out, and gives
+    # the run no hit rate without it. `run` says so before any boot; with the config, nothing.
+    warnings = check_engine_inputs(load_card(CARD))
+    assert len(warnings) == 1, warnings
+    for words in (
+        "cells.dynamic: kt_gpu_prefill_token_threshold 512",
+        "/models/Qwen3-30B-A3B/config.json on box local",
+        "no hit rate",
+    ):
+        assert words in warnings[0], warnings
+    card = _kt_card_with_model(tmp_path, tmp_path / "model", 8, 64)
+    assert check_engine_inputs(load_card(card)) == []
