@@ -296,3 +296,49 @@ def test_a_frequency_file_the_boxs_model_would_refuse_stops_the_run_before_any_b
     assert "8 layers and the model 48" in done.stderr and f"{model}/config.json" in done.stderr
     assert "Traceback" not in done.stderr
     assert not reports.exists() or not any(reports.rglob("journal.jsonl"))
+
+
+def test_a_paged_experts_cell_the_boxs_model_would_refuse_stops_the_run_before_any_boot(
+    sshd: LoopbackSshd,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # SGLang's Paged Experts refuses fewer resident experts than the router's top-k at boot.
+    # `validate` cannot read the model on another box; `run` reads its config.json over the
+    # box's shell first: 4 resident against a top-k of 8 is exit 2, naming the knob, the
+    # model's file on that box and the fix, and nothing is left behind.
+    for name in ("prompts", "maps"):
+        (tmp_path / name).symlink_to(REPO / "campaigns" / name)
+    model = tmp_path / "box-models" / "qwen3-moe"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8}),
+        encoding="utf-8",
+    )
+    box = (
+        f"box:\n  kind: ssh\n  host: 127.0.0.1\n  port: {sshd.port}\n  user: {sshd.user}\n"
+        f"  key: {sshd.client_key}\n  python: {sys.executable}\n"
+        f"  workdir: {tmp_path / 'box-workdir'}\n  known_hosts: {sshd.known_hosts}\n"
+        "  platform: linux-cuda\n"
+    )
+    text = (
+        (REPO / "campaigns" / "sglang-kt-placement.yaml")
+        .read_text(encoding="utf-8")
+        .replace("box: local\n", box)
+        .replace("runtime: sglang-kt", "runtime: sglang")
+        .replace("    files: {init_expert_location: maps/kt-frequency-refbox.pt}\n", "")
+    )
+    lines = [line for line in text.splitlines() if not line.strip().startswith("kt_")]
+    paged = '      enable_paged_experts: true\n      paged_experts_num_resident: "4"\n'
+    text = "\n".join(lines).replace(
+        "      model: /models/Qwen3-30B-A3B\n", f"      model: {model}\n" + paged, 1
+    )
+    card = tmp_path / "card.yaml"
+    card.write_text(text.replace("/models/Qwen3-30B-A3B\n", f"{model}\n") + "\n", "utf-8")
+    assert load_card(card).card.cells  # validate passes: the model is not on this box
+    reports = tmp_path / "reports"
+    done = run_cli("run", str(card), "--reports", str(reports), "--quiet")
+    assert done.code == 2, done.stdout + done.stderr
+    assert "cells.uniform.knobs.paged_experts_num_resident" in done.stderr, done.stderr
+    assert "fewer than the model's router top-k 8" in done.stderr
+    assert f"{model}/config.json" in done.stderr and "Traceback" not in done.stderr
+    assert not reports.exists() or not any(reports.rglob("journal.jsonl"))
