@@ -209,7 +209,7 @@ def run_metrics(
         out.update(rss_metrics(samples))
     shifts: list[ShiftRecovery] = []
     if ring is not None and len(ring):
-        summary = ring_summary(ring, window_s, converged_span_s=converged_span_s)
+        summary = ring_summary(ring, window_s, converged_span_s=converged_span_s, steps=steps)
         out["churn_per_min"] = summary.get("churn_per_min")
         out["swap_cost_ratio"] = summary.get("swap_cost_ratio")
         out["swap_ms_per_swap"] = summary.get("swap_ms_per_swap")

@@ -624,11 +624,16 @@ def _nan_stat(fn: Callable[[FloatArray], np.floating[Any]], values: FloatArray) 
     return float(fn(finite))
 
 
-def converged_mask(windows: pd.DataFrame, converged_span_s: float) -> npt.NDArray[np.bool_]:
-    """Windows that start within the last ``converged_span_s`` of their phase span."""
-    t = windows["t_s"].to_numpy(dtype=np.float64)
-    end = (windows["t_s"] + windows["span_s"]).groupby(windows["segment"]).transform("max")
-    mask: npt.NDArray[np.bool_] = t >= end.to_numpy(dtype=np.float64) - converged_span_s
+def converged_mask(
+    windows: pd.DataFrame, converged_span_s: float, *, steps: StepClock | None = None
+) -> npt.NDArray[np.bool_]:
+    """Windows that start within the last ``converged_span_s`` of their phase span (with
+    ``steps``, within its last ``steps.converged_span`` host steps)."""
+    position, length = ("step0", "steps") if steps is not None else ("t_s", "span_s")
+    span = float(steps.converged_span) if steps is not None else converged_span_s
+    t = windows[position].to_numpy(dtype=np.float64)
+    end = (windows[position] + windows[length]).groupby(windows["segment"]).transform("max")
+    mask: npt.NDArray[np.bool_] = t >= end.to_numpy(dtype=np.float64) - span
     return mask
 
 
@@ -700,6 +705,7 @@ def ring_summary(
     converged_span_s: float = DEFAULT_CONVERGED_SPAN_S,
     windows: pd.DataFrame | None = None,
     decode_tokens: int = DECODE_TOKENS,
+    steps: StepClock | None = None,
 ) -> dict[str, float | None]:
     """Whole-ring figures for reports and soak gates; None where undefined.
 
@@ -708,15 +714,17 @@ def ring_summary(
     ``converged_span_s`` of every phase span —, swap_steps, swap_cost_ratio, swap_ms_per_swap,
     decode_tok_s (decode tokens ÷ Σdur of decode steps), itl_p50_ms, itl_p95_ms and itl_p99_ms
     (dur_ns of decode steps, tokens == ``decode_tokens``, linear-interpolation percentiles).
-    Pass ``windows`` to reuse a cold_share_windows result.
+    Pass ``windows`` to reuse a cold_share_windows result (built with the same ``steps``). On
+    the step clock the converged spans are the last ``steps.converged_span`` steps of each
+    phase, the span T90 is read clear of, so churn is the steady state's there too.
     """
     cols = ring_columns(frame)
     if windows is None:
-        windows = cold_share_windows(frame, window_s, decode_tokens=decode_tokens)
+        windows = cold_share_windows(frame, window_s, decode_tokens=decode_tokens, steps=steps)
     dur = cols["dur_ns"]
     # Whole-ring totals come from the window sums: no further pass over the steps.
     lookups = int(windows["lookups"].sum())
-    conv = converged_mask(windows, converged_span_s)
+    conv = converged_mask(windows, converged_span_s, steps=steps)
     conv_lookups = int(windows["lookups"].to_numpy()[conv].sum())
     conv_minutes = float(windows["span_s"].to_numpy()[conv].sum()) / 60.0
     decode = np.delete(dur, np.flatnonzero(cols["tokens"] != decode_tokens))  # a copy

@@ -282,7 +282,7 @@ class AnalysisSpec(Strict):
         4.0, ge=0, le=1e7, allow_inf_nan=False, description="how long a recovery must hold"
     )
     # The step clock (analyze/recovery.StepClock): recovery counted in host steps, so a busy
-    # box's slower steps neither stretch nor blur it. converged_span_s still spans churn.
+    # box's slower steps neither stretch nor blur it; churn is read over the same converged span.
     window_steps: int | None = Field(
         None,
         ge=1,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analyze.metrics import counter_metrics
-from harness.analyze.recovery import phase_recovery, ring_summary
+from harness.analyze.recovery import StepClock, phase_recovery, ring_summary
 from harness.sim.results import CostModel, ReplayResult
 from harness.sim.run_cost_fit import RunCostFit, predict_run_speed
 from harness.sim.simulate import CellSettings, replay_settings
@@ -53,6 +53,8 @@ class PointTask:
     # A per-run fit (``fit-cost --per-run``): decode speed is the client's, from the point's
     # loads per token, not the ring's (which stays priced by ``cost``).
     run_cost: RunCostFit | None = None
+    # The card's step clock: T90 timed as its runs time it (in seconds of the priced ring).
+    steps: StepClock | None = None
 
 
 def replay_point(task: PointTask, trace: Trace) -> ReplayResult:
@@ -74,7 +76,9 @@ def evaluate(task: PointTask, trace: Trace) -> dict[str, Any]:
     run_counters = result.run_counters(record_bytes)
     counters = counter_metrics(run_counters)
     ring = result.ring_frame(task.cost, record_bytes)
-    summary = ring_summary(ring, task.window_s, converged_span_s=task.converged_span_s)
+    summary = ring_summary(
+        ring, task.window_s, converged_span_s=task.converged_span_s, steps=task.steps
+    )
     row: dict[str, Any] = {
         "point": task.point,
         "trace": task.trace_index,
@@ -91,7 +95,11 @@ def evaluate(task: PointTask, trace: Trace) -> dict[str, Any]:
         row["decode_tok_s"] = speed.get("estimate")
         row["decode_extrapolated"] = speed.get("extrapolated", 0.0) if speed else None
     shifts = phase_recovery(
-        ring, task.window_s, converged_span_s=task.converged_span_s, hold_s=task.hold_s
+        ring,
+        task.window_s,
+        converged_span_s=task.converged_span_s,
+        hold_s=task.hold_s,
+        steps=task.steps,
     )
     worst: float | None = None
     for shift in shifts:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.analyze.recovery import step_clock
 from harness.card import LoadedCard
 from harness.errors import BadInput
 from harness.formats.records import write_parquet
@@ -162,6 +163,7 @@ def plan_tasks(
                     analysis.hold_s,
                     phases,
                     run_cost=run_cost,
+                    steps=step_clock(analysis),
                 )
             )
     return tasks, first
