@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -34,7 +34,7 @@ from harness.analyze.recovery_stats import (
     shift_excess,
     time_range,
 )
-from harness.analyze.swap_table import SwapCost, swap_cost_frame, swap_cost_table
+from harness.analyze.swap_table import SwapCost, median_interval, swap_cost_frame, swap_cost_table
 from harness.card import Card
 from harness.errors import BadInput
 
@@ -113,9 +113,12 @@ class RecoveryRow:
     description: str
     t90: tuple[T90, ...]  # one per direction, in the ladder's direction order
     churn_per_min: float | None
-    converged_tok_s: dict[str, float | None]  # per phase after a shift
+    converged_tok_s: dict[str, float | None]  # per phase after a shift, median over runs
     c1_tok_s: float | None  # whole run: C1, else decode speed
     note_ids: tuple[int, ...]  # 1-based indices into the ladder's notes
+    # Per phase: the median's 95% bootstrap interval over runs (None under 2 runs) and the runs.
+    converged_ci: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+    converged_runs: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -333,12 +336,17 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
                 for part in str(note).split("; "):
                     if part:
                         row_notes.append(f"{direction[0]}→{direction[1]}: {general_note(part)}")
-        converged = {
-            phase: median_of(mine[mine["to_phase"] == phase]["converged_tok_s"])
+        speeds = {
+            phase: [
+                v
+                for v in (finite(x) for x in mine[mine["to_phase"] == phase]["converged_tok_s"])
+                if v is not None
+            ]
             if not mine.empty
-            else None
+            else []
             for phase in phases
         }
+        converged = {phase: median_of(values) for phase, values in speeds.items()}
         note_ids = []
         n_runs = max(1, len(set(mine["run_id"])) if not mine.empty else 1)
         for note, times in Counter(row_notes).items():
@@ -360,6 +368,10 @@ def recovery_ladder(card: Card, cells: pd.DataFrame, shifts: pd.DataFrame) -> Re
                 converged_tok_s=converged,
                 c1_tok_s=c1,
                 note_ids=tuple(note_ids),
+                converged_ci={
+                    p: median_interval(v, seed=card.design.seed) for p, v in speeds.items()
+                },
+                converged_runs={p: len(v) for p, v in speeds.items()},
             )
         )
     return RecoveryLadder(

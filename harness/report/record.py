@@ -84,7 +84,8 @@ def _recovery(recovery: dict[str, Any]) -> list[str]:
     else:
         out += _shift_rows(recovery)
     out += _table(
-        ["cell", "steady churn", *[f"C1 {p} (converged)" for p in recovery["phases"]],
+        ["cell", "steady churn",
+         *[f"C1 {p} (converged, median [95% CI] of runs)" for p in recovery["phases"]],
          "C1 whole run (prompt geomean, run median)"],
         [
             [r["name"], r["churn"]["text"], *[c["text"] for c in r["c1"]], r["c1_all"]["text"]]

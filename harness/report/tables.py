@@ -186,7 +186,14 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
                     "text": fmt.fixed(row.churn_per_min, 0, "/min"),
                 },
                 "c1": [
-                    {"value": row.converged_tok_s[p], "text": fmt.fixed(row.converged_tok_s[p], 1)}
+                    {
+                        "value": row.converged_tok_s[p],
+                        "text": _converged_text(
+                            row.converged_tok_s[p],
+                            row.converged_ci.get(p),
+                            row.converged_runs.get(p),
+                        ),
+                    }
                     for p in ladder.phases
                 ],
                 "c1_all": {"value": row.c1_tok_s, "text": fmt.fixed(row.c1_tok_s, 1)},
@@ -209,6 +216,16 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
             )
         ),
     }
+
+
+def _converged_text(value: float | None, ci: tuple[float, float] | None, runs: int | None) -> str:
+    """A converged speed with its interval over runs, or why it has none: a median of one run
+    beside another's is no finding."""
+    if value is None:
+        return fmt.MISSING
+    if ci is None:
+        return f"{fmt.fixed(value, 1)} ({runs or 0} run: no interval)"
+    return f"{fmt.fixed(value, 1)} [{fmt.fixed(ci[0], 1)}, {fmt.fixed(ci[1], 1)}]"
 
 
 def _interval(pair: tuple[float, float] | None, decimals: int) -> str:
