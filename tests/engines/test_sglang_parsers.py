@@ -1,0 +1,406 @@
+"""SGLang's own server-argument parser and validation judge what `harness validate` refuses.
+
+For each profile that boots SGLang (``sglang`` and ``sglang-eplb`` on SGLang 0.5.23,
+``sglang-kt`` on KTransformers' build, sglang-kt 0.7.2), every knob value a card can give and
+the pairs the engine's validation relates are cells of one card. `harness validate`
+(``load_card``) judges the card; each cell's command line is built by harness's own
+``boot_spec``, and the release judges it as ``python -m sglang.launch_server`` does before it
+touches a GPU:
+
+- 0.5.23: ``sglang.srt.server_args.prepare_server_args(argv)`` (its argparse parser and
+  ``ServerArgs``), ``ServerArgs.resolve_once()`` (the resolution pipeline of
+  ``srt/arg_groups/``, every hook and validator, with the model's config.json read), then
+  ``check_server_args()``, as ``launch_server.run_server`` and ``entrypoints/engine.py`` call them.
+- 0.7.2: ``prepare_server_args(argv)`` (its ``ServerArgs.__post_init__`` resolves and validates),
+  then ``check_server_args()`` (``entrypoints/engine.py``, ``_launch_subprocesses``).
+
+The released wheels are installed whole, as shipped (``pip install --no-deps --target``, one
+folder per release in the harness cache, made once), with the pure-Python modules their import
+needs and vLLM's venv lacks (orjson, IPython, traitlets, gguf, nvidia-ml-py), and run in vLLM's
+venv (python 3.11, CPU torch, transformers 5.19), one subprocess per release for all cells.
+
+Stood in, because they cannot load on a CPU:
+
+- ``sgl_kernel`` (SGLang's CUDA kernels; its PyPI build needs a GPU to load): an empty package
+  whose names are placeholders, and ``torch.library.register_fake`` skips the ``sgl_kernel::``
+  ops SGLang registers fake kernels for (the extension would have defined them). Nothing here
+  calls a kernel.
+- ``torchvision``: the only build on the index links ``libc10_cuda`` and fails to load against
+  CPU torch. SGLang's multimodal config modules import its transforms at import time; nothing
+  that resolves arguments calls them. transformers is told (before the stand-in goes in) that
+  torchvision is absent, as on any machine without it.
+- The GPU: CUDA reported available, eight H100s (compute capability 9.0, 80 GiB), and an
+  ``nvidia-smi`` on PATH that prints their memory (sglang-kt reads it at ``__post_init__``).
+  Every cell runs on the same stand-in box, so a refusal that depends on the GPU model is judged
+  as on an H100 box.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.card import Cell, load_card, load_runtime_profile
+from harness.errors import CardError
+from harness.profiles.schema import RuntimeProfile
+from harness.runtimes.boot import boot_spec
+from harness.runtimes.build_script import cache_root
+from tests.conftest import REPO
+from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
+from tests.engines.test_sglang_conformance import _kt_wheel, _wheel
+
+pytestmark = pytest.mark.slow
+
+CARD = REPO / "campaigns" / "sglang-kt-placement.yaml"
+FREQUENCY_FILE = REPO / "campaigns" / "maps" / "kt-frequency-refbox.pt"
+# What the releases import and vLLM's venv lacks: pure Python, or CPU wheels.
+IMPORT_NEEDS = ["orjson", "ipython", "traitlets", "gguf", "nvidia-ml-py"]
+# A Qwen3-MoE-shaped model's config.json, what resolution reads of the model: 8 layers of 64
+# experts, the shape the shipped KT frequency file was fitted for.
+MODEL_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 8,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
+
+# A pattern knob's values: a representative valid one and its boundaries the pattern admits.
+PATTERN_VALUES = {
+    "tp_size": ["1", "2"],
+    "ep_size": ["1", "2"],
+    "mem_fraction_static": ["0.85", ".1"],
+    "context_length": ["4096", "1"],
+    "chunked_prefill_size": ["8192", "-1"],
+    "max_running_requests": ["64", "1"],
+    "expert_distribution_recorder_buffer_size": ["-1", "1"],
+    "eplb_algorithm": ["auto", "deepseek", "zz"],
+    "eplb_rebalance_num_iterations": ["1000", "1"],
+    "eplb_rebalance_layers_per_chunk": ["1", "4"],
+    "eplb_min_rebalancing_utilization_threshold": ["0.5", "0", "1.0"],
+    "ep_num_redundant_experts": ["0", "16"],
+    "paged_experts_num_resident": ["8", "1"],
+    "moe_a2a_backend": ["none", "deepep", "zz"],
+    "kt_method": ["AMXINT4", "AMXINT8", "ZZ"],
+    "kt_cpuinfer": ["32", "1"],
+    "kt_threadpool_count": ["2", "1"],
+    "kt_num_gpu_experts": ["8", "0"],
+    "kt_gpu_experts_ratio": ["0.5", "0", "1"],
+    "kt_gpu_prefill_token_threshold": ["512", "0"],
+    "kt_max_deferred_experts_per_token": ["2", "0"],
+    "attention_backend": ["flashinfer", "triton", "zz"],
+}
+# Knobs every cell sets (not varied): where the model and KT's CPU weights are.
+FIXED = ("python", "model", "kt_weight_path")
+
+# The pairs the engines' validation relates (0.5.23: srt/arg_groups/parallel_hook.py
+# handle_eplb_and_dispatch, moe_hook.py handle_a2a_moe; paged experts, method.py; 0.7.2: its
+# server_args.py _handle_eplb_and_dispatch, _handle_a2a_moe and the kt_* handling), as knob
+# grids crossed in full.
+PAIRS: dict[str, list[dict[str, list[Any]]]] = {
+    "sglang": [
+        {"ep_dispatch_algorithm": ["static", "dynamic", "fake", "lp"],
+         "moe_a2a_backend": ["none", "deepep", "zz"], "ep_size": ["1", "2"]},
+        {"moe_a2a_backend": ["deepep"], "tp_size": ["1", "2"], "ep_size": ["1", "2"]},
+        {"enable_paged_experts": [True], "paged_experts_num_resident": [None, "8"],
+         "tp_size": ["1", "2"], "ep_size": ["1", "2"]},
+        {"enable_paged_experts": [True], "paged_experts_num_resident": ["8"],
+         "disable_shared_experts_fusion": [True], "disable_cuda_graph": [True]},
+        {"expert_distribution_recorder_mode": ["stat", "per_pass", "per_token", "stat_approx"],
+         "expert_balancedness_report_mode": ["off", "both"]},
+        {"ep_num_redundant_experts": ["0", "16"], "ep_size": ["1", "2"]},
+        {"return_routed_experts": [True], "disable_radix_cache": [True, False]},
+    ],
+    "sglang-eplb": [
+        {"enable_eplb": [True, False], "ep_size": ["1", "2"], "tp_size": ["1", "2"]},
+        {"enable_eplb": [True], "ep_size": ["2"], "tp_size": ["2"],
+         "ep_dispatch_algorithm": ["static", "dynamic", "fake", "lp"],
+         "moe_a2a_backend": ["none", "deepep"]},
+        {"enable_eplb": [True], "ep_size": ["2"], "tp_size": ["2"],
+         "ep_num_redundant_experts": ["0", "16"], "eplb_algorithm": ["auto", "deepseek"]},
+        {"enable_eplb": [True], "ep_size": ["2"], "tp_size": ["2"],
+         "eplb_rebalance_layers_per_chunk": ["1"],
+         "eplb_min_rebalancing_utilization_threshold": ["0", "0.5"]},
+    ],
+    "sglang-kt": [
+        {"kt_expert_placement_strategy": ["uniform", "frequency", "front-loading", "random"],
+         "kt_enable_dynamic_expert_update": [True, False]},
+        {"kt_num_gpu_experts": ["0", "8", "16"], "kt_gpu_experts_ratio": [None, "0.5"]},
+        {"kt_gpu_prefill_token_threshold": ["0", "512"],
+         "kt_max_deferred_experts_per_token": ["0", "2"]},
+        {"tp_size": ["1", "2"], "kt_num_gpu_experts": ["8"], "kt_method": ["AMXINT4", "MXFP4"]},
+        {"record_kt_gpu_expert_distribution": [True, False],
+         "expert_distribution_recorder_buffer_size": ["-1", "1000"]},
+    ],
+}  # fmt: skip
+# Whole-cell extras: speculative decoding (an argument, no knob) against Paged Experts.
+EXTRA_CELLS: dict[str, list[dict[str, Any]]] = {
+    "sglang": [
+        {"knobs": {"enable_paged_experts": True, "paged_experts_num_resident": "8"},
+         "args": ["--speculative-algorithm", "EAGLE"]},
+    ],
+    "sglang-eplb": [],
+    "sglang-kt": [],
+}  # fmt: skip
+
+# What validate refuses on rules of the harness's own, not the engine's: read apart.
+HARNESS_ONLY = {
+    # The recorder the profile drives would be reset by EPLB (cell_checks._check_eplb_recorder).
+    "EPLB shares",
+}
+# What the engine refuses only past argument resolution, with a GPU and the model's weights:
+# Paged Experts' check runs when the first MoE layer is built (0.5.23,
+# srt/layers/moe/paged_experts/method.py, check_paged_experts_compat), so its parser takes what
+# validate refuses of it; tests/engines/test_sglang_paged_experts.py runs that check.
+AT_MODEL_LOAD = ("needs paged_experts_num_resident", "runs on a single GPU only",
+                 "SGLang refuses it with enable_eplb", "SGLang refuses it with speculative",
+                 "fewer than the model's router top-k")  # fmt: skip
+
+# What the engine refuses and validate does not yet: a GPU generation other than the stand-in
+# H100's, or settings no knob of the profile sets (attention DP, dispatch-budget env). Listed
+# apart, each still asserted refused by the engine, so a release that changes one is seen.
+ENGINE_ALONE = {
+    ("attention_backend", "trtllm_mha"): "Blackwell (SM100) only",
+    ("attention_backend", "trtllm_mla"): "Blackwell (SM100/SM12x) only",
+    ("moe_a2a_backend", "deepep_v2"): "its dispatch budget env under chunked_prefill_size",
+    ("moe_a2a_backend", "flashinfer"): "--attn-dp-size equal to --tp-size",
+    ("moe_a2a_backend", "mori"): "its dispatch-token env under chunked_prefill_size",
+    ("moe_a2a_backend", "pplx"): "--attn-dp-size 2 or more",
+    ("moe_a2a_backend", "flashinfer_megamoe"): "an NVFP4 checkpoint (the model's quantization)",
+}
+
+
+def _site(name: str, wheels: list[Path], python: str) -> Path:
+    """The release installed whole into its own folder of the harness cache, made once."""
+    site = cache_root() / f"{name}-site"
+    done = site / ".harness-complete"
+    if not done.exists():
+        subprocess.run(
+            [python, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(site),
+             *map(str, wheels), *IMPORT_NEEDS],
+            check=True, timeout=1800,
+        )  # fmt: skip
+        done.touch()
+    return site
+
+
+# Runs in vLLM's venv: the stand-ins (the module docstring says which and why), then each
+# command line judged as `python -m sglang.launch_server` judges it before any GPU work.
+RUN_PARSER = r"""
+import importlib.abc, importlib.machinery, json, logging, sys, types
+import torch
+from transformers.utils import import_utils
+
+site, out_path = sys.argv[1:3]
+sys.path.insert(0, site)
+
+class _Placeholder(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return placeholder(name)
+
+def placeholder(name):
+    return _Placeholder(name, (), {"__init__": lambda self, *a, **k: None,
+                                   "__call__": lambda self, *a, **k: placeholder(name)})
+
+class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    roots = ("sgl_kernel", "torchvision")
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        def missing(attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return placeholder(attr)
+        module.__getattr__ = missing
+        return module
+    def exec_module(self, module):
+        module.__path__ = []
+
+assert not import_utils.is_torchvision_available()  # cached: transformers sees none
+sys.meta_path.insert(0, StandIns())
+real_register_fake = torch.library.register_fake
+def register_fake(op, *args, **kwargs):
+    if isinstance(op, str) and op.startswith("sgl_kernel::"):
+        return None if args else (lambda fn: fn)
+    return real_register_fake(op, *args, **kwargs)
+torch.library.register_fake = register_fake
+h100 = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30, major=9,
+                             minor=0, multi_processor_count=132)
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 8
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+torch.cuda.get_device_name = lambda *a, **k: h100.name
+torch.cuda.get_device_properties = lambda *a, **k: h100
+torch.cuda.mem_get_info = lambda *a, **k: (79 * 2**30, 80 * 2**30)
+torch.version.cuda = "12.9"
+
+from sglang.srt.server_args import prepare_server_args
+
+def judge(argv):
+    try:
+        args = prepare_server_args(argv)
+        if hasattr(args, "resolve_once"):
+            args.resolve_once()
+        args.check_server_args()
+    except BaseException as exc:
+        return {"refused": f"{type(exc).__name__}: {exc}"}
+    return {"refused": None}
+
+verdicts = [judge(argv) for argv in json.load(sys.stdin)]
+logging.shutdown()
+with open(out_path, "w", encoding="utf-8") as out:
+    json.dump(verdicts, out)
+"""
+
+
+def _engine_verdicts(python: str, site: Path, commands: list[list[str]], tmp: Path) -> list[Any]:
+    """The release's verdict on each command line (None: it boots past its arguments)."""
+    fake = tmp / "bin"
+    fake.mkdir()
+    smi = fake / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor gpu in 0 1 2 3 4 5 6 7; do echo 81559; done\n")
+    smi.chmod(0o755)
+    out = tmp / "verdicts.json"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "SGLANG_PLATFORM": ""}  # fmt: skip
+    done = subprocess.run(
+        [python, "-c", RUN_PARSER, str(site), str(out)],
+        input=json.dumps(commands), capture_output=True, text=True, timeout=900, env=env,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [verdict["refused"] for verdict in json.loads(out.read_text())]
+
+
+def _values(name: str, profile: RuntimeProfile) -> list[Any]:
+    """Every value a card can give a knob: each choice, a switch on and off, a pattern's
+    representative and boundary values."""
+    spec = profile.knobs[name]
+    if spec.choices:
+        return list(spec.choices)
+    if spec.switch:
+        return [True, False]
+    return PATTERN_VALUES[name]
+
+
+def _cells(profile_name: str, profile: RuntimeProfile, model: Path) -> dict[str, dict[str, Any]]:
+    """The card's cells: each knob value alone, then the pairs' grids and the extra cells."""
+    base: dict[str, Any] = {"model": str(model)}
+    if "kt_weight_path" in profile.knobs:
+        base.update(kt_weight_path=str(model), kt_method="AMXINT4")
+    settings: list[dict[str, Any]] = [{}]
+    settings += [{"knobs": {knob: value}} for knob in profile.knobs if knob not in FIXED
+                 for value in _values(knob, profile)]  # fmt: skip
+    for grid in PAIRS[profile_name]:
+        for values in itertools.product(*grid.values()):
+            knobs = {k: v for k, v in zip(grid, values, strict=True) if v is not None}
+            settings.append({"knobs": knobs})
+    settings += EXTRA_CELLS[profile_name]
+    cells = {}
+    for index, setting in enumerate(settings):
+        cell: dict[str, Any] = {"knobs": {**base, **setting.get("knobs", {})}}
+        if setting.get("args"):
+            cell["args"] = setting["args"]
+        if cell["knobs"].get("kt_expert_placement_strategy") == "frequency":
+            cell["files"] = {"init_expert_location": str(FREQUENCY_FILE)}
+        cells[f"c{index}"] = cell
+    return cells
+
+
+def _validate_refusals(folder: Path, profile_name: str, cells: dict[str, Any]) -> dict[str, list]:
+    """What `harness validate` refuses of each cell (its problem lines), one card for all."""
+    (folder / "prompts").symlink_to(REPO / "campaigns" / "prompts")
+    card = yaml.safe_load(CARD.read_text(encoding="utf-8"))
+    card.update(runtime=profile_name, control="c0", cells=cells)
+    card["gates"] = [{"kind": "better", "metric": "decode_tok_s"}]  # one every profile has
+    path = folder / "card.yaml"
+    path.write_text(yaml.safe_dump(card), encoding="utf-8")
+    refused: dict[str, list[str]] = {}
+    try:
+        load_card(path)
+    except CardError as exc:
+        for line in exc.lines():
+            found = re.search(r": cells\.(c\d+)\.(\S+): (.*)", line)
+            assert found, line
+            refused.setdefault(found.group(1), []).append(found.group(3))
+    return refused
+
+
+def _argv(profile: RuntimeProfile, cell: dict[str, Any]) -> list[str]:
+    """The command line harness boots the cell with, after `python -m sglang.launch_server`."""
+    uploaded = {key: "/runs/r0/files/" + Path(value).name
+                for key, value in cell.get("files", {}).items()}  # fmt: skip
+    uploaded = {key: str(FREQUENCY_FILE) for key in uploaded}  # the engine may read it
+    spec = boot_spec(profile, Cell.model_validate(cell), port=30000, run_dir="/runs/r0",
+                     python="python3", bind_host="127.0.0.1", cache_dir="/runs/cache",
+                     uploaded=uploaded)  # fmt: skip
+    assert spec.argv[:2] == ["sh", "-c"] and spec.argv[3] == "sglang", spec.argv
+    return spec.argv[4:]
+
+
+RELEASES = {
+    "sglang": ("sglang-0.5.23", lambda: [_wheel()]),
+    "sglang-eplb": ("sglang-0.5.23", lambda: [_wheel()]),
+    "sglang-kt": ("sglang-kt-0.7.2", lambda: [_kt_wheel()]),
+}
+
+
+@pytest.mark.parametrize("profile_name", ["sglang", "sglang-eplb", "sglang-kt"])
+def test_validate_refuses_what_the_release_refuses(
+    torch_python: str,  # noqa: F811
+    tmp_path: Path,
+    profile_name: str,
+) -> None:
+    release, wheels = RELEASES[profile_name]
+    site = _site(release, wheels(), torch_python)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG), encoding="utf-8")
+    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / f"{profile_name}.yaml")
+    cells = _cells(profile_name, profile, model)
+    refused = _validate_refusals(tmp_path, profile_name, cells)
+    names = list(cells)
+    commands = [_argv(profile, cells[n]) for n in names]
+    # A probe the release must refuse (argparse: --tp-size takes an integer): the judge can.
+    probe = [*commands[0], "--tp-size", "two"]
+    *judged, probed = _engine_verdicts(torch_python, site, [*commands, probe], tmp_path)
+    assert probed is not None and probed.startswith("SystemExit"), probed
+    verdicts = dict(zip(names, judged, strict=True))
+    engine = {name for name, why in verdicts.items() if why is not None}
+    alone = {name for name, cell in cells.items()
+             if any(cell["knobs"].get(knob) == value for knob, value in ENGINE_ALONE)}  # fmt: skip
+    assert alone <= engine, {n: cells[n]["knobs"] for n in alone - engine}
+    engine -= alone
+    assert len(engine) < len(cells), verdicts
+    assert set(refused) >= engine, {
+        n: (cells[n]["knobs"], verdicts[n]) for n in sorted(engine - set(refused))
+    }
+    # What validate alone refuses, it refuses on the harness's own rules or on what the engine
+    # refuses only at the model's load; never where the engine's arguments would boot it.
+    reasons = (*HARNESS_ONLY, *AT_MODEL_LOAD)
+    unexplained = {
+        name: (cells[name]["knobs"], lines)
+        for name, lines in refused.items()
+        if name not in engine and not all(any(w in line for w in reasons) for line in lines)
+    }
+    assert not unexplained, unexplained
