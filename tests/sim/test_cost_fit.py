@@ -19,6 +19,7 @@ import pytest
 
 from harness.analyze.campaign import analyze_campaign
 from harness.analyze.cell_values import cell_value
+from harness.analyze.recovery import step_clock
 from harness.card import load_card
 from harness.sim.cost_fit import (
     TERMS,
@@ -348,9 +349,15 @@ def test_a_predicted_recovery_holds_its_own_estimate(tmp_path: Path) -> None:
     card = load_card(REPO / "campaigns" / "demo.yaml")
     stale = next(c for c in simulate_cells(card, trace) if c.name == "stale")
     analysis = card.card.analysis
-    band = predict_recovery(fit, partial(_priced_ring, stale), stale.settings.record_bytes,
-                            window_s=analysis.window_s, converged_span_s=analysis.converged_span_s,
-                            hold_s=analysis.hold_s)["t90_s"]  # fmt: skip
+    band = predict_recovery(
+        fit,
+        partial(_priced_ring, stale),
+        stale.settings.record_bytes,
+        window_s=analysis.window_s,
+        converged_span_s=analysis.converged_span_s,
+        hold_s=analysis.hold_s,
+        steps=step_clock(analysis),
+    )["t90_s"]
     estimate, low, high = band["estimate"], band["low"], band["high"]
     assert estimate is not None and low is not None and low <= estimate
     assert high is None or estimate <= high
