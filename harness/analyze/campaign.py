@@ -36,6 +36,7 @@ from harness.analyze.looks import (
     undecided,
 )
 from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured, provenance
+from harness.analyze.recovery import step_clock
 from harness.analyze.runs import RUN_KEYS, load_runs
 from harness.analyze.runtime_tables import RuntimeTables, build_runtime_tables
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
@@ -286,18 +287,40 @@ def _predictions(
         if predicted.card.campaign != card.campaign:
             continue
         source = f"{sibling.parent.name}/{sibling.name}"
+        clocks = _recovery_clock(card), _recovery_clock(predicted.card)
         found = predicted_vs_measured(
             card, cells, predicted.cells, source, _predicted_speed(sibling),
-            shifts=(shifts, predicted.shifts),
+            shifts=(shifts, predicted.shifts), recovery=clocks[0] == clocks[1],
         )  # fmt: skip
         if found is not None:
+            unlike = (
+                [f"T90 and T2x not compared: the simulation timed recovery {clocks[1]}, this "
+                 f"campaign {clocks[0]} (one definition a side, not the same one)"]
+                if clocks[0] != clocks[1]
+                else []
+            )  # fmt: skip
             return replace(
                 found,
-                mismatches=tuple(_simulation_mismatches(root, sibling)),
+                mismatches=(*_simulation_mismatches(root, sibling), *unlike),
                 fitted_swap=_fitted_swap(sibling),
                 provenance=_provenance(root, sibling),
             )
     return None
+
+
+def _recovery_clock(card: Card) -> str:
+    """How a campaign times recovery, in words: two campaigns' T90s compare only alike."""
+    a = card.analysis
+    if a.window_steps is not None:
+        clock = step_clock(a)
+        assert clock is not None
+        return (
+            f"on the step clock ({clock.window}-step windows, span {clock.converged_span}, "
+            f"hold {clock.hold})"
+        )
+    return (
+        f"in seconds ({a.window_s:g} s windows, span {a.converged_span_s:g} s, hold {a.hold_s:g} s)"
+    )
 
 
 def _provenance(root: Path, sibling: Path) -> str:

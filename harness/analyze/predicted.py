@@ -160,15 +160,19 @@ def predicted_vs_measured(
     source: str,
     speed: dict[str, dict[str, dict[str, float]]] | None = None,
     shifts: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    recovery: bool = True,
 ) -> PredictedVsMeasured | None:
     """Rows for every predicted metric either side has; None when neither has any. ``speed``
     is a fitted cost's prediction per cell and metric (estimate, low, high), which replaces the
     simulated ring's own figure (priced without the box's noise) and brings an interval.
     ``shifts`` (measured, predicted: each campaign's shifts table) gives T90 and T2x with
-    "never" counted (:func:`recovery_median`)."""
+    "never" counted (:func:`recovery_median`). ``recovery`` False leaves T90 and T2x out: the
+    two sides timed recovery on different clocks."""
     state = card.design.cache_states[0]
     rows = []
     for metric in PREDICTED_METRICS:
+        if metric in RECOVERY_METRICS and not recovery:
+            continue
         for cell in card.cells:
             value = cell_value(measured, cell, state, metric)
             guess = cell_value(predicted, cell, state, metric)
