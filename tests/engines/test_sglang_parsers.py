@@ -365,27 +365,50 @@ RELEASES = {
 }
 
 
-@pytest.mark.parametrize("profile_name", ["sglang", "sglang-eplb", "sglang-kt"])
-def test_validate_refuses_what_the_release_refuses(
+PROFILES = ("sglang", "sglang-eplb", "sglang-kt")
+
+
+@pytest.fixture(scope="module")
+def judged(
     torch_python: str,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, dict[str, Any], dict[str, str | None]]]:
+    """Per profile: the model folder, its cells and the release's verdict on each; one
+    subprocess per release (the two 0.5.23 profiles' command lines judged together). A probe
+    each release must refuse (argparse: --tp-size takes an integer) shows the judge can."""
+    folder = tmp_path_factory.mktemp("sglang-parsers")
+    model = folder / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG), encoding="utf-8")
+    cells, commands = {}, {}
+    for name in PROFILES:
+        profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / f"{name}.yaml")
+        cells[name] = _cells(name, profile, model)
+        commands[name] = [_argv(profile, cell) for cell in cells[name].values()]
+    out: dict[str, tuple[Path, dict[str, Any], dict[str, str | None]]] = {}
+    for release in dict.fromkeys(RELEASES[name][0] for name in PROFILES):
+        names = [name for name in PROFILES if RELEASES[name][0] == release]
+        site = _site(release, RELEASES[names[0]][1](), torch_python)
+        lines = [line for name in names for line in commands[name]]
+        probe = [*lines[0], "--tp-size", "two"]
+        work = folder / release
+        work.mkdir()
+        *verdicts, probed = _engine_verdicts(torch_python, site, [*lines, probe], work)
+        assert probed is not None and probed.startswith("SystemExit"), probed
+        for name in names:
+            mine, verdicts = verdicts[: len(commands[name])], verdicts[len(commands[name]) :]
+            out[name] = (model, cells[name], dict(zip(cells[name], mine, strict=True)))
+    return out
+
+
+@pytest.mark.parametrize("profile_name", PROFILES)
+def test_validate_refuses_what_the_release_refuses(
+    judged: dict[str, tuple[Path, dict[str, Any], dict[str, str | None]]],
     tmp_path: Path,
     profile_name: str,
 ) -> None:
-    release, wheels = RELEASES[profile_name]
-    site = _site(release, wheels(), torch_python)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(MODEL_CONFIG), encoding="utf-8")
-    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / f"{profile_name}.yaml")
-    cells = _cells(profile_name, profile, model)
+    _, cells, verdicts = judged[profile_name]
     refused = _validate_refusals(tmp_path, profile_name, cells)
-    names = list(cells)
-    commands = [_argv(profile, cells[n]) for n in names]
-    # A probe the release must refuse (argparse: --tp-size takes an integer): the judge can.
-    probe = [*commands[0], "--tp-size", "two"]
-    *judged, probed = _engine_verdicts(torch_python, site, [*commands, probe], tmp_path)
-    assert probed is not None and probed.startswith("SystemExit"), probed
-    verdicts = dict(zip(names, judged, strict=True))
     engine = {name for name, why in verdicts.items() if why is not None}
     alone = {name for name, cell in cells.items()
              if any(cell["knobs"].get(knob) == value for knob, value in ENGINE_ALONE)}  # fmt: skip
