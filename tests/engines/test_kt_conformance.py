@@ -1,26 +1,44 @@
 """KTransformers' own code judges the frequency file `harness fit-map` writes, the check that
 refuses one of another model's shape, and the reading of its recorder's two-file dumps.
 
-No SGLang or KT server runs on a CPU, and their packages do not import without a GPU stack, but
-the function that turns a frequency file into GPU expert masks is plain torch: sglang-kt
-0.7.2's `_init_kt_gpu_experts_masks` (sglang/srt/layers/moe/kt_ep_wrapper.py) and kt-kernel
-0.7.2's `generate_gpu_experts_masks` (kt_kernel/experts_base.py). The released wheels are
-downloaded once (`pip download --no-deps`, into the harness cache), those two functions are
-taken out of their sources unchanged and run in vLLM's venv (real torch) with the server
-arguments a 48-layer, 128-expert model with one dense layer (DeepSeek's `first_k_dense_replace`)
-would give them, and with DeepSeek-V2-Lite's config, plain and nested under `text_config` as a VL
-model's is, on what `fit-map` writes from one short calibration with and without decay. Its
-recorder (sglang/srt/eplb/expert_distribution.py: the stat gatherer and accumulator, the
-GPU-mask gatherer and accumulator, and `dump_record`) runs the same way on one rank and writes
-the counts and the masks to their two files. Nothing of theirs is copied here:
-the test reads their files at run time.
+No SGLang or KT server runs on a CPU, but their released modules import and run on one. The
+wheels of sglang-kt 0.7.2 and kt-kernel 0.7.2 are downloaded once (`pip download --no-deps`,
+into the harness cache) and installed whole, as shipped, each into a folder of its own
+(tests/engines/sglang_site.py; kt-kernel apart because its wheel also ships top-level
+`sgl_kernel`, `deep_gemm` and `triton_kernels` packages that sglang-kt's folder does not have).
+One process of vLLM's venv (python 3.11, real CPU torch) per test module imports, whole:
+
+- `kt_kernel` and `kt_kernel.experts_base`, native extension included (its CPU detection loads
+  the AVX-512 build this CPU takes), whose `generate_gpu_experts_masks` sglang-kt imports;
+- `sglang.srt.layers.moe.kt_ep_wrapper`, whose `_init_kt_gpu_experts_masks` is called as SGLang
+  calls it at boot on tensor-parallel rank 0 (SGLang's own process groups of one rank, made by
+  its `init_distributed_environment` and `initialize_model_parallel` over gloo, so its rank and
+  its broadcast of the masks are its own), with the server arguments of a frequency placement
+  (`kt_num_gpu_experts`, `kt_expert_placement_strategy`, `init_expert_location`, and the
+  model's config as `get_hf_config` gives it): a 48-layer, 128-expert model with one dense layer
+  (DeepSeek's `first_k_dense_replace`), and DeepSeek-V2-Lite's config, plain and nested under
+  `text_config` as a VL model's is, on what `fit-map` writes from one short calibration with and
+  without decay;
+- `sglang.srt.eplb.expert_distribution`, whose `ExpertDistributionRecorder.init_new` makes the
+  recorder a KT server makes with `--expert-distribution-recorder-mode stat` and
+  `--record-kt-gpu-expert-distribution` on rank 0; it is started, records each pass through
+  `with_forward_pass`, `with_current_layer`, `on_select_experts` and `on_gpu_expert_mask`, and
+  its `dump_record` writes the counts and the masks to their two files.
+
+Stood in: what tests/engines/sglang_site.py stands in for (`sgl_kernel`, `torchvision`, the
+GPU: its docstring says why); SGLang is shown no GPU while it makes its process groups (a CPU
+box's are gloo's, on the CPU); the server arguments and the expert-location metadata the two
+entry points read are given as plain objects holding those fields; and in the recorder's
+module only, its gatherer's counts, which it allocates on "cuda", are allocated on the CPU, and
+its device module's `empty_cache` and stream-capture query answer as an idle GPU's would.
+Nothing of theirs is copied here.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,115 +61,197 @@ from harness.runtimes.recorder import per_token_counts
 from harness.sim.fitmap import coverage, frequency_hot
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO
+from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.sim.test_fitmap import cli
 
 pytestmark = pytest.mark.slow
 
-WHEELS = {
-    "sglang-kt==0.7.2": ("sglang_kt-0.7.2-", "sglang/srt/layers/moe/kt_ep_wrapper.py"),
-    "kt-kernel==0.7.2": ("kt_kernel-0.7.2-", "kt_kernel/experts_base.py"),
-}
+WHEELS = {"sglang-kt==0.7.2": "sglang_kt-0.7.2-", "kt-kernel==0.7.2": "kt_kernel-0.7.2-"}
 LAYERS, EXPERTS, DENSE, PER_LAYER = 48, 128, 1, 8
 
-# Runs in vLLM's venv: KT's two functions from their released sources, as SGLang calls the first
-# at boot (tensor-parallel rank 0, no process group).
-KT_LOADER = """
-import ast, json, logging, sys, types, typing
-import torch
-import torch.distributed as dist
+# Runs in vLLM's venv, one process for a test module: the stand-ins, SGLang's tensor-parallel
+# group of one rank, sglang-kt's and kt-kernel's modules imported whole, then one job per
+# line of stdin, each answered on stdout by a line "@@" + JSON: what the job returned or the
+# exception it raised, and what KT logged meanwhile.
+RUN_KT = (
+    STAND_INS
+    + r"""
+import json, logging, time, traceback
 
-wrapper, base = sys.argv[1:3]
-
-def function(path, name):
-    source = open(path, encoding="utf-8").read()
-    node = next(n for n in ast.parse(source).body
-                if isinstance(n, ast.FunctionDef) and n.name == name)
-    return ast.get_source_segment(source, node)
-
+store = sys.argv[1]
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-space = {"torch": torch, "dist": dist, "logger": logging.getLogger("kt"),
-         "Optional": typing.Optional, "List": typing.List, "_KT_GPU_EXPERTS_MASKS": None,
-         "get_tensor_model_parallel_rank": lambda: 0}
-exec(function(base, "generate_gpu_experts_masks"), space)
-exec(function(wrapper, "_init_kt_gpu_experts_masks"), space)
+logged = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        logged.append(record.getMessage())
+logging.getLogger().addHandler(Keep())
 
-def masks(config, init_file, per_layer):
-    space["_KT_GPU_EXPERTS_MASKS"] = None  # its once-per-process cache
-    args = types.SimpleNamespace(get_hf_config=lambda: config, kt_gpu_experts_ratio=None,
-                                 kt_num_gpu_experts=per_layer,
-                                 kt_expert_placement_strategy="frequency",
-                                 init_expert_location=init_file)
-    return space["_init_kt_gpu_experts_masks"](args).tolist()
-"""
+from sglang.srt.distributed import parallel_state
+from sglang.srt.utils import common
 
-# One placement, printed: a model of LAYERS x EXPERTS with DENSE dense layers.
-RUN_KT_LOADER = (
-    KT_LOADER
-    + """
-init_file, layers, experts, dense, per_layer = sys.argv[3:8]
-config = types.SimpleNamespace(num_hidden_layers=int(layers), n_routed_experts=int(experts),
-                               first_k_dense_replace=int(dense), moe_layer_freq=1)
-print(json.dumps(masks(config, init_file, int(per_layer))))
-"""
-)
+# The boot's process groups on one rank (tp rank 0), over gloo: this box's only device is its
+# CPU, so SGLang is let see none while it makes them, then the stand-in H100s again.
+torch.cuda.is_available = lambda: False
+common.is_cuda.cache_clear(), common.is_cuda_alike.cache_clear()
+parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                            distributed_init_method=f"file://{store}",
+                                            backend="gloo")
+parallel_state.initialize_model_parallel(1, backend="gloo")
+torch.cuda.is_available = lambda: True
+common.is_cuda.cache_clear(), common.is_cuda_alike.cache_clear()
+assert parallel_state.get_tensor_model_parallel_rank() == 0
 
-# Many placements in one process: jobs [{"config": config.json, "init": file, "per_layer": K}],
-# each config.json given as the attributes an HF config object has (nested configs, such as a
-# VL model's text_config, as objects of their own).
-RUN_KT_PLACEMENTS = (
-    KT_LOADER
-    + """
+from kt_kernel import experts_base
+from sglang.srt.eplb import expert_distribution
+from sglang.srt.layers.moe import kt_ep_wrapper
+
+assert kt_ep_wrapper.generate_gpu_experts_masks is experts_base.generate_gpu_experts_masks
+
 def attributes(value):
     if isinstance(value, dict):
         return types.SimpleNamespace(**{k: attributes(v) for k, v in value.items()})
     return value
 
-out = []
-for job in json.load(open(sys.argv[3])):
-    config = attributes(json.load(open(job["config"])))
-    out.append(masks(config, job["init"], job["per_layer"]))
-print(json.dumps(out))
+def masks(config, init, per_layer):
+    # As SGLang calls it at boot: the server arguments of a frequency placement.
+    kt_ep_wrapper._KT_GPU_EXPERTS_MASKS = None  # its once-per-process cache
+    args = types.SimpleNamespace(get_hf_config=lambda: attributes(config),
+                                 kt_gpu_experts_ratio=None, kt_num_gpu_experts=per_layer,
+                                 kt_expert_placement_strategy="frequency",
+                                 init_expert_location=init)
+    return kt_ep_wrapper._init_kt_gpu_experts_masks(args).tolist()
+
+class CpuTorch(types.ModuleType):
+    # The recorder's torch, but its gatherer's counts (allocated on "cuda") on the CPU, and
+    # its device module's cache emptied and stream capture asked of as a GPU's would be.
+    def __getattr__(self, name):
+        return getattr(torch, name)
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, **kwargs)
+    @staticmethod
+    def get_device_module(*args):
+        return types.SimpleNamespace(empty_cache=lambda: None,
+                                     is_current_stream_capturing=lambda: False)
+
+expert_distribution.torch = CpuTorch("torch")
+
+def record(out_dir, routing, masks, experts):
+    # A KT server's recorder on rank 0 with --expert-distribution-recorder-mode stat and
+    # --record-kt-gpu-expert-distribution: started, each pass recorded as the model's forward
+    # records it, then dumped to files, as the /dump_expert_distribution_record call does.
+    os.environ["SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR"] = out_dir
+    layers = len(routing[0])
+    server_args = types.SimpleNamespace(expert_distribution_recorder_mode="stat",
+                                        expert_distribution_recorder_buffer_size=-1,
+                                        enable_expert_distribution_metrics=False,
+                                        record_kt_gpu_expert_distribution=True,
+                                        eplb_min_rebalancing_utilization_threshold=1.0,
+                                        moe_a2a_backend="none", device="cpu")
+    meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
+                                 num_logical_experts=experts, num_local_physical_experts=experts,
+                                 physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
+                                 ep_size=1)
+    recorder = expert_distribution.ExpertDistributionRecorder.init_new(server_args, meta, 0)
+    recorder.start_record()
+    for index, passes in enumerate(routing):
+        with recorder.with_forward_pass(index, None):
+            for layer, topk_ids in enumerate(passes):
+                with recorder.with_current_layer(layer):
+                    recorder.on_select_experts(torch.tensor(topk_ids))
+                    recorder.on_gpu_expert_mask(
+                        layer, torch.tensor(masks[index][layer], dtype=torch.bool))
+    recorder.stop_record()
+    recorder.dump_record("file")
+    return out_dir
+
+jobs = {"masks": masks, "record": record}
+for line in sys.stdin:
+    job = json.loads(line)
+    logged.clear()
+    try:
+        answer = {"value": jobs[job.pop("kind")](**job)}
+    except Exception as exc:
+        traceback.print_exc()
+        answer = {"error": f"{type(exc).__name__}: {exc}"}
+    answer["log"] = list(logged)
+    print("@@" + json.dumps(answer), flush=True)
+os._exit(0)  # what SGLang registered to run at exit is for a server's shutdown, not this
 """
 )
 
 
-@pytest.fixture(scope="module")
-def kt_sources(tmp_path_factory: pytest.TempPathFactory, torch_python: str) -> dict[str, Path]:  # noqa: F811
-    """The two source files, from the released wheels (downloaded once)."""
+def kt_wheels(python: str) -> list[Path]:
+    """sglang-kt's and kt-kernel's released wheels, downloaded once into the harness cache."""
     folder = cache_root() / "kt-wheels"
     folder.mkdir(parents=True, exist_ok=True)
-    out = tmp_path_factory.mktemp("kt-sources")
-    sources: dict[str, Path] = {}
-    for requirement, (prefix, member) in WHEELS.items():
+    wheels = []
+    for requirement, prefix in WHEELS.items():
         found = sorted(folder.glob(f"{prefix}*.whl"))
         if not found:
             subprocess.run(
-                [torch_python, "-m", "pip", "download", "--no-deps", "--quiet",
+                [python, "-m", "pip", "download", "--no-deps", "--quiet",
                  requirement, "-d", str(folder)],
                 check=True, timeout=900,
             )  # fmt: skip
             found = sorted(folder.glob(f"{prefix}*.whl"))
-        with zipfile.ZipFile(found[0]) as wheel:
-            target = out / Path(member).name
-            target.write_bytes(wheel.read(member))
-        sources[member] = target
-    return sources
+        wheels.append(found[0])
+    return wheels
 
 
-def _kt_masks(
-    python: str, sources: dict[str, Path], init_file: Path
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [python, "-c", RUN_KT_LOADER, *_loader_sources(sources), str(init_file),
-         str(LAYERS), str(EXPERTS), str(DENSE), str(PER_LAYER)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+class KtRuntime:
+    """sglang-kt 0.7.2 and kt-kernel 0.7.2, imported whole in one process of vLLM's venv."""
+
+    def __init__(self, python: str, folder: Path) -> None:
+        sglang_kt, kt_kernel = kt_wheels(python)
+        sites = [engine_site("sglang-kt-0.7.2", [sglang_kt], python),
+                 engine_site("kt-kernel-0.7.2", [kt_kernel], python, needs=[])]  # fmt: skip
+        self.stderr = folder / "stderr.txt"
+        with self.stderr.open("w") as errors:
+            self.process = subprocess.Popen(
+                [python, "-c", RUN_KT, str(folder / "store")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+                env=gpu_env(folder, sites),
+            )  # fmt: skip
+
+    def ask(self, kind: str, **job: Any) -> dict[str, Any]:
+        """One job's answer: {"value": ...} or {"error": "Type: message"}, and "log"."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"kind": kind, **job}) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith("@@"):
+                return json.loads(line[2:])
+        raise AssertionError(self.stderr.read_text()[-4000:])
+
+    def close(self) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        finally:
+            self.process.kill()  # a no-op once it has exited
+            self.process.stdout.close()
 
 
-def _loader_sources(sources: dict[str, Path]) -> list[str]:
-    return [str(sources["sglang/srt/layers/moe/kt_ep_wrapper.py"]),
-            str(sources["kt_kernel/experts_base.py"])]  # fmt: skip
+@pytest.fixture(scope="module")
+def kt_runtime(
+    tmp_path_factory: pytest.TempPathFactory,
+    torch_python: str,  # noqa: F811
+) -> Iterator[KtRuntime]:
+    """KT's modules imported whole once for a test module."""
+    runtime = KtRuntime(torch_python, tmp_path_factory.mktemp("kt-runtime"))
+    yield runtime
+    runtime.close()
+
+
+def _kt_masks(runtime: KtRuntime, init_file: Path) -> dict[str, Any]:
+    """KT's GPU masks of a model of LAYERS x EXPERTS with DENSE dense layers."""
+    config = {"num_hidden_layers": LAYERS, "n_routed_experts": EXPERTS,
+              "first_k_dense_replace": DENSE, "moe_layer_freq": 1}  # fmt: skip
+    return runtime.ask("masks", config=config, init=str(init_file), per_layer=PER_LAYER)
 
 
 def _dense_prefix_counts() -> np.ndarray:
@@ -163,8 +263,7 @@ def _dense_prefix_counts() -> np.ndarray:
 
 
 def test_kts_own_loader_places_what_fit_map_scores_for_a_dense_prefix_model(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],
+    kt_runtime: KtRuntime,
     tmp_path: Path,
 ) -> None:
     counts = _dense_prefix_counts()
@@ -173,10 +272,10 @@ def test_kts_own_loader_places_what_fit_map_scores_for_a_dense_prefix_model(
     frequency = tmp_path / "kt-frequency.pt"
     code, text = cli("fit-map", str(dump), "--format", "kt-frequency", "-o", str(frequency))
     assert code == 0 and f"logical_count [1, {LAYERS}, {EXPERTS}]" in text
-    done = _kt_masks(torch_python, kt_sources, frequency)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "with activation frequency data" in done.stderr
-    masks = np.array(json.loads(done.stdout))
+    done = _kt_masks(kt_runtime, frequency)
+    assert "error" not in done, done
+    assert any("with activation frequency data" in line for line in done["log"])
+    masks = np.array(done["value"])
     assert masks.shape == (LAYERS, EXPERTS)
     assert masks[:DENSE].all()  # KT keeps a dense layer wholly on the GPU
     # Its MoE layers hold K x MoE layers experts, the ones fit-map's scoring assumes.
@@ -187,25 +286,24 @@ def test_kts_own_loader_places_what_fit_map_scores_for_a_dense_prefix_model(
 
 
 def test_kts_loader_refuses_a_two_dimensional_file_and_ignores_a_json(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],
+    kt_runtime: KtRuntime,
     tmp_path: Path,
 ) -> None:
     # What fit-map wrote before: [layers, experts], which KT refuses at boot.
     flat = tmp_path / "flat.pt"
     write_torch_file(flat, {"logical_count": _dense_prefix_counts()})
-    done = _kt_masks(torch_python, kt_sources, flat)
-    assert done.returncode != 0 and "Expected activation counts tensor with 3 dims" in done.stderr
+    done = _kt_masks(kt_runtime, flat)
+    assert "Expected activation counts tensor with 3 dims" in done.get("error", ""), done
     # A .json is not read at all: KT places uniformly, which `harness validate` refuses.
     as_json = tmp_path / "counts.json"
     as_json.write_text(json.dumps({"logical_count": _dense_prefix_counts().tolist()}))
-    done = _kt_masks(torch_python, kt_sources, as_json)
-    assert done.returncode == 0 and "WITHOUT activation frequency data" in done.stderr
+    done = _kt_masks(kt_runtime, as_json)
+    assert "error" not in done, done
+    assert any("WITHOUT activation frequency data" in line for line in done["log"])
 
 
 def test_the_harness_refuses_exactly_the_frequency_files_kts_loader_refuses(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],
+    kt_runtime: KtRuntime,
     tmp_path: Path,
 ) -> None:
     # `validate` and `run` judge a frequency file against the model's config.json before a
@@ -219,10 +317,10 @@ def test_the_harness_refuses_exactly_the_frequency_files_kts_loader_refuses(
     shipped = REPO / "campaigns" / "maps" / "kt-frequency-refbox.pt"
     for path in (shipped, wrong_experts, right):
         ours = kt_frequency_refusal(logical_count_shape(path), config)
-        done = _kt_masks(torch_python, kt_sources, path)
-        assert (ours is None) == (done.returncode == 0), (path.name, ours, done.stderr[-800:])
+        done = _kt_masks(kt_runtime, path)
+        assert (ours is None) == ("error" not in done), (path.name, ours, done)
         if ours is not None:
-            assert "doesn't match model" in done.stderr, done.stderr[-800:]
+            assert "doesn't match model" in done["error"], done
 
 
 # DeepSeek-V2-Lite's shape (layer 0 dense, 26 MoE layers of 64 routed experts, 6 per token), as
@@ -264,8 +362,7 @@ def _v2_lite_trace(path: Path, tokens: int, seed: int) -> None:
 
 
 def test_kts_own_loader_places_exactly_what_fit_map_scored(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],
+    kt_runtime: KtRuntime,
     tmp_path: Path,
 ) -> None:
     # One short calibration, fitted with decay half-lives 2, 20 and none: decayed counts are
@@ -281,7 +378,7 @@ def test_kts_own_loader_places_exactly_what_fit_map_scored(
         configs[name] = tmp_path / name / "config.json"
         configs[name].parent.mkdir()
         configs[name].write_text(json.dumps(config), encoding="utf-8")
-    jobs, cases, printed = [], [], {}
+    placements, cases, printed = [], [], {}
     for label, decay in HALF_LIVES.items():
         frequency = tmp_path / f"kt-{label}.pt"
         fit = ["--format", "kt-frequency", "--top", f"{GPU_PER_LAYER}", "-o", str(frequency)]
@@ -291,20 +388,17 @@ def test_kts_own_loader_places_exactly_what_fit_map_scored(
         for name, config in configs.items():
             shape = logical_count_shape(frequency)
             assert kt_frequency_refusal(shape, json.loads(config.read_text())) is None
-            jobs.append({"config": str(config), "init": str(frequency), "per_layer": GPU_PER_LAYER})
+            job = {"config": json.loads(config.read_text()), "init": str(frequency),
+                   "per_layer": GPU_PER_LAYER}  # fmt: skip
+            answer = kt_runtime.ask("masks", **job)
+            assert "error" not in answer, answer
+            placements.append(answer["value"])
             cases.append((label, name))
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
-    done = subprocess.run(
-        [torch_python, "-c", RUN_KT_PLACEMENTS, *_loader_sources(kt_sources),
-         str(tmp_path / "jobs.json")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
     moe = range(V2_LITE["first_k_dense_replace"], V2_LITE["num_hidden_layers"])
     budget = GPU_PER_LAYER * len(moe)
     held_trace = load_trace(held)
     differ, lines = {}, {}
-    for (label, name), placed in zip(cases, json.loads(done.stdout), strict=True):
+    for (label, name), placed in zip(cases, placements, strict=True):
         masks = np.array(placed, dtype=bool)
         assert masks[: moe.start].all()  # KT keeps the dense layer wholly on the GPU
         kt_hot = [np.flatnonzero(row).tolist() for row in masks]
@@ -318,121 +412,31 @@ def test_kts_own_loader_places_exactly_what_fit_map_scored(
     assert lines == dict.fromkeys(cases, True)
 
 
-# Runs in vLLM's venv: sglang-kt 0.7.2's recorder as a KT server records with
-# --record-kt-gpu-expert-distribution on rank 0 — its gatherer and stat accumulator for the
-# counts, its GPU-mask gatherer and accumulator, and its recorder's own `dump_record`, which
-# writes the counts and the masks to two files. Their build allocates the gatherer's counts on
-# "cuda"; on this CPU torch that one allocation is placed on the CPU (the only shim).
-RUN_KT_RECORDER = r"""
-import ast, json, logging, math, sys, textwrap, time, types, typing
-from abc import ABC
-from pathlib import Path
-import torch
-import torch.distributed
-
-source_path, store, out_dir, routing_path, masks_path, experts = sys.argv[1:7]
-experts = int(experts)
-torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-source = open(source_path, encoding="utf-8").read()
-tree = ast.parse(source)
-wanted = {"_SinglePassGatherer", "_LayerBasedGpuSinglePassGatherer",
-          "_SelectExpertsSinglePassGatherer", "_Accumulator", "_UtilizationRateAccumulatorMixin",
-          "_StatAccumulator", "_Buffer", "_CircularBuffer", "_InfiniteBuffer", "_dump_to_file",
-          "_convert_global_physical_count_to_logical_count", "_GpuExpertMaskGatherer",
-          "_GpuExpertMaskAccumulator"}
-parts = [ast.get_source_segment(source, node) for node in tree.body
-         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted]
-recorder = next(n for n in tree.body
-                if isinstance(n, ast.ClassDef) and n.name == "_ExpertDistributionRecorderReal")
-dump_record = next(n for n in recorder.body
-                   if isinstance(n, ast.FunctionDef) and n.name == "dump_record")
-parts.append(textwrap.dedent(ast.get_source_segment(source, dump_record, padded=True)))
-
-class CpuTorch(types.ModuleType):
-    def __getattr__(self, name):
-        return getattr(torch, name)
-    @staticmethod
-    def zeros(*args, device=None, **kwargs):
-        return torch.zeros(*args, **kwargs)
-
-cpu_torch = CpuTorch("torch")
-torch.get_device_module = lambda *a: types.SimpleNamespace(empty_cache=lambda: None)
-server_args = types.SimpleNamespace(expert_distribution_recorder_mode="stat",
-                                    expert_distribution_recorder_buffer_size=-1,
-                                    enable_expert_distribution_metrics=False,
-                                    record_kt_gpu_expert_distribution=True,
-                                    eplb_min_rebalancing_utilization_threshold=1.0,
-                                    device="cpu")
-space = {"torch": cpu_torch, "math": math, "time": time, "Path": Path, "ABC": ABC,
-         "logger": logging.getLogger("sglang"), "_SINGLE_PASS_GATHERER_KEY_PRIMARY": "primary",
-         "envs": types.SimpleNamespace(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR=
-                                       types.SimpleNamespace(get=lambda: out_dir))}
-space.update({name: getattr(typing, name) for name in typing.__all__})
-exec("from __future__ import annotations\n" + "\n\n".join(parts), space)
-routing = json.load(open(routing_path))  # [passes][layers][tokens][top_k]
-masks = json.load(open(masks_path))  # [passes][layers][experts], which experts were on the GPU
-layers = len(routing[0])
-meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
-                             num_logical_experts=experts, num_local_physical_experts=experts,
-                             physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
-                             ep_size=1)
-gatherer = space["_SelectExpertsSinglePassGatherer"](meta, 0)
-accumulator = space["_StatAccumulator"](server_args, meta, 0)
-mask_gatherer = space["_GpuExpertMaskGatherer"](meta, device="cpu")
-mask_accumulator = space["_GpuExpertMaskAccumulator"](server_args, meta)
-for index, passes in enumerate(routing):  # as _on_forward_pass_end records one pass
-    gatherer.reset()
-    for layer, topk_ids in enumerate(passes):
-        gatherer.on_select_experts(layer, torch.tensor(topk_ids))
-        mask_gatherer.on_layer(layer, torch.tensor(masks[index][layer], dtype=torch.bool))
-    accumulator.append(index, "primary", gatherer.collect(), {})
-    mask_accumulator.append(mask_gatherer.collect())
-    mask_gatherer.reset()
-this = types.SimpleNamespace(_accumulator=accumulator, _record_kt_gpu_expert_distribution=True,
-                             _gpu_expert_mask_accumulator=mask_accumulator,
-                             _reset=lambda: None)
-space["dump_record"](this, "file")
-torch.distributed.destroy_process_group()
-"""
-
-
 def run_kt_recorder(
-    python: str, source: Path, folder: Path, routing: Any, masks: Any, experts: int
+    runtime: KtRuntime, folder: Path, routing: Any, masks: Any, experts: int
 ) -> Path:
-    """KT's own recorder (its module's source at ``source``) over ``routing`` [passes][layers]
-    [tokens][top-k] and ``masks`` [passes][layers][experts], run in vLLM's venv on one rank;
-    the folder its dump went to."""
-    (folder / "routing.json").write_text(json.dumps(routing))
-    (folder / "masks.json").write_text(json.dumps(masks))
+    """KT's own recorder (sglang-kt's expert_distribution module, imported whole) over
+    ``routing`` [passes][layers][tokens][top-k] and ``masks`` [passes][layers][experts], on
+    rank 0; the folder its dump went to."""
     out = folder / "dumps"
-    done = subprocess.run(
-        [python, "-c", RUN_KT_RECORDER, str(source), str(folder / "store"), str(out),
-         str(folder / "routing.json"), str(folder / "masks.json"), str(experts)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    answer = runtime.ask("record", out_dir=str(out), routing=routing, masks=masks, experts=experts)
+    assert "error" not in answer, answer
     return out
 
 
 def test_kts_own_recorder_writes_the_two_files_whose_hits_the_harness_reads(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],  # the wheels, downloaded once
+    kt_runtime: KtRuntime,
     tmp_path: Path,
 ) -> None:
     # A KT server's dump is two files: the counts, and the GPU masks of every pass beside
-    # them. KT's own recorder code writes both; the harness reads them with the sglang-kt
+    # them. KT's own recorder writes both; the harness reads them with the sglang-kt
     # profile's globs, as finish_recording does, into route counts and GPU hits and misses.
-    folder = cache_root() / "kt-wheels"
-    (wheel,) = sorted(folder.glob("sglang_kt-0.7.2-*.whl"))
-    with zipfile.ZipFile(wheel) as archive:
-        source = tmp_path / "expert_distribution.py"
-        source.write_bytes(archive.read("sglang/srt/eplb/expert_distribution.py"))
     passes, layers, tokens, top_k, experts = 4, 3, 6, 2, 8
     rng = np.random.default_rng(23)
     routing = np.array([[[rng.choice(experts, top_k, replace=False) for _ in range(tokens)]
                          for _ in range(layers)] for _ in range(passes)])  # fmt: skip
     masks = rng.random((passes, layers, experts)) < 0.4  # dynamic placement moves them
-    out = run_kt_recorder(torch_python, source, tmp_path, routing.tolist(), masks.tolist(), experts)
+    out = run_kt_recorder(kt_runtime, tmp_path, routing.tolist(), masks.tolist(), experts)
     profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang-kt.yaml")
     recorder = profile.telemetry.expert_recorder
     assert recorder is not None

@@ -4,13 +4,17 @@ counted pass, and the prefills KT runs wholly on the GPU left out of the hit rat
 sglang-kt 0.7.2's recorder (``sglang/srt/eplb/expert_distribution.py``) appends, at the end of
 every forward pass, the pass's counts and its GPU mask, each into a buffer of
 ``expert_distribution_recorder_buffer_size`` passes, and its ``dump_record`` writes the two to
-two files: they are one length, pass i with pass i. Its recorder code runs here as
-``tests/engines/test_kt_conformance.py`` runs it (from the released wheel, in vLLM's venv).
+two files: they are one length, pass i with pass i. Its recorder runs here as
+``tests/engines/test_kt_conformance.py`` runs it: the module imported whole from the installed
+wheel in vLLM's venv, the recorder made by ``ExpertDistributionRecorder.init_new`` on rank 0,
+each pass recorded through its own hooks and dumped by its ``dump_record`` (what stands in, and
+why, is said there and in ``tests/engines/sglang_site.py``).
 
 With ``--kt-gpu-prefill-token-threshold N`` (N > 0), its ``kt_ep_wrapper.py`` (``apply``)
 records each MoE layer's mask of the partial placement and then, for a pass of N tokens or more,
 loads the layer whole onto the GPU and computes every expert there: the recorded mask calls
-misses what ran on the GPU. That gate is read from the wheel's source (it needs a GPU to run);
+misses what ran on the GPU. That gate is read from the wheel's source (it needs a GPU and the
+layer's weights to run), as are the recorder's pass end and the build's EPLB check;
 the recorder then records such a pass as KT's code records it.
 """
 
@@ -38,7 +42,8 @@ from harness.runtimes.recorder import (
 )
 from tests.conftest import REPO
 from tests.engines.test_kt_conformance import (
-    kt_sources,  # noqa: F401 - the fixture
+    KtRuntime,
+    kt_runtime,  # noqa: F401 - the fixture
     run_kt_recorder,
 )
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
@@ -56,20 +61,18 @@ def _wheel_source(member: str) -> str:
 
 
 def _record(
-    python: str, folder: Path, tokens: list[int], masks: np.ndarray, seed: int
+    runtime: KtRuntime, folder: Path, tokens: list[int], masks: np.ndarray, seed: int
 ) -> tuple[list[Path], np.ndarray]:
     """KT's recorder over passes of ``tokens`` tokens each (every layer routed, ``masks`` the
     GPU experts per pass and layer): its dump's files, and the true counts."""
     folder.mkdir()
-    source = folder / "expert_distribution.py"
-    source.write_text(_wheel_source("sglang/srt/eplb/expert_distribution.py"), encoding="utf-8")
     rng = np.random.default_rng(seed)
     routing = [
         [[rng.choice(EXPERTS, TOP_K, replace=False).tolist() for _ in range(n)]
          for _ in range(LAYERS)]
         for n in tokens
     ]  # fmt: skip
-    out = run_kt_recorder(python, source, folder, routing, masks.tolist(), EXPERTS)
+    out = run_kt_recorder(runtime, folder, routing, masks.tolist(), EXPERTS)
     recorder = load_runtime_profile(PROFILE).telemetry.expert_recorder
     assert recorder is not None
     files = sorted({p for pattern in recorder.glob for p in out.glob(pattern)})
@@ -81,8 +84,7 @@ def _record(
 
 
 def test_kts_recorder_writes_a_mask_per_counted_pass_and_other_pairings_are_refused(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],  # noqa: F811 - the wheels, downloaded once
+    kt_runtime: KtRuntime,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     # Both buffers take the same size from the same server argument, and one pass appends to
@@ -101,10 +103,10 @@ def test_kts_recorder_writes_a_mask_per_counted_pass_and_other_pairings_are_refu
     assert "server_args.expert_distribution_recorder_buffer_size or 1000" in source
     rng = np.random.default_rng(3)
     first, true = _record(
-        torch_python, tmp_path / "a", [4, 1, 1, 1], rng.random((4, LAYERS, EXPERTS)) < 0.5, 1
+        kt_runtime, tmp_path / "a", [4, 1, 1, 1], rng.random((4, LAYERS, EXPERTS)) < 0.5, 1
     )
     second, _ = _record(
-        torch_python, tmp_path / "b", [3, 1, 1], rng.random((3, LAYERS, EXPERTS)) < 0.5, 2
+        kt_runtime, tmp_path / "b", [3, 1, 1], rng.random((3, LAYERS, EXPERTS)) < 0.5, 2
     )
     counts_a, masks_a = (next(p for p in first if p.name.startswith(s)) for s in ("exp", "gpu"))
     masks_b = next(p for p in second if p.name.startswith("gpu"))
@@ -154,8 +156,7 @@ def test_kts_full_gpu_gate_follows_the_mask_it_records() -> None:
 
 
 def test_a_prefill_kt_ran_wholly_on_the_gpu_is_left_out_of_the_hit_rate(
-    torch_python: str,  # noqa: F811
-    kt_sources: dict[str, Path],  # noqa: F811
+    kt_runtime: KtRuntime,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     # A 12-token prefill over a threshold of 8, a 5-token one under it, and decode steps: KT
@@ -165,7 +166,7 @@ def test_a_prefill_kt_ran_wholly_on_the_gpu_is_left_out_of_the_hit_rate(
     placement[:, :3] = True  # three GPU experts per layer
     tokens = [12, 1, 1, 5, 1]
     files, true = _record(
-        torch_python, tmp_path / "run", tokens, np.stack([placement] * len(tokens)), 7
+        kt_runtime, tmp_path / "run", tokens, np.stack([placement] * len(tokens)), 7
     )
     profile = load_runtime_profile(PROFILE)
     spec = profile.telemetry.expert_recorder

@@ -1,8 +1,8 @@
 """SGLang's released sources judge the flags the sglang profile sends and the dumps it reads.
 
-No SGLang server runs on a CPU, but two parts of it need no GPU. The released wheel (sglang
-0.5.23) is downloaded once (``pip download --no-deps``, into the harness cache) and read at run
-time; nothing of theirs is copied here.
+No SGLang server runs on a CPU, but parts of it need no GPU. The released wheel (sglang
+0.5.23) is downloaded once (``pip download --no-deps``, into the harness cache) and read, or
+installed whole and imported, at run time; nothing of theirs is copied here.
 
 - Its server arguments are annotated fields of dataclasses (``srt/arg_groups/fields/*.py``; a
   field ``tp_size`` is the flag ``--tp-size``, ``Arg(aliases=[...])`` adds others), read with
@@ -11,16 +11,31 @@ time; nothing of theirs is copied here.
   (sglang-kt 0.7.2) still declares them with ``add_argument`` in ``srt/server_args.py``; the
   sglang-kt profile's flags are read against those (``--kt-expert-frequency-file`` was offered
   until this test).
-- Its expert-distribution recorder (``srt/eplb/expert_distribution.py``): the single-pass
-  gatherer that counts ``topk_ids``, the stat and per-pass accumulators and ``_dump_to_file``
-  are taken out of the source unchanged and run in vLLM's venv (real torch) on two
-  tensor-parallel ranks over gloo, each recording the same routing as TP ranks do. What they
-  dump (rank 0's all-reduced counts in stat mode, a file of passes per rank in per_pass mode) is
-  read by the harness's own reader: the counts are twice the routing, and the profile's
-  ``replicas_knob`` divides them back.
-- Its ``--init-expert-location`` loader (``srt/eplb/expert_location.py`` and its EPLB
-  algorithms, imported unchanged from the wheel's files, the server's runtime context given):
-  the counts ``fit-map --format sglang-pt|sglang-json`` writes, for a dense-prefix model.
+- Its expert-distribution recorder: the module ``sglang.srt.eplb.expert_distribution``,
+  imported whole from the wheel installed as shipped (``tests/engines/sglang_site.py``), in
+  vLLM's venv (real CPU torch), on two tensor-parallel ranks (one process each, over gloo). Each
+  rank parses the server arguments of a ``--tp-size 2`` boot with the recorder's mode
+  (``prepare_server_args``) and publishes them as a scheduler of its rank does
+  (``runtime_context.publish``); SGLang's ``ExpertDistributionRecorder.init_new`` makes the
+  recorder, which is started, fed the same routing on both ranks through its forward-pass,
+  layer and ``on_select_experts`` hooks as TP ranks are, stopped and dumped (``dump_record``).
+  What they dump (rank 0's all-reduced counts in stat mode, a file of passes per rank in
+  per_pass mode) is read by the harness's own reader: the counts are twice the routing, and the
+  profile's ``replicas_knob`` divides them back. Stood in: what ``sglang_site.py`` stands in for
+  (``sgl_kernel``, ``torchvision``, the GPU; its docstring says why), the expert-location
+  metadata (a plain object of the fields the recorder reads: one logical expert per physical
+  one), and, in the recorder's module only, its counts and buffers, which it allocates on the
+  server's "cuda", allocated on the CPU, with its device module's ``empty_cache`` and
+  stream-capture query answering as an idle GPU's would.
+- Its ``--init-expert-location`` loader: ``sglang.srt.eplb.expert_location`` imported whole the
+  same way, in one process: for each file ``fit-map --format sglang-pt|sglang-json`` writes for
+  a DeepSeek-V2-shaped model with a dense layer 0, the server arguments of a boot with
+  ``--init-expert-location`` and ``--ep-num-redundant-experts`` are parsed and published for
+  the scheduler of rank 0 (one rank over gloo), SGLang's ``ModelConfig`` reads the model's
+  config.json, and ``compute_initial_expert_location_metadata`` (its model registry's
+  DeepSeek-V2 class and EPLB algorithms) places the counts as the model runner does at boot.
+  Stood in: ``sglang_site.py``'s stand-ins, and the device the module moves the map to (the
+  server's "cuda"): this box's CPU.
 - Its routed-experts response field: the detokenizer's encoder, the ``SglExt`` model the
   completion response carries it in, and SGLang's own decoder, run the same way on captured
   routing; the harness's reader gets the rows back.
@@ -33,7 +48,9 @@ import json
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,6 +62,8 @@ from harness.formats.expert_distribution import combine_dumps, read_dump
 from harness.runtimes.build_script import cache_root
 from harness.runtimes.recorder import per_token_counts
 from tests.conftest import REPO
+from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
@@ -172,76 +191,149 @@ def test_every_flag_of_the_sglang_kt_profile_is_one_its_release_declares() -> No
     assert "--kt-expert-frequency-file" not in declared
 
 
-# Runs in vLLM's venv, once per rank: SGLang's recorder pieces from the released source, the
-# server's surroundings (its arguments, device, env) given as SGLang's own defaults for a
-# stat recording on CPU.
-RUN_RECORDER = r"""
-import ast, json, logging, math, sys, time, types, typing
-from abc import ABC
-from pathlib import Path
-import torch
-import torch.distributed
+# Runs in vLLM's venv, once per tensor-parallel rank: the stand-ins, the ranks' gloo group,
+# SGLang's expert_distribution module imported whole; then, per line of stdin (a recorder mode,
+# a routing and where to dump), the server's arguments as SGLang parses and publishes them for a
+# scheduler of that rank, its recorder made, started, fed each pass as the model's forward
+# feeds it, stopped and dumped to files; "@@" on stdout when done.
+RUN_RECORDER = (
+    STAND_INS
+    + r"""
+import json
 
-source_path, rank, world, store, out_dir, routing_path, experts, mode = sys.argv[1:9]
-rank, world = int(rank), int(world)
+rank, world, store, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+from sglang.srt import runtime_context
+from sglang.srt.eplb import expert_distribution
+from sglang.srt.server_args import prepare_server_args
+
 torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                      world_size=world)
-source = open(source_path, encoding="utf-8").read()
-wanted = {"_SinglePassGatherer", "_LayerBasedGpuSinglePassGatherer",
-          "_SelectExpertsSinglePassGatherer", "_Accumulator", "_UtilizationRateAccumulatorMixin",
-          "_StatAccumulator", "_Buffer", "_CircularBuffer", "_InfiniteBuffer", "_dump_to_file",
-          "_convert_global_physical_count_to_logical_count", "_DetailAccumulator"}
-tree = ast.parse(source)
-code = "from __future__ import annotations\n" + "\n\n".join(
-    ast.get_source_segment(source, node) for node in tree.body
-    if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted)
-moe = types.SimpleNamespace(expert_distribution_recorder_mode=mode,
-                            expert_distribution_recorder_buffer_size=-1,
-                            moe_a2a_backend="none",
-                            eplb_min_rebalancing_utilization_threshold=1.0)
-space = {"torch": torch, "math": math, "time": time, "Path": Path, "ABC": ABC,
-         "logger": logging.getLogger("sglang"), "_SINGLE_PASS_GATHERER_KEY_PRIMARY": "primary",
-         "get_exec": lambda: types.SimpleNamespace(moe=moe),
-         "get_device": lambda: "cpu",
-         "get_device_namespace": lambda: types.SimpleNamespace(device="cpu"),
-         "reports_expert_balancedness": lambda: False,
-         "envs": types.SimpleNamespace(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR=
-                                       types.SimpleNamespace(get=lambda: out_dir))}
-space.update({name: getattr(typing, name) for name in typing.__all__})
-torch.get_device_module = lambda *a: types.SimpleNamespace(empty_cache=lambda: None)
-exec(code, space)
-routing = json.load(open(routing_path))  # [passes][layers][tokens][top_k]
-layers, experts = len(routing[0]), int(experts)
-meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
-                             num_logical_experts=experts, num_local_physical_experts=experts,
-                             physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
-                             ep_size=1)
-gatherer = space["_SelectExpertsSinglePassGatherer"](meta, rank)
-# SGLang's own choice of accumulator for the mode (_Accumulator.get_class): stat sums the
-# passes over ranks; per_pass keeps each pass, each rank writing a file of its own.
-accumulator = space["_StatAccumulator" if mode == "stat" else "_DetailAccumulator"](meta, rank)
-for index, passes in enumerate(routing):
-    gatherer.reset()
-    for layer, topk_ids in enumerate(passes):
-        gatherer.on_select_experts(layer, torch.tensor(topk_ids))
-    accumulator.append(index, "primary", gatherer.collect(), {})
-accumulator.dump("file")
+
+class CpuTorch(types.ModuleType):
+    # The recorder's torch, but its counts and buffers (allocated on the server's "cuda")
+    # on the CPU, and its device module's cache emptied and stream capture asked of as an
+    # idle GPU's would be.
+    def __getattr__(self, name):
+        return getattr(torch, name)
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, **kwargs)
+    @staticmethod
+    def get_device_module(*args):
+        return types.SimpleNamespace(empty_cache=lambda: None,
+                                     is_current_stream_capturing=lambda: False)
+
+expert_distribution.torch = CpuTorch("torch")
+for line in sys.stdin:
+    job = json.loads(line)
+    os.environ["SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR"] = job["out_dir"]
+    args = prepare_server_args(["--model-path", model, "--tp-size", str(world),
+                                "--expert-distribution-recorder-mode", job["mode"],
+                                "--expert-distribution-recorder-buffer-size", "-1"])
+    runtime_context.publish(args, role="scheduler",
+                            ranks=runtime_context.SpawnRanks(world_rank=rank, gpu_id=rank))
+    routing, experts = job["routing"], job["experts"]  # [passes][layers][tokens][top_k]
+    layers = len(routing[0])
+    meta = types.SimpleNamespace(num_layers=layers, num_physical_experts=experts,
+                                 num_logical_experts=experts, num_local_physical_experts=experts,
+                                 physical_to_logical_map=torch.arange(experts).repeat(layers, 1),
+                                 ep_size=1)
+    recorder = expert_distribution.ExpertDistributionRecorder.init_new(meta, rank)
+    recorder.start_record()
+    for index, passes in enumerate(routing):
+        with recorder.with_forward_pass(index, None):
+            for layer, topk_ids in enumerate(passes):
+                with recorder.with_current_layer(layer):
+                    recorder.on_select_experts(torch.tensor(topk_ids))
+    recorder.stop_record()
+    recorder.dump_record("file")
+    print("@@", flush=True)
 torch.distributed.destroy_process_group()
+os._exit(0)  # what SGLang registered to run at exit is for a server's shutdown, not this
 """
+)
+# The model the recorder's server is booted on (what argument resolution reads of it): the
+# shape of the routing recorded, 4 layers of 8 experts, 2 per token.
+RECORDER_MODEL = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
+
+
+class _Ranks:
+    """SGLang 0.5.23's recorder module imported whole on two TP ranks, one process each."""
+
+    def __init__(self, python: str, folder: Path) -> None:
+        release = engine_site("sglang-0.5.23", [_wheel()], python)
+        (folder / "model").mkdir()
+        (folder / "model" / "config.json").write_text(json.dumps(RECORDER_MODEL))
+        self.logs = [folder / f"rank{rank}.txt" for rank in (0, 1)]
+        self.ranks = []
+        for rank, log in enumerate(self.logs):
+            with log.open("w") as errors:
+                self.ranks.append(
+                    subprocess.Popen(
+                        [python, "-c", RUN_RECORDER, str(rank), "2", str(folder / "store"),
+                         str(folder / "model")],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+                        env=gpu_env(folder, [release]),
+                    )
+                )  # fmt: skip
+
+    def record(self, **job: Any) -> None:
+        """Both ranks record the same job; returns once both have dumped."""
+        for rank in self.ranks:
+            assert rank.stdin is not None
+            rank.stdin.write(json.dumps(job) + "\n")
+            rank.stdin.flush()
+        for rank, log in zip(self.ranks, self.logs, strict=True):
+            assert rank.stdout is not None
+            if not any(line.startswith("@@") for line in rank.stdout):
+                raise AssertionError(log.read_text()[-4000:])
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            assert rank.stdin is not None and rank.stdout is not None
+            rank.stdin.close()
+        for rank in self.ranks:
+            assert rank.stdout is not None
+            try:
+                rank.wait(timeout=60)
+            finally:
+                rank.kill()  # a no-op once it has exited
+                rank.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def tp_ranks(
+    torch_python: str,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[_Ranks]:
+    ranks = _Ranks(torch_python, tmp_path_factory.mktemp("sglang-ranks"))
+    yield ranks
+    ranks.close()
 
 
 @pytest.mark.parametrize("mode", ["stat", "per_pass"])
 def test_sglangs_own_recorder_sums_tp_ranks(
-    torch_python: str,  # noqa: F811
+    tp_ranks: _Ranks,
     tmp_path: Path,
     mode: str,
 ) -> None:
-    # SGLang's own gatherer, accumulator and dump, on two TP ranks: the counts are twice the
-    # routing, and the profile's replicas_knob (tp_size) divides them back. In stat mode rank 0
-    # writes the all-reduced counts; in per_pass mode each rank writes its own file of passes.
-    with zipfile.ZipFile(_wheel()) as wheel:
-        source = tmp_path / "expert_distribution.py"
-        source.write_bytes(wheel.read("sglang/srt/eplb/expert_distribution.py"))
+    # SGLang's own recorder, on two TP ranks: the counts are twice the routing, and the
+    # profile's replicas_knob (tp_size) divides them back. In stat mode rank 0 writes the
+    # all-reduced counts; in per_pass mode each rank writes its own file of passes.
     passes, layers, tokens, top_k, experts = 3, 4, 5, 2, 8
     rng = np.random.default_rng(11)
     routing = np.stack([
@@ -251,32 +343,8 @@ def test_sglangs_own_recorder_sums_tp_ranks(
         ])
         for _ in range(passes)
     ])  # fmt: skip
-    (tmp_path / "routing.json").write_text(json.dumps(routing.tolist()))
     out = tmp_path / "dumps"
-    ranks = [
-        subprocess.Popen(
-            [
-                torch_python,
-                "-c",
-                RUN_RECORDER,
-                str(source),
-                str(rank),
-                "2",
-                str(tmp_path / "store"),
-                str(out),
-                str(tmp_path / "routing.json"),
-                str(experts),
-                mode,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    for rank in ranks:
-        _, err = rank.communicate(timeout=300)
-        assert rank.returncode == 0, err
+    tp_ranks.record(mode=mode, routing=routing.tolist(), experts=experts, out_dir=str(out))
     dumps = sorted(out.glob("expert_distribution_recorder_*.pt"))
     assert len(dumps) == (1 if mode == "stat" else 2), dumps  # rank 0's, or one per rank
     true = np.zeros((passes, layers, experts), dtype=np.int64)
@@ -372,54 +440,117 @@ def test_sglangs_own_routing_serializer_is_what_the_harness_decodes(
     assert np.array_equal(got.ravel(), np.array(out["decoded"]))
 
 
-# Runs in vLLM's venv with the released eplb package (expert_location.py and eplb_algorithms/,
-# unchanged) importable as sglang.srt.eplb. What a server would have set up around it is given:
-# its runtime context (the --init-expert-location path, redundant experts, one EP rank over
-# gloo, on CPU), no elastic EP, and the model class's get_model_config_for_expert_location,
-# taken from DeepSeek-V2's source (num_hidden_layers rows, dense layers included).
-RUN_LOCATION = r"""
-import ast, json, sys, textwrap, types
-import torch
+# Runs in vLLM's venv, one process for the module: the stand-ins, a gloo group of one rank,
+# then per line of stdin (an --init-expert-location file) the server's arguments as SGLang
+# parses and publishes them for the scheduler of rank 0, its ModelConfig of the model, and its
+# sglang.srt.eplb.expert_location (imported whole) computing the initial expert location as
+# the model runner does at boot; the physical-to-logical map on stdout after "@@".
+RUN_LOCATION = (
+    STAND_INS
+    + r"""
+import json
 
-root, deepseek, init_file, layers, experts, redundant, store = sys.argv[1:8]
-sys.path.insert(0, root)
-torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-ns = types.SimpleNamespace
-moe = ns(init_expert_location=init_file, ep_num_redundant_experts=int(redundant),
-         eplb_algorithm="auto", ep_dispatch_algorithm="static", ep_join_mode="none",
-         moe_a2a_backend="none")
-context = types.ModuleType("sglang.srt.runtime_context")
-context.get_device = lambda: ns(device="cpu")
-context.get_exec = lambda: ns(moe=moe)
-context.get_parallel = lambda: ns(ep_size=1, nnodes=1, elastic_ep_initial_size=None, tp_size=1)
-context.get_resources = lambda: ns()
-sys.modules["sglang.srt.runtime_context"] = context
-elastic = types.ModuleType("sglang.srt.elastic_ep.elastic_ep")
-elastic.elastic_expanded_world_enabled = lambda: False
-sys.modules["sglang.srt.elastic_ep"] = types.ModuleType("sglang.srt.elastic_ep")
-sys.modules["sglang.srt.elastic_ep.elastic_ep"] = elastic
+model, store, redundant = sys.argv[1], sys.argv[2], sys.argv[3]
+from sglang.srt import runtime_context
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.eplb import expert_location
+from sglang.srt.server_args import prepare_server_args
 
-source = open(deepseek, encoding="utf-8").read()
-method = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)
-              and n.name == "get_model_config_for_expert_location")
-space = {"ModelConfigForExpertLocation": expert_location.ModelConfigForExpertLocation}
-exec(textwrap.dedent(ast.get_source_segment(source, method, padded=True)), space)
-model_class = ns(get_model_config_for_expert_location=
-                 lambda config: space["get_model_config_for_expert_location"](None, config))
-loader = types.ModuleType("sglang.srt.model_loader")
-loader.get_model_architecture = lambda model_config: (model_class, "DeepseekV2ForCausalLM")
-sys.modules["sglang.srt.model_loader"] = loader
-hf = ns(num_hidden_layers=int(layers), n_routed_experts=int(experts), n_group=None)
-meta = expert_location.compute_initial_expert_location_metadata(ns(hf_config=hf), moe_ep_rank=0)
-print(json.dumps(meta.physical_to_logical_map.tolist()))
+torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+# Where the server's device would hold the map: this box's CPU.
+expert_location.get_device = lambda: types.SimpleNamespace(device="cpu")
+for line in sys.stdin:
+    init_file = json.loads(line)
+    args = prepare_server_args(["--model-path", model, "--init-expert-location", init_file,
+                                "--ep-num-redundant-experts", redundant])
+    runtime_context.publish(args, role="scheduler",
+                            ranks=runtime_context.SpawnRanks(world_rank=0, gpu_id=0))
+    meta = expert_location.compute_initial_expert_location_metadata(
+        ModelConfig.from_server_args(args), moe_ep_rank=0)
+    print("@@" + json.dumps(meta.physical_to_logical_map.tolist()), flush=True)
+torch.distributed.destroy_process_group()
+os._exit(0)  # what SGLang registered to run at exit is for a server's shutdown, not this
 """
+)
+LOCATION_LAYERS, LOCATION_EXPERTS, LOCATION_DENSE, LOCATION_REDUNDANT = 4, 8, 1, 2
+# A DeepSeek-V2-shaped model's config.json (layer 0 dense), what the loader reads of the model.
+LOCATION_MODEL = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "num_hidden_layers": LOCATION_LAYERS,
+    "n_routed_experts": LOCATION_EXPERTS,
+    "first_k_dense_replace": LOCATION_DENSE,
+    "moe_layer_freq": 1,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
+
+
+class _Loader:
+    """SGLang 0.5.23's expert-location loader, imported whole in one process."""
+
+    def __init__(self, python: str, folder: Path) -> None:
+        release = engine_site("sglang-0.5.23", [_wheel()], python)
+        (folder / "model").mkdir()
+        (folder / "model" / "config.json").write_text(json.dumps(LOCATION_MODEL))
+        self.log = folder / "stderr.txt"
+        with self.log.open("w") as errors:
+            self.process = subprocess.Popen(
+                [python, "-c", RUN_LOCATION, str(folder / "model"), str(folder / "store"),
+                 str(LOCATION_REDUNDANT)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+                env=gpu_env(folder, [release]),
+            )  # fmt: skip
+
+    def place(self, init_file: Path) -> list[list[int]]:
+        """The physical-to-logical map SGLang boots with from ``init_file``."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(str(init_file)) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith("@@"):
+                return json.loads(line[2:])
+        raise AssertionError(self.log.read_text()[-4000:])
+
+    def close(self) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        finally:
+            self.process.kill()  # a no-op once it has exited
+            self.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def location_loader(
+    torch_python: str,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[_Loader]:
+    loader = _Loader(torch_python, tmp_path_factory.mktemp("sglang-location"))
+    yield loader
+    loader.close()
 
 
 @pytest.mark.parametrize("source", ["counts", "decayed"])
 @pytest.mark.parametrize("suffix", ["pt", "json"])
 def test_sglangs_own_loader_takes_fit_maps_counts_for_a_dense_prefix_model(
-    torch_python: str,  # noqa: F811
+    location_loader: _Loader,
     tmp_path: Path,
     suffix: str,
     source: str,
@@ -435,7 +566,8 @@ def test_sglangs_own_loader_takes_fit_maps_counts_for_a_dense_prefix_model(
     from harness.formats.maps import write_count_dump
     from tests.sim.test_fitmap import cli
 
-    layers, experts, dense, redundant = 4, 8, 1, 2
+    layers, experts = LOCATION_LAYERS, LOCATION_EXPERTS
+    dense, redundant = LOCATION_DENSE, LOCATION_REDUNDANT
     init = tmp_path / f"location.{suffix}"
     fit = ["--format", f"sglang-{suffix}", "-o", str(init)]
     if source == "counts":
@@ -457,23 +589,7 @@ def test_sglangs_own_loader_takes_fit_maps_counts_for_a_dense_prefix_model(
     assert code == 0, text
     written = read_logical_count(init)
     assert source == "counts" or not np.array_equal(written, np.rint(written))
-    root = tmp_path / "site"
-    with zipfile.ZipFile(_wheel()) as wheel:
-        for member in wheel.namelist():
-            if member.startswith("sglang/srt/eplb/") and member.endswith(".py"):
-                (root / member).parent.mkdir(parents=True, exist_ok=True)
-                (root / member).write_bytes(wheel.read(member))
-        deepseek = tmp_path / "deepseek_v2.py"
-        deepseek.write_bytes(wheel.read("sglang/srt/models/deepseek_v2.py"))
-    for package in ("sglang", "sglang/srt"):
-        (root / package / "__init__.py").touch()
-    done = subprocess.run(
-        [torch_python, "-c", RUN_LOCATION, str(root), str(deepseek), str(init), str(layers),
-         str(experts), str(redundant), str(tmp_path / "store")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    placed = np.array(json.loads(done.stdout))
+    placed = np.array(location_loader.place(init))
     assert placed.shape == (layers, experts + redundant)
     for layer in range(layers):
         assert set(placed[layer]) == set(range(experts)), layer

@@ -2,12 +2,17 @@
 
 Paged Experts (SGLang 0.5.23) counts no hits, so a run's ``replayed_hit_rate`` is the harness's
 replay of its LRU (:mod:`harness.policy.paged_experts`) over the passes its recorder dumped. Here
-SGLang's own ``Wave``, ``LRUPolicy`` and ``plan_waves`` (``srt/layers/moe/paged_experts/
-residency.py``, cut from the released wheel with ``ast``, unchanged) run on real torch (vLLM's
-venv) over the same routing, each step's distinct experts taken as ``EagerExecutor._run`` takes
-them (the test checks that line is in the wheel's ``executor.py``): its page-ins per step and
-layer are the replay's, so hits are equal. The replay reads only the recorder's per-pass counts,
-the same routing without token order, which the host policy does not use.
+SGLang's own residency module, ``sglang.srt.layers.moe.paged_experts.residency`` (its ``Wave``,
+``LRUPolicy`` and ``plan_waves``), is imported whole from the released wheel installed as shipped
+(with its package, whose ``__init__`` imports the Paged Experts MoE method and so much of
+SGLang's layers) and runs on real CPU torch (vLLM's venv) over the same routing, each step's
+distinct experts taken as ``EagerExecutor._run`` takes them (the test checks that line is in the
+wheel's ``executor.py``; the executor itself needs a GPU): its page-ins per step and layer are
+the replay's, so hits are equal. The replay reads only the recorder's per-pass counts, the same
+routing without token order, which the host policy does not use. One process runs the LRU for
+every slot count. Stood in, only so that the package imports on a CPU: what
+``tests/engines/sglang_site.py`` stands in for (``sgl_kernel``, ``torchvision``, the GPU; its
+docstring says why). The residency code calls none of them.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from __future__ import annotations
 import json
 import subprocess
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +29,8 @@ from harness.formats.expert_distribution import ExpertDistribution
 from harness.policy.paged_experts import PagedExpertsLru, replay_paged_experts
 from harness.runtimes.recorder import run_counters
 from tests.conftest import REPO
+from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.engines.test_sglang_conformance import _wheel
 
@@ -33,38 +39,38 @@ pytestmark = pytest.mark.slow
 # How EagerExecutor._run (executor.py) takes a step's distinct experts: sorted, padding dropped.
 DISTINCT = "distinct = [e for e in torch.unique(topk_ids).tolist() if e >= 0]"
 
-# Runs in vLLM's venv: SGLang's residency classes over a routing [passes][layers][tokens][top_k],
-# printing the page-ins of every (pass, layer).
-RUN_RESIDENCY = r"""
-import ast, json, sys, typing
-from collections import OrderedDict
-import msgspec
-import torch
+# Runs in vLLM's venv: the stand-ins, then SGLang's residency module imported whole, its LRU over
+# a routing [passes][layers][tokens][top_k] for each slot count, printing the page-ins of every
+# (pass, layer) per slot count.
+RUN_RESIDENCY = (
+    STAND_INS
+    + r"""
+import json
+from sglang.srt.layers.moe.paged_experts import residency
 
-source_path, routing_path, slots = sys.argv[1], sys.argv[2], int(sys.argv[3])
-source = open(source_path, encoding="utf-8").read()
-wanted = {"Wave", "LRUPolicy", "plan_waves"}
-code = "from __future__ import annotations\n" + "\n\n".join(
-    ast.get_source_segment(source, node) for node in ast.parse(source).body
-    if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted)
-space = {"msgspec": msgspec, "torch": torch, "OrderedDict": OrderedDict,
-         "List": typing.List, "Tuple": typing.Tuple}
-exec(code, space)
+routing_path, counts = sys.argv[1], json.loads(sys.argv[2])
 routing = json.load(open(routing_path))
-policies = None
-loads = []
-for passes in routing:
-    if policies is None:
-        policies = [space["LRUPolicy"](slots) for _ in passes]  # one per MoE layer
-    row = []
-    for policy, topk in zip(policies, passes):
-        topk_ids = torch.tensor(topk, dtype=torch.int32)
-        DISTINCT_LINE
-        waves = space["plan_waves"](policy=policy, distinct=distinct)
-        row.append(sum(len(wave.loads) for wave in waves))
-    loads.append(row)
-print(json.dumps(loads))
+out = {}
+for slots in counts:
+    policies = None
+    loads = []
+    for passes in routing:
+        if policies is None:
+            policies = [residency.LRUPolicy(slots) for _ in passes]  # one per MoE layer
+        row = []
+        for policy, topk in zip(policies, passes):
+            topk_ids = torch.tensor(topk, dtype=torch.int32)
+            DISTINCT_LINE
+            waves = residency.plan_waves(policy=policy, distinct=distinct)
+            row.append(sum(len(wave.loads) for wave in waves))
+        loads.append(row)
+    out[slots] = loads
+print("@@" + json.dumps(out), flush=True)
+os._exit(0)  # what SGLang registered to run at exit is for a server's shutdown, not this
 """.replace("DISTINCT_LINE", DISTINCT)
+)
+SLOTS = (4, 8, 16)
+EXPERTS, TOP_K, LAYERS = 32, 4, 3
 
 
 def _routing(rng: np.random.Generator, experts: int, top_k: int, layers: int) -> list[np.ndarray]:
@@ -86,28 +92,40 @@ def _routing(rng: np.random.Generator, experts: int, top_k: int, layers: int) ->
     return passes
 
 
-@pytest.mark.parametrize("slots", [4, 8, 16])
-def test_sglangs_own_lru_pages_in_what_the_replay_pages_in(
+@pytest.fixture(scope="module")
+def lru_loads(
     torch_python: str,  # noqa: F811
-    tmp_path: Path,
-    slots: int,
-) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[list[np.ndarray], dict[int, np.ndarray]]:
+    """The routing, and SGLang's page-ins of it (per pass and layer) for each slot count."""
+    folder = tmp_path_factory.mktemp("paged-residency")
     with zipfile.ZipFile(_wheel()) as wheel:
-        source = tmp_path / "residency.py"
-        source.write_bytes(wheel.read("sglang/srt/layers/moe/paged_experts/residency.py"))
         executor = wheel.read("sglang/srt/layers/moe/paged_experts/executor.py").decode()
     assert DISTINCT in executor  # the step's experts as SGLang's host path takes them
-    experts, top_k, layers = 32, 4, 3
-    routing = _routing(np.random.default_rng(7), experts, top_k, layers)
-    (tmp_path / "routing.json").write_text(
+    release = engine_site("sglang-0.5.23", [_wheel()], torch_python)
+    routing = _routing(np.random.default_rng(7), EXPERTS, TOP_K, LAYERS)
+    (folder / "routing.json").write_text(
         json.dumps([[layer.tolist() for layer in step] for step in routing])
     )
-    command = [torch_python, "-c", RUN_RESIDENCY, str(source), str(tmp_path / "routing.json")]
     done = subprocess.run(
-        [*command, str(slots)], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    sglang_loads = np.asarray(json.loads(done.stdout))
+        [torch_python, "-c", RUN_RESIDENCY, str(folder / "routing.json"), json.dumps(SLOTS)],
+        capture_output=True, text=True, timeout=300, check=False,
+        env=gpu_env(folder, [release]),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("@@")]
+    loads = {int(slots): np.asarray(rows) for slots, rows in json.loads(line[2:]).items()}
+    return routing, loads
+
+
+@pytest.mark.parametrize("slots", SLOTS)
+def test_sglangs_own_lru_pages_in_what_the_replay_pages_in(
+    lru_loads: tuple[list[np.ndarray], dict[int, np.ndarray]],
+    slots: int,
+) -> None:
+    routing, loads = lru_loads
+    experts, layers = EXPERTS, LAYERS
+    sglang_loads = loads[slots]
     # What the recorder dumps of the same routing: selections per pass, layer and expert.
     counts = np.zeros((len(routing), layers, experts), dtype=np.int64)
     for index, step in enumerate(routing):

@@ -51,8 +51,9 @@ from harness.card import Cell, load_card, load_runtime_profile
 from harness.errors import CardError
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import boot_spec
-from harness.runtimes.build_script import cache_root
 from tests.conftest import REPO
+from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.engines.test_sglang_conformance import _kt_wheel, _wheel
 
@@ -60,8 +61,6 @@ pytestmark = pytest.mark.slow
 
 CARD = REPO / "campaigns" / "sglang-kt-placement.yaml"
 FREQUENCY_FILE = REPO / "campaigns" / "maps" / "kt-frequency-refbox.pt"
-# What the releases import and vLLM's venv lacks: pure Python, or CPU wheels.
-IMPORT_NEEDS = ["orjson", "ipython", "traitlets", "gguf", "nvidia-ml-py"]
 # A Qwen3-MoE-shaped model's config.json, what resolution reads of the model: 8 layers of 64
 # experts, the shape the shipped KT frequency file was fitted for.
 MODEL_CONFIG = {
@@ -185,74 +184,14 @@ ENGINE_ALONE = {
 }
 
 
-def _site(name: str, wheels: list[Path], python: str) -> Path:
-    """The release installed whole into its own folder of the harness cache, made once."""
-    site = cache_root() / f"{name}-site"
-    done = site / ".harness-complete"
-    if not done.exists():
-        subprocess.run(
-            [python, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(site),
-             *map(str, wheels), *IMPORT_NEEDS],
-            check=True, timeout=1800,
-        )  # fmt: skip
-        done.touch()
-    return site
-
-
 # Runs in vLLM's venv: the stand-ins (the module docstring says which and why), then each
 # command line judged as `python -m sglang.launch_server` judges it before any GPU work.
-RUN_PARSER = r"""
-import importlib.abc, importlib.machinery, json, logging, sys, types
-import torch
-from transformers.utils import import_utils
+RUN_PARSER = (
+    STAND_INS
+    + r"""
+import json, logging
 
-site, out_path = sys.argv[1:3]
-sys.path.insert(0, site)
-
-class _Placeholder(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return placeholder(name)
-
-def placeholder(name):
-    return _Placeholder(name, (), {"__init__": lambda self, *a, **k: None,
-                                   "__call__": lambda self, *a, **k: placeholder(name)})
-
-class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    roots = ("sgl_kernel", "torchvision")
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.roots:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        def missing(attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return placeholder(attr)
-        module.__getattr__ = missing
-        return module
-    def exec_module(self, module):
-        module.__path__ = []
-
-assert not import_utils.is_torchvision_available()  # cached: transformers sees none
-sys.meta_path.insert(0, StandIns())
-real_register_fake = torch.library.register_fake
-def register_fake(op, *args, **kwargs):
-    if isinstance(op, str) and op.startswith("sgl_kernel::"):
-        return None if args else (lambda fn: fn)
-    return real_register_fake(op, *args, **kwargs)
-torch.library.register_fake = register_fake
-h100 = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30, major=9,
-                             minor=0, multi_processor_count=132)
-torch.cuda.is_available = lambda: True
-torch.cuda.device_count = lambda: 8
-torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
-torch.cuda.get_device_name = lambda *a, **k: h100.name
-torch.cuda.get_device_properties = lambda *a, **k: h100
-torch.cuda.mem_get_info = lambda *a, **k: (79 * 2**30, 80 * 2**30)
-torch.version.cuda = "12.9"
+out_path = sys.argv[1]
 
 from sglang.srt.server_args import prepare_server_args
 
@@ -271,20 +210,15 @@ logging.shutdown()
 with open(out_path, "w", encoding="utf-8") as out:
     json.dump(verdicts, out)
 """
+)
 
 
 def _engine_verdicts(python: str, site: Path, commands: list[list[str]], tmp: Path) -> list[Any]:
     """The release's verdict on each command line (None: it boots past its arguments)."""
-    fake = tmp / "bin"
-    fake.mkdir()
-    smi = fake / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nfor gpu in 0 1 2 3 4 5 6 7; do echo 81559; done\n")
-    smi.chmod(0o755)
     out = tmp / "verdicts.json"
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "SGLANG_PLATFORM": ""}  # fmt: skip
+    env = gpu_env(tmp, [site])
     done = subprocess.run(
-        [python, "-c", RUN_PARSER, str(site), str(out)],
+        [python, "-c", RUN_PARSER, str(out)],
         input=json.dumps(commands), capture_output=True, text=True, timeout=900, env=env,
         check=False,
     )  # fmt: skip
@@ -388,7 +322,7 @@ def judged(
     out: dict[str, tuple[Path, dict[str, Any], dict[str, str | None]]] = {}
     for release in dict.fromkeys(RELEASES[name][0] for name in PROFILES):
         names = [name for name in PROFILES if RELEASES[name][0] == release]
-        site = _site(release, RELEASES[names[0]][1](), torch_python)
+        site = engine_site(release, RELEASES[names[0]][1](), torch_python)
         lines = [line for name in names for line in commands[name]]
         probe = [*lines[0], "--tp-size", "two"]
         work = folder / release
