@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analyze.recovery import ShiftRecovery, StepClock, phase_recovery, ring_summary
+from harness.analyze.recovery import ShiftRecovery, StepClock, phase_recovery
+from harness.analyze.ring_figures import ring_summary
 from harness.catalog import COUNTERS, PROMETHEUS_COUNTERS
 
 _SCORED_COLUMNS = [

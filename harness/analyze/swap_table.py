@@ -1,7 +1,7 @@
 """Swap cost per cell, as seed 000 §6 measured it: ms per applied swap and the ratio of a
 swap-bearing step to the p95 of swap-free steps.
 
-Each run's figures come from its ring (:func:`harness.analyze.recovery.swap_cost`: mean
+Each run's figures come from its ring (:func:`harness.analyze.ring_figures.swap_cost`: mean
 swap-bearing step ÷ p95 swap-free step; (mean swap step − mean swap-free step) ÷ mean swaps per
 swap step, in ms). A cell's figure is the median over its runs, with a 95% percentile bootstrap
 interval over runs (seeded; none under 2 runs), so a reviewer sees how far boots disagree.

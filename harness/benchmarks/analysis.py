@@ -24,12 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analyze.recovery import (
-    RING_COLUMNS,
-    cold_share_windows,
-    recovery_from_windows,
-    ring_summary,
-)
+from harness.analyze.recovery import RING_COLUMNS, cold_share_windows, recovery_from_windows
+from harness.analyze.ring_figures import ring_summary
 from harness.benchmarks import Figure
 
 FULL_STEPS = 15_000_000

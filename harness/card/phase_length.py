@@ -69,7 +69,7 @@ def shift_phase_warnings(loaded: LoadedCard, *, scale: float = 1.0) -> list[str]
     analysis = loaded.card.analysis
     scaled = f" at --scale {scale:g}" if scale != 1 else ""
     if analysis.window_steps is not None:
-        return _step_clock_warnings(loaded, scaled)
+        return _step_clock_warnings(loaded, scaled, scale)
     minimum = t90_min_phase_s(analysis)
     out: list[str] = []
     for phase in loaded.card.workload.phases or []:
@@ -107,7 +107,7 @@ def shift_phase_warnings(loaded: LoadedCard, *, scale: float = 1.0) -> list[str]
     return out
 
 
-def _step_clock_warnings(loaded: LoadedCard, scaled: str) -> list[str]:
+def _step_clock_warnings(loaded: LoadedCard, scaled: str, scale: float) -> list[str]:
     """:func:`shift_phase_warnings` on the step clock, where a phase's length is exact: a
     request is max_tokens host steps (a prefill and max_tokens − 1 decodes), shared among the
     requests in flight. A timed phase's steps depend on the box's speed: not checked here."""
@@ -134,7 +134,9 @@ def _step_clock_warnings(loaded: LoadedCard, scaled: str) -> list[str]:
             f"{workload.max_tokens} tokens ÷ concurrency {workload.concurrency}), under the "
             f"{minimum:,} T90 needs at analysis.converged_span_steps={span} + hold_steps={hold}: "
             f'its T90 would read "never" or include the transient; give it at least '
-            f"{math.ceil(minimum / per_request)} requests, or lower converged_span_steps/hold_steps"
+            f"{math.ceil(minimum / per_request / scale)} requests"
+            f"{' (before scaling)' if scale != 1 else ''}, or lower "
+            "converged_span_steps/hold_steps"
         )
     return out
 

@@ -20,7 +20,7 @@ from harness.stats.labels import Label
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
-    from harness.analyze.seed_tables import T90
+    from harness.analyze.seed_tables import T90, RecoveryLadder
 
 # Labels of the statistics, in the order a reviewer weighs them, with their CSS class.
 LABEL_CLASS = {
@@ -64,7 +64,7 @@ def t90_text(t90: T90) -> str:
     """A cell's T90 median as the report, record and figure show it (recovery_stats defines it)."""
     if t90.median_s is None:
         return "n/a (no excess)" if t90.no_excess else f"{fmt.MISSING} (no shift measured)"
-    text = "never" if t90.never_majority else _time(t90.median_s, t90.unit)
+    text = _time_or_never(t90.median_s, t90.unit)
     if t90.unit == "steps" and t90.wall_median_s is not None and math.isfinite(t90.wall_median_s):
         text += f" ({fmt.seconds(t90.wall_median_s)} here)"
     extras = []
@@ -75,13 +75,11 @@ def t90_text(t90: T90) -> str:
     return text + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _time(value: float, unit: str) -> str:
-    """A recovery time in its clock's unit: seconds, or host steps on the step clock."""
-    return f"{value:,.0f} steps" if unit == "steps" else fmt.seconds(value)
-
-
 def _time_or_never(value: float, unit: str = "s") -> str:
-    return "never" if math.isinf(value) else _time(value, unit)
+    """A recovery time in its clock's unit (seconds, or host steps on the step clock)."""
+    if math.isinf(value):
+        return "never"
+    return f"{value:,.0f} steps" if unit == "steps" else fmt.seconds(value)
 
 
 def t90_range_text(t90: T90) -> str:
@@ -208,19 +206,12 @@ def recovery_table(analysis: CampaignAnalysis) -> dict[str, Any] | None:
         "window_s": ladder.window_s,
         "hold_s": ladder.hold_s,
         "frozen": frozen,
-        "definition": (
-            FROZEN_DEFINITION
-            if frozen
-            else t90_definition(
-                ladder.window_s, ladder.hold_s, ladder.window_steps, ladder.hold_steps
-            )
-        ),
+        "definition": (FROZEN_DEFINITION if frozen else t90_definition(ladder)),
     }
 
 
 def _converged_text(value: float | None, ci: tuple[float, float] | None, runs: int | None) -> str:
-    """A converged speed with its interval over runs, or why it has none: a median of one run
-    beside another's is no finding."""
+    """A converged speed with its interval over runs, or why it has none (a single run)."""
     if value is None:
         return fmt.MISSING
     if ci is None:
@@ -287,13 +278,13 @@ FROZEN_DEFINITION = (
 )
 
 
-def t90_definition(
-    window_s: float, hold_s: float, window_steps: int | None, hold_steps: int | None
-) -> str:
+def t90_definition(ladder: RecoveryLadder) -> str:
     """The caption that defines T90 on the page and in record.md, on the campaign's clock."""
-    if window_steps is None:
-        return T90_DEFINITION.format(window_s=window_s, hold_s=hold_s)
-    return T90_STEPS_DEFINITION.format(window_steps=window_steps, hold_steps=hold_steps)
+    if ladder.window_steps is None:
+        return T90_DEFINITION.format(window_s=ladder.window_s, hold_s=ladder.hold_s)
+    return T90_STEPS_DEFINITION.format(
+        window_steps=ladder.window_steps, hold_steps=ladder.hold_steps
+    )
 
 
 # One sentence for the HTML caption and record.md, so both define T90 alike.

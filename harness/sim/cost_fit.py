@@ -47,7 +47,8 @@ import numpy.typing as npt
 import pandas as pd
 
 from harness.analyze.metrics import request_metrics, worst_recovery
-from harness.analyze.recovery import DECODE_TOKENS, StepClock, phase_recovery, swap_cost
+from harness.analyze.recovery import DECODE_TOKENS, StepClock, phase_recovery
+from harness.analyze.ring_figures import swap_cost
 from harness.errors import BadInput
 from harness.formats.records import open_campaign, read_json, write_json_atomic
 from harness.formats.ring import RING_FIELDS
@@ -489,7 +490,7 @@ SPEED_METRICS = ("ring_decode_tok_s", "ring_itl_p50_ms", "ring_itl_p95_ms", "rin
 
 def _speeds(decode_ns: FloatArray) -> dict[str, float]:
     """The ring's decode speed and inter-token percentiles from decode step durations (a decode
-    step of one sequence emits one token), as :func:`harness.analyze.recovery.ring_summary`."""
+    step of one sequence emits one token), as :func:`harness.analyze.ring_figures.ring_summary`."""
     total = float(decode_ns.sum())
     p50, p95, p99 = np.percentile(decode_ns, [50, 95, 99])
     return {

@@ -14,11 +14,10 @@ from harness.analyze.recovery import (
     general_note,
     phase_recovery,
     recovery_time,
-    ring_summary,
-    swap_cost,
     time_to_stay,
     times_recovery,
 )
+from harness.analyze.ring_figures import ring_summary, swap_cost
 from harness.errors import BadInput, RingError
 
 STEP_NS = 500_000_000  # four steps per 2 s window

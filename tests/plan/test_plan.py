@@ -182,9 +182,12 @@ def test_a_shift_phase_too_short_for_t90_is_a_warning_at_validate_and_plan(tmp_p
         quick = run_cli(*verb, "--scale", "0.25", str(fixed))
         assert quick.code == 0, quick.stderr
         text = " ".join(quick.stdout.split())
-        assert "workload.phases.prose: shift phase lasts about" in text
-        assert "under the 3 s T90 needs at analysis.converged_span_s=2 + hold_s=1" in text
-        assert "at --scale 0.25" in text and "requests (before scaling)" in text
+        # The demo times recovery on the step clock: a request is max_tokens (48) steps.
+        assert "workload.phases.prose: the shift phase serves at most 96 host steps" in text
+        assert (
+            "under the 288 T90 needs at analysis.converged_span_steps=192 + hold_steps=96" in text
+        )
+        assert "at --scale 0.25" in text and "at least 24 requests (before scaling)" in text
 
 
 def test_boot_designs_count_boots_per_cycle_and_price_them() -> None:

@@ -4,7 +4,8 @@ A task carries everything it needs (settings, cost model, analysis windows, phas
 trace, and returns one flat row of predicted metrics. It imports nothing from the CLI, so a
 process pool or a Dask worker can run it from this module alone. Every figure comes from the
 analysis stage's own functions on the replay's synthetic ring and counters
-(:func:`~harness.analyze.metrics.counter_metrics`, :func:`~harness.analyze.recovery.ring_summary`,
+(:func:`~harness.analyze.metrics.counter_metrics`,
+:func:`~harness.analyze.ring_figures.ring_summary`,
 :func:`~harness.analyze.recovery.phase_recovery`), so a sweep's cold share or T90 is the number
 ``harness simulate`` + ``harness analyze`` would report for the same cell.
 """
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from harness.analyze.metrics import counter_metrics
-from harness.analyze.recovery import StepClock, phase_recovery, ring_summary
+from harness.analyze.recovery import StepClock, phase_recovery
+from harness.analyze.ring_figures import ring_summary
 from harness.sim.results import CostModel, ReplayResult
 from harness.sim.run_cost_fit import RunCostFit, predict_run_speed
 from harness.sim.simulate import CellSettings, replay_settings
