@@ -21,9 +21,11 @@ on a CPU:
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from harness.runtimes.build_script import cache_root
 
@@ -112,3 +114,27 @@ torch.cuda.mem_get_info = lambda *a, **k: (79 * 2**30, 80 * 2**30)
 torch.version.cuda = "12.9"
 sys.path[:0] = os.environ["HARNESS_ENGINE_SITES"].split(os.pathsep)
 """
+
+
+def ask(process: subprocess.Popen[str], job: Any, log: Path) -> Any:
+    """Send one JSON job to a long-lived engine process and read its answer (the line marked
+    ``@@``); the process's log tail when it ends without one."""
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(json.dumps(job) + "\n")
+    process.stdin.flush()
+    for line in process.stdout:
+        if line.startswith("@@"):
+            return json.loads(line[2:])
+    raise AssertionError(log.read_text()[-4000:])
+
+
+def close(process: subprocess.Popen[str]) -> None:
+    """End a long-lived engine process: its input closed, then waited for, killed past 60 s."""
+    assert process.stdin is not None and process.stdout is not None
+    if not process.stdin.closed:
+        process.stdin.close()
+    try:
+        process.wait(timeout=60)
+    finally:
+        process.kill()  # a no-op once it has exited
+        process.stdout.close()

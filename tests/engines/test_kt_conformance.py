@@ -61,7 +61,7 @@ from harness.runtimes.recorder import per_token_counts
 from harness.sim.fitmap import coverage, frequency_hot
 from harness.sim.trace_files import load_trace
 from tests.conftest import REPO
-from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import STAND_INS, ask, close, gpu_env
 from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.sim.test_fitmap import cli
@@ -218,22 +218,11 @@ class KtRuntime:
 
     def ask(self, kind: str, **job: Any) -> dict[str, Any]:
         """One job's answer: {"value": ...} or {"error": "Type: message"}, and "log"."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"kind": kind, **job}) + "\n")
-        self.process.stdin.flush()
-        for line in self.process.stdout:
-            if line.startswith("@@"):
-                return json.loads(line[2:])
-        raise AssertionError(self.stderr.read_text()[-4000:])
+        answer: dict[str, Any] = ask(self.process, {"kind": kind, **job}, self.stderr)
+        return answer
 
     def close(self) -> None:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(timeout=60)
-        finally:
-            self.process.kill()  # a no-op once it has exited
-            self.process.stdout.close()
+        close(self.process)
 
 
 @pytest.fixture(scope="module")

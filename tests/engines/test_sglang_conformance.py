@@ -62,7 +62,7 @@ from harness.formats.expert_distribution import combine_dumps, read_dump
 from harness.runtimes.build_script import cache_root
 from harness.runtimes.recorder import per_token_counts
 from tests.conftest import REPO
-from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import STAND_INS, ask, close, gpu_env
 from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 
@@ -303,16 +303,12 @@ class _Ranks:
                 raise AssertionError(log.read_text()[-4000:])
 
     def close(self) -> None:
+        # Every rank's input closed before any is waited for: a rank ends with its peer.
         for rank in self.ranks:
-            assert rank.stdin is not None and rank.stdout is not None
+            assert rank.stdin is not None
             rank.stdin.close()
         for rank in self.ranks:
-            assert rank.stdout is not None
-            try:
-                rank.wait(timeout=60)
-            finally:
-                rank.kill()  # a no-op once it has exited
-                rank.stdout.close()
+            close(rank)
 
 
 @pytest.fixture(scope="module")
@@ -519,22 +515,11 @@ class _Loader:
 
     def place(self, init_file: Path) -> list[list[int]]:
         """The physical-to-logical map SGLang boots with from ``init_file``."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps(str(init_file)) + "\n")
-        self.process.stdin.flush()
-        for line in self.process.stdout:
-            if line.startswith("@@"):
-                return json.loads(line[2:])
-        raise AssertionError(self.log.read_text()[-4000:])
+        placed: list[list[int]] = ask(self.process, str(init_file), self.log)
+        return placed
 
     def close(self) -> None:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(timeout=60)
-        finally:
-            self.process.kill()  # a no-op once it has exited
-            self.process.stdout.close()
+        close(self.process)
 
 
 @pytest.fixture(scope="module")
