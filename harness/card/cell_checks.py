@@ -1,7 +1,8 @@
 """The semantic checks of a card's cells: files, knobs, env and live values against the
 runtime profile, and the engine-specific rules a knob's value brings (a KT frequency file's
 shape, EPLB's recorder, DeepEP's all-to-all, Paged Experts' settings and model, vLLM's prefetch
-offload), each a named rule that adds its findings to :class:`~harness.card.checks.Problems`.
+offload; SGLang's other all-to-all backends are harness/card/sglang_checks.py), each a named
+rule that adds its findings to :class:`~harness.card.checks.Problems`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from harness.card.checks import Problems, _did_you_mean, _is_file, _knob_text, _missing_file
 from harness.card.inputs import Locator
 from harness.card.schema import Card, Cell, KnobValue
+from harness.card.sglang_checks import sglang_cell_refusals, sglang_model_refusals
 from harness.errors import BadInput, MapError
 from harness.formats.yamlfile import Loc
 from harness.profiles.schema import KnobSpec, RuntimeProfile, switch_state
@@ -45,8 +47,12 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
             if card.box == "local" and card.boxes is None:
                 # The model's own config, where it is on this machine (a remote box's is read
                 # when the campaign starts: execute/engine_inputs.py).
-                config = _model_config(cell.knobs.get("model"))
-                for field, problem in paged_experts_model_refusals(cell, runtime, config or {}):
+                model = cell.knobs.get("model")
+                config = _model_config(model) or {}
+                refusals = paged_experts_model_refusals(cell, runtime, config)
+                quant_file = bool(config) and _has_quant_file(model)
+                refusals += sglang_model_refusals(cell, runtime, config, quant_file)
+                for field, problem in refusals:
                     out.add(("cells", name, "knobs", field), problem)
 
 
@@ -86,6 +92,9 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     _check_dispatch_needs_a2a(name, cell, runtime, out)
     _check_paged_experts(name, cell, runtime, out)
     _check_prefetch_offload(name, cell, runtime, out)
+    # What SGLang's all-to-all backends refuse of the knobs alone (the GPU's part: at `run`).
+    for knob, problem in sglang_cell_refusals(cell, runtime):
+        out.add(("cells", name, "knobs", knob), problem)
     for knob, spec in runtime.knobs.items():
         if spec.required and spec.default is None and knob not in cell.knobs:
             out.add(
@@ -125,6 +134,11 @@ def _model_config(model: object) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _has_quant_file(model: object) -> bool:
+    """Whether a ModelOpt ``hf_quant_config.json`` is beside the model's config.json here."""
+    return isinstance(model, str) and (Path(model).expanduser() / "hf_quant_config.json").is_file()
 
 
 def _check_kt_frequency_shape(

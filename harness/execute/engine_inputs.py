@@ -8,6 +8,11 @@ the model's router top-k, and DeepSeek-V3's fused shared expert
 can read on this machine (the file's dimensions, and a local box's model); the model on a
 remote box is read here, over the box's shell, when a campaign starts.
 
+SGLang's all-to-all and attention backends refuse what the model's checkpoint or the GPU decides
+(:mod:`harness.card.sglang_checks`): the checkpoint is read as above, and the GPU's compute
+capability and memory (from which SGLang picks the chunked prefill size and decode CUDA-graph
+batch a cell leaves unset) with ``nvidia-smi`` on the box; a box without it is left to the boot.
+
 KTransformers runs a prefill of ``kt_gpu_prefill_token_threshold`` tokens or more wholly on the
 GPU; the recorder tells such passes by the router's top-k in the model's ``config.json`` and,
 without it, gives the run no hit rate rather than a wrong one. A cell that sets a threshold on a
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.card import LoadedCard
 from harness.card.cell_checks import (
@@ -25,11 +31,27 @@ from harness.card.cell_checks import (
     paged_experts_cell,
     paged_experts_model_refusals,
 )
+from harness.card.schema import Cell
+from harness.card.sglang_checks import (
+    GpuFacts,
+    boots_sglang,
+    sglang_cell_refusals,
+    sglang_model_refusals,
+)
 from harness.errors import BadInput, HarnessError
 from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
+from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.recorder import full_gpu_threshold, model_config_on_box
 
-__all__ = ["check_engine_inputs"]
+__all__ = ["check_engine_inputs", "gpu_facts_on_box", "parse_gpu_facts"]
+
+GPU_QUERY = "nvidia-smi --query-gpu=compute_cap,memory.total --format=csv,noheader,nounits"
+# The backends whose refusal the GPU or the model decides (harness/card/sglang_checks.py).
+_GPU_BACKENDS = {
+    "moe_a2a_backend": ("mori", "pplx", "deepep_v2", "flashinfer_megamoe"),
+    "attention_backend": ("trtllm_mha", "trtllm_mla"),
+}
+_MODEL_BACKENDS = ("deepep_v2", "flashinfer_megamoe", "flashinfer")
 
 
 def _frequency_cells(loaded: LoadedCard) -> list[tuple[str, Path, str]]:
@@ -72,6 +94,85 @@ def _threshold_cells(loaded: LoadedCard) -> list[tuple[str, str, int]]:
     return found
 
 
+def parse_gpu_facts(text: str) -> GpuFacts | None:
+    """The GPUs of :data:`GPU_QUERY`'s output (``9.0, 81559`` a line): the first one's compute
+    capability and the smallest memory; None where a line does not read (MIG's ``[N/A]``)."""
+    capabilities, memories = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        capability, _, memory = line.partition(",")
+        major, _, minor = capability.strip().partition(".")
+        try:
+            capabilities.append((int(major), int(minor or 0)))
+            memories.append(float(memory))
+        except ValueError:
+            return None
+    return GpuFacts(capabilities[0], min(memories)) if capabilities else None
+
+
+def gpu_facts_on_box(box: Box) -> GpuFacts | None:
+    """The box's GPUs as SGLang reads them; None without ``nvidia-smi`` or a reading."""
+    try:
+        result = box.sh(GPU_QUERY, timeout_s=60, check=False)
+    except HarnessError:
+        return None
+    return parse_gpu_facts(result.stdout) if result.code == 0 else None
+
+
+def _sglang_cells(loaded: LoadedCard) -> list[tuple[str, bool, str]]:
+    """(cell, whether the GPU decides, model folder to read or "") of every cell whose SGLang
+    backend the box's GPU or model decides."""
+    runtime = loaded.runtime
+    found: list[tuple[str, bool, str]] = []
+    if not boots_sglang(runtime):
+        return found
+    for name, cell in loaded.card.cells.items():
+        chosen = {knob: str(cell.knobs.get(knob, "")) for knob in _GPU_BACKENDS}
+        gpu = any(chosen[knob] in values for knob, values in _GPU_BACKENDS.items()
+                  if knob in runtime.knobs)  # fmt: skip
+        model = cell.knobs.get("model")
+        read = chosen["moe_a2a_backend"] in _MODEL_BACKENDS and "moe_a2a_backend" in runtime.knobs
+        model_text = model if read and isinstance(model, str) else ""
+        if gpu or model_text:
+            found.append((name, gpu, model_text))
+    return found
+
+
+def _sglang_refusals(
+    box: Box, box_name: str, cells: list[tuple[str, bool, str]], loaded: LoadedCard
+) -> list[str]:
+    """Problem lines for what SGLang would refuse on this box, given its model and GPU."""
+    lines: list[str] = []
+    gpu = gpu_facts_on_box(box) if any(needs for _, needs, _ in cells) else None
+    runtime: RuntimeProfile = loaded.runtime
+    for name, needs_gpu, model in cells:
+        cell: Cell = loaded.card.cells[name]
+        if model:
+            config_path, config = model_config_on_box(box, model)
+            quant_file = config is not None and _exists(
+                box, f"{model.rstrip('/')}/hf_quant_config.json"
+            )
+            lines += [
+                f"cells.{name}.knobs.{knob}: {problem} (the model's {config_path} on box "
+                f"{box_name})"
+                for knob, problem in sglang_model_refusals(cell, runtime, config or {}, quant_file)
+            ]
+        if needs_gpu and gpu is not None:
+            lines += [
+                f"cells.{name}.knobs.{knob}: {problem} (box {box_name})"
+                for knob, problem in sglang_cell_refusals(cell, runtime, gpu)
+            ]
+    return lines
+
+
+def _exists(box: Box, path: str) -> bool:
+    try:
+        return box.exists(path)
+    except HarnessError:
+        return False
+
+
 def check_engine_inputs(loaded: LoadedCard) -> list[str]:
     """Raise BadInput (exit 2) naming the cell, the file and the model when an engine would
     refuse a cell's input at boot. A box that cannot be reached, a Slurm box (no shell) or a
@@ -80,8 +181,9 @@ def check_engine_inputs(loaded: LoadedCard) -> list[str]:
     cells = _frequency_cells(loaded)
     paged = _paged_cells(loaded)
     thresholds = _threshold_cells(loaded)
+    sglang = _sglang_cells(loaded)
     warnings: list[str] = []
-    if not cells and not paged and not thresholds:
+    if not cells and not paged and not thresholds and not sglang:
         return warnings
     shapes = [logical_count_shape(path) for _, path, _ in cells]  # read once, not per box
     for box_name, spec in loaded.boxes:
@@ -128,6 +230,9 @@ def check_engine_inputs(loaded: LoadedCard) -> list[str]:
                             for knob, problem in refusals
                         )
                     )
+            refused = _sglang_refusals(box, box_name, sglang, loaded) if sglang else []
+            if refused:
+                raise BadInput("\n".join(dict.fromkeys(refused)))
         finally:
             box.close()
     return list(dict.fromkeys(warnings))  # one warning per cell and box, said once

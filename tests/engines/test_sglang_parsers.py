@@ -30,9 +30,12 @@ Stood in, because they cannot load on a CPU:
   that resolves arguments calls them. transformers is told (before the stand-in goes in) that
   torchvision is absent, as on any machine without it.
 - The GPU: CUDA reported available, eight H100s (compute capability 9.0, 80 GiB), and an
-  ``nvidia-smi`` on PATH that prints their memory (sglang-kt reads it at ``__post_init__``).
-  Every cell runs on the same stand-in box, so a refusal that depends on the GPU model is judged
-  as on an H100 box.
+  ``nvidia-smi`` on PATH that prints their memory (sglang-kt reads it at ``__post_init__``, and
+  0.5.23 picks the chunked prefill size and decode CUDA-graph batch from it). Every cell runs on
+  the same stand-in box, so a refusal that depends on the GPU is judged as on an H100 box; what
+  harness refuses of such a cell it refuses at `run`, from the box's ``nvidia-smi`` before a boot
+  (harness/execute/engine_inputs.py), and is judged here by the same function on the stand-in's
+  reading.
 """
 
 from __future__ import annotations
@@ -48,9 +51,11 @@ import pytest
 import yaml
 
 from harness.card import Cell, load_card, load_runtime_profile
+from harness.card.sglang_checks import sglang_cell_refusals
 from harness.errors import CardError
+from harness.execute.engine_inputs import parse_gpu_facts
 from harness.profiles.schema import RuntimeProfile
-from harness.runtimes.boot import boot_spec
+from harness.runtimes.boot import BootSpec, boot_spec
 from tests.conftest import REPO
 from tests.engines.sglang_site import STAND_INS, gpu_env
 from tests.engines.sglang_site import site as engine_site
@@ -103,7 +108,14 @@ PATTERN_VALUES = {
     "kt_gpu_prefill_token_threshold": ["512", "0"],
     "kt_max_deferred_experts_per_token": ["2", "0"],
     "attention_backend": ["flashinfer", "triton", "zz"],
+    "attn_dp_size": ["1", "2"],
+    "mori_num_max_dispatch_tokens_per_rank": ["8192", "1"],
+    "pplx_num_max_dispatch_tokens_per_rank": ["8192", "1"],
+    "deepep_v2_num_max_dispatch_tokens_per_rank": ["8192", "1"],
 }
+# The stand-in GPU as `nvidia-smi --query-gpu=compute_cap,memory.total` reads it on a box: the
+# eight H100s the fake nvidia-smi of tests/engines/sglang_site.py prints the memory of.
+STAND_IN_GPU = parse_gpu_facts("9.0, 81559\n" * 8)
 # Knobs every cell sets (not varied): where the model and KT's CPU weights are.
 FIXED = ("python", "model", "kt_weight_path")
 
@@ -124,6 +136,23 @@ PAIRS: dict[str, list[dict[str, list[Any]]]] = {
          "expert_balancedness_report_mode": ["off", "both"]},
         {"ep_num_redundant_experts": ["0", "16"], "ep_size": ["1", "2"]},
         {"return_routed_experts": [True], "disable_radix_cache": [True, False]},
+        # The all-to-all backends' needs (moe_hook.py, handle_a2a_moe and the token budgets):
+        # attention DP against TP, and each dispatch budget against the chunked prefill.
+        {"moe_a2a_backend": ["none", "flashinfer", "pplx", "flashinfer_megamoe", "mori",
+                             "deepep_v2"],
+         "attn_dp_size": ["1", "2"], "tp_size": ["1", "2"]},
+        {"moe_a2a_backend": ["mori"], "tp_size": ["2"], "attn_dp_size": ["1", "2"],
+         "chunked_prefill_size": [None, "4096", "8192", "-1"],
+         "mori_num_max_dispatch_tokens_per_rank": [None, "8192"]},
+        {"moe_a2a_backend": ["pplx"], "tp_size": ["2"], "attn_dp_size": ["2"],
+         "chunked_prefill_size": [None, "256", "-1"],
+         "pplx_num_max_dispatch_tokens_per_rank": [None, "8192"]},
+        {"moe_a2a_backend": ["flashinfer"], "tp_size": ["2"], "attn_dp_size": ["2"],
+         "chunked_prefill_size": [None, "-1"]},
+        {"moe_a2a_backend": ["deepep_v2"], "tp_size": ["2"], "attn_dp_size": ["1", "2"],
+         "chunked_prefill_size": [None, "256", "-1"],
+         "deepep_v2_num_max_dispatch_tokens_per_rank": [None, "256", "16384"],
+         "disable_cuda_graph": [None, True], "max_running_requests": [None, "64"]},
     ],
     "sglang-eplb": [
         {"enable_eplb": [True, False], "ep_size": ["1", "2"], "tp_size": ["1", "2"]},
@@ -170,19 +199,6 @@ AT_MODEL_LOAD = ("needs paged_experts_num_resident", "runs on a single GPU only"
                  "SGLang refuses it with enable_eplb", "SGLang refuses it with speculative",
                  "fewer than the model's router top-k")  # fmt: skip
 
-# What the engine refuses and validate does not yet: a GPU generation other than the stand-in
-# H100's, or settings no knob of the profile sets (attention DP, dispatch-budget env). Listed
-# apart, each still asserted refused by the engine, so a release that changes one is seen.
-ENGINE_ALONE = {
-    ("attention_backend", "trtllm_mha"): "Blackwell (SM100) only",
-    ("attention_backend", "trtllm_mla"): "Blackwell (SM100/SM12x) only",
-    ("moe_a2a_backend", "deepep_v2"): "its dispatch budget env under chunked_prefill_size",
-    ("moe_a2a_backend", "flashinfer"): "--attn-dp-size equal to --tp-size",
-    ("moe_a2a_backend", "mori"): "its dispatch-token env under chunked_prefill_size",
-    ("moe_a2a_backend", "pplx"): "--attn-dp-size 2 or more",
-    ("moe_a2a_backend", "flashinfer_megamoe"): "an NVFP4 checkpoint (the model's quantization)",
-}
-
 
 # Runs in vLLM's venv: the stand-ins (the module docstring says which and why), then each
 # command line judged as `python -m sglang.launch_server` judges it before any GPU work.
@@ -195,7 +211,11 @@ out_path = sys.argv[1]
 
 from sglang.srt.server_args import prepare_server_args
 
-def judge(argv):
+def judge(argv, env):
+    # The cell's environment for its judging alone (SGLang reads its variables when it
+    # resolves, and may set some), then the process's own again.
+    saved = dict(os.environ)
+    os.environ.update(env)
     try:
         args = prepare_server_args(argv)
         if hasattr(args, "resolve_once"):
@@ -203,9 +223,12 @@ def judge(argv):
         args.check_server_args()
     except BaseException as exc:
         return {"refused": f"{type(exc).__name__}: {exc}"}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return {"refused": None}
 
-verdicts = [judge(argv) for argv in json.load(sys.stdin)]
+verdicts = [judge(line["argv"], line["env"]) for line in json.load(sys.stdin)]
 logging.shutdown()
 with open(out_path, "w", encoding="utf-8") as out:
     json.dump(verdicts, out)
@@ -213,8 +236,11 @@ with open(out_path, "w", encoding="utf-8") as out:
 )
 
 
-def _engine_verdicts(python: str, site: Path, commands: list[list[str]], tmp: Path) -> list[Any]:
-    """The release's verdict on each command line (None: it boots past its arguments)."""
+def _engine_verdicts(
+    python: str, site: Path, commands: list[dict[str, Any]], tmp: Path
+) -> list[Any]:
+    """The release's verdict on each command line and its environment (None: it boots past its
+    arguments)."""
     out = tmp / "verdicts.json"
     env = gpu_env(tmp, [site])
     done = subprocess.run(
@@ -261,8 +287,9 @@ def _cells(profile_name: str, profile: RuntimeProfile, model: Path) -> dict[str,
     return cells
 
 
-def _validate_refusals(folder: Path, profile_name: str, cells: dict[str, Any]) -> dict[str, list]:
-    """What `harness validate` refuses of each cell (its problem lines), one card for all."""
+def _harness_refusals(folder: Path, profile_name: str, cells: dict[str, Any]) -> dict[str, list]:
+    """What `harness validate` refuses of each cell (its problem lines), one card for all, and
+    what `harness run` refuses of it before a boot on the stand-in GPU."""
     (folder / "prompts").symlink_to(REPO / "campaigns" / "prompts")
     card = yaml.safe_load(CARD.read_text(encoding="utf-8"))
     card.update(runtime=profile_name, control="c0", cells=cells)
@@ -277,11 +304,16 @@ def _validate_refusals(folder: Path, profile_name: str, cells: dict[str, Any]) -
             found = re.search(r": cells\.(c\d+)\.(\S+): (.*)", line)
             assert found, line
             refused.setdefault(found.group(1), []).append(found.group(3))
+    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / f"{profile_name}.yaml")
+    assert STAND_IN_GPU is not None
+    for name, cell in cells.items():
+        for _, problem in sglang_cell_refusals(Cell.model_validate(cell), profile, STAND_IN_GPU):
+            refused.setdefault(name, []).append(problem)
     return refused
 
 
-def _argv(profile: RuntimeProfile, cell: dict[str, Any]) -> list[str]:
-    """The command line harness boots the cell with, after `python -m sglang.launch_server`."""
+def _boot(profile: RuntimeProfile, cell: dict[str, Any]) -> BootSpec:
+    """The boot harness makes of the cell."""
     uploaded = {key: "/runs/r0/files/" + Path(value).name
                 for key, value in cell.get("files", {}).items()}  # fmt: skip
     uploaded = {key: str(FREQUENCY_FILE) for key in uploaded}  # the engine may read it
@@ -289,7 +321,20 @@ def _argv(profile: RuntimeProfile, cell: dict[str, Any]) -> list[str]:
                      python="python3", bind_host="127.0.0.1", cache_dir="/runs/cache",
                      uploaded=uploaded)  # fmt: skip
     assert spec.argv[:2] == ["sh", "-c"] and spec.argv[3] == "sglang", spec.argv
-    return spec.argv[4:]
+    return spec
+
+
+def _argv(profile: RuntimeProfile, cell: dict[str, Any]) -> list[str]:
+    """The command line harness boots the cell with, after `python -m sglang.launch_server`."""
+    return _boot(profile, cell).argv[4:]
+
+
+def _command(profile: RuntimeProfile, cell: dict[str, Any]) -> dict[str, Any]:
+    """The cell's command line (:func:`_argv`) and the environment its knobs set."""
+    spec = _boot(profile, cell)
+    env = {var: value for var, value in spec.env.items()
+           if profile.knob_for_env(var) and not var.startswith("HARNESS_")}  # fmt: skip
+    return {"argv": spec.argv[4:], "env": env}
 
 
 RELEASES = {
@@ -318,13 +363,13 @@ def judged(
     for name in PROFILES:
         profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / f"{name}.yaml")
         cells[name] = _cells(name, profile, model)
-        commands[name] = [_argv(profile, cell) for cell in cells[name].values()]
+        commands[name] = [_command(profile, cell) for cell in cells[name].values()]
     out: dict[str, tuple[Path, dict[str, Any], dict[str, str | None]]] = {}
     for release in dict.fromkeys(RELEASES[name][0] for name in PROFILES):
         names = [name for name in PROFILES if RELEASES[name][0] == release]
         site = engine_site(release, RELEASES[names[0]][1](), torch_python)
         lines = [line for name in names for line in commands[name]]
-        probe = [*lines[0], "--tp-size", "two"]
+        probe = {"argv": [*lines[0]["argv"], "--tp-size", "two"], "env": {}}
         work = folder / release
         work.mkdir()
         *verdicts, probed = _engine_verdicts(torch_python, site, [*lines, probe], work)
@@ -342,12 +387,8 @@ def test_validate_refuses_what_the_release_refuses(
     profile_name: str,
 ) -> None:
     _, cells, verdicts = judged[profile_name]
-    refused = _validate_refusals(tmp_path, profile_name, cells)
+    refused = _harness_refusals(tmp_path, profile_name, cells)
     engine = {name for name, why in verdicts.items() if why is not None}
-    alone = {name for name, cell in cells.items()
-             if any(cell["knobs"].get(knob) == value for knob, value in ENGINE_ALONE)}  # fmt: skip
-    assert alone <= engine, {n: cells[n]["knobs"] for n in alone - engine}
-    engine -= alone
     assert len(engine) < len(cells), verdicts
     assert set(refused) >= engine, {
         n: (cells[n]["knobs"], verdicts[n]) for n in sorted(engine - set(refused))
