@@ -37,8 +37,8 @@ installed whole and imported, at run time; nothing of theirs is copied here.
   Stood in: ``sglang_site.py``'s stand-ins, and the device the module moves the map to (the
   server's "cuda"): this box's CPU.
 - Its routed-experts response field: the detokenizer's encoder, the ``SglExt`` model the
-  completion response carries it in, and SGLang's own decoder, run the same way on captured
-  routing; the harness's reader gets the rows back.
+  completion response carries it in, and SGLang's own decoder (their modules imported whole the
+  same way), run on captured routing; the harness's reader gets the rows back.
 """
 
 from __future__ import annotations
@@ -354,49 +354,27 @@ def test_sglangs_own_recorder_sums_tp_ranks(
     assert np.array_equal(per_token_counts(dist, recorder, {"tp_size": "2"}).counts, true)
 
 
-# Runs in vLLM's venv: SGLang's own encoder of a request's captured routing
-# (DetokenizerManager._b64_encode_per_request, srt/managers/detokenizer_manager.py), the
-# response extension it lands in (SglExt, srt/entrypoints/openai/protocol.py: a
-# CompletionResponse's `sglext`), and SGLang's own decoder for users
-# (extract_routed_experts_from_meta_info, srt/state_capturer/routed_experts.py). pybase64, which
-# SGLang imports for speed, is the standard library's base64 here (its drop-in API).
-RUN_ROUTES = r"""
-import ast, base64, json, sys, textwrap, typing
-import numpy as np
-import pydantic
+# Runs in vLLM's venv: the stand-ins, then the three modules imported whole: SGLang's own encoder
+# of a request's captured routing (DetokenizerManager._b64_encode_per_request,
+# srt/managers/detokenizer_manager.py), the response extension it lands in (SglExt,
+# srt/entrypoints/openai/protocol.py: a CompletionResponse's `sglext`), and SGLang's own decoder
+# for users (extract_routed_experts_from_meta_info, srt/state_capturer/routed_experts.py).
+RUN_ROUTES = (
+    STAND_INS
+    + r"""
+import json
 import torch
+from sglang.srt.entrypoints.openai.protocol import SglExt
+from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+from sglang.srt.state_capturer.routed_experts import extract_routed_experts_from_meta_info
 
-detokenizer, protocol, capturer, routing_path = sys.argv[1:5]
-
-def member(path, name, within=None):
-    source = open(path, encoding="utf-8").read()
-    body = ast.parse(source).body
-    if within is not None:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == within).body
-    node = next(n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef))
-                and n.name == name)
-    lines = [l for l in textwrap.dedent(ast.get_source_segment(source, node, padded=True))
-             .splitlines() if not l.lstrip().startswith("@staticmethod")]
-    return "\n".join(lines)
-
-space = {"pybase64": base64, "torch": torch, "np": np, "__name__": "sglang_protocol"}
-space.update({name: getattr(pydantic, name) for name in pydantic.__all__})
-space.update({name: getattr(typing, name) for name in typing.__all__})
-code = "\n\n".join(member(path, name, within) for path, name, within in (
-    (detokenizer, "_b64_encode_per_request", "DetokenizerManager"),
-    (protocol, "CachedTokensDetails", None),
-    (protocol, "SpecTokensDetails", None),
-    (protocol, "SglExt", None),
-    (capturer, "extract_routed_experts_from_meta_info", None)))
-exec("from __future__ import annotations\n" + code, space)
-for model in ("CachedTokensDetails", "SpecTokensDetails", "SglExt"):
-    space[model].model_rebuild(_types_namespace=space)
-routing = torch.tensor(json.load(open(routing_path)), dtype=torch.int32)  # [rows, layers, top_k]
-(encoded,) = space["_b64_encode_per_request"]([routing])
-body = {"sglext": space["SglExt"](routed_experts=encoded).model_dump(mode="json")}
-decoded = space["extract_routed_experts_from_meta_info"]({"meta_info": {"routed_experts": encoded}})
-print(json.dumps({"body": body, "decoded": decoded.tolist()}))
+routing = torch.tensor(json.load(open(sys.argv[1])), dtype=torch.int32)  # [rows, layers, top_k]
+(encoded,) = DetokenizerManager._b64_encode_per_request([routing])
+body = {"sglext": SglExt(routed_experts=encoded).model_dump(mode="json")}
+decoded = extract_routed_experts_from_meta_info({"meta_info": {"routed_experts": encoded}})
+print("@@" + json.dumps({"body": body, "decoded": decoded.tolist()}))
 """
+)
 
 
 def test_sglangs_own_routing_serializer_is_what_the_harness_decodes(
@@ -406,28 +384,20 @@ def test_sglangs_own_routing_serializer_is_what_the_harness_decodes(
     # `collect --routes-from-responses` on SGLang reads `sglext.routed_experts`: SGLang's own
     # encoder writes it, from the capturer's [tokens, layers, top_k] int32 rows, and the
     # harness's reader gets those rows back; SGLang's own decoder agrees on the flat ids.
-    members = {
-        "detokenizer": "sglang/srt/managers/detokenizer_manager.py",
-        "protocol": "sglang/srt/entrypoints/openai/protocol.py",
-        "capturer": "sglang/srt/state_capturer/routed_experts.py",
-    }
-    paths = {}
-    with zipfile.ZipFile(_wheel()) as wheel:
-        for key, member in members.items():
-            paths[key] = tmp_path / f"{key}.py"
-            paths[key].write_bytes(wheel.read(member))
+    release = engine_site("sglang-0.5.23", [_wheel()], torch_python)
     rows, layers, top_k, experts = 7, 3, 2, 16
     rng = np.random.default_rng(3)
     routing = np.array([[rng.choice(experts, top_k, replace=False) for _ in range(layers)]
                         for _ in range(rows)])  # fmt: skip
     (tmp_path / "routing.json").write_text(json.dumps(routing.tolist()))
     done = subprocess.run(
-        [torch_python, "-c", RUN_ROUTES, str(paths["detokenizer"]), str(paths["protocol"]),
-         str(paths["capturer"]), str(tmp_path / "routing.json")],
+        [torch_python, "-c", RUN_ROUTES, str(tmp_path / "routing.json")],
         capture_output=True, text=True, timeout=300, check=False,
+        env=gpu_env(tmp_path, [release]),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout)
+    answer = next(line for line in done.stdout.splitlines() if line.startswith("@@"))
+    out = json.loads(answer[2:])
     profile = load_runtime_profile(REPO / "harness/profiles/data/runtimes/sglang.yaml")
     spec = profile.telemetry.response_routes
     assert spec is not None

@@ -6,40 +6,52 @@ EPLB, speculative decoding, fewer resident experts than the router's top-k, fuse
 experts), after the weights began loading on a GPU box. Whether a model's shared expert is
 fused is decided before that (``srt/layers/moe/utils.py``, ``resolve_shared_experts_config``, by
 the model class's ``shared_experts_fusion_disable_reason`` and ``num_fusable_shared_experts``:
-``srt/models/deepseek_v2.py`` for DeepSeek-V3/R1). Those functions are taken from the released
-wheel unchanged (read at run time, nothing of theirs copied here) and run on each cell of a card
-that sets every combination of the knobs and arguments they judge, for a DeepSeek-V3-shaped and
-a Qwen3-MoE-shaped model. Stand-ins, for what a CPU has not: the server's runtime context (read
-from the cell's knobs and arguments), an H100's compute capability (9.0), unquantized experts,
-and CUDA-graph backends that pass (no knob of the profile sets them).
+``srt/models/deepseek_v2.py`` for DeepSeek-V3/R1).
+
+A card sets every combination of the knobs and arguments they judge, for a DeepSeek-V3-shaped
+and a Qwen3-MoE-shaped model. Each cell's command line, built by harness's own ``boot_spec``,
+is judged in one process by the release installed whole (``tests/engines/sglang_site.py``, in
+vLLM's venv) as a server judges it: its parser and argument resolution (``prepare_server_args``,
+``ServerArgs.resolve_once``, ``check_server_args``; some cells are refused there already), the
+arguments published for the scheduler of rank 0 (``runtime_context.publish``), SGLang's
+``ModelConfig`` of the model's config.json, the model class from its registry, its shared-expert
+resolution, and ``check_paged_experts_compat`` imported whole. Stood in: what
+``sglang_site.py`` stands in for (``sgl_kernel``, ``torchvision``, the GPU: an H100), and the
+MoE layer the check is handed (what a ``FusedMoE`` would hold: the router's top-k, the shared
+experts resolution fused into it, an unquantized method and its expert format), because
+building one allocates its weights on the GPU.
 """
 
 from __future__ import annotations
 
-import ast
 import itertools
 import json
 import re
-import textwrap
-import types
-import zipfile
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from harness.card import load_card
+from harness.card import load_card, load_runtime_profile
 from harness.errors import CardError
 from tests.conftest import REPO
+from tests.engines.sglang_site import STAND_INS, gpu_env
+from tests.engines.sglang_site import site as engine_site
+from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.engines.test_sglang_conformance import _wheel
+from tests.engines.test_sglang_parsers import _argv
 
 pytestmark = pytest.mark.slow
 
 CARD = REPO / "campaigns" / "sglang-kt-placement.yaml"
 
 # The two model shapes: DeepSeek-V3's (its shared expert fused by default) and Qwen3-MoE's (no
-# shared expert), each routing 8 experts per token.
+# shared expert), each routing 8 experts per token; small otherwise (SGLang reads the config).
+_SMALL = {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+          "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,
+          "max_position_embeddings": 4096}  # fmt: skip
 MODELS = {
     "deepseek-v3": {
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -48,6 +60,17 @@ MODELS = {
         "n_routed_experts": 256,
         "n_shared_experts": 1,
         "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 1,
+        "n_group": 8,
+        "topk_group": 4,
+        "topk_method": "noaux_tc",
+        "kv_lora_rank": 16,
+        "q_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        **_SMALL,
     },
     "qwen3-moe": {
         "architectures": ["Qwen3MoeForCausalLM"],
@@ -55,6 +78,8 @@ MODELS = {
         "num_hidden_layers": 48,
         "num_experts": 128,
         "num_experts_per_tok": 8,
+        "head_dim": 16,
+        **_SMALL,
     },
 }
 # What a cell can set of what the check judges (None: left unset).
@@ -67,138 +92,67 @@ SETTINGS = {
 }
 
 
-def _function(source: str, name: str, within: str | None = None) -> str:
-    """The source of function ``name`` (in class ``within``), as the release has it."""
-    body = ast.parse(source).body
-    if within is not None:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == within).body
-    node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
-    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # with its decorators
-    lines = source.splitlines()[first - 1 : node.end_lineno]
-    return textwrap.dedent("\n".join(lines)) + "\n"
+# Runs in vLLM's venv: the stand-ins, then per cell (its command line, on stdin) the server's
+# arguments parsed, resolved and checked as SGLang's launcher does, published for the scheduler
+# of rank 0, the model's ModelConfig and class, its shared experts resolved, and the Paged
+# Experts check run on the layer a FusedMoE of that model would be; the verdicts to a file.
+RUN_CHECK = (
+    STAND_INS
+    + r"""
+import json, logging
+
+out_path = sys.argv[1]
+from sglang.srt import runtime_context
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.moe.paged_experts.method import check_paged_experts_compat
+from sglang.srt.layers.moe.utils import resolve_shared_experts_config
+from sglang.srt.models.registry import ModelRegistry
+from sglang.srt.server_args import prepare_server_args
+
+def judge(argv):
+    try:
+        args = prepare_server_args(argv)
+        args.resolve_once()
+        args.check_server_args()
+    except BaseException as exc:
+        return f"at its arguments: {type(exc).__name__}: {exc}"
+    runtime_context.publish(args, role="scheduler",
+                            ranks=runtime_context.SpawnRanks(world_rank=0, gpu_id=0))
+    config = ModelConfig.from_server_args(args)
+    model_class, _ = ModelRegistry.resolve_model_cls(config.hf_config.architectures)
+    shared = resolve_shared_experts_config(model_class, config.hf_config, None)
+    # The layer a FusedMoE of this model holds (stood in: building one allocates on the GPU).
+    layer = types.SimpleNamespace(top_k=config.hf_text_config.num_experts_per_tok,
+                                  quant_method=object(),
+                                  num_fused_shared_experts=shared.num_fused_shared_experts)
+    try:
+        check_paged_experts_compat(layer, expert_format=object())  # unquantized: a format
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+verdicts = [judge(argv) for argv in json.load(sys.stdin)]
+logging.shutdown()
+with open(out_path, "w", encoding="utf-8") as out:
+    json.dump(verdicts, out)
+os._exit(0)  # what SGLang registered to run at exit is for a server's shutdown, not this
+"""
+)
 
 
-def _class_attribute(source: str, within: str, name: str) -> Any:
-    cls = next(
-        n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == within
-    )
-    node = next(
-        n
-        for n in cls.body
-        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == name for t in n.targets)
-    )
-    return ast.literal_eval(node.value)
-
-
-class _SglangJudge:
-    """SGLang's Paged Experts check and shared-expert resolution, from the wheel."""
-
-    def __init__(self) -> None:
-        with zipfile.ZipFile(_wheel()) as wheel:
-            read = {
-                name: wheel.read(f"sglang/srt/{name}").decode()
-                for name in (
-                    "layers/moe/paged_experts/method.py",
-                    "layers/moe/utils.py",
-                    "models/deepseek_v2.py",
-                    "models/deepseek_common/utils.py",
-                    "models/qwen3_moe.py",
-                )
-            }
-        self.space: dict[str, Any] = {}
-        for path, name in (
-            ("layers/moe/paged_experts/method.py", "check_paged_experts_compat"),
-            ("layers/moe/paged_experts/method.py", "_router_top_k"),
-            ("layers/moe/utils.py", "resolve_shared_experts_config"),
-            ("models/deepseek_common/utils.py", "quant_blocks_shared_experts_fusion"),
-        ):
-            exec(_function(read[path], name), self.space)
-        deepseek = read["models/deepseek_v2.py"]
-        methods = {
-            name: _function(deepseek, name, "DeepseekV2ForCausalLM")
-            for name in ("shared_experts_fusion_disable_reason", "num_fusable_shared_experts")
-        }
-        architecture = _class_attribute(
-            deepseek, "DeepseekV2ForCausalLM", "fused_shared_experts_architecture"
-        )
-        body = "\n".join(textwrap.indent(code, "    ") for code in methods.values())
-        exec(
-            f"class DeepseekV2ForCausalLM:\n    fused_shared_experts_architecture = "
-            f"{architecture!r}\n{body}",
-            self.space,
-        )
-        # Qwen3-MoE's model class declares neither hook, so SGLang fuses nothing for it.
-        qwen = read["models/qwen3_moe.py"]
-        assert "num_fusable_shared_experts" not in qwen
-        assert "shared_experts_fusion_disable_reason" not in qwen
-        self.model_classes = {
-            "deepseek-v3": self.space["DeepseekV2ForCausalLM"],
-            "qwen3-moe": type("Qwen3MoeForCausalLM", (), {}),
-        }
-
-    def refusal(self, model: str, cell: dict[str, Any]) -> str | None:
-        """SGLang's RuntimeError for the cell's server on ``model`` (None: it runs)."""
-        knobs, args = cell["knobs"], cell.get("args", [])
-        sizes = {"tp_size": int(knobs.get("tp_size", 1)), "ep_size": 1, "pp_size": 1}
-        parallel = types.SimpleNamespace(**sizes, dp_size=1, moe_ep_size=1)
-        resident = knobs.get("paged_experts_num_resident")
-        moe = types.SimpleNamespace(
-            enable_eplb=bool(knobs.get("enable_eplb")),
-            paged_experts_num_resident=int(resident) if resident else None,
-            enable_fused_moe_sum_all_reduce=False,
-            disable_shared_experts_fusion=bool(knobs.get("disable_shared_experts_fusion")),
-            enforce_shared_experts_fusion=False,
-            enable_waterfill=False,
-        )
-        algorithm = args[args.index("--speculative-algorithm") + 1] if args else None
-        config = _attributes(MODELS[model])
-        stand_ins = {
-            "get_parallel": lambda: parallel,
-            "get_exec": lambda: types.SimpleNamespace(moe=moe),
-            "get_spec": lambda: types.SimpleNamespace(speculative_algorithm=algorithm),
-            "get_model": lambda: types.SimpleNamespace(load_format="auto"),
-            "process_model_config": lambda: types.SimpleNamespace(hf_text_config=config),
-            "check_cuda_graph_backend": lambda phase, backend: True,
-            "Phase": types.SimpleNamespace(PREFILL="prefill", DECODE="decode"),
-            "Backend": types.SimpleNamespace(BREAKABLE="b", DISABLED="d", FULL="f"),
-            "FORMATS": [],
-            "SharedExpertsConfig": types.SimpleNamespace,
-            "log_info_on_rank0": lambda logger, message: None,
-            "logger": None,
-            "is_sm90_supported": lambda: True,
-            "get_moe_runner_backend": lambda: types.SimpleNamespace(is_marlin=lambda: False),
-            "is_sbo_enabled": lambda: False,
-            "is_tbo_enabled": lambda: False,
-            "is_deepep_class_backend": lambda: False,  # moe_a2a_backend none
-            "is_wint4afp8_or_wint4a16_config": lambda quant: False,
-            "_is_cuda": True,
-            "_is_hip": False,
-            "_is_musa": False,
-            "torch": types.SimpleNamespace(
-                cuda=types.SimpleNamespace(get_device_capability=lambda *a: (9, 0))
-            ),
-        }
-        self.space.update(stand_ins)
-        shared = self.space["resolve_shared_experts_config"](
-            self.model_classes[model], config, None
-        )
-        layer = types.SimpleNamespace(
-            top_k=config.num_experts_per_tok,
-            quant_method=object(),
-            num_fused_shared_experts=shared.num_fused_shared_experts,
-        )
-        try:
-            self.space["check_paged_experts_compat"](layer, object())
-        except RuntimeError as exc:
-            return str(exc)
-        return None
-
-
-def _attributes(value: Any) -> Any:
-    """A config.json as the attributes of an HF config object."""
-    if isinstance(value, dict):
-        return types.SimpleNamespace(**{k: _attributes(v) for k, v in value.items()})
-    return value
+def _sglang_verdicts(python: str, cells: dict[str, Any], folder: Path) -> dict[str, str | None]:
+    """SGLang's refusal of each cell's server (None: it builds its MoE layers)."""
+    release = engine_site("sglang-0.5.23", [_wheel()], python)
+    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / "sglang.yaml")
+    commands = [_argv(profile, cell) for _, cell in cells.values()]
+    out = folder / "verdicts.json"
+    done = subprocess.run(
+        [python, "-c", RUN_CHECK, str(out)],
+        input=json.dumps(commands), capture_output=True, text=True, timeout=900,
+        env=gpu_env(folder, [release]), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return dict(zip(cells, json.loads(out.read_text()), strict=True))
 
 
 def _card(folder: Path) -> tuple[Path, dict[str, tuple[str, dict[str, Any]]]]:
@@ -227,7 +181,10 @@ def _card(folder: Path) -> tuple[Path, dict[str, tuple[str, dict[str, Any]]]]:
     return card, cells
 
 
-def test_validate_refuses_exactly_the_paged_experts_cells_sglang_refuses(tmp_path: Path) -> None:
+def test_validate_refuses_exactly_the_paged_experts_cells_sglang_refuses(
+    torch_python: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     # The recorder the sglang profile drives refuses EPLB on its own rule (it would reset the
     # recorder): that refusal is not Paged Experts', so it is read apart.
     card, cells = _card(tmp_path)
@@ -240,8 +197,7 @@ def test_validate_refuses_exactly_the_paged_experts_cells_sglang_refuses(tmp_pat
         if found.group(2) == "enable_eplb" and "EPLB shares" in found.group(3):
             continue
         refused.setdefault(found.group(1), []).append(found.group(3))
-    judge = _SglangJudge()
-    verdicts = {name: judge.refusal(model, cell) for name, (model, cell) in cells.items()}
+    verdicts = _sglang_verdicts(torch_python, cells, tmp_path)
     sglang_refuses = {name for name, why in verdicts.items() if why is not None}
     assert 0 < len(sglang_refuses) < len(cells)
     assert set(refused) == sglang_refuses, {
@@ -257,7 +213,14 @@ def test_validate_refuses_exactly_the_paged_experts_cells_sglang_refuses(tmp_pat
         "--enable-eplb is not supported": "refuses it with enable_eplb",
         "--paged-experts-num-resident is required": "needs paged_experts_num_resident",
     }
-    for name in sglang_refuses:
+    # EPLB needs expert parallelism, which Paged Experts refuses: SGLang's argument resolution
+    # refuses those cells first (it asserts ep_size > 1), before any layer is built.
+    at_arguments = {n for n in sglang_refuses if str(verdicts[n]).startswith("at its arguments")}
+    assert all(cells[n][1]["knobs"].get("enable_eplb") for n in at_arguments), {
+        n: verdicts[n] for n in at_arguments
+    }
+    assert all(any("with enable_eplb" in p for p in refused[n]) for n in at_arguments)
+    for name in sglang_refuses - at_arguments:
         theirs = verdicts[name]
         assert theirs is not None
         for their_words, our_words in reasons.items():
