@@ -92,6 +92,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     _check_dispatch_needs_a2a(name, cell, runtime, out)
     _check_paged_experts(name, cell, runtime, out)
     _check_prefetch_offload(name, cell, runtime, out)
+    _check_ds4_bench_frontiers(name, cell, runtime, out)
     # What SGLang's all-to-all backends refuse of the knobs alone (the GPU's part: at `run`).
     for knob, problem in sglang_cell_refusals(cell, runtime):
         out.add(("cells", name, "knobs", knob), problem)
@@ -359,6 +360,55 @@ def _check_prefetch_offload(name: str, cell: Cell, runtime: RuntimeProfile, out:
             (*knobs, "offload_prefetch_step"),
             "vLLM refuses prefetch offload with offload_prefetch_step 0: prefetch at least 1 "
             "layer ahead",
+        )
+
+
+# ds4-bench's own defaults (ds4_bench.c, parse_options), where neither cell nor profile sets one.
+_DS4_BENCH_DEFAULTS = {"ctx_start": 2048, "ctx_max": 32768, "gen_tokens": 128, "ctx_alloc": 0}
+_INT_MAX = 2**31 - 1
+
+
+def _check_ds4_bench_frontiers(
+    name: str, cell: Cell, runtime: RuntimeProfile, out: Problems
+) -> None:
+    """What ds4-bench refuses between its knobs before it opens the model (ds4_bench.c,
+    ``parse_options``, exit 2): a first frontier past the last, a context past INT_MAX, an
+    allocation that cannot hold the last frontier and its generated tokens, and no prompt."""
+    if not set(_DS4_BENCH_DEFAULTS) <= set(runtime.knobs) or "prompt" not in runtime.files:
+        return
+    knobs: Loc = ("cells", name, "knobs")
+    if "prompt_file" not in cell.knobs and "prompt" not in cell.files:
+        out.add(
+            (*knobs, "prompt_file"),
+            "ds4-bench needs a prompt (it exits: specify exactly one of --prompt-file or "
+            "--chat-prompt-file): set the prompt_file knob to a path on the box, or upload one "
+            "with files: {prompt: FILE}",
+        )
+    value: dict[str, int] = {}
+    for knob, fallback in _DS4_BENCH_DEFAULTS.items():
+        text = _knob_text(cell.knobs.get(knob, runtime.knobs[knob].default or fallback))
+        if not text.isdigit():
+            return  # the knob's own check says what is wrong with it
+        value[knob] = int(text)
+    start, last, generated, alloc = (value[k] for k in _DS4_BENCH_DEFAULTS)
+    if start > last:
+        where = "ctx_start" if "ctx_start" in cell.knobs else "ctx_max"
+        out.add(
+            (*knobs, where),
+            f"ds4-bench refuses ctx_start {start} above ctx_max {last} (--ctx-start must be <= "
+            "--ctx-max; its defaults are 2048 and 32768): set both",
+        )
+    if last > _INT_MAX - generated - 1:
+        out.add(
+            (*knobs, "ctx_max"),
+            f"ds4-bench refuses ctx_max {last} with gen_tokens {generated} (requested context is "
+            f"too large): their sum must stay below {_INT_MAX}",
+        )
+    elif alloc and alloc <= last + generated:
+        out.add(
+            (*knobs, "ctx_alloc"),
+            f"ds4-bench refuses ctx_alloc {alloc}: it must be greater than ctx_max + gen_tokens "
+            f"({last} + {generated}); leave it unset for {last + generated + 1}",
         )
 
 

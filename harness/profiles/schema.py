@@ -68,6 +68,12 @@ def switch_state(text: str) -> bool | None:
     return _SWITCH_STATES.get(text.strip().lower())
 
 
+def _within(value: str, bounds: tuple[int, int]) -> bool:
+    """Whether the number ``value`` starts with lies within ``bounds`` (none: it does not)."""
+    digits = re.match(r"-?[0-9]+", value)
+    return digits is not None and bounds[0] <= int(digits.group()) <= bounds[1]
+
+
 class KnobSpec(Strict):
     """One knob a cell may set by name: how it reaches the runtime and what values are valid."""
 
@@ -76,6 +82,11 @@ class KnobSpec(Strict):
     live: str | None = Field(None, description="key in the live-knob endpoint's JSON body")
     choices: list[str] | None = Field(None, description="allowed values")
     pattern: str | None = Field(None, description="regex a value must match in full")
+    bounds: tuple[int, int] | None = Field(
+        None,
+        description="[least, most] the number a value matching `pattern` starts with may be "
+        "(an engine's integer parse: ds4's strtol to INT_MAX)",
+    )
     help: str = Field("", description="what the knob does, for error messages")
     default: str | None = Field(None, description="value used when a cell does not set it")
     required: bool = Field(
@@ -107,6 +118,8 @@ class KnobSpec(Strict):
             raise ValueError("a `switch` knob is true or false: drop `choices` and `pattern`")
         if self.off_arg is not None and (not self.switch or self.env):
             raise ValueError("`off_arg` belongs to a `switch` flag knob (`arg`, `switch: true`)")
+        if self.bounds is not None and (self.pattern is None or self.bounds[0] > self.bounds[1]):
+            raise ValueError("`bounds` [least, most] narrows a `pattern`: give both, least first")
         if self.switch and self.default is not None and switch_state(self.default) is None:
             raise ValueError(f"`default` of a switch must be true or false, not {self.default!r}")
         return self
@@ -119,7 +132,8 @@ class KnobSpec(Strict):
             return None
         if self.choices is not None and value in self.choices:
             return None
-        if self.pattern is not None and re.fullmatch(self.pattern, value):
+        matches = self.pattern is not None and re.fullmatch(self.pattern, value)
+        if matches and (self.bounds is None or _within(value, self.bounds)):
             return None
         if self.choices is None and self.pattern is None:
             return None

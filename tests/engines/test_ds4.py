@@ -30,6 +30,7 @@ from harness.analyze.logit_parity import read_logit_dumps
 from harness.card import load_card
 from harness.card.resolve import load_runtime_profile
 from harness.drive.client import is_reasoning_chunk
+from harness.profiles.schema import KnobSpec
 from harness.runtimes.applied_policy import add_exit_counters, applied_problems
 from harness.runtimes.boot import boot_spec
 from harness.runtimes.ds4 import build
@@ -200,6 +201,43 @@ def test_preload_zero_and_impossible_counters_are_card_errors(tmp_path: Path) ->
     assert result.code == 2 and "Traceback" not in result.stderr
     assert "gates.0.counter: bytes_read cannot exist in runtime 'ds4-server-cpu'" in result.stderr
     assert "no SSD expert streaming" in result.stderr
+
+
+def test_what_ds4_bench_refuses_between_its_knobs_is_a_card_error(tmp_path: Path) -> None:
+    # ds4_bench.c's parse_options exits 2 on each (tests/engines/test_ds4_parsers.py runs it):
+    # a first frontier past the last (its default ctx_max is 32768), a context past INT_MAX, an
+    # allocation short of ctx_max + gen_tokens (this profile generates 2 by default), no prompt;
+    # and a count past its strtol's INT_MAX.
+    (tmp_path / "long.txt").write_text("hello\n", encoding="utf-8")
+    cells = (
+        "  a: {files: {prompt: long.txt}}\n"
+        "  b: {files: {prompt: long.txt}, knobs: {ctx_start: '40000'}}\n"
+        "  c: {files: {prompt: long.txt}, knobs: {ctx_max: '2147483600', gen_tokens: '64'}}\n"
+        "  d: {files: {prompt: long.txt}, knobs: {ctx_max: '4096', ctx_alloc: '4098'}}\n"
+        "  e: {knobs: {ctx_max: '4096', ctx_alloc: '4099'}}\n"
+        "  f: {files: {prompt: long.txt}, knobs: {step_incr: '2147483648'}}\n"
+    )
+    result = run_cli("validate", str(_card(tmp_path, "ds4-cpu", cells)))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert "cells.b.knobs.ctx_start: ds4-bench refuses ctx_start 40000 above ctx_max 32768" in (
+        result.stderr
+    )
+    assert "cells.c.knobs.ctx_max: ds4-bench refuses ctx_max 2147483600 with gen_tokens 64" in (
+        result.stderr
+    )
+    assert "cells.d.knobs.ctx_alloc: ds4-bench refuses ctx_alloc 4098" in result.stderr
+    assert "cells.e.knobs.prompt_file: ds4-bench needs a prompt" in result.stderr
+    assert "cells.f.knobs.step_incr: must be frontier increment, 1 to 2147483647" in result.stderr
+    assert "cells.a." not in result.stderr and "cells.e.knobs.ctx_alloc" not in result.stderr
+
+
+def test_a_knobs_bounds_hold_its_number_to_the_engines_integer_parse() -> None:
+    spec = KnobSpec(arg="--ctx", pattern="[1-9][0-9]*(GB)?", bounds=(1, 2**31 - 1))
+    assert spec.check("2147483647") is None and spec.check("12GB") is None
+    assert spec.check("2147483648") is not None and spec.check("0") is not None
+    for bad in ({"bounds": (1, 2)}, {"pattern": "[0-9]+", "bounds": (5, 1)}):
+        with pytest.raises(ValueError, match="`bounds` \\[least, most\\] narrows a `pattern`"):
+            KnobSpec(arg="--ctx", **bad)  # type: ignore[arg-type]
 
 
 def test_a_thinking_stream_is_told_apart() -> None:
