@@ -93,6 +93,7 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     _check_paged_experts(name, cell, runtime, out)
     _check_prefetch_offload(name, cell, runtime, out)
     _check_ds4_bench_frontiers(name, cell, runtime, out)
+    _check_fault_state_files(name, cell, runtime, out)
     # What SGLang's all-to-all backends refuse of the knobs alone (the GPU's part: at `run`).
     for knob, problem in sglang_cell_refusals(cell, runtime):
         out.add(("cells", name, "knobs", knob), problem)
@@ -410,6 +411,36 @@ def _check_ds4_bench_frontiers(
             f"ds4-bench refuses ctx_alloc {alloc}: it must be greater than ctx_max + gen_tokens "
             f"({last} + {generated}); leave it unset for {last + generated + 1}",
         )
+
+
+# The reference runtime's box-state faults, and the knob naming the file each is carried in
+# between boots (harness/refbox/options.py refuses a nonzero size without it).
+_FAULT_STATE_FILES = {
+    "carry_over_pct": "carry_over_state",
+    "carry_over_leaves_pct": "carry_over_state",
+    "heat_source": "heat_state",
+    "heat_slowdown_pct": "heat_state",
+}
+
+
+def _check_fault_state_files(
+    name: str, cell: Cell, runtime: RuntimeProfile, out: Problems
+) -> None:
+    """A box-state fault of the reference runtime needs the file that holds the state across
+    the box's boots: refused at startup without it, so refused here."""
+    for knob, state in _FAULT_STATE_FILES.items():
+        if knob not in runtime.knobs or state not in runtime.knobs or state in cell.knobs:
+            continue
+        try:
+            size = float(_knob_text(cell.knobs.get(knob, "0")))
+        except ValueError:
+            continue  # the knob's own check says what is wrong with it
+        if size != 0:
+            out.add(
+                ("cells", name, "knobs", knob),
+                f"{knob} {size:g} needs {state}: the absolute path of the file the box's boots "
+                "share (the same file in every cell of the campaign)",
+            )
 
 
 def _check_values(

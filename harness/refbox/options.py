@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -113,6 +114,7 @@ def _check_ranges(a: argparse.Namespace) -> None:
         "--hot-slots",
         f"must be in 0..experts ({a.experts}), got {a.hot_slots}",
     )
+    _need(a.seed >= 0, "--seed", f"must be >= 0 (numpy seeds are non-negative), got {a.seed}")
     _need(a.expert_bytes >= 0, "--expert-bytes", f"must be >= 0, got {a.expert_bytes}")
     _need(a.ring_capacity >= 1, "--ring-capacity", f"must be >= 1, got {a.ring_capacity}")
     _need(a.cache_records >= 0, "--cache-records", f"must be >= 0, got {a.cache_records}")
@@ -128,6 +130,11 @@ def _check_ranges(a: argparse.Namespace) -> None:
         ("--carry-over-leaves-pct", a.carry_over_leaves_pct),
     ):
         _need(value >= 0, flag, f"must be >= 0, got {value}")
+    _need(
+        a.drift_origin is None or 0 <= a.drift_origin < math.inf,
+        "--drift-origin",
+        f"must be an epoch time in seconds (>= 0), got {a.drift_origin}",
+    )
     _need(
         0 <= a.step_slowdown_pct < math.inf,
         "--step-slowdown-pct",
@@ -176,6 +183,15 @@ def _check_paths(a: argparse.Namespace) -> None:
         if path is not None:
             parent = os.path.dirname(os.path.abspath(path))
             _need(os.path.isdir(parent), flag, f"directory {parent!r} does not exist")
+    # The state files are shared by a box's boots, which start in different folders.
+    for flag, path in (("--carry-over-state", a.carry_over_state), ("--heat-state", a.heat_state)):
+        _need(path is None or os.path.isabs(path), flag, f"{path!r} is not an absolute path")
+    _need(
+        re.fullmatch(r"[A-Za-z0-9_.-]*", a.carry_over_tag) is not None,
+        "--carry-over-tag",
+        f"{a.carry_over_tag!r}: letters, digits, '.', '_' and '-' only (it is a line of the "
+        "state file)",
+    )
     if a.dump_dir is not None:
         _need(os.path.isdir(a.dump_dir), "--dump-dir", f"{a.dump_dir!r} is not a directory")
     _need(
