@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import shutil
 import subprocess
 import tarfile
@@ -56,14 +55,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from harness.card import Cell, load_card, load_runtime_profile
-from harness.errors import CardError
+from harness.card import Cell, load_runtime_profile
 from harness.profiles.schema import KnobSpec, RuntimeProfile
 from harness.runtimes.boot import boot_spec
 from harness.runtimes.ds4 import build
 from tests.conftest import REPO
+from tests.engines.validate_cells import validate_refusals
 
 pytestmark = pytest.mark.slow
 
@@ -362,17 +360,7 @@ def _validate_refusals(folder: Path, profile_name: str, cells: dict[str, Any]) -
         "control": "c0",
         "design": {"order": "abba", "cycles": 1, "cache_states": ["warm"]},
     }
-    path = folder / "card.yaml"
-    path.write_text(yaml.safe_dump(card), encoding="utf-8")
-    refused: dict[str, list[str]] = {}
-    try:
-        load_card(path)
-    except CardError as exc:
-        for line in exc.lines():
-            found = re.search(r": cells\.(c\d+)\.(\S+): (.*)", line)
-            assert found, line
-            refused.setdefault(found.group(1), []).append(found.group(3))
-    return refused
+    return validate_refusals(card, folder)
 
 
 @pytest.mark.parametrize("profile_name", PROFILES)

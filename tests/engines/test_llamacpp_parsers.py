@@ -44,13 +44,13 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.card import Cell, load_card, load_runtime_profile
-from harness.errors import CardError
+from harness.card import Cell, load_runtime_profile
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import boot_spec, knob_text
 from harness.runtimes.llamacpp import build
 from tests.conftest import REPO
 from tests.engines.test_llama_moe_offload import NOT_IN_THE_PINNED_BUILD
+from tests.engines.validate_cells import validate_refusals
 
 pytestmark = pytest.mark.slow
 
@@ -316,17 +316,7 @@ def _validate_refusals(
     card = yaml.safe_load(CARDS[profile_name].read_text(encoding="utf-8"))
     card.update(control="c0", cells=cells)
     card["gates"] = [{"kind": "better", "metric": "decode_tok_s"}]
-    path = folder / "card.yaml"
-    path.write_text(yaml.safe_dump(card), encoding="utf-8")
-    refused: dict[str, list[str]] = {}
-    try:
-        load_card(path)
-    except CardError as exc:
-        for line in exc.lines():
-            found = re.search(r": cells\.(c\d+)\.(\S+): (.*)", line)
-            assert found, line
-            refused.setdefault(found.group(1), []).append(found.group(3))
-    return refused
+    return validate_refusals(card, folder)
 
 
 Judged = dict[str, tuple[dict[str, Any], dict[str, str | None], str | None]]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -50,9 +49,8 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.card import Cell, load_card, load_runtime_profile
+from harness.card import Cell, load_runtime_profile
 from harness.card.sglang_checks import sglang_cell_refusals
-from harness.errors import CardError
 from harness.execute.engine_inputs import parse_gpu_facts
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import BootSpec, boot_spec
@@ -61,6 +59,7 @@ from tests.engines.sglang_site import STAND_INS, gpu_env
 from tests.engines.sglang_site import site as engine_site
 from tests.engines.test_real_torch import torch_python  # noqa: F401 - the fixture
 from tests.engines.test_sglang_conformance import _kt_wheel, _wheel
+from tests.engines.validate_cells import validate_refusals
 
 pytestmark = pytest.mark.slow
 
@@ -294,16 +293,7 @@ def _harness_refusals(folder: Path, profile_name: str, cells: dict[str, Any]) ->
     card = yaml.safe_load(CARD.read_text(encoding="utf-8"))
     card.update(runtime=profile_name, control="c0", cells=cells)
     card["gates"] = [{"kind": "better", "metric": "decode_tok_s"}]  # one every profile has
-    path = folder / "card.yaml"
-    path.write_text(yaml.safe_dump(card), encoding="utf-8")
-    refused: dict[str, list[str]] = {}
-    try:
-        load_card(path)
-    except CardError as exc:
-        for line in exc.lines():
-            found = re.search(r": cells\.(c\d+)\.(\S+): (.*)", line)
-            assert found, line
-            refused.setdefault(found.group(1), []).append(found.group(3))
+    refused = validate_refusals(card, folder)
     profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / f"{profile_name}.yaml")
     assert STAND_IN_GPU is not None
     for name, cell in cells.items():
