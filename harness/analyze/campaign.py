@@ -37,9 +37,10 @@ from harness.analyze.looks import (
 )
 from harness.analyze.predicted import PredictedVsMeasured, predicted_vs_measured, provenance
 from harness.analyze.recovery import step_clock
-from harness.analyze.runs import RUN_KEYS, load_runs
+from harness.analyze.runs import RUN_KEYS, RunTables, load_runs
 from harness.analyze.runtime_tables import RuntimeTables, build_runtime_tables
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
+from harness.analyze.tails import TAIL_METRICS, TailRow, tail_records, tail_table
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.catalog import METRICS
 from harness.errors import HarnessError, RecordError
@@ -84,6 +85,8 @@ class CampaignAnalysis:
     box_load: BoxLoad | None = None  # the box's load and speed per run (harness.analyze.box_load)
     # A simulated campaign's oracle bounds per cell (oracle.json, written by harness simulate).
     oracle: list[dict[str, Any]] = field(default_factory=list)
+    # Gated tail metrics' order-statistic bounds per cell × state (harness.analyze.tails).
+    tails: list[TailRow] = field(default_factory=list)
 
     def cell_value(self, cell: str, state: str, column: str) -> float | None:
         """One finite value of the cell table (a metric's median over the cell's ok runs)."""
@@ -144,6 +147,8 @@ class CampaignAnalysis:
             out["oracle"] = self.oracle
         if self.box_load is not None and self.box_load.recorded:  # only where runs read it
             out["box_load"] = self.box_load.to_json()
+        if self.tails:  # only where a gate judges a tail metric
+            out["tails"] = [{k: _clean(v) for k, v in r.items()} for r in tail_records(self.tails)]
         return out
 
     def undecided(self) -> list[str]:
@@ -368,7 +373,7 @@ def analyze_campaign(
     events = campaign.journal.events()
     check_plan(root, planned, events)
     card = read_card_schema(campaign.card_path())
-    tables = load_runs(campaign, card)
+    tables = load_runs(campaign, card, tails=bool(_gated_tails(card)))
     runs = tables.runs
     warnings: list[str] = []
     bad = runs[runs["status"] != "ok"]
@@ -457,6 +462,26 @@ def analyze_campaign(
         checked_against=verification.heads.text,
         oracle=_oracle(root) if simulated else [],
         box_load=box_load,
+        tails=_tail_rows(card, tables, comparisons),
+    )
+
+
+def _gated_tails(card: Card) -> list[str]:
+    """The tail metrics a gate judges: their bounds are a second condition of its *better*."""
+    return [m for m in gated_metrics(card) if m in TAIL_METRICS]
+
+
+def _tail_rows(card: Card, tables: RunTables, comparisons: list[CellComparison]) -> list[TailRow]:
+    """The gated tail metrics' bounds per cell × cache state (none without a comparison)."""
+    if not comparisons or card.control is None:
+        return []
+    return tail_table(
+        tables.runs,
+        tables.tail_samples,
+        control=card.control,
+        cells=card.treatments,
+        cache_states=card.design.cache_states,
+        metrics=_gated_tails(card),
     )
 
 
@@ -494,6 +519,8 @@ def write_analysis(analysis: CampaignAnalysis) -> Path:
             write_parquet(frame, folder / f"{stem}.parquet")
     if analysis.box_load is not None and analysis.box_load.recorded:
         write_parquet(analysis.box_load.rows, folder / "box_load.parquet")
+    if analysis.tails:
+        write_parquet(pd.DataFrame(tail_records(analysis.tails)), folder / "tails.parquet")
     write_json_atomic(folder / "summary.json", analysis.to_json())
     return folder
 

@@ -20,6 +20,7 @@ from harness.analyze.logit_parity import LOGITS_DIR, read_logit_dumps
 from harness.analyze.metrics import domain_speeds, request_metrics, run_metrics
 from harness.analyze.recovery import step_clock
 from harness.analyze.saturation import QueueSaturation, queue_saturation
+from harness.analyze.tails import tail_samples
 from harness.analyze.tiers import tier_table
 from harness.card import Card
 from harness.catalog import METRICS
@@ -67,6 +68,8 @@ class RunTables:
     imported_notes: list[str] = field(default_factory=list)
     # Per run with a record: run_id, cell, box and its runtime.box_load (harness.analyze.box_load)
     box_load: list[dict[str, Any]] = field(default_factory=list)
+    # Per completed run, the samples behind its tail metrics (harness.analyze.tails), where asked
+    tail_samples: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def _washed_by_boot(card: Card, record: Mapping[str, Any]) -> bool:
@@ -80,11 +83,12 @@ def _washed_by_boot(card: Card, record: Mapping[str, Any]) -> bool:
     return bool(readings) and complete
 
 
-def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
-    """Read every run record and compute its metrics."""
+def load_runs(campaign: CampaignDir, card: Card, *, tails: bool = False) -> RunTables:
+    """Read every run record and compute its metrics; with ``tails``, keep each completed
+    run's per-request TPOT and per-token gaps for the tail bounds (a gate judges a tail)."""
     plan = campaign.plan()
     cohorts = read_cohorts(campaign.root)
-    acc = _Accumulated()
+    acc = _Accumulated(tails=tails)
     for raw in plan["runs"]:
         row: dict[str, Any] = {key: raw[key] for key in RUN_KEYS}
         record = campaign.run_record(raw["run_id"])
@@ -115,6 +119,7 @@ def load_runs(campaign: CampaignDir, card: Card) -> RunTables:
         tiers=tier_table(acc.bench_frames),
         imported_notes=acc.notes,
         box_load=acc.box_load,
+        tail_samples=acc.tail_samples,
     )
 
 
@@ -131,6 +136,8 @@ class _Accumulated:
     bench_frames: list[tuple[str, str, pd.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     box_load: list[dict[str, Any]] = field(default_factory=list)
+    tails: bool = False  # keep the tail samples (only a gate on a tail metric reads them)
+    tail_samples: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def _record_row(
@@ -214,6 +221,8 @@ def _read_run(
         if note not in acc.notes:
             acc.notes.append(note)
     acc.logs[run_id] = _prompt_logs(requests) if bench is None else _row_logs(bench)
+    if acc.tails:
+        acc.tail_samples[run_id] = tail_samples(requests, chunks)
     if bench is not None:
         acc.bench_frames.append((str(raw["cell"]), str(raw["cache_state"]), bench))
     names = {i: p.name for i, p in enumerate(card.workload.phases or [])}

@@ -21,6 +21,7 @@ import pandas as pd
 
 from harness.analyze.campaign import CampaignAnalysis
 from harness.analyze.compare import CellComparison
+from harness.analyze.tails import tail_check
 from harness.card import (
     BetterGate,
     CounterGate,
@@ -384,14 +385,27 @@ def _better_in(
                         if look is not None
                         else c.needed_text
                     )
+                # A tail's better also needs the bound: say if its samples fall short too.
+                if (tail := tail_check(analysis.tails, cell, state, metric)) and tail.short:
+                    more += f"; and {tail.text}"
                 reasons.append(f"{key}: {_describe(c)}{more}")
             elif (split := _boxes_disagree(analysis, cell, state, metric)) is not None:
                 # Better on these boxes as a whole, but not on each: the pooled ratio hides a
                 # box x cell interaction (analysis.boxes: fixed; random widens the interval).
                 ok, on_data, decided = False, True, True
                 reasons.append(f"{key}: {_describe(c)}, but {split}")
+            elif (tail := tail_check(analysis.tails, cell, state, metric)) and not tail.shown:
+                # A p95/p99 better than the control's by the paired runs, but the pooled
+                # samples cannot show where the tails lie: more samples settle it.
+                ok, on_data = False, True
+                decided |= tail.decided
+                evidence[key]["tail_bound"] = tail.evidence
+                reasons.append(f"{key}: {_describe(c)}, but {tail.text}")
             else:
-                reasons.append(f"{key}: {_describe(c)}{_fleet_claim(analysis)}")
+                if tail:
+                    evidence[key]["tail_bound"] = tail.evidence
+                tail_text = f"; {tail.text}" if tail else ""
+                reasons.append(f"{key}: {_describe(c)}{tail_text}{_fleet_claim(analysis)}")
     return ok, reasons, evidence, on_data, decided
 
 

@@ -115,6 +115,7 @@ def build_context(
     palette = ctx.cell_palette(card)
     pools = ctx.pools_context(root, analysis)
     comparisons = tables.comparison_rows(analysis)
+    tail_method = ctx.tail_method(analysis, comparisons)
     images: dict[str, Any] = {
         "cold_share": None, "cycles": [], "tpot": None, "swap": None, "history": None,
     }  # fmt: skip
@@ -166,6 +167,7 @@ def build_context(
         "fleet": fleet_context(analysis),
         "looks": tables.looks_table(analysis),
         "ci_header": tables.interval_header(analysis),
+        "tail_method": tail_method,  # "" unless a gate judges a tail metric
         "timing_rows": [r for r in comparisons if not r["deterministic"]],
         "deterministic_rows": [r for r in comparisons if r["deterministic"]],
         # A timed phase serves as many requests as the speed allows: counter totals move with it.

@@ -213,6 +213,20 @@ def _cpu_model(text: str) -> str:
     return text.splitlines()[0][:120] if text else ""
 
 
+def tail_method(analysis: CampaignAnalysis, rows: list[dict[str, Any]]) -> str:
+    """The method sentence for tail metrics a gate judges ("" when none), each such row's
+    bounds added to its notes (harness.analyze.tails)."""
+    from harness.analyze.tails import TAIL_METHOD, find_tail
+
+    if not analysis.tails:
+        return ""
+    for row in rows:
+        tail = find_tail(analysis.tails, row["cell"], row["state"], row["metric"])
+        if tail is not None:
+            row["notes"].append(tail.words())
+    return TAIL_METHOD
+
+
 # The methods line, from design.boot: what a block's runtime shared with the blocks around it.
 BOOT_WORDS = {
     "per-block": "each run its own boot",

@@ -393,6 +393,8 @@ def _looks(context: dict[str, Any]) -> list[str]:
 
 def _comparison_sections(context: dict[str, Any]) -> list[str]:
     out = ["## Timing comparisons (ratio cell / control, interval, label)", ""]
+    if context.get("tail_method"):
+        out += [_md(context["tail_method"], line_start=True), ""]
     header = context["ci_header"]
     timing = context["timing_rows"]
     out += _comparisons(timing, header) if timing else ["None.", ""]

@@ -65,6 +65,10 @@ class Synth:
     boot: Callable[[Run], str] | None = None  # the run's boot id; None: a boot of its own
     washout: bool = True  # warm runs record the card's washout, as harness run does
     box: Callable[[Run], str] = lambda run: "local"  # the box the run ran on (a fleet: several)
+    tokens: int = TOKENS  # completion tokens of a scored request
+    # Log-normal spread of a scored request's decode gaps (0: even); drawn per cycle and
+    # prompt, so a cycle's blocks share it and only their speeds differ.
+    gap_sd: float = 0.0
 
 
 COUNTERS = {
@@ -110,10 +114,23 @@ def card_text(
     )
 
 
-def _request(prompt_id: str, speed: float, text: str, *, warmup: bool, phase: str) -> RequestResult:
-    decode_s = (TOKENS - 1) / speed
+def _request(
+    prompt_id: str,
+    speed: float,
+    text: str,
+    *,
+    warmup: bool,
+    phase: str,
+    tokens: int = TOKENS,
+    weights: np.ndarray | None = None,
+) -> RequestResult:
+    decode_s = (tokens - 1) / speed
     e2el = TTFT_S + decode_s
-    gaps = [TTFT_S + decode_s * k / (TOKENS - 1) for k in range(TOKENS)]
+    if weights is None:
+        gaps = [TTFT_S + decode_s * k / (tokens - 1) for k in range(tokens)]
+    else:  # uneven gaps over the same decode time: the TPOT stays, the ITL tail spreads
+        shares = np.concatenate([[0.0], np.cumsum(weights) / np.sum(weights)])
+        gaps = [TTFT_S + decode_s * float(share) for share in shares]
     return RequestResult(
         prompt_id=prompt_id,
         domain=DOMAINS.get(prompt_id, "python"),
@@ -123,10 +140,10 @@ def _request(prompt_id: str, speed: float, text: str, *, warmup: bool, phase: st
         ok=True,
         ttft_s=TTFT_S,
         e2el_s=e2el,
-        completion_tokens=TOKENS,
+        completion_tokens=tokens,
         prompt_tokens=12,
         chunk_times_s=gaps,
-        chunk_chars=[1] * TOKENS,
+        chunk_chars=[1] * tokens,
         output_text=text,
     )
 
@@ -143,6 +160,15 @@ def _write_ring(folder: Path, steps: int, capacity: int, spike_ms: float) -> int
     write_parquet(read.frame, folder / "ring.parquet")
     path.unlink()
     return read.lost
+
+
+def _gap_weights(synth: Synth, run: Run, position: int) -> np.ndarray | None:
+    """A scored request's relative decode gaps (None: even), the same for a cycle's blocks."""
+    if not synth.gap_sd:
+        return None
+    rng = np.random.default_rng((int(run["cycle"]), position))
+    weights: np.ndarray = np.exp(rng.normal(0.0, synth.gap_sd, size=synth.tokens - 1))
+    return weights
 
 
 def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
@@ -168,10 +194,15 @@ def build_campaign(root: Path, card_text: str, synth: Synth) -> CampaignDir:
             results.append(
                 _request(HELDOUT[0], speed, synth.output(run, HELDOUT[0]), warmup=True, phase="w")
             )
-            for prompt_id, factor in zip(HELDOUT, PROMPT_FACTOR, strict=True):
+            for position, (prompt_id, factor) in enumerate(
+                zip(HELDOUT, PROMPT_FACTOR, strict=True)
+            ):
                 noisy = speed * factor * math.exp(rng.normal(0.0, synth.noise_sd))
                 text = synth.output(run, prompt_id)
-                results.append(_request(prompt_id, noisy, text, warmup=False, phase="main"))
+                results.append(
+                    _request(prompt_id, noisy, text, warmup=False, phase="main",
+                             tokens=synth.tokens, weights=_gap_weights(synth, run, position))
+                )  # fmt: skip
             if synth.quality is not None:
                 for prompt_id in quality_ids:
                     text = synth.quality(run, prompt_id)
