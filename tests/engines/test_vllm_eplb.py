@@ -8,14 +8,14 @@ avg_tokens=%.2f, max_tokens=%d, balancedness=%.4f, steps until the next rearrang
 earlier releases printed `"EPLB step: avg_tokens=%.2f, max_tokens=%d, balancedness=%.4f"`),
 behind vLLM's logger prefix. The flags are the ones vllm/engine/arg_utils.py declares
 (--cpu-offload-gb, --enable-expert-parallel, --enable-eplb/--no-enable-eplb, --eplb-config).
+What vLLM's parser and config validation make of every value and combination of these knobs
+(the prefetch offload grid included) is tests/engines/test_vllm_parsers.py's.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -146,103 +146,3 @@ def test_every_flag_of_the_vllm_profile_is_one_vllms_own_parser_declares() -> No
     flags |= {spec.off_arg for spec in profile.knobs.values() if spec.off_arg}
     assert {"--cpu-offload-params", "--offload-backend", "--enable-eplb"} <= flags
     assert not flags - declared, sorted(flags - declared)
-
-
-# Runs in vLLM's venv: for each cell's offload flags (as the harness sends them), vLLM's own
-# parser and EngineArgs, then the statement of EngineArgs.create_engine_config that builds the
-# OffloadConfig (its validator is vLLM's judge of the combination), taken from vLLM's source.
-JUDGE_OFFLOAD = r"""
-import ast, inspect, json, sys, textwrap, warnings
-import vllm.engine.arg_utils as arg_utils
-from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-source = textwrap.dedent(inspect.getsource(EngineArgs.create_engine_config))
-build = next(node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Assign)
-             and any(getattr(t, "id", None) == "offload_config" for t in node.targets))
-statement = compile(ast.Module([build], []), "create_engine_config", "exec")
-parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-verdicts = {}
-for cell, argv in json.load(open(sys.argv[1])).items():
-    try:
-        args = EngineArgs.from_cli_args(parser.parse_args(argv))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # uva and prefetch both set: a warning, not a refusal
-            exec(statement, {**vars(arg_utils), "self": args})
-        verdicts[cell] = None
-    except (ValueError, SystemExit) as exc:
-        verdicts[cell] = str(exc)[:300] or type(exc).__name__
-print(json.dumps(verdicts))
-"""
-
-# What a card can set of the offload knobs: each unset or a value, a value the knob's pattern
-# refuses included (vLLM's parser or its field bounds refuse those too).
-OFFLOAD_VALUES = {
-    "offload_backend": [None, "auto", "uva", "prefetch"],
-    "offload_group_size": [None, "0", "2", "-1"],
-    "offload_num_in_group": [None, "0", "1", "3"],
-    "offload_prefetch_step": [None, "0", "1"],
-}
-
-
-@pytest.mark.slow
-def test_validate_refuses_exactly_the_offload_settings_vllms_config_refuses(
-    tmp_path: Path,
-) -> None:
-    # vLLM's OffloadConfig refuses prefetch offload without a group of at least
-    # offload_num_in_group layers (or with offload_prefetch_step 0) when it builds the engine's
-    # config, after the boot began; `validate` must refuse the same cells and no other.
-    import itertools
-    import json
-
-    import yaml
-
-    from harness.errors import CardError
-    from harness.runtimes.vllm import build
-
-    build.ensure_built()
-    base = yaml.safe_load((REPO / "campaigns" / "vllm-moe.yaml").read_text(encoding="utf-8"))
-    cells, names = {}, list(OFFLOAD_VALUES)
-    for index, values in enumerate(itertools.product(*OFFLOAD_VALUES.values())):
-        knobs = {k: v for k, v in zip(names, values, strict=True) if v is not None}
-        cells[f"c{index}"] = {"knobs": {"cpu_offload_gb": "1", **knobs}}
-    (tmp_path / "prompts").symlink_to(REPO / "campaigns" / "prompts")
-    card = tmp_path / "card.yaml"
-    card.write_text(yaml.safe_dump({**base, "cells": cells, "control": "c0"}), encoding="utf-8")
-    with pytest.raises(CardError) as caught:
-        load_card(card)
-    # `card.yaml:LINE: cells.NAME.knobs.KNOB: message`
-    found = (re.search(r": cells\.(c\d+)\.", line) for line in caught.value.lines())
-    refused = {match.group(1) for match in found if match}
-    runtime = load_runtime_profile(RUNTIMES / "vllm.yaml")
-    flags = {spec.arg for spec in runtime.knobs.values() if spec.arg and "offload" in spec.arg}
-    argv = {}
-    for name, cell in cells.items():
-        words: list[str] = []
-        for knob, value in cell["knobs"].items():
-            arg = runtime.knobs[knob].arg
-            assert arg in flags
-            words += [arg, value]
-        argv[name] = words
-    (tmp_path / "argv.json").write_text(json.dumps(argv), encoding="utf-8")
-    python = build.cache_root() / "vllm" / "venv" / "bin" / "python"
-    done = subprocess.run(
-        [str(python), "-c", JUDGE_OFFLOAD, str(tmp_path / "argv.json")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    verdicts = json.loads(done.stdout.splitlines()[-1])
-    vllm_refuses = {name for name, why in verdicts.items() if why is not None}
-    assert vllm_refuses, "vLLM refused none: the judge is not judging"
-    assert refused == vllm_refuses, {
-        "validate only": sorted(refused - vllm_refuses),
-        "vLLM only": {n: verdicts[n] for n in sorted(vllm_refuses - refused)},
-    }
-    # Prefetch alone (no group size) is one vLLM refuses: it names the fix.
-    alone = next(
-        n
-        for n, c in cells.items()
-        if c["knobs"] == {"cpu_offload_gb": "1", "offload_backend": "prefetch"}
-    )
-    (line,) = [line for line in caught.value.lines() if f": cells.{alone}." in line]
-    assert "offload_num_in_group 1 over offload_group_size 0: set offload_group_size N" in line
