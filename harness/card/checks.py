@@ -339,6 +339,8 @@ def check_gates(card: Card, out: Problems) -> None:
             )
         if isinstance(gate, BetterGate | RegressionGate) and gate.metric not in METRICS:
             out.add((*loc, "metric"), f"unknown metric{_did_you_mean(gate.metric, list(METRICS))}")
+        if isinstance(gate, RegressionGate):
+            _check_anchor(gate, loc, out)
         if isinstance(gate, SurvivesGate):
             for metric in gate.metrics or []:
                 if metric not in METRICS:
@@ -358,6 +360,23 @@ def check_gates(card: Card, out: Problems) -> None:
             )
         if isinstance(gate, QualityGate) and card.prompts.quality is None:
             out.add(loc, "a quality gate needs `prompts.quality` (a pool with `check` per prompt)")
+
+
+def _check_anchor(gate: RegressionGate, loc: Loc, out: Problems) -> None:
+    """A regression gate's fields fit what it compares with: a release, or previous campaigns
+    (a field the other comparison reads would be silently ignored)."""
+    if gate.release is not None and gate.against != "release":
+        out.add(
+            (*loc, "release"),
+            "names a release, but the gate compares with the previous "
+            "campaigns: add `against: release`, or drop `release`",
+        )
+    if gate.against == "release" and "last" in gate.model_fields_set:
+        out.add(
+            (*loc, "last"),
+            "counts previous campaigns, but the gate compares with one "
+            "release (`against: release`): drop `last`, or add a second gate for them",
+        )
 
 
 def check_runtime_needs(card: Card, runtime: RuntimeProfile | None, out: Problems) -> None:

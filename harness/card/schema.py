@@ -417,12 +417,29 @@ class LockstepGate(_CellGate):
     max_divergent: int = Field(0, ge=0, description="divergent decisions allowed")
 
 
+# A release's name (harness.history.releases): what tags and versions look like (v1.2,
+# 2026.12-rc1, 1.2.0+build7); it is part of a file name, so no separators.
+RELEASE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$"
+
+
 class RegressionGate(_CellGate):
-    """Not worse than the last N promoted campaigns of this card on this box, by the margin."""
+    """Not worse, by the margin, than the last N promoted campaigns of this card on this box,
+    or (`against: release`) than a release marked in the results store."""
 
     kind: Literal["regression"]
     metric: str = Field(description="metric name")
     last: int = Field(3, ge=1, le=1000, description="promoted campaigns to compare with")
+    against: Literal["previous", "release"] = Field(
+        "previous",
+        description="previous: the last `last` promoted campaigns; release: a release marked "
+        "with `harness history release DIR`, so small steps cannot add up past the margin",
+    )
+    release: str | None = Field(
+        None,
+        pattern=RELEASE_NAME,
+        description="the release to compare with (against: release; default: the one of this "
+        "card on this box marked last)",
+    )
 
 
 Gate = Annotated[

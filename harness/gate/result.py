@@ -70,6 +70,8 @@ def gate_name(gate: Gate) -> str:
         return f"quality {gate.min_pass}"
     if isinstance(gate, SoakGate):
         return f"soak {gate.min_duration_s:g} s"
+    if isinstance(gate, RegressionGate) and gate.against == "release":
+        return f"regression {gate.metric} vs release {gate.release or '(newest)'}"
     if isinstance(gate, RegressionGate):
         return f"regression {gate.metric} vs last {gate.last} promoted"
     return gate.kind

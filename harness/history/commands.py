@@ -1,4 +1,5 @@
-"""``harness history [--campaign NAME] [--metric M]``: trends and change points per cell."""
+"""``harness history [--campaign NAME] [--metric M]``: trends and change points per cell;
+``harness history release DIR [--name NAME]``: mark a promoted campaign as a release."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def _cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     folder = Path(args.reports) / HISTORY_DIR
     if args.predictions:
         return _predictions(args, folder, out)
+    if args.releases:
+        return _releases(folder, args, out)
     table = _chosen(read_history(folder), args)
     if table.empty:
         raise BadInput(
@@ -119,6 +122,42 @@ def _predictions(args: argparse.Namespace, folder: Path, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _releases(folder: Path, args: argparse.Namespace, out: TextIO) -> int:
+    """The releases marked in the store, oldest mark first (the last is the default anchor)."""
+    from harness.history.releases import read_releases
+
+    marks = [r for r in read_releases(folder) if not args.campaign or r.campaign == args.campaign]
+    if not marks:
+        raise BadInput(
+            f"{folder}: no release marked; mark the promoted campaign of a released build with "
+            "`harness history release DIR --name NAME`"
+        )
+    rows = [{k: getattr(r, k) for k in ("campaign", "name", "stamp", "box", "dir")} for r in marks]
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.formats.termtext import shown
+
+    view = Table(title=shown(f"releases ({folder})"), title_justify="left")
+    for column in rows[0]:
+        view.add_column(column)
+    for row in rows:
+        view.add_row(*(shown(v) for v in row.values()))
+    Console(file=out, width=160, highlight=False).print(view)
+    return EXIT_OK
+
+
+def _cmd_release(args: argparse.Namespace, out: TextIO) -> int:
+    from harness.history.releases import mark_release
+
+    mark, path = mark_release(Path(args.dir), args.name)
+    out.write(f"{mark.campaign}: {mark.text()} on box {mark.box} marked in {path}\n")
+    return EXIT_OK
+
+
 def _pvalue(text: str) -> float:
     """A p-value threshold: a number strictly between 0 and 1 (NaN would pass every test)."""
     try:
@@ -151,4 +190,23 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the simulator's errors instead: per campaign and metric, how far its predictions "
         "were from the box (is the desk getting better?)",
     )
+    verb.add_argument(
+        "--releases",
+        action="store_true",
+        help="the releases marked in the store instead, oldest mark first",
+    )
     verb.set_defaults(handler=_cmd_history)
+    actions = verb.add_subparsers(
+        dest="history_verb",
+        metavar="ACTION",
+        help="release: mark a promoted campaign as a release, the anchor of `regression` gates "
+        "with `against: release`",
+    )
+    release = actions.add_parser("release", help="mark a promoted campaign as a release")
+    release.add_argument(
+        "dir", metavar="DIR", help="the campaign directory, reports/<card>/<stamp>"
+    )
+    release.add_argument(
+        "--name", metavar="NAME", help="the release's name, e.g. v1.2 (default: the stamp)"
+    )
+    release.set_defaults(handler=_cmd_release)
