@@ -1,8 +1,9 @@
 """The semantic checks of a card's cells: files, knobs, env and live values against the
 runtime profile, and the engine-specific rules a knob's value brings (a KT frequency file's
 shape, EPLB's recorder, DeepEP's all-to-all, Paged Experts' settings and model, vLLM's prefetch
-offload; SGLang's other all-to-all backends are harness/card/sglang_checks.py), each a named
-rule that adds its findings to :class:`~harness.card.checks.Problems`.
+offload; SGLang's other all-to-all backends are harness/card/sglang_checks.py, vLLM's other rules
+between knobs harness/card/vllm_checks.py), each a named rule that adds its findings to
+:class:`~harness.card.checks.Problems`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from harness.card.checks import Problems, _did_you_mean, _is_file, _knob_text, _
 from harness.card.inputs import Locator
 from harness.card.schema import Card, Cell, KnobValue
 from harness.card.sglang_checks import sglang_cell_refusals, sglang_model_refusals
+from harness.card.vllm_checks import (
+    vllm_cell_refusals,
+    vllm_model_folder,
+    vllm_model_refusals,
+    vllm_problem_field,
+)
 from harness.errors import BadInput, MapError
 from harness.formats.yamlfile import Loc
 from harness.profiles.schema import KnobSpec, RuntimeProfile, switch_state
@@ -52,6 +59,8 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
                 refusals = paged_experts_model_refusals(cell, runtime, config)
                 quant_file = bool(config) and _has_quant_file(model)
                 refusals += sglang_model_refusals(cell, runtime, config, quant_file)
+                vllm_config = _model_config(vllm_model_folder(cell, runtime)) or {}
+                refusals += vllm_model_refusals(cell, runtime, vllm_config)
                 for field, problem in refusals:
                     out.add(("cells", name, "knobs", field), problem)
 
@@ -97,6 +106,9 @@ def _check_cell_settings(name: str, cell: Cell, runtime: RuntimeProfile, out: Pr
     # What SGLang's all-to-all backends refuse of the knobs alone (the GPU's part: at `run`).
     for knob, problem in sglang_cell_refusals(cell, runtime):
         out.add(("cells", name, "knobs", knob), problem)
+    # What vLLM's config refuses between knobs (the box's platform and GPU: at `run`).
+    for knob, problem in vllm_cell_refusals(cell, runtime):
+        out.add(("cells", name, *vllm_problem_field(knob)), problem)
     for knob, spec in runtime.knobs.items():
         if spec.required and spec.default is None and knob not in cell.knobs:
             out.add(
@@ -423,9 +435,7 @@ _FAULT_STATE_FILES = {
 }
 
 
-def _check_fault_state_files(
-    name: str, cell: Cell, runtime: RuntimeProfile, out: Problems
-) -> None:
+def _check_fault_state_files(name: str, cell: Cell, runtime: RuntimeProfile, out: Problems) -> None:
     """A box-state fault of the reference runtime needs the file that holds the state across
     the box's boots: refused at startup without it, so refused here."""
     for knob, state in _FAULT_STATE_FILES.items():

@@ -13,6 +13,11 @@ SGLang's all-to-all and attention backends refuse what the model's checkpoint or
 capability and memory (from which SGLang picks the chunked prefill size and decode CUDA-graph
 batch a cell leaves unset) with ``nvidia-smi`` on the box; a box without it is left to the boot.
 
+vLLM refuses what its platform and the model decide (:mod:`harness.card.vllm_checks`): a
+max_num_seqs over the default token budget it picks from the first GPU's memory and name (or
+the CPU build's, on a ``linux-cpu`` box with no GPU), Model Runner V2 on a box only its CPU build
+(no Triton) can run, and a context past the model's, read from its ``config.json`` on the box.
+
 KTransformers runs a prefill of ``kt_gpu_prefill_token_threshold`` tokens or more wholly on the
 GPU; the recorder tells such passes by the router's top-k in the model's ``config.json`` and,
 without it, gives the run no hit rate rather than a wrong one. A cell that sets a threshold on a
@@ -22,6 +27,7 @@ model whose ``config.json`` cannot be read is warned of here, before its runs ar
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
@@ -38,14 +44,32 @@ from harness.card.sglang_checks import (
     sglang_cell_refusals,
     sglang_model_refusals,
 )
+from harness.card.vllm_checks import (
+    VllmBox,
+    boots_vllm,
+    default_token_budget,
+    vllm_box_refusals,
+    vllm_model_folder,
+    vllm_model_refusals,
+    vllm_problem_field,
+)
 from harness.errors import BadInput, HarnessError
 from harness.formats.expert_distribution import kt_frequency_refusal, logical_count_shape
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.recorder import full_gpu_threshold, model_config_on_box
 
-__all__ = ["check_engine_inputs", "gpu_facts_on_box", "parse_gpu_facts"]
+__all__ = [
+    "check_engine_inputs",
+    "gpu_facts_on_box",
+    "parse_gpu_facts",
+    "parse_vllm_gpus",
+    "vllm_box_on",
+]
 
 GPU_QUERY = "nvidia-smi --query-gpu=compute_cap,memory.total --format=csv,noheader,nounits"
+# What vLLM's default token budget reads of the first GPU (get_batch_defaults: its memory, and
+# its name, since an A100 keeps the small budget).
+VLLM_GPU_QUERY = "nvidia-smi --query-gpu=memory.total,name --format=csv,noheader,nounits"
 # The backends whose refusal the GPU or the model decides (harness/card/sglang_checks.py).
 _GPU_BACKENDS = {
     "moe_a2a_backend": ("mori", "pplx", "deepep_v2", "flashinfer_megamoe"),
@@ -120,6 +144,67 @@ def gpu_facts_on_box(box: Box) -> GpuFacts | None:
     return parse_gpu_facts(result.stdout) if result.code == 0 else None
 
 
+def parse_vllm_gpus(text: str) -> list[tuple[float, str]] | None:
+    """The GPUs of :data:`VLLM_GPU_QUERY`'s output (``81559, NVIDIA H100 80GB HBM3`` a line),
+    as (memory MiB, name); None where a line does not read (MIG's ``[N/A]``)."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        memory, _, name = line.partition(",")
+        try:
+            gpus.append((float(memory), name.strip()))
+        except ValueError:
+            return None
+    return gpus
+
+
+def vllm_box_on(box: Box, runtime: RuntimeProfile) -> VllmBox | None:
+    """What vLLM's platform defaults read of the box. A box that says ``linux-cpu`` (and a
+    profile that runs there) may run vLLM's CPU build; ``nvidia-smi`` gives its first GPU. None
+    where nothing is known: no GPU read on a box that is not ``linux-cpu``, an unreadable
+    reading, or GPUs whose defaults differ (vLLM reads device 0 in CUDA's order, not
+    nvidia-smi's)."""
+    cpu = box.spec.platform == "linux-cpu" and bool({"any", "linux-cpu"} & set(runtime.platforms))
+    try:
+        result = box.sh(VLLM_GPU_QUERY, timeout_s=60, check=False)
+    except HarnessError:
+        return None
+    gpus = parse_vllm_gpus(result.stdout) if result.code == 0 else []
+    if gpus is None or (not gpus and not cpu):
+        return None
+    if not gpus:
+        return VllmBox(cpu=True)
+    defaults = {default_token_budget(VllmBox(False, mib, name), 1) for mib, name in gpus}
+    if len(defaults) > 1:
+        return None
+    return VllmBox(cpu=cpu, gpu_mib=gpus[0][0], gpu_name=gpus[0][1])
+
+
+def _vllm_refusals(box: Box, box_name: str, loaded: LoadedCard) -> list[str]:
+    """Problem lines for what vLLM would refuse on this box, given its model and platform."""
+    runtime = loaded.runtime
+    device = vllm_box_on(box, runtime)
+    configs: dict[str, tuple[str, dict[str, Any] | None]] = {}
+    lines: list[str] = []
+    for name, cell in loaded.card.cells.items():
+        folder = vllm_model_folder(cell, runtime)
+        if folder and folder not in configs:
+            configs[folder] = model_config_on_box(box, folder)
+        config_path, config = configs[folder] if folder else ("", None)
+        lines += [
+            f"cells.{name}.{'.'.join(vllm_problem_field(knob))}: {problem} (the model's "
+            f"{config_path} on box {box_name})"
+            for knob, problem in vllm_model_refusals(cell, runtime, config or {})
+        ]
+        if device is not None:
+            lines += [
+                f"cells.{name}.{'.'.join(vllm_problem_field(knob))}: {problem} (box {box_name})"
+                for knob, problem in vllm_box_refusals(cell, runtime, device, config or {})
+            ]
+    return lines
+
+
 def _sglang_cells(loaded: LoadedCard) -> list[tuple[str, bool, str]]:
     """(cell, whether the GPU decides, model folder to read or "") of every cell whose SGLang
     backend the box's GPU or model decides."""
@@ -182,8 +267,9 @@ def check_engine_inputs(loaded: LoadedCard) -> list[str]:
     paged = _paged_cells(loaded)
     thresholds = _threshold_cells(loaded)
     sglang = _sglang_cells(loaded)
+    vllm = boots_vllm(loaded.runtime)
     warnings: list[str] = []
-    if not cells and not paged and not thresholds and not sglang:
+    if not cells and not paged and not thresholds and not sglang and not vllm:
         return warnings
     shapes = [logical_count_shape(path) for _, path, _ in cells]  # read once, not per box
     for box_name, spec in loaded.boxes:
@@ -231,6 +317,7 @@ def check_engine_inputs(loaded: LoadedCard) -> list[str]:
                         )
                     )
             refused = _sglang_refusals(box, box_name, sglang, loaded) if sglang else []
+            refused += _vllm_refusals(box, box_name, loaded) if vllm else []
             if refused:
                 raise BadInput("\n".join(dict.fromkeys(refused)))
         finally:

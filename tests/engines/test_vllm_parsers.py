@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +45,6 @@ from harness.card import Cell, load_runtime_profile
 from harness.profiles.schema import RuntimeProfile
 from harness.runtimes.boot import boot_spec
 from harness.runtimes.vllm.model import write_tiny_qwen3_moe
-from harness.runtimes.vllm.shape import TinyQwen3MoeShape
 from tests.conftest import REPO
 from tests.engines.validate_cells import validate_refusals
 
@@ -139,100 +137,18 @@ EXTRA_CELLS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-# vLLM's OpenAI server's default token budget where a cell sets none, on this CPU and on GPUs
-# under 70 GiB (engine/arg_utils.py, get_batch_defaults: 8192 on H100/H200, 16384 from 160
-# GiB); with chunked prefill off vLLM raises it to max_model_len.
-DEFAULT_BUDGET = 2048
-# The tiny model's own context (max_position_embeddings in its config.json).
-MODEL_MAX_LEN = TinyQwen3MoeShape().max_positions
-
-
-def _number(knobs: dict[str, Any], name: str) -> int | None:
-    """A knob's integer value, None where it is unset or no integer."""
-    text = str(knobs.get(name, ""))
-    return int(text) if re.fullmatch(r"-?[0-9]+", text) else None
-
-
-def _on(knobs: dict[str, Any], name: str) -> bool:
-    """Whether a switch knob is on."""
-    return knobs.get(name) is True
-
-
-def _redundant(knobs: dict[str, Any]) -> int:
-    """eplb_config's num_redundant_experts (0 where unset or not JSON)."""
-    try:
-        return int(json.loads(str(knobs.get("eplb_config", "{}"))).get("num_redundant_experts", 0))
-    except (ValueError, AttributeError):
-        return 0
-
-
-def _context(knobs: dict[str, Any]) -> int:
-    """The context vLLM runs: max_model_len, or the model's own."""
-    return _number(knobs, "max_model_len") or MODEL_MAX_LEN
-
-
-def _budget_under_batch(knobs: dict[str, Any]) -> bool:
-    """Whether the token budget (set, or vLLM's default) is under a max_num_seqs set."""
-    seqs = _number(knobs, "max_num_seqs")
-    chunked_off = knobs.get("chunked_prefill") is False
-    budget = _number(knobs, "max_num_batched_tokens") or max(
-        DEFAULT_BUDGET, _context(knobs) if chunked_off else 0
-    )
-    return seqs is not None and budget < seqs
-
-
-def _speculation_unknown(knobs: dict[str, Any]) -> bool:
-    """Whether a speculative_config object names a key SpeculativeConfig lacks, or leaves out
-    num_speculative_tokens (which the tiny model's config cannot supply)."""
-    try:
-        setting = json.loads(str(knobs.get("speculative_config", "null")))
-    except ValueError:
-        return False
-    return isinstance(setting, dict) and (
-        not set(setting) <= SPECULATIVE_KEYS or "num_speculative_tokens" not in setting
-    )
-
-
-# Keys of vLLM's SpeculativeConfig a card sets (config/speculative.py; the rest are vLLM's own).
-SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max",
-                    "prompt_lookup_min", "draft_tensor_parallel_size", "quantization",
-                    "max_model_len", "revision", "code_revision", "enforce_eager",
-                    "disable_padded_drafter_batch", "parallel_drafting", "attention_backend",
-                    "moe_backend", "kv_cache_dtype", "tensor_parallel_size"}  # fmt: skip
-
-# What vLLM refuses between knobs (or of a knob against the model) that `validate` does not:
-# each needs a harness rule (harness/card/cell_checks.py), named here with the predicate that
-# picks exactly the cells vLLM refuses and the words of vLLM's refusal. Every cell a predicate
-# picks is asserted refused by vLLM, and validate refuses every other cell vLLM refuses.
+# What vLLM refuses between knobs (or of a knob against the model or the box) that `validate`
+# cannot judge: named here with the predicate that picks exactly the cells vLLM refuses and the
+# words of vLLM's refusal. Every cell a predicate picks is asserted refused by vLLM, and validate
+# refuses every other cell vLLM refuses (harness/card/vllm_checks.py: EPLB, the token budget
+# against the batch and the context, routed experts, the model's context, speculative_config).
 NEEDS_RULE: dict[str, tuple[Callable[[dict[str, Any]], bool], str]] = {
-    "eplb needs expert_parallel (ParallelConfig)": (
-        lambda k: _on(k, "eplb") and not _on(k, "expert_parallel"),
-        "enable_expert_parallel must be True to use EPLB"),
-    "eplb needs tensor_parallel_size x data_parallel_size above 1 (ParallelConfig)": (
-        lambda k: _on(k, "eplb") and _on(k, "expert_parallel")
-        and (_number(k, "tensor_parallel_size") or 1) * (_number(k, "data_parallel_size") or 1)
-        <= 1,
-        "EPLB requires tensor, prefill-context, or data parallelism"),
-    "eplb_config's num_redundant_experts above 0 needs eplb (ParallelConfig)": (
-        lambda k: not _on(k, "eplb") and _redundant(k) > 0, "but EPLB is not enabled"),
-    "max_num_batched_tokens at least max_num_seqs (SchedulerConfig)": (
-        _budget_under_batch, "must be greater than or equal to max_num_seqs"),
-    "max_num_batched_tokens at least max_model_len with chunked_prefill false (SchedulerConfig)": (
-        lambda k: k.get("chunked_prefill") is False
-        and (_number(k, "max_num_batched_tokens") or _context(k)) < _context(k),
-        "is smaller than max_model_len"),
-    "return_routed_experts needs env VLLM_USE_V2_MODEL_RUNNER=1 (VllmConfig)": (
-        lambda k: _on(k, "return_routed_experts")
-        and k.get("env.VLLM_USE_V2_MODEL_RUNNER") != "1",
-        "AuxOutput Connector requires Model Runner V2"),
+    # Only vLLM's CUDA build has Triton, and which build a box runs is the box's: `run` refuses
+    # it before any boot on a `linux-cpu` box where nvidia-smi reads no GPU
+    # (harness/execute/engine_inputs.py); `validate` cannot see the box.
     "env VLLM_USE_V2_MODEL_RUNNER=1 needs Triton, which only CUDA boxes have (VllmConfig; "
-    "the box's)": (
+    "the box's, judged at run)": (
         lambda k: k.get("env.VLLM_USE_V2_MODEL_RUNNER") == "1", "Model Runner V2 requires Triton"),
-    "max_model_len at most the model's max_position_embeddings (ModelConfig; the model's)": (
-        lambda k: _context(k) > MODEL_MAX_LEN, "is greater than the derived max_model_len"),
-    "speculative_config's keys are SpeculativeConfig's, with num_speculative_tokens unless "
-    "the draft's config has n_predict (SpeculativeConfig; the model's)": (
-        _speculation_unknown, "SpeculativeConfig"),
 }  # fmt: skip
 
 # Values validate refuses that vLLM's config takes, on purpose: (knob, value) -> why. Each is
@@ -347,7 +263,9 @@ def _values(name: str, profile: RuntimeProfile) -> list[Any]:
 def _cells(profile_name: str, profile: RuntimeProfile, model: Path) -> dict[str, dict[str, Any]]:
     """The card's cells: the profile's defaults alone, each knob value alone, then the grids."""
     base = {"model": str(model)} if "model" in profile.knobs else {}
-    base.update(FIXED[profile_name])
+    # The lane's model folder is the tiny model too, so validate reads its config.json as `run`
+    # reads the box's.
+    base.update({k: str(model) if k == "model_dir" else v for k, v in FIXED[profile_name].items()})
     settings: list[dict[str, Any]] = [{}]
     settings += [{knob: value} for knob in profile.knobs if knob not in (*base, *LANE_ONLY)
                  for value in _values(knob, profile)]  # fmt: skip
