@@ -40,7 +40,14 @@ from harness.analyze.recovery import step_clock
 from harness.analyze.runs import RUN_KEYS, RunTables, load_runs
 from harness.analyze.runtime_tables import RuntimeTables, build_runtime_tables
 from harness.analyze.seed_tables import SeedTables, build_seed_tables
-from harness.analyze.tails import TAIL_METRICS, TailRow, tail_records, tail_table
+from harness.analyze.tails import (
+    TAIL_METHOD,
+    TAIL_METRICS,
+    TailRow,
+    find_tail,
+    tail_records,
+    tail_table,
+)
 from harness.card import BetterGate, Card, SurvivesGate, read_card_schema
 from harness.catalog import METRICS
 from harness.errors import HarnessError, RecordError
@@ -91,6 +98,15 @@ class CampaignAnalysis:
     def cell_value(self, cell: str, state: str, column: str) -> float | None:
         """One finite value of the cell table (a metric's median over the cell's ok runs)."""
         return cell_value(self.cells, cell, state, column)
+
+    def tail(self, cell: str, state: str, metric: str) -> TailRow | None:
+        """A gated tail metric's bounds for the cell and state (None: not judged by a bound)."""
+        return find_tail(self.tails, cell, state, metric)
+
+    @property
+    def tail_method(self) -> str:
+        """How tail metrics are judged, for the report's method ("" when no gate judges one)."""
+        return TAIL_METHOD if self.tails else ""
 
     @cached_property
     def sequential_plan(self) -> SequentialPlan | None:

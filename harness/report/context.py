@@ -216,15 +216,13 @@ def _cpu_model(text: str) -> str:
 def tail_method(analysis: CampaignAnalysis, rows: list[dict[str, Any]]) -> str:
     """The method sentence for tail metrics a gate judges ("" when none), each such row's
     bounds added to its notes (harness.analyze.tails)."""
-    from harness.analyze.tails import TAIL_METHOD, find_tail
-
-    if not analysis.tails:
+    if not analysis.tail_method:
         return ""
     for row in rows:
-        tail = find_tail(analysis.tails, row["cell"], row["state"], row["metric"])
+        tail = analysis.tail(row["cell"], row["state"], row["metric"])
         if tail is not None:
             row["notes"].append(tail.words())
-    return TAIL_METHOD
+    return analysis.tail_method
 
 
 # The methods line, from design.boot: what a block's runtime shared with the blocks around it.
