@@ -100,12 +100,15 @@ def decide(root: Path, *, journal_head: str | None = None) -> Decision:
     lock where a run may be writing). ``journal_head``: a head of the journal the user kept
     (checked to lie on its chain)."""
     from harness.analyze.campaign import analyze_campaign
+    from harness.gate.confirm import keep_link
     from harness.gate.evaluate import evaluate_gates
     from harness.report.terminal import note_unsealed
 
     analysis = analyze_campaign(root, journal_head=journal_head)
     note_unsealed(analysis)
-    return Decision(analysis, evaluate_gates(analysis))
+    verdict = evaluate_gates(analysis)
+    keep_link(verdict, analysis)  # a campaign of a confirmation pair stays linked
+    return Decision(analysis, verdict)
 
 
 def record(decision: Decision) -> Path:
@@ -153,15 +156,20 @@ def gate_campaign(
     locked: bool = False,
     allow_unsealed: bool = False,
     journal_head: str | None = None,
+    confirms: Path | str | None = None,
 ) -> Concluded:
     """``harness gate DIR``: decide, record and render under the campaign lock (``locked``:
     the caller already holds it). ``journal_head``: a head of the journal kept from an earlier
     gate; the directory fails verification unless it lies on the journal's chain.
+    ``confirms``: the first campaign whose unconfirmed failures this one, run on its card's
+    ``confirm.box``, settles (harness.gate.confirm); its verdict.json and record.md are linked
+    back under its own lock.
 
     A directory not sealed from its start is refused (exit 3, its verdict.json and JUnit
     rewritten as failing) unless ``allow_unsealed``: stripping the seal must not turn into a
     verdict. Allowed, every output of the verdict says it is unverified."""
     from harness.errors import VerificationError
+    from harness.gate.confirm import confirm_pair, link_first
 
     root = Path(root)
     with _held(root, locked):
@@ -175,8 +183,18 @@ def gate_campaign(
             raise
         if decision.verdict.unverified and not allow_unsealed:
             _refuse_unsealed(decision)
+        answers: dict[str, str] = {}
+        if confirms is not None:
+            answers = confirm_pair(decision.verdict, decision.analysis, Path(confirms))
         record(decision)
-        return Concluded(decision, render(decision, figures=figures))
+        concluded = Concluded(decision, render(decision, figures=figures))
+    if confirms is not None and answers:
+        from harness.formats.lock import locked_campaign
+
+        # After this campaign's lock is let go: two campaigns' locks are never held together.
+        with locked_campaign(Path(confirms)):
+            link_first(Path(confirms), root, answers)
+    return concluded
 
 
 def _write_failing(root: Path, campaign: str, text: str, unverified: str = "") -> None:

@@ -72,3 +72,14 @@ def test_boot_cost_counts_a_contradiction_only_where_a_design_rules_the_other_ou
     assert _contradicts("k", campaign("worse", 0.80, 0.7, 0.9), outside)
     assert _contradicts("k", tight_worse, campaign("better", 1.1, 1.05, 1.15))
     assert not _contradicts("k", tight_worse, campaign("inconclusive", 0.9, None, None))
+
+
+def test_confirmation_lowers_false_worse_at_most_one_campaign_per_true_failure() -> None:
+    from harness.benchmarks import confirmation
+
+    figures = confirmation.run_bench(quick=True)
+    gated = {f.name.split(" (")[0]: f for f in figures if f.passed is not None}
+    assert len(gated) == 3 and all(f.passed for f in gated.values()), figures
+    one_box = next(f for f in figures if f.name.startswith("A/A: false worse, one box"))
+    both = gated["A/A: false worse, confirmed on a second box"]
+    assert both.value < one_box.value / 10  # two independent boxes: about its square

@@ -29,12 +29,14 @@ from harness.card.resolve import (
     search_path,
 )
 from harness.card.schema import (
+    CONFIRMABLE_KINDS,
     GATE_KINDS,
     AnalysisSpec,
     BetterGate,
     CacheState,
     Card,
     Cell,
+    ConfirmSpec,
     CounterGate,
     Design,
     ExactOutputsGate,
@@ -55,6 +57,7 @@ from harness.catalog import CACHE_STATES
 
 __all__ = [
     "CACHE_STATES",
+    "CONFIRMABLE_KINDS",
     "GATE_KINDS",
     "PACKAGE_DATA",
     "AnalysisSpec",
@@ -62,6 +65,7 @@ __all__ = [
     "CacheState",
     "Card",
     "Cell",
+    "ConfirmSpec",
     "CounterGate",
     "Design",
     "ExactOutputsGate",

@@ -21,6 +21,7 @@ from harness.card.resolve import (
     load_runtime_profile,
 )
 from harness.card.schema import (
+    CONFIRMABLE_KINDS,
     BetterGate,
     Card,
     Cell,
@@ -166,6 +167,38 @@ def resolve_fleet(
         )
         failed = True
     return [] if failed else fleet
+
+
+def check_confirm(card: Card, fleet: list[str], where: Locator, out: Problems) -> None:
+    """``confirm.box`` names a known box other than the campaign's own, and the card has a gate
+    it can confirm: a confirmation on the same box is not independent, and one with nothing to
+    confirm would only look like a safeguard."""
+    if card.confirm is None:
+        return
+    box = card.confirm.box
+    if box in fleet:
+        out.add(
+            ("confirm", "box"),
+            f"box {box!r} runs this campaign; a confirmation must come from a second, "
+            "independent box: name another",
+        )
+    if not any(gate.kind in CONFIRMABLE_KINDS for gate in card.gates):
+        out.add(
+            ("confirm",),
+            "no gate to confirm: confirmation applies to better, survives and regression "
+            "gates; add one or delete `confirm`",
+        )
+    if where.frozen or box == "local":
+        return  # checked when the campaign was run
+    try:
+        if where.boxes_file is not None:
+            known = sorted(load_boxes_file(where.boxes_file))
+        else:
+            known = sorted(load_boxes_with_sources(where.card_dir))
+    except CardError:
+        return  # the card's own box reports the boxes file's problems
+    if box not in known:
+        out.add(("confirm", "box"), f"unknown box {box!r}{_did_you_mean(box, known)}")
 
 
 def resolve_runtime(

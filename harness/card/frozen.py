@@ -115,7 +115,7 @@ def load_frozen_card(root: Path) -> FrozenCard:
             boxes_file = path
     # Paths not in the manifest resolve under inputs/, where nothing else lives: a file the
     # card names that was not frozen is reported missing, never read from elsewhere.
-    where = Locator(root / "inputs", copies, runtime_file, boxes_file)
+    where = Locator(root / "inputs", copies, runtime_file, boxes_file, frozen=True)
     return FrozenCard(load_card(card_file, where), tuple(notes))
 
 

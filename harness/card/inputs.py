@@ -43,6 +43,9 @@ class Locator:
     copies: Mapping[str, Path] = field(default_factory=dict)
     runtime_file: Path | None = None
     boxes_file: Path | None = None
+    # A campaign directory's frozen card: names checked when it was run are not looked up
+    # again where this machine's files may differ (the box a failure must be confirmed on).
+    frozen: bool = False
 
     def path(self, written: str) -> Path:
         """The file to read for a path as written on the card."""

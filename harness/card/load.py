@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from harness.card.cell_checks import check_cells
 from harness.card.checks import (
     Problems,
+    check_confirm,
     check_gates,
     check_prompts,
     check_runtime_needs,
@@ -168,6 +169,7 @@ def _check_whole(
 ]:
     """The checks of a card the schema took: boxes, runtime, cells, gates, prompts."""
     fleet = resolve_fleet(card, where, problems)
+    check_confirm(card, [name for name, _, _ in fleet], where, problems)
     runtime, runtime_file = resolve_runtime(card, where, problems)
     check_cells(card, runtime, where, problems)
     check_shared_boot(card, runtime, problems)

@@ -499,6 +499,22 @@ class Guards(Strict):
         return patterns
 
 
+class ConfirmSpec(Strict):
+    """A *worse* (or a failed `better`, `survives` or `regression`) on this campaign's box
+    stands as "unconfirmed" until a second campaign of the card on ``box`` shows it too:
+    one box's false alarms add up over hundreds of gates (docs/design.md#gates)."""
+
+    box: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
+        description="the second, independent box that must confirm a failure (a box name)",
+    )
+
+
+# The gates a second box can confirm: those that fail on a comparison's label, which one
+# box's noise can flip. Outputs, counters, quality and soaks fail on what ran, not on chance.
+CONFIRMABLE_KINDS = ("better", "survives", "regression")
+
+
 GATE_KINDS = (
     "exact_outputs", "counter", "better", "survives", "quality", "soak", "lockstep", "regression",
 )  # fmt: skip
@@ -534,6 +550,11 @@ class Card(Strict):
         description="how runs become verdicts: the noise band, recovery and drift settings",
     )
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
+    confirm: ConfirmSpec | None = Field(
+        None,
+        description="confirm a failed better, survives or regression gate on a second box "
+        "before it fails: `confirm: {box: NAME}`",
+    )
     guards: Guards = Field(default_factory=lambda: Guards(), description="the runner's rules")
 
     @field_validator("runtime", "box")

@@ -16,7 +16,10 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
     from harness.spine import gate_campaign
 
     concluded = gate_campaign(
-        Path(args.dir), allow_unsealed=args.allow_unsealed, journal_head=args.journal_head
+        Path(args.dir),
+        allow_unsealed=args.allow_unsealed,
+        journal_head=args.journal_head,
+        confirms=args.confirms,
     )
     decided = concluded.decision
     print_conclusion(
@@ -28,7 +31,8 @@ def _cmd_gate(args: argparse.Namespace, out: TextIO) -> int:
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``gate``."""
     codes = (
-        "0 pass; 1 a gate failed or is undecided; 2 bad input (a card, record or flag "
+        "0 pass; 1 a gate failed or is undecided, or its failure awaits a second box "
+        "(unconfirmed); 2 bad input (a card, record or flag "
         "that cannot be read, named with the fix); 3 runs incomplete, a directory that does not "
         "verify against its seal, or an infrastructure error"
     )
@@ -53,6 +57,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the journal head the last gate or run printed (64 hex digits): the directory "
         "fails verification (exit 3) unless every journal line up to it is unchanged and no "
         "line follows it (after a `run --resume`, give the head that run printed)",
+    )
+    gate.add_argument(
+        "--confirms",
+        metavar="DIR1",
+        help="this campaign (the same card run on the box DIR1's card names in `confirm.box`) "
+        "confirms DIR1's unconfirmed failures or not: a failure both boxes show fails, one this "
+        "box does not show is not confirmed; both verdicts name the other directory",
     )
     gate.set_defaults(handler=_cmd_gate)
 

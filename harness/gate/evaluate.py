@@ -34,6 +34,7 @@ from harness.card import (
 from harness.catalog import METRICS
 from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.formats.records import write_json_atomic, write_text_atomic
+from harness.gate.confirm import mark_unconfirmed
 from harness.gate.quality import quality_gate
 from harness.gate.regression import regression_gate
 from harness.gate.result import (
@@ -49,6 +50,8 @@ from harness.gate.soak import lockstep_gate, soak_gate
 from harness.stats.cycles import interval_text
 from harness.stats.decision import Comparison
 from harness.stats.labels import Label
+
+_UNSETTLED = ("unconfirmed", "not confirmed")
 
 
 @dataclass
@@ -73,17 +76,29 @@ class Verdict:
     # then nothing outside vouches for what the directory holds), and the sentence that says so.
     head_checked: str = ""
     checked_against: str = ""
+    # The card's confirm.box; the first campaign's directory this one confirms (gate
+    # --confirms); the confirming campaign's directory, on the first one (harness.gate.confirm).
+    confirm_box: str = ""
+    confirms: str = ""
+    confirmed_by: str = ""
 
     @property
     def outcome(self) -> str:
         """ "pass"; "incomplete" (runs missing, no gate failed on complete data: exit 3);
-        "undecided" (every gate that did not pass is undecided: an inconclusive comparison, exit
-        1); else "fail" (a result worse or a gate missed on complete data, exit 1)."""
+        "unconfirmed" (every gate that did not pass is unconfirmed or undecided, one at least
+        unconfirmed: a second box must show it, exit 1); "undecided" (every gate that did not
+        pass is undecided: an inconclusive comparison, exit 1); else "fail" (a result worse or
+        a gate missed on complete data, exit 1)."""
         if self.passed:
             return "pass"
         if self.exit_code() == EXIT_INFRASTRUCTURE:
             return "incomplete"
         failing = [g for g in self.gates if not g.passed]
+        # A first campaign's failure the second box did not show is still its own, unconfirmed.
+        waiting = [g.undecided or g.confirmation in _UNSETTLED for g in failing]
+        pending = any(g.confirmation in _UNSETTLED for g in failing)
+        if pending and all(waiting) and not self.incomplete_runs:
+            return "unconfirmed"
         if failing and all(g.undecided for g in failing) and not self.incomplete_runs:
             return "undecided"
         return "fail"
@@ -102,8 +117,10 @@ class Verdict:
 
     @property
     def word(self) -> str:
-        """The headline word: PASS, UNDECIDED, or FAIL (a failed gate, or runs incomplete)."""
-        return {"pass": "PASS", "undecided": "UNDECIDED"}.get(self.outcome, "FAIL")
+        """The headline word: PASS, UNDECIDED, UNCONFIRMED, or FAIL (a failed gate, or runs
+        incomplete)."""
+        words = {"pass": "PASS", "undecided": "UNDECIDED", "unconfirmed": "UNCONFIRMED"}
+        return words.get(self.outcome, "FAIL")
 
     def exit_code(self) -> int:
         """0 pass; 3 when runs are missing or failed and no gate failed on complete data; else 1."""
@@ -132,6 +149,9 @@ class Verdict:
             "journal_head": self.journal_head,
             "head_checked": self.head_checked,
             "checked_against": self.checked_against,
+            "confirm_box": self.confirm_box,
+            "confirms": self.confirms,
+            "confirmed_by": self.confirmed_by,
             "gates": [asdict(g) for g in self.gates],
         }
 
@@ -524,6 +544,7 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
     cohorts = _cohorts(analysis)
     if cohorts is not None:
         results.append(cohorts)
+    confirm_box = mark_unconfirmed(results, analysis)
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
     passed = bool(results) and all(r.passed for r in results) and not incomplete
     unverified = "" if analysis.sealed else UNVERIFIED
@@ -537,6 +558,7 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
         analysis.journal_head,
         analysis.head_checked if analysis.sealed else "",
         analysis.checked_against if analysis.sealed else "",
+        confirm_box,
     )
 
 
@@ -595,7 +617,12 @@ def write_verdict(verdict: Verdict, root: Path) -> None:
     for gate in verdict.gates:
         name, reason = _xml(gate.name), _xml(gate.reason)
         case = ET.SubElement(suite, "testcase", classname=f"gate.{gate.kind}", name=name)
-        if not gate.passed and gate.undecided:
+        if not gate.passed and gate.confirmation == "unconfirmed":
+            # Blocks (exit 1) until the second box answers; a CI reads why it is not final.
+            text = f"unconfirmed (awaits box {verdict.confirm_box}): {reason}"
+            failure = ET.SubElement(case, "failure", type="unconfirmed", message=text[:500])
+            failure.text = text
+        elif not gate.passed and gate.undecided:
             # Not green (exit 1), but not a regression either: the type and message say so.
             text = f"undecided (inconclusive, not worse): {reason}"
             failure = ET.SubElement(case, "failure", type="undecided", message=text[:500])

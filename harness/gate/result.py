@@ -50,6 +50,9 @@ class GateResult:
     # Failed only because a comparison it needs is inconclusive: not decided either way, and more
     # cycles may settle it. Still exit 1, but named "undecided", never "failed" (worse, missed).
     undecided: bool = False
+    # "unconfirmed" (failed on this box; the card's confirm.box must show it before it stands),
+    # "confirmed" or "not confirmed" (the second box's answer), or "" (no confirmation asked).
+    confirmation: str = ""
 
 
 def gate_name(gate: Gate) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from harness.card import Card, Cell
 from harness.card.frozen import frozen_paths
 from harness.errors import HarnessError
+from harness.gate.confirm import confirmation_text
 from harness.gate.evaluate import Verdict
 from harness.plan.build import cohort_key
 from harness.report import fmt
@@ -77,7 +78,13 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
             "kind": g.kind,
             "passed": g.passed,
             "undecided": g.undecided,
-            "result": "pass" if g.passed else "UNDECIDED" if g.undecided else "FAIL",
+            "result": "pass"
+            if g.passed
+            else "UNDECIDED"
+            if g.undecided
+            else "UNCONFIRMED"
+            if g.confirmation in ("unconfirmed", "not confirmed")
+            else "FAIL",
             "reason": g.reason,
             "evidence": _evidence_lines(g.evidence),
         }
@@ -96,6 +103,7 @@ def verdict_context(analysis: CampaignAnalysis, verdict: Verdict) -> dict[str, A
         "incomplete_runs": list(verdict.incomplete_runs),
         "soak_failed": soak_failed,
         "ungated": verdict.ungated_text,
+        "confirmation": confirmation_text(verdict),
         "unverified": verdict.unverified,
         "checked_against": verdict.checked_against,
     }

@@ -167,6 +167,11 @@ def _header(context: dict[str, Any]) -> list[str]:
         + (" **Simulated** (replayed traces, not measured)." if context["simulated"] else ""),
         "",
         *([f"**Not decided here:** {_md(verdict['ungated'])}.", ""] if verdict["ungated"] else []),
+        *(
+            [f"**Confirmation:** {_md(verdict['confirmation'])}.", ""]
+            if verdict.get("confirmation")
+            else []
+        ),
         *([f"**Unverified:** {_md(verdict['unverified'])}.", ""] if verdict["unverified"] else []),
         *(
             [f"**Journal:** {_md(verdict['checked_against'])}.", ""]

@@ -42,6 +42,7 @@ __all__ = [
 
 FAIL = "[bold red]FAIL[/bold red]"
 UNDECIDED = "[bold yellow]UNDECIDED[/bold yellow]"
+UNCONFIRMED = "[bold yellow]UNCONFIRMED[/bold yellow]"
 
 
 def format_duration(seconds: float) -> str:
@@ -232,17 +233,22 @@ def print_verdict(verdict: Verdict, out: TextIO) -> None:
     """One row per gate: pass or FAIL and why; a campaign with missing runs says so last."""
     from rich.table import Table
 
+    from harness.gate.confirm import confirmation_text
     from harness.gate.evaluate import incomplete_text
 
     title = f"verdict: {verdict.word}"
     if verdict.outcome == "undecided":
         title += " (inconclusive: neither better nor worse yet; exit 1, more cycles may settle it)"
+    if verdict.outcome == "unconfirmed":
+        title += f" (exit 1 until box {verdict.confirm_box} confirms it or not: see the reasons)"
     table = Table(title=title, title_justify="left")
     table.add_column("gate")
     table.add_column("result")
     table.add_column("reason", overflow="fold")
     for gate in verdict.gates:
         mark = "[green]pass[/green]" if gate.passed else UNDECIDED if gate.undecided else FAIL
+        if not gate.passed and gate.confirmation in ("unconfirmed", "not confirmed"):
+            mark = UNCONFIRMED
         table.add_row(shown(gate.name), mark, shown(gate.reason))
     if not verdict.gates:
         table.add_row("(none)", FAIL, "the card declares no gates")
@@ -252,6 +258,8 @@ def print_verdict(verdict: Verdict, out: TextIO) -> None:
     console.print(table)
     if verdict.ungated_text:
         console.print(f"not decided here: {shown(verdict.ungated_text)}")
+    if linked := confirmation_text(verdict):
+        console.print(f"confirmation: {shown(linked)}")
     if verdict.unverified:
         console.print(f"UNVERIFIED: {shown(verdict.unverified)}")
 
