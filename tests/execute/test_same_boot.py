@@ -91,7 +91,15 @@ def test_a_per_cycle_campaign_boots_once_per_cycle_and_slices_each_run(tmp_path:
 def test_a_live_knob_the_runtime_refuses_fails_its_block_with_the_log_tail(
     tmp_path: Path,
 ) -> None:
-    # decay_half_life_steps 0 passes the profile's pattern; the runtime refuses it.
+    # A profile copied beside the card that takes a decay of 0 (the shipped one refuses it, as
+    # the runtime does): the runtime refuses the live change at the reset.
+    shipped = REPO / "harness" / "profiles" / "data" / "runtimes" / "refbox.yaml"
+    (tmp_path / "runtimes").mkdir()
+    strict = r'"[0-9]*[1-9][0-9]*(\\.[0-9]+)?|[0-9]+\\.[0-9]*[1-9][0-9]*|inf"'
+    text = shipped.read_text(encoding="utf-8")
+    assert strict in text
+    loose = text.replace(strict, r'"[0-9]+(\\.[0-9]+)?|inf"')
+    (tmp_path / "runtimes" / "refbox.yaml").write_text(loose, encoding="utf-8")
     card = _card(
         tmp_path,
         {
