@@ -40,6 +40,7 @@ VERBS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness.gate.commands", ("gate",)),
     ("harness.report.commands", ("report",)),
     ("harness.history.commands", ("history",)),
+    ("harness.bisect.commands", ("bisect",)),
     ("harness.importers.commands", ("import",)),
     ("harness.sim.commands", ("simulate", "fit-cost", "fit-map")),
     ("harness.runtimes.llamacpp.commands", ("make-gguf", "llama-trace")),

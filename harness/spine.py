@@ -247,11 +247,15 @@ def run_campaign(
     quiet: bool = True,
     out: TextIO | None = None,
     allow_unsealed: bool = False,
+    card_folder: Path | None = None,
 ) -> RunResult:
     """``harness run``: a new campaign of ``card`` under ``reports`` (or the one at ``resume``,
     extended to ``cycles``), its runs not yet done executed and, unless interrupted, gated —
-    all under one hold of the campaign lock. Progress lines go to ``out``."""
+    all under one hold of the campaign lock. Progress lines go to ``out``. ``card_folder``:
+    where the card's relative paths and names start, when not beside it (a bisect's step
+    cards are written into the bisect's folder, but name the user's card's files)."""
     from harness.card import load_card, scale_workload
+    from harness.card.inputs import Locator
     from harness.execute.campaign import execute_campaign, new_campaign_dir
     from harness.execute.engine_inputs import check_engine_inputs
     from harness.execute.reopen import finish_extension, reopen_campaign
@@ -291,7 +295,8 @@ def run_campaign(
                     "--cycles extends a campaign: give it with --resume DIR "
                     "(for a new campaign, set design.cycles on the card)"
                 )
-            loaded = scale_workload(load_card(Path(card)), scale)
+            where = None if card_folder is None else Locator(card_folder.resolve())
+            loaded = scale_workload(load_card(Path(card), where), scale)
             plan = build_plan(loaded, scale=scale)
             # Before anything is made or booted; what it only warns of is said first.
             notes.extend(f"warning: {w}" for w in check_engine_inputs(loaded))

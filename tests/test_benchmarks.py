@@ -83,3 +83,16 @@ def test_confirmation_lowers_false_worse_at_most_one_campaign_per_true_failure()
     one_box = next(f for f in figures if f.name.startswith("A/A: false worse, one box"))
     both = gated["A/A: false worse, confirmed on a second box"]
     assert both.value < one_box.value / 10  # two independent boxes: about its square
+
+
+def test_bisect_names_the_culprit_within_the_step_budget_and_clears_a_clean_history() -> None:
+    from harness.benchmarks import bisect
+
+    figures = bisect.run_bench(quick=True)
+    gated = [f for f in figures if f.passed is not None]
+    assert len(gated) == 3 and all(f.passed for f in gated), figures
+    named = next(f for f in figures if f.name.startswith("culprit named"))
+    assert "run twice 0.3" in named.baseline  # no statistics: most bisects end on a wrong build
+    # The step test costs less box time than deciding every step by the labels.
+    time = next(f for f in figures if f.name == "box time per bisect, with a regression")
+    assert float(time.baseline.split("(")[1].rstrip("x)")) < 0.8, time

@@ -315,6 +315,17 @@ class StateProbe(Strict):
         return self
 
 
+class BuildRecipe(Strict):
+    """How ``harness bisect`` builds a checkout of this runtime, and boots a build."""
+
+    command: list[str] = Field(
+        min_length=1,
+        description="argv run once per commit in that commit's exported tree (`{python}`: the "
+        "harness's Python); a build that fails is skipped",
+    )
+    knob: str = Field(description="the knob each arm of a bisect step sets to its build's folder")
+
+
 class RuntimeProfile(Strict):
     """A runtime the harness can boot: a YAML file under campaigns/runtimes/."""
 
@@ -375,6 +386,9 @@ class RuntimeProfile(Strict):
     box_state: list[StateProbe] = Field(
         default_factory=list,
         description="probes of state the box carries between blocks (harness.stats.box_state)",
+    )
+    build: BuildRecipe | None = Field(
+        None, description="how `harness bisect` builds a commit and boots that build"
     )
     admin_token_env: str | None = Field(
         None,
@@ -439,6 +453,8 @@ class RuntimeProfile(Strict):
                     f"nor a place ({', '.join(PROBE_PLACES)}): fix the name, or add the knob "
                     "(a program's own braces need a space inside: awk '{ print }')"
                 )
+        if self.build is not None and self.build.knob not in self.knobs:
+            raise ValueError(f"build.knob names {self.build.knob!r}, not in `knobs`")
         routes = self.telemetry.response_routes
         if routes is not None and routes.knob not in self.knobs:
             raise ValueError(
