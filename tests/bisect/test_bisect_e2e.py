@@ -146,8 +146,10 @@ def test_bisect_refuses_bad_input_with_the_flag_named(tmp_path: Path) -> None:
         (["--repo", str(tmp_path), "--good", "a", "--bad", "b"], "not a git repository"),
         (["--builds", str(tmp_path)], "at least two folders"),
         (["--repo", str(repo), "--good", commits[0]], "give --repo DIR --good REV --bad REV"),
-        (["--repo", str(repo), "--good", commits[0], "--bad", commits[1], "--max-cycles", "2"],
-         "3 <= first cycles <= max cycles"),  # fmt: skip
+        (
+            ["--repo", str(repo), "--good", commits[0], "--bad", commits[1], "--max-cycles", "2"],
+            "3 <= first cycles <= max cycles",
+        ),
     ]
     for extra, expected in cases:
         result = run_cli("bisect", str(card), "--out", str(tmp_path / "b"), *extra)
