@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.formats.safe_write import write_text_atomic
 from harness.profiles.schema import BuildRecipe
 from harness.runtimes.build_script import cache_root
 
@@ -101,7 +102,7 @@ def build_commit(repo: Path, build: Build, recipe: BuildRecipe) -> Build:
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
             raise BuildFailed(f"build of {build.name} failed (exit {done.returncode}):\n{tail}")
-        (work / BUILT_MARKER).write_text(build.source + "\n")
+        write_text_atomic(work / BUILT_MARKER, build.source + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         work.rename(folder)
     finally:

@@ -68,7 +68,7 @@ def _start(args: argparse.Namespace) -> tuple[Path, Any]:
         raise BadInput(f"--out {folder}: not empty; resume a bisect there with --resume {folder}")
     folder.mkdir(parents=True, exist_ok=True)
     state = BisectState(str(card_path), metric, repo, builds, design)
-    state.save(folder)
+    state.keep(folder)
     return folder, state
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from harness.bisect.run import BisectState, StepRecord
 from harness.bisect.search import Outcome
+from harness.formats.safe_write import write_text_atomic
 from harness.stats.build_step import StepCall
 from harness.stats.distributions import norm_ppf
 
@@ -107,7 +108,7 @@ def write_report(folder: Path, state: BisectState) -> Path:
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
     ]
-    (folder / "report.md").write_text("\n".join(lines))
+    write_text_atomic(folder / "report.md", "\n".join(lines))
     cells = []
     for row in rows:
         link = html.escape(row[-1])
@@ -124,7 +125,7 @@ def write_report(folder: Path, state: BisectState) -> Path:
         + "</table></body></html>\n"
     )
     path = folder / "report.html"
-    path.write_text(page)
+    write_text_atomic(path, page)
     return path
 
 

@@ -14,9 +14,9 @@ look, so a killed bisect resumes where it stopped (``harness bisect --resume DIR
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ import yaml
 from harness.bisect.builds import Build, BuildFailed, build_commit
 from harness.bisect.search import Measured, Search
 from harness.errors import BadInput
+from harness.formats.safe_write import open_in_place, write_text_atomic
 from harness.profiles.schema import BuildRecipe
 from harness.stats.build_step import StepCall, StepDesign, call_step
 from harness.stats.sequential_t import balanced_weights
@@ -68,11 +69,9 @@ class BisectState:
             found.record(Measured(step.build, StepCall(step.call), step.effect, step.se))
         return found
 
-    def save(self, folder: Path) -> None:
+    def keep(self, folder: Path) -> None:
         data = asdict(self)
-        temporary = folder / f".{STATE}.{os.getpid()}"
-        temporary.write_text(json.dumps(data, indent=2) + "\n")
-        temporary.replace(folder / STATE)
+        write_text_atomic(folder / STATE, json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls, folder: Path) -> BisectState:
@@ -165,7 +164,7 @@ class Runner:
         assert current is not None
         started = time.monotonic()
         log = self.folder / "steps" / f"{current['step']}.log"
-        with log.open("a") as lines:
+        with io.TextIOWrapper(open_in_place(log, "a+b"), encoding="utf-8") as lines:
             result = run_campaign(
                 card,
                 resume=resume,
@@ -176,7 +175,7 @@ class Runner:
             )
         current["box_s"] = float(current.get("box_s", 0.0)) + time.monotonic() - started
         current["campaign"] = str(result.directory.relative_to(self.folder))
-        self.state.save(self.folder)
+        self.state.keep(self.folder)
         if result.outcome.interrupted:
             self.interrupted = str(result.outcome.interrupted_by)
             self.exit_code = result.exit_code
@@ -190,7 +189,7 @@ class Runner:
             return build
         built = build_commit(Path(self.state.repo), build, self.recipe)
         self.state.builds[index] = built
-        self.state.save(self.folder)
+        self.state.keep(self.folder)
         return built
 
     def step(self, index: int) -> StepRecord | None:
@@ -213,7 +212,7 @@ class Runner:
             card = self.folder / "steps" / f"{current['step']}.yaml"
             card.parent.mkdir(parents=True, exist_ok=True)
             knob = self.recipe.knob
-            card.write_text(yaml.safe_dump(_step_card(self.raw, self.state, knob, index)))
+            write_text_atomic(card, yaml.safe_dump(_step_card(self.raw, self.state, knob, index)))
             root = self._campaign(card, None, None)
         else:
             root = self._campaign(None, root, None)
@@ -265,7 +264,7 @@ class Runner:
                 return
             self.state.steps.append(record)
             self.state.current = None
-            self.state.save(self.folder)
+            self.state.keep(self.folder)
             effect = f"{100 * math.expm1(record.effect):+.2f}%" if not record.note else ""
             self.out.write(f"  {record.call} {effect} {record.note}".rstrip() + "\n")
             self.out.flush()

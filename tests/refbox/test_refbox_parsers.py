@@ -47,6 +47,10 @@ PAIRS = [
 # harness records and compares a knob's text across arms, and inf where only finite numbers
 # mean anything. Each is asserted taken by the runtime.
 SPELLINGS = {" 7", "+7", "1e3", "inf"}
+# source_tree is PYTHONPATH, read by the interpreter, which takes any text; validate asks for an
+# absolute path (a relative one would resolve against the runtime's working folder). Narrower on
+# purpose too; the runtime boots with every one of them.
+INTERPRETER_READ = "source_tree"
 
 
 def _values(spec: KnobSpec) -> list[Any]:
@@ -77,10 +81,11 @@ def _verdict(profile: RuntimeProfile, cell: dict[str, Any], folder: Path) -> str
     spec = boot_spec(profile, Cell.model_validate(cell), port=8000, run_dir=str(folder),
                      python="python3", bind_host="127.0.0.1", cache_dir=str(folder),
                      uploaded={})  # fmt: skip
-    assert spec.argv[1:4] == ["-m", "harness.refbox", "serve"], spec.argv
+    module = spec.argv.index("harness.refbox")  # after -m (and refbox's -P)
+    assert spec.argv[module - 1 : module + 2] == ["-m", "harness.refbox", "serve"], spec.argv
     errors = io.StringIO()
     with contextlib.redirect_stderr(errors):
-        parsed = parse_serve_args(spec.argv[4:], spec.env)
+        parsed = parse_serve_args(spec.argv[module + 2 :], spec.env)
     return errors.getvalue().strip() or "refused" if parsed == 2 else None
 
 
@@ -113,6 +118,10 @@ def test_validate_refuses_exactly_what_the_reference_runtime_refuses(
     narrowed = {c for c in taken & set(refused)
                 if any(v in SPELLINGS for v in cells[c]["knobs"].values())}  # fmt: skip
     assert narrowed
+    tree = {c: str(cells[c]["knobs"].get(INTERPRETER_READ, "/")) for c in taken & set(refused)}
+    relative = {c for c, path in tree.items() if not path.startswith("/")}
+    assert bool(relative) == (INTERPRETER_READ in profile.knobs)
+    narrowed |= relative
     refused = {cell: lines for cell, lines in refused.items() if cell not in narrowed}
     only_validate, only_refbox = set(refused) - runtime_refuses, runtime_refuses - set(refused)
     assert not only_validate and not only_refbox, {
