@@ -262,6 +262,7 @@ def run_campaign(
     from harness.formats.lock import campaign_lock
     from harness.formats.records import open_campaign
     from harness.formats.verify import verify_campaign
+    from harness.history.releases import check_named_releases
     from harness.plan.build import build_plan
 
     out = out if out is not None else io.StringIO()
@@ -298,6 +299,7 @@ def run_campaign(
             where = None if card_folder is None else Locator(card_folder.resolve())
             loaded = scale_workload(load_card(Path(card), where), scale)
             plan = build_plan(loaded, scale=scale)
+            check_named_releases(loaded, Path(reports) / "history")
             # Before anything is made or booted; what it only warns of is said first.
             notes.extend(f"warning: {w}" for w in check_engine_inputs(loaded))
             campaign = new_campaign_dir(loaded, plan, Path(reports))

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.card import LoadedCard, RegressionGate
+from harness.card.checks import Problems
 from harness.card.schema import RELEASE_NAME
-from harness.errors import BadInput, RecordError
+from harness.errors import BadInput, CardError, RecordError
 from harness.formats.records import read_json, write_json_atomic
+from harness.formats.yamlfile import load_yaml
 from harness.history.store import history_dir, read_history
 
-__all__ = ["RELEASES_DIR", "Release", "mark_release", "read_releases"]
+__all__ = ["RELEASES_DIR", "Release", "check_named_releases", "mark_release", "read_releases"]
 
 RELEASES_DIR = "releases"  # under the store's folder: read_history globs only its *.parquet
 
@@ -123,3 +126,32 @@ def mark_release(root: Path, name: str | None) -> tuple[Release, Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, asdict(mark))
     return mark, path
+
+
+def check_named_releases(loaded: LoadedCard, store: Path) -> None:
+    """Before a campaign boots anything: every release a ``regression`` gate names must be
+    marked in ``store`` for this card and box, or the gate could only fail once every run was
+    spent. CardError at the gate's ``release`` line (a gate naming none is judged at gate
+    time: the campaign may be the first to be released)."""
+    card = loaded.card
+    box = card.box if isinstance(card.box, str) else (card.box.host or card.box.kind)
+    named = [
+        (index, gate)
+        for index, gate in enumerate(card.gates)
+        if isinstance(gate, RegressionGate) and gate.release is not None
+    ]
+    if not named:
+        return
+    marks = [r for r in read_releases(store) if r.campaign == card.campaign]
+    problems = Problems(load_yaml(loaded.path))
+    for index, gate in named:
+        if not any(r.name == gate.release and r.box == box for r in marks):
+            known = ", ".join(f"{r.name} (box {r.box})" for r in marks) or "none"
+            problems.add(
+                ("gates", index, "release"),
+                f"no release {gate.release!r} of {card.campaign!r} on box {box!r} in {store} "
+                f"(marked: {known}); mark it with harness history release DIR --name "
+                f"{gate.release}, or name a marked one",
+            )
+    if problems.lines:
+        raise CardError(problems.lines[0], problems.lines)

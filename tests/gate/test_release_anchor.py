@@ -159,6 +159,13 @@ def test_bad_anchors_are_exit_2_naming_file_and_field(tmp_path: Path) -> None:
     assert code == 2 and "Traceback" not in err, err
     assert f"{root / 'card.yaml'}:" in err and "gates.1.release: no release 'v9'" in err
     assert "marked: v1 (box local)" in err
+    # ... and `harness run` says so before it makes a campaign or boots anything.
+    card = tmp_path / "anchored.yaml"
+    card.write_text(card_text(f"{BASELINE}\n{gate}", cycles=3), encoding="utf-8")
+    before = sorted((tmp_path / "reports" / "gates").iterdir())
+    code, _, err = _cli("run", str(card), "--reports", str(tmp_path / "reports"), "--quiet")
+    assert code == 2 and f"{card}:" in err and "gates.1.release: no release 'v9'" in err, err
+    assert sorted((tmp_path / "reports" / "gates").iterdir()) == before
     # A damaged mark is named, never skipped.
     damaged = tmp_path / "reports" / "history" / "releases" / "gates--v2.json"
     damaged.write_text('{"name": 2}', encoding="utf-8")
