@@ -45,6 +45,7 @@ from harness.analyze.tails import (
     TAIL_METRICS,
     TailRow,
     find_tail,
+    tail_check,
     tail_records,
     tail_table,
 )
@@ -168,9 +169,28 @@ class CampaignAnalysis:
         return out
 
     def undecided(self) -> list[str]:
-        """The gated comparisons this look has not decided (empty: the campaign may stop)."""
+        """The gated comparisons this look has not decided (empty: the campaign may stop).
+
+        A tail metric's *better* is decided only where its order-statistic bounds show it or
+        show it worse (harness.analyze.tails): bounds that overlap, or an arm with too few
+        samples for them, are settled by more cycles, so a sequential design looks again.
+        """
         rows = [{str(k): v for k, v in r.items()} for r in comparison_rows(self.comparisons)]
-        return undecided(rows, gated_metrics(self.card))
+        gated = gated_metrics(self.card)
+        open_tails = [
+            f"{r['cell']}/{r['cache_state']} {r['metric']} better, its tail bound not yet shown"
+            for r in rows
+            if r["metric"] in gated
+            and r["label"] == "better"
+            and (
+                tail := tail_check(
+                    self.tails, str(r["cell"]), str(r["cache_state"]), str(r["metric"])
+                )
+            )
+            and not tail.shown
+            and not tail.decided
+        ]
+        return undecided(rows, gated) + open_tails
 
 
 def _clean(value: Any) -> Any:
