@@ -24,6 +24,7 @@ from harness.analyze.compare import (
     compare_cells,
     comparison_rows,
 )
+from harness.analyze.engagement import Engagement, check_engagement
 from harness.analyze.fleet import FleetTables, fleet_tables
 from harness.analyze.logit_parity import embedded_mismatch
 from harness.analyze.looks import (
@@ -95,6 +96,9 @@ class CampaignAnalysis:
     oracle: list[dict[str, Any]] = field(default_factory=list)
     # Gated tail metrics' order-statistic bounds per cell × state (harness.analyze.tails).
     tails: list[TailRow] = field(default_factory=list)
+    # Each cell's change checked against the profile's signatures (harness.analyze.engagement);
+    # None where nothing could be checked (no frozen profile: imported, simulated).
+    engagement: Engagement | None = None
 
     def cell_value(self, cell: str, state: str, column: str) -> float | None:
         """One finite value of the cell table (a metric's median over the cell's ok runs)."""
@@ -156,6 +160,11 @@ class CampaignAnalysis:
             "sequential": self.look.to_json() if self.look else None,
             "tiers": [{k: _clean(v) for k, v in r.items()} for r in self.tiers.to_dict("records")],
         }
+        if self.engagement is not None and (self.engagement.rows or self.engagement.unverified):
+            out["engagement"] = {
+                "signatures": self.engagement.records(),
+                "not_verified": {k: list(v) for k, v in self.engagement.unverified.items()},
+            }
         if self.runtime:  # only where a runtime recorded them: other summaries are unchanged
             out["runtime"] = self.runtime.to_json()
         if self.fleet is not None:  # only for a campaign that ran on several boxes
@@ -442,6 +451,9 @@ def analyze_campaign(
             sequential=design_plan(card),
             boxes=card.analysis.boxes,
         )
+    engagement = check_engagement(root, card, runs) if not imported else None
+    if engagement is not None:
+        comparisons = engagement.apply(comparisons)
     flags = []
     for item in comparisons:
         for flag in item.comparison.flags:
@@ -499,6 +511,7 @@ def analyze_campaign(
         oracle=_oracle(root) if simulated else [],
         box_load=box_load,
         tails=_tail_rows(card, tables, comparisons),
+        engagement=engagement,
     )
 
 

@@ -165,7 +165,8 @@ def undecided(comparisons: Sequence[dict[str, Any]], gated: Sequence[str]) -> li
     return [
         f"{c['cell']}/{c['cache_state']} {c['metric']} {c['label']}"
         for c in comparisons
-        if c["metric"] in gated and c["label"] not in DECIDED_LABELS
+        # Not engaged: more cycles cannot make a change that never took effect take effect.
+        if c["metric"] in gated and c["label"] not in DECIDED_LABELS | {"not engaged"}
     ]
 
 

@@ -74,6 +74,39 @@ def _within(value: str, bounds: tuple[int, int]) -> bool:
     return digits is not None and bounds[0] <= int(digits.group()) <= bounds[1]
 
 
+class EngagementSignature(Strict):
+    """What every boot of a cell shows when its change of this knob took effect: a run-table
+    metric or counter above a floor, or outside the range of the control's boots."""
+
+    metric: str = Field(description="a metric or counter of the run table (hit_rate, swaps, ...)")
+    above: float | None = Field(
+        None, allow_inf_nan=False, description="each boot's value must exceed this"
+    )
+    differs: bool = Field(
+        False, description="each boot's value must lie outside the control's boots' range"
+    )
+    when: list[str] | None = Field(None, description="only where the knob is one of these")
+    unless: list[str] = Field(
+        default_factory=list, description="not where the knob is one of these (hot_slots 0)"
+    )
+
+    @model_validator(mode="after")
+    def _one_test(self) -> EngagementSignature:
+        if (self.above is None) == (not self.differs):
+            raise ValueError("an engagement signature takes one of `above: N` or `differs: true`")
+        return self
+
+    def applies(self, value: str) -> bool:
+        """Whether this signature judges a cell whose knob is ``value``."""
+        return (self.when is None or value in self.when) and value not in self.unless
+
+    def text(self) -> str:
+        """How the report names it: ``hit_rate > 0``, ``swaps differs from the control``."""
+        if self.above is not None:
+            return f"{self.metric} > {self.above:g}"
+        return f"{self.metric} outside the control's range"
+
+
 class KnobSpec(Strict):
     """One knob a cell may set by name: how it reaches the runtime and what values are valid."""
 
@@ -88,6 +121,11 @@ class KnobSpec(Strict):
         "(an engine's integer parse: ds4's strtol to INT_MAX)",
     )
     help: str = Field("", description="what the knob does, for error messages")
+    engaged: list[EngagementSignature] = Field(
+        default_factory=list,
+        description="what a boot shows when a change of this knob took effect (docs/design.md"
+        "#engagement); none: the report says engagement is not verified",
+    )
     default: str | None = Field(None, description="value used when a cell does not set it")
     required: bool = Field(
         False, description="every cell must set it (a container image, a model path)"
@@ -452,6 +490,13 @@ class RuntimeProfile(Strict):
                     f"box_state probe {probe.name!r} names {', '.join(unknown)}, neither a knob "
                     f"nor a place ({', '.join(PROBE_PLACES)}): fix the name, or add the knob "
                     "(a program's own braces need a space inside: awk '{ print }')"
+                )
+        for knob_name, knob in self.knobs.items():
+            unknown = sorted({g.metric for g in knob.engaged} - set(METRICS) - set(COUNTERS))
+            if unknown:
+                raise ValueError(
+                    f"knobs.{knob_name}.engaged names {', '.join(unknown)}: not a metric or "
+                    "counter of the run table (docs/reference.md#metrics)"
                 )
         if self.build is not None and self.build.knob not in self.knobs:
             raise ValueError(f"build.knob names {self.build.knob!r}, not in `knobs`")

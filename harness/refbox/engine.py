@@ -83,6 +83,10 @@ class EngineOptions:
     carry_over_pct: float = 0.0  # this boot's carried-over slowdown (options.carried_over_pct)
     heat: HeatSettings | None = None  # the box's heat (--heat-*), None = no heat state
     step_slowdown_pct: float = 0.0  # every decode step this much slower (--step-slowdown-pct)
+    # A change that silently never takes effect (--fault): "empty-hot" keeps no expert resident
+    # while the header, knobs and counters report the hot slots as set; "ignore-policy" reports
+    # the policy knobs as given and runs the residency frozen.
+    fault: Literal["none", "empty-hot", "ignore-policy"] = "none"
     phase: int = 0
     # SGLang's recorder dialect: None (off) or "stat"; masks: KT's GPU masks in each dump.
     expert_recorder: str | None = None
@@ -144,9 +148,9 @@ class Engine:
             self.source = CacheTiers(self.slow, self.cache)
             hot_slots = opts.cache_records
         else:
-            hot = opts.rowmap or [list(range(opts.hot_slots))] * cfg.layers
+            hot = self._resident(opts.rowmap or [list(range(opts.hot_slots))] * cfg.layers)
             self.source = RowmapTiers(self.slow, hot)
-            self.policy = ResidencyPolicy(self.knobs, hot, cfg.experts)
+            self.policy = ResidencyPolicy(self._applied(self.knobs), hot, cfg.experts)
             hot_slots = opts.hot_slots
             # Compile (or load) the policy's drain now, not inside the first timed request.
             policy_kernels.warm_up()
@@ -179,6 +183,18 @@ class Engine:
                 cfg.layers, cfg.experts, masks=opts.expert_recorder_masks
             )
 
+    # -- faults: changes that never take effect -----------------------------------------------
+
+    def _resident(self, hot: list[list[int]]) -> list[list[int]]:
+        """The hot sets the tiers really keep: none under the empty-hot fault."""
+        return [[] for _ in hot] if self.opts.fault == "empty-hot" else hot
+
+    def _applied(self, knobs: PolicyKnobs) -> PolicyKnobs:
+        """The knobs the residency really runs: frozen under the ignore-policy fault."""
+        if self.opts.fault == "ignore-policy":
+            return dataclasses.replace(knobs, policy="frozen")
+        return knobs
+
     # -- knobs and counters -------------------------------------------------------------------
 
     def knob_dict(self) -> dict[str, Any]:
@@ -205,7 +221,7 @@ class Engine:
             self.knobs = knobs
             self.phase = phase
             if self.policy is not None:
-                self.policy.set_knobs(knobs)
+                self.policy.set_knobs(self._applied(knobs))
             self._trace_line({"kind": "knobs", "step": self.step_no, "knobs": self.knob_dict()})
             return self.knob_dict()
 
@@ -240,9 +256,9 @@ class Engine:
                 )
                 self.source = CacheTiers(self.slow, self.cache)
             else:
-                boot_hot = opts.rowmap or [list(range(opts.hot_slots))] * cfg.layers
+                boot_hot = self._resident(opts.rowmap or [list(range(opts.hot_slots))] * cfg.layers)
                 self.source = RowmapTiers(self.slow, boot_hot)
-                self.policy = ResidencyPolicy(self.knobs, boot_hot, cfg.experts)
+                self.policy = ResidencyPolicy(self._applied(self.knobs), boot_hot, cfg.experts)
             hot_now = self.source.hot_sets() if isinstance(self.source, RowmapTiers) else []
             self._trace_line(
                 {"kind": "reset", "step": self.step_no, "knobs": self.knob_dict(), "hot": hot_now}

@@ -224,6 +224,14 @@ _OPTIONS: dict[str, tuple[_Option, ...]] = {
             help="epoch seconds the drift counts from, shared across boots (default: boot time)",
         ),
         _option(
+            "--fault",
+            choices=["none", "empty-hot", "ignore-policy"],
+            default="none",
+            help="a change that silently never takes effect, for engagement checks: empty-hot "
+            "keeps no expert resident while reporting --hot-slots as set; ignore-policy "
+            "reports --policy as given and runs the residency frozen (none)",
+        ),
+        _option(
             "--step-slowdown-pct",
             type=_float,
             default=0.0,

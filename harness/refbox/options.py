@@ -322,6 +322,7 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         ),
         heat=box_heat(a.heat_state, a.heat_source, a.heat_slowdown_pct, a.heat_half_life_requests),
         step_slowdown_pct=a.step_slowdown_pct,
+        fault=a.fault,
         phase=a.phase,
         expert_recorder=recorder_mode,
         expert_recorder_masks=a.record_kt_gpu_expert_distribution,

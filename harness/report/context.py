@@ -23,6 +23,7 @@ from harness.report.tables import frame_records
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
+    from harness.analyze.engagement import Engagement
 
 # Raw files a run folder may hold, linked from the provenance section.
 RUN_FILES = (
@@ -122,8 +123,10 @@ def _flatten_cell(cell: Cell) -> dict[str, str]:
     return flat
 
 
-def cells_context(card: Card) -> list[dict[str, Any]]:
-    """Each cell with its settings; treatments show only what differs from the control."""
+def cells_context(card: Card, engagement: Engagement | None = None) -> list[dict[str, Any]]:
+    """Each cell with its settings; treatments show only what differs from the control, and
+    whether the change took effect on its boots (``engagement``: ``{"bad": bool, "text"}``,
+    None where nothing was checked)."""
     control = card.cells.get(card.control) if card.control else None
     base = _flatten_cell(control) if control is not None else {}
     out = []
@@ -145,9 +148,22 @@ def cells_context(card: Card) -> list[dict[str, Any]]:
                 "description": cell.description,
                 "control": is_control,
                 "settings": settings,
+                "engagement": None if is_control else _engagement(engagement, name),
             }
         )
     return out
+
+
+def _engagement(engagement: Engagement | None, cell: str) -> dict[str, Any] | None:
+    """The cell's engagement in one line: not engaged, not verified, or what showed it."""
+    if engagement is None:
+        return None
+    failed = engagement.not_engaged_text(cell)
+    shown = sorted({f"{r.knob}: {r.signature}" for r in engagement.rows if r.cell == cell})
+    loose = engagement.unverified_text(cell)
+    parts = [failed] if failed else [f"engaged on every boot ({'; '.join(shown)})"] if shown else []
+    parts += [loose] if loose else []
+    return {"bad": failed is not None, "text": "; ".join(parts)} if parts else None
 
 
 def boxes_context(root: Path) -> list[dict[str, Any]]:

@@ -138,6 +138,9 @@ class Comparison:
     cycles_needed_range: tuple[int, int] | None = None
     box_state: tuple[StateCheck, ...] = ()  # the probes' checks (harness.stats.box_state)
     state_withholds: bool = False  # a probe alone withheld the label (the model did not)
+    # Why the cell's change did not take effect (harness.analyze.engagement): the label is then
+    # *not engaged* whatever the statistics said.
+    not_engaged: str | None = None
 
     @property
     def needed_text(self) -> str | None:
@@ -149,6 +152,8 @@ class Comparison:
     @property
     def reason(self) -> str | None:
         """Why the label is not the statistical one, in one clause (None when it is)."""
+        if self.label == Label.NOT_ENGAGED and self.not_engaged:
+            return f"statistically {self.raw_label}, but {self.not_engaged}"
         unsettled = next((c for c in self.box_state if c.unsettled), None)
         if self.label == Label.CARRY_OVER and unsettled is not None and self.state_withholds:
             return f"statistically {self.raw_label}, but {unsettled.words()}"

@@ -39,6 +39,7 @@ class Label(StrEnum):
     INCONCLUSIVE = "inconclusive"
     CONFOUNDED = "confounded"  # statistically decided, but flagged drift could explain it
     CARRY_OVER = "carry-over"  # statistically decided, but carry-over could explain it
+    NOT_ENGAGED = "not engaged"  # the cell's change did not show on its boots: nothing to compare
 
     @property
     def decided(self) -> bool:
