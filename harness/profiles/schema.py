@@ -491,12 +491,13 @@ class RuntimeProfile(Strict):
                     f"nor a place ({', '.join(PROBE_PLACES)}): fix the name, or add the knob "
                     "(a program's own braces need a space inside: awk '{ print }')"
                 )
+        counted = set(METRICS) | set(COUNTERS) | set(names)  # names: the log counters
         for knob_name, knob in self.knobs.items():
-            unknown = sorted({g.metric for g in knob.engaged} - set(METRICS) - set(COUNTERS))
+            unknown = sorted({g.metric for g in knob.engaged} - counted)
             if unknown:
                 raise ValueError(
-                    f"knobs.{knob_name}.engaged names {', '.join(unknown)}: not a metric or "
-                    "counter of the run table (docs/reference.md#metrics)"
+                    f"knobs.{knob_name}.engaged names {', '.join(unknown)}: not a metric, "
+                    "counter or log counter of the run table (docs/reference.md#metrics)"
                 )
         if self.build is not None and self.build.knob not in self.knobs:
             raise ValueError(f"build.knob names {self.build.knob!r}, not in `knobs`")
