@@ -1,14 +1,14 @@
 """A change that never took effect is *not engaged*, never *within noise* (issue 55).
 
-One real campaign on the reference runtime (one cycle: two boots a cell): against a frozen control with 4 hot experts, an
-adaptive policy (its hit rate moves: engaged), the same policy under the runtime's
-``ignore-policy`` fault (accepted, reported, never run: the control's hit rate on every boot),
-and 8 hot experts under the ``empty-hot`` fault (reported as set, none resident: no hit on any
-boot). The refbox profile's signatures (``policy``: hit_rate outside the control's range when
-adaptive; ``hot_slots``: hit_rate > 0, and outside the control's range) find both faults on
-every boot; their comparisons carry no other label, their gates fail saying which
-signature failed on which boots, and the changed knobs no signature covers are listed as not
-verified.
+One real campaign on the reference runtime (one cycle: two boots a cell). Against a frozen
+control with 4 hot experts: an adaptive policy (its hit rate moves: engaged), the same policy
+under the runtime's ``ignore-policy`` fault (accepted, reported, never run: the control's hit
+rate on every boot), and 8 hot experts under the ``empty-hot`` fault (reported as set, none
+resident: no hit on any boot). The refbox profile's signatures (``policy``: hit_rate outside the
+control's range when adaptive; ``hot_slots``: hit_rate > 0, and outside the control's range)
+find both faults on every boot; their comparisons carry no other label, their gates fail saying
+which signature failed on which boots, and the changed knobs no signature covers are listed as
+not verified.
 """
 
 from __future__ import annotations
