@@ -524,9 +524,6 @@ def comparison_rows(analysis: CampaignAnalysis) -> list[dict[str, Any]]:
         lo, hi = fmt.finite(c.ci_low), fmt.finite(c.ci_high)
         warnings = [w for w in (*c.warnings, *item.dropped_cycles) if w]
         notes = [c.reason] if c.reason else []
-        unverified = analysis.engagement.unverified_text(item.cell) if analysis.engagement else None
-        if unverified and c.label != Label.NOT_ENGAGED:
-            notes.append(unverified)
         model = c.model
         per_block = model.trend_pct_per_block if model else None
         if model is not None and per_block is not None and model.trend_p < 0.05:
