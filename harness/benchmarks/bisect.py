@@ -25,13 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.benchmarks import Figure
-from harness.bisect.search import Measured, Outcome, Search
+from harness.bisect.search import Measured, Outcome, Search, call_from_label
 from harness.stats.build_step import StepCall, StepDesign, call_step
 from harness.stats.cycles import margin_log
 from harness.stats.design_sim import (
-    BETTER,
-    WITHIN,
-    WORSE,
+    CODES,
     Layout,
     Scenario,
     cycle_effects,
@@ -65,9 +63,7 @@ def _labelled(rng: np.random.Generator, effect: float, max_cycles: int) -> tuple
 
 
 def _by_label(code: int) -> StepCall:
-    if code == WORSE:
-        return StepCall.BAD
-    return StepCall.GOOD if code in (WITHIN, BETTER) else StepCall.UNDECIDED
+    return call_from_label(CODES.get(code, "inconclusive"))
 
 
 def reproduce(rng: np.random.Generator, effect: float) -> tuple[StepCall, float, float | None, int]:

@@ -14,7 +14,7 @@ from harness.bisect.run import BisectState, StepRecord
 from harness.bisect.search import Outcome
 from harness.formats.safe_write import write_text_atomic
 from harness.stats.build_step import StepCall
-from harness.stats.distributions import norm_ppf
+from harness.stats.distributions import t_isf
 
 
 def _pct(log_value: float) -> str:
@@ -22,10 +22,11 @@ def _pct(log_value: float) -> str:
 
 
 def _interval(step: StepRecord) -> str:
-    if step.se is None or step.note:
+    """D̄'s 95% t-interval on the step's m − 1 df (a normal one is too narrow at a few cycles)."""
+    if step.se is None or step.note or step.cycles < 2:
         return ""
-    z = norm_ppf(0.975)
-    return f"[{_pct(step.effect - z * step.se)}, {_pct(step.effect + z * step.se)}]"
+    half = t_isf(0.025, step.cycles - 1) * step.se
+    return f"[{_pct(step.effect - half)}, {_pct(step.effect + half)}]"
 
 
 def conclusion(state: BisectState) -> str:

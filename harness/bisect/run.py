@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import yaml
 
 from harness.bisect.builds import Build, BuildFailed, build_commit
-from harness.bisect.search import Measured, Search
+from harness.bisect.search import Measured, Search, call_from_label
 from harness.errors import BadInput
 from harness.formats.safe_write import open_in_place, write_text_atomic
 from harness.profiles.schema import BuildRecipe
@@ -128,7 +128,10 @@ def _campaign_root(step_folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _reading(root: Path, metric: str) -> tuple[float, float | None, int, str]:
+Reading = tuple[float, float | None, int, str]  # effect (log, higher better), SE, cycles, label
+
+
+def _reading(root: Path, metric: str) -> Reading:
     """The step build's effect (log, higher is better), its SE, cycles and label."""
     from harness.analyze.campaign import analyze_campaign
 
@@ -224,26 +227,31 @@ class Runner:
         while not self.interrupted:
             if current.get("failed"):
                 return self._record(index, root, StepCall.UNDECIDED, note="runs failed")
-            effect, se, cycles, label = _reading(root, self.state.metric)
+            reading = _reading(root, self.state.metric)
+            effect, se, cycles, label = reading
             if not self.state.steps:  # the reproduction: the campaign's own label
-                call = {"worse": StepCall.BAD, "within noise": StepCall.GOOD}.get(label)
-                call = StepCall.GOOD if label == "better" else call
-                return self._record(index, root, call or StepCall.UNDECIDED)
+                return self._record(index, root, call_from_label(label), reading)
             delta = self.state.search().regression()
             call_now = call_step(effect, se, delta, self.state.design)
             if call_now is not None or cycles >= self.state.design.max_cycles:
-                return self._record(index, root, call_now or StepCall.UNDECIDED)
+                return self._record(index, root, call_now or StepCall.UNDECIDED, reading)
             self.out.write(f"  {cycles} cycles: undecided, one more\n")
             self.out.flush()
             root = self._campaign(None, root, cycles + 1)
         return None
 
-    def _record(self, index: int, root: Path, call: StepCall, note: str = "") -> StepRecord:
+    def _record(
+        self,
+        index: int,
+        root: Path,
+        call: StepCall,
+        reading: Reading = (0.0, None, 0, ""),
+        note: str = "",
+    ) -> StepRecord:
+        """The step's record from the reading its call was made on (none for failed runs)."""
         current = self.state.current
         assert current is not None
-        effect, se, cycles, label = (0.0, None, 0, "")
-        if not note:
-            effect, se, cycles, label = _reading(root, self.state.metric)
+        effect, se, cycles, label = reading
         return StepRecord(
             index,
             str(call),

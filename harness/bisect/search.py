@@ -33,6 +33,14 @@ class Outcome(StrEnum):
     UNDECIDED = "undecided"  # the reproduction itself stayed undecided
 
 
+def call_from_label(label: str) -> StepCall:
+    """The reproduction's call from its campaign's label: *worse* reproduces the regression,
+    *within noise* or *better* does not, anything else is undecided."""
+    if label == "worse":
+        return StepCall.BAD
+    return StepCall.GOOD if label in ("within noise", "better") else StepCall.UNDECIDED
+
+
 @dataclass(frozen=True)
 class Measured:
     """One step's result: its build, its call, and the effect it measured (log, higher is
@@ -128,4 +136,4 @@ class Search:
         return good + 1, bad
 
 
-__all__ = ["Measured", "Outcome", "Search"]
+__all__ = ["Measured", "Outcome", "Search", "call_from_label"]
