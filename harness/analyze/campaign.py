@@ -6,6 +6,7 @@ Pure over the records it reads: no network, no boxes. Writes ``analysis/*.parque
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analyze.box_load import BoxLoad, box_load_table
+from harness.analyze.canaries import CanaryCheck, check_canaries
 from harness.analyze.cell_values import cell_value
 from harness.analyze.compare import (
     DEFAULT_METRICS,
@@ -25,6 +27,7 @@ from harness.analyze.compare import (
     comparison_rows,
 )
 from harness.analyze.engagement import Engagement, check_engagement
+from harness.analyze.equivalence import EquivalenceRow, apply_equivalence, check_equivalence
 from harness.analyze.fleet import FleetTables, fleet_tables
 from harness.analyze.logit_parity import embedded_mismatch
 from harness.analyze.looks import (
@@ -99,6 +102,10 @@ class CampaignAnalysis:
     # Each cell's change checked against the profile's signatures (harness.analyze.engagement);
     # None where nothing could be checked (no frozen profile: imported, simulated).
     engagement: Engagement | None = None
+    # Each boot's canaries against the control's (harness.analyze.canaries; None: not checked),
+    # and each lossy cell's equivalence endpoint (harness.analyze.equivalence).
+    canaries: CanaryCheck | None = None
+    equivalence: list[EquivalenceRow] = field(default_factory=list)
 
     def cell_value(self, cell: str, state: str, column: str) -> float | None:
         """One finite value of the cell table (a metric's median over the cell's ok runs)."""
@@ -165,6 +172,10 @@ class CampaignAnalysis:
                 "signatures": self.engagement.records(),
                 "not_verified": {k: list(v) for k, v in self.engagement.unverified.items()},
             }
+        if self.canaries is not None:
+            out["canaries"] = self.canaries.record()
+        if self.equivalence:
+            out["equivalence"] = [dataclasses.asdict(r) for r in self.equivalence]
         if self.runtime:  # only where a runtime recorded them: other summaries are unchanged
             out["runtime"] = self.runtime.to_json()
         if self.fleet is not None:  # only for a campaign that ran on several boxes
@@ -433,27 +444,17 @@ def analyze_campaign(
     if mismatch is not None:
         warnings.append(mismatch)
     look = look_state(card, planned_cycles(planned), events)
-    comparisons: list[CellComparison] = []
     imported = (root / "IMPORTED").is_file()
-    if card.control is not None and card.design.order != "sequential":
-        comparisons = compare_cells(
-            runs,
-            tables.prompt_logs,
-            control=card.control,
-            cells=card.treatments,
-            cache_states=card.design.cache_states,
-            metrics=_metrics_to_compare(card, runs if imported else None),
-            gated=gated_metrics(card),
-            margin_pct=card.analysis.margin_pct,
-            alpha=look.nominal_alpha if look else card.analysis.alpha,
-            seed=card.design.seed,
-            remedy=look.remedy() if look else None,
-            sequential=design_plan(card),
-            boxes=card.analysis.boxes,
-        )
+    canaries = check_canaries(root, card, runs) if not imported else None
+    comparisons = _comparisons(card, tables, look, canaries, imported=imported)
     engagement = check_engagement(root, card, runs) if not imported else None
     if engagement is not None:
         comparisons = engagement.apply(comparisons)
+    equivalence = check_equivalence(card, tables.outputs)
+    comparisons = apply_equivalence(equivalence, comparisons)
+    if canaries is not None:
+        comparisons = canaries.apply(comparisons)
+        warnings.extend(f"corrupt boot {c.words()}" for c in canaries.corrupt)
     flags = []
     for item in comparisons:
         for flag in item.comparison.flags:
@@ -512,7 +513,50 @@ def analyze_campaign(
         box_load=box_load,
         tails=_tail_rows(card, tables, comparisons),
         engagement=engagement,
+        canaries=canaries,
+        equivalence=equivalence,
     )
+
+
+def _comparisons(
+    card: Card,
+    tables: RunTables,
+    look: LookState | None,
+    canaries: CanaryCheck | None,
+    *,
+    imported: bool,
+) -> list[CellComparison]:
+    """Every treatment against the control, on the runs of boots whose canaries were clean."""
+    if card.control is None or card.design.order == "sequential":
+        return []
+    runs = tables.runs
+
+    def compare(frame: pd.DataFrame, cells: list[str]) -> list[CellComparison]:
+        return compare_cells(
+            frame,
+            tables.prompt_logs,
+            control=card.control or "",
+            cells=cells,
+            cache_states=card.design.cache_states,
+            metrics=_metrics_to_compare(card, runs if imported else None),
+            gated=gated_metrics(card),
+            margin_pct=card.analysis.margin_pct,
+            alpha=look.nominal_alpha if look else card.analysis.alpha,
+            seed=card.design.seed,
+            remedy=look.remedy() if look else None,
+            sequential=design_plan(card),
+            boxes=card.analysis.boxes,
+        )
+
+    if canaries is None:
+        return compare(runs, card.treatments)
+    # A corrupt boot's runs ran on wrong weights: no comparison reads them.
+    comparisons = compare(runs[~runs["run_id"].isin(canaries.corrupt_runs())], card.treatments)
+    # A cell with no clean boot left still gets its rows, from its corrupt boots, so every
+    # reader sees its label (corrupt) rather than no comparison at all.
+    compared = {c.cell for c in comparisons}
+    lost = [c for c in card.treatments if c not in compared and canaries.corrupt_text(c)]
+    return comparisons + (compare(runs, lost) if lost else [])
 
 
 def _gated_tails(card: Card) -> list[str]:

@@ -106,7 +106,7 @@ class Engagement:
         ]
 
 
-def _profile(root: Path) -> RuntimeProfile | None:
+def frozen_profile(root: Path) -> RuntimeProfile | None:
     paths = frozen_paths(root, "runtime")
     if not paths:
         return None
@@ -116,7 +116,7 @@ def _profile(root: Path) -> RuntimeProfile | None:
         return None  # a profile this harness can no longer read: nothing is claimed
 
 
-def _knobs(root: Path, run_id: str) -> dict[str, str]:
+def run_knobs(root: Path, run_id: str) -> dict[str, str]:
     data = read_json(root / "runs" / run_id / "run.json")
     knobs = data.get("knobs")
     return {str(k): str(v) for k, v in knobs.items()} if isinstance(knobs, dict) else {}
@@ -142,7 +142,7 @@ def _value(runs: pd.DataFrame, run_id: str, metric: str) -> float:
 def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement | None:
     """Each treatment cell's changed knobs against the profile's signatures (None: no frozen
     profile, or no control to compare with)."""
-    profile = _profile(root)
+    profile = frozen_profile(root)
     if profile is None or card.control is None or runs.empty:
         return None
     done = runs[runs["status"].eq("ok")]
@@ -150,13 +150,13 @@ def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement |
     control_ids = ids.get(card.control, [])
     if not control_ids:
         return None
-    control_knobs = _knobs(root, control_ids[0])
+    control_knobs = run_knobs(root, control_ids[0])
     rows: list[EngagementRow] = []
     unverified: dict[str, tuple[str, ...]] = {}
     for cell in card.treatments:
         if not ids.get(cell):
             continue
-        knobs = _knobs(root, ids[cell][0])
+        knobs = run_knobs(root, ids[cell][0])
         changed = sorted(
             k for k in set(knobs) | set(control_knobs) if knobs.get(k) != control_knobs.get(k)
         )
@@ -179,4 +179,4 @@ def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement |
     return Engagement(tuple(rows), unverified)
 
 
-__all__ = ["Engagement", "EngagementRow", "check_engagement"]
+__all__ = ["Engagement", "EngagementRow", "check_engagement", "frozen_profile", "run_knobs"]

@@ -160,13 +160,17 @@ def _count(event: dict[str, Any], field: str) -> int:
     return value
 
 
+_SETTLED_OTHERWISE = {"not engaged", "corrupt", "not equivalent"}
+
+
 def undecided(comparisons: Sequence[dict[str, Any]], gated: Sequence[str]) -> list[str]:
     """``cell/state metric label`` for every gated comparison the look has not decided."""
     return [
         f"{c['cell']}/{c['cache_state']} {c['metric']} {c['label']}"
         for c in comparisons
-        # Not engaged: more cycles cannot make a change that never took effect take effect.
-        if c["metric"] in gated and c["label"] not in DECIDED_LABELS | {"not engaged"}
+        # More cycles cannot make a change that never took effect take effect, mend a boot's
+        # weights, or bring outputs that disagree within the margin.
+        if c["metric"] in gated and c["label"] not in DECIDED_LABELS | _SETTLED_OTHERWISE
     ]
 
 

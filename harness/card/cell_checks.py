@@ -41,6 +41,18 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
     if card.design.order in ("abba", "ladder") and len(card.cells) < 2:
         out.add(("cells",), f"order {card.design.order!r} needs the control and at least one cell")
     for name, cell in card.cells.items():
+        if cell.lossy is not False and name == card.control:
+            out.add(
+                ("cells", name, "lossy"),
+                "the control is the reference outputs are judged "
+                "against: declare the treatment cells lossy, not the control",
+            )
+        if not isinstance(cell.lossy, bool) and card.workload.temperature > 0:
+            out.add(
+                ("cells", name, "lossy", "margin"),
+                "an equivalence margin compares greedy "
+                "outputs: set workload.temperature to 0, or declare `lossy: true`",
+            )
         for key, rel in cell.files.items():
             if not _is_file(where, rel):
                 out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))

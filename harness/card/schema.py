@@ -145,6 +145,24 @@ class Workload(Strict):
         return phases
 
 
+class Equivalence(Strict):
+    """A lossy cell's second endpoint: its greedy outputs on the held-out prompts agree with the
+    control's within a non-inferiority margin (docs/design.md#equivalence)."""
+
+    metric: Literal["prefix_agreement", "token_agreement"] = Field(
+        "prefix_agreement",
+        description="per prompt: the share of the control's output reproduced before the first "
+        "differing character (prefix_agreement), or at the same positions (token_agreement)",
+    )
+    margin: float = Field(
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="how far the mean agreement may fall below the control's own (1): it "
+        "passes when the 95% interval's lower bound is at least 1 - margin",
+    )
+
+
 class Cell(Strict):
     """One arm: knob settings applied to the runtime at boot (or live)."""
 
@@ -154,6 +172,11 @@ class Cell(Strict):
     args: list[str] = Field(default_factory=list, description="extra command-line arguments")
     files: dict[str, str] = Field(default_factory=dict, description="knob files to upload")
     live: dict[str, KnobValue] = Field(default_factory=dict, description="live knobs after boot")
+    lossy: bool | Equivalence = Field(
+        False,
+        description="the change may alter outputs: true (its canaries are not compared), or "
+        "`{margin, metric}` (not compared, and a better also needs the equivalence endpoint)",
+    )
 
     @field_validator("env")
     @classmethod
@@ -520,6 +543,14 @@ GATE_KINDS = (
 )  # fmt: skip
 
 
+class Canaries(Strict):
+    """Fixed greedy prompts sent at the start of every warm boot, whose outputs must equal the
+    control's unless the cell is declared lossy (docs/design.md#canaries)."""
+
+    prompts: int = Field(3, ge=0, le=8, description="how many of the fixed prompts (0: none)")
+    max_tokens: int = Field(16, ge=1, le=256, description="tokens generated per canary")
+
+
 class Card(Strict):
     """A campaign: cells of knob settings, a control, an order, prompts, phases and gates."""
 
@@ -550,6 +581,11 @@ class Card(Strict):
         description="how runs become verdicts: the noise band, recovery and drift settings",
     )
     gates: list[Gate] = Field(default_factory=list, description="promotion gates")
+    canaries: Canaries = Field(
+        default_factory=lambda: Canaries(),
+        description="fixed greedy prompts every warm boot answers first, compared with the "
+        "control's: a boot whose outputs differ is corrupt",
+    )
     confirm: ConfirmSpec | None = Field(
         None,
         description="confirm a failed better, survives or regression gate on a second box "
@@ -602,5 +638,5 @@ def build_card_schema() -> None:
     generated inline and then again when that model validates alone: a runtime profile file, a
     boxes file, a section the card leaves to its default factory. Built first, each is built once.
     """
-    for model in (RuntimeProfile, BoxSpec, Workload, Design, AnalysisSpec, Guards, Card):
+    for model in (RuntimeProfile, BoxSpec, Workload, Design, AnalysisSpec, Guards, Canaries, Card):
         model.model_rebuild()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 from harness.boxes.async_interrupts import run_async
 from harness.boxes.base import Box
 from harness.card import LoadedCard
+from harness.drive.canaries import canary_phase, canary_record
 from harness.drive.client import PhasePlan, RequestResult, UntilHook, drive
 from harness.drive.remote import BoxDriver
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
@@ -33,7 +36,8 @@ from harness.execute.resume import (
 )
 from harness.execute.run_records import BootState
 from harness.execute.scope import ProgressCallback
-from harness.formats.records import RunRecord, write_parquet
+from harness.formats.records import CANARY_FILE, RunRecord, write_parquet
+from harness.formats.safe_write import write_text_atomic
 from harness.plan.build import Run
 from harness.profiles.box import BoxSpec
 from harness.runtimes.applied_policy import live_specs
@@ -225,10 +229,13 @@ class DriveStep:
         origin: float | None = None,
         mark_first: bool = True,
         until: UntilHook | None = None,
+        greedy: bool = False,
     ) -> list[RequestResult]:
         if not phases:
             return []
         spec = run_drive_spec(self.loaded, runtime)
+        if greedy:
+            spec = dataclasses.replace(spec, temperature=0.0)
         phase_knob = self.loaded.runtime.phase_live_knob
 
         def phase_live(phase: PhasePlan) -> dict[str, Any] | None:
@@ -298,6 +305,15 @@ class DriveStep:
                 f"{state.segments_planned} segments ran"
             )
         return ""
+
+    def canaries(self, runtime: RunningRuntime, run: Run, local_dir: Path) -> int:
+        """Send the card's canaries (greedy, unscored) and keep their outputs in the run's
+        ``canaries.json``; returns how many were sent."""
+        results = self.drive(runtime, canary_phase(self.loaded.card), run, greedy=True)
+        if results:
+            text = json.dumps(canary_record(results), indent=1, ensure_ascii=False)
+            write_text_atomic(local_dir / CANARY_FILE, text + "\n")
+        return len(results)
 
     def live_washout(self, runtime: RunningRuntime, run: Run, record: RunRecord) -> None:
         """After a change on a shared boot: the profile's washout requests (sent, not kept)

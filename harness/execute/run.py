@@ -445,8 +445,10 @@ class CampaignRunner:
         probes.read("start")
         own = 0
         if run.sends_warmup:
+            # Canaries first, on a warm run's fresh boot (a cold run must start cold).
+            own += self.driving.canaries(runtime, run, local_dir) if previous is None else 0
             warmups = self.driving.drive(runtime, build_phases(self.loaded, warmup=True), run)
-            own = len(warmups)
+            own += len(warmups)
             # The design's washout (a warm block's own requests, sent and not scored): the
             # block then follows its own arm whatever ran on the box before it. Sent once per
             # run, not again on a resumed run's later segments.

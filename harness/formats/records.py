@@ -64,6 +64,10 @@ def _naming_failures(path: Path) -> Iterator[None]:
 # extensions it sent, which a run leaves out of its counters (read by harness.sim.trace_files).
 UNSCORED_STEPS = "unscored.json"
 
+# In a warm run's folder: the outputs of the canaries its boot answered first
+# (harness.drive.canaries writes it, harness.analyze.canaries compares it).
+CANARY_FILE = "canaries.json"
+
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""

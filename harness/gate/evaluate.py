@@ -521,6 +521,32 @@ def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
     )
 
 
+def _canaries(analysis: CampaignAnalysis) -> GateResult | None:
+    """Fails when any boot's canaries differ from the control's (its weights were wrong)."""
+    check = analysis.canaries
+    if check is None or not check.corrupt:
+        return None
+    cells = sorted({c.cell for c in check.corrupt})
+    reasons = [text for cell in cells if (text := check.corrupt_text(cell))]
+    evidence = {"corrupt": [{"cell": c.cell, "run_id": c.run_id} for c in check.corrupt]}
+    return GateResult(
+        "canaries", "every boot's canaries equal the control's", False, "; ".join(reasons), evidence
+    )
+
+
+def _equivalence(analysis: CampaignAnalysis) -> GateResult | None:
+    """A lossy cell's outputs within its margin of the control's (its second endpoint)."""
+    rows = analysis.equivalence
+    if not rows:
+        return None
+    short = [r for r in rows if r.verdict != "equivalent"]
+    summary = "; ".join(f"{r.cell}: {r.verdict}, {r.words()}" for r in short or rows)
+    evidence = {r.cell: {"verdict": r.verdict, "mean": r.mean, "ci95": r.ci95} for r in rows}
+    return GateResult(
+        "equivalence", "lossy cells' outputs within their margins", not short, summary, evidence
+    )
+
+
 def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
     """Evaluate every gate of the card over the analysis."""
     results: list[GateResult] = []
@@ -541,9 +567,9 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
             results.append(regression_gate(gate, analysis))
         else:
             results.append(lockstep_gate(gate, analysis))
-    cohorts = _cohorts(analysis)
-    if cohorts is not None:
-        results.append(cohorts)
+    for implicit in (_cohorts(analysis), _canaries(analysis), _equivalence(analysis)):
+        if implicit is not None:
+            results.append(implicit)
     confirm_box = mark_unconfirmed(results, analysis)
     incomplete = [f"{r.run_id}" for r in analysis.runs.itertuples() if r.status != "ok"]
     passed = bool(results) and all(r.passed for r in results) and not incomplete

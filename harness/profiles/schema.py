@@ -126,6 +126,12 @@ class KnobSpec(Strict):
         description="what a boot shows when a change of this knob took effect (docs/design.md"
         "#engagement); none: the report says engagement is not verified",
     )
+    lossless: bool = Field(
+        True,
+        description="a change of it keeps the model's greedy outputs (docs/design.md#canaries); "
+        "false for a knob that picks another model (weights, a seed): its cells' canaries are "
+        "not compared",
+    )
     default: str | None = Field(None, description="value used when a cell does not set it")
     required: bool = Field(
         False, description="every cell must set it (a container image, a model path)"

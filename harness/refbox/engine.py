@@ -85,13 +85,18 @@ class EngineOptions:
     step_slowdown_pct: float = 0.0  # every decode step this much slower (--step-slowdown-pct)
     # A change that silently never takes effect (--fault): "empty-hot" keeps no expert resident
     # while the header, knobs and counters report the hot slots as set; "ignore-policy" reports
-    # the policy knobs as given and runs the residency frozen.
-    fault: Literal["none", "empty-hot", "ignore-policy"] = "none"
+    # the policy knobs as given and runs the residency frozen. One that breaks the outputs:
+    # "swap-weights" hands every SWAP_WEIGHTS_EVERY-th expert loaded from the slow tier its
+    # neighbour's weights.
+    fault: Literal["none", "empty-hot", "ignore-policy", "swap-weights"] = "none"
+    cold_bits: int = 0  # a lossy mode: experts loaded from the slow tier quantized (0 = exact)
     phase: int = 0
     # SGLang's recorder dialect: None (off) or "stat"; masks: KT's GPU masks in each dump.
     expert_recorder: str | None = None
     expert_recorder_masks: bool = False
 
+
+SWAP_WEIGHTS_EVERY = 5
 
 COUNTER_NAMES = (
     "tokens",
@@ -127,7 +132,13 @@ class Engine:
         self.boot_opts = opts  # what a reset goes back to
         self.model = Model(cfg)
         self.lock = threading.Lock()
-        self.slow = SlowTier(cfg, opts.expert_bytes, opts.cold_dir)
+        self.slow = SlowTier(
+            cfg,
+            opts.expert_bytes,
+            opts.cold_dir,
+            bits=opts.cold_bits,
+            swap_every=SWAP_WEIGHTS_EVERY if opts.fault == "swap-weights" else 0,
+        )
         self.knobs = opts.knobs or PolicyKnobs(policy="frozen")
         self.phase = opts.phase
         self.step_no = 0

@@ -225,11 +225,20 @@ _OPTIONS: dict[str, tuple[_Option, ...]] = {
         ),
         _option(
             "--fault",
-            choices=["none", "empty-hot", "ignore-policy"],
+            choices=["none", "empty-hot", "ignore-policy", "swap-weights"],
             default="none",
             help="a change that silently never takes effect, for engagement checks: empty-hot "
             "keeps no expert resident while reporting --hot-slots as set; ignore-policy "
-            "reports --policy as given and runs the residency frozen (none)",
+            "reports --policy as given and runs the residency frozen; or one that breaks the "
+            "outputs, for canaries: swap-weights gives every 5th expert loaded from the slow "
+            "tier its neighbour's weights (none)",
+        ),
+        _option(
+            "--cold-bits",
+            type=int,
+            default=0,
+            help="a lossy mode: experts loaded from the slow tier are quantized to B bits "
+            "(1-16) and copy B/32 of their record; 0 loads them exact (0)",
         ),
         _option(
             "--step-slowdown-pct",

@@ -135,6 +135,7 @@ def _check_ranges(a: argparse.Namespace) -> None:
         "--drift-origin",
         f"must be an epoch time in seconds (>= 0), got {a.drift_origin}",
     )
+    _need(0 <= a.cold_bits <= 16, "--cold-bits", f"must be 0 (exact) to 16, got {a.cold_bits}")
     _need(
         0 <= a.step_slowdown_pct < math.inf,
         "--step-slowdown-pct",
@@ -323,6 +324,7 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         heat=box_heat(a.heat_state, a.heat_source, a.heat_slowdown_pct, a.heat_half_life_requests),
         step_slowdown_pct=a.step_slowdown_pct,
         fault=a.fault,
+        cold_bits=a.cold_bits,
         phase=a.phase,
         expert_recorder=recorder_mode,
         expert_recorder_masks=a.record_kt_gpu_expert_distribution,

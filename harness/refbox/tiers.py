@@ -26,6 +26,10 @@ from harness.refbox.model import F32, ExpertSource, ModelConfig, expert_weights
 class SlowTier:
     """Every expert's record in one memory-mapped file; each read copies a whole record.
 
+    A load (:meth:`load`: a cold lookup or an expert promoted by a swap) may be made lossy or
+    faulty on purpose (``--cold-bits``, ``--fault swap-weights``) to prove the harness's
+    canaries and equivalence endpoint; the boot's hot fill is always exact.
+
     A record is the expert's float32 weights padded to ``record_bytes``, so the cost of a cold
     lookup (a real page-cache read and copy, never a sleep) scales with ``--expert-bytes``.
     With ``--cold-dir`` the file is kept there, named by everything that determines its bytes,
@@ -33,9 +37,25 @@ class SlowTier:
     for a ``cold`` run. Without it the file is a temporary, unlinked as soon as it is mapped.
     """
 
-    def __init__(self, cfg: ModelConfig, record_bytes: int, directory: str | None) -> None:
-        """Map the slow-tier file under ``directory``, writing it first when it is missing."""
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        record_bytes: int,
+        directory: str | None,
+        *,
+        bits: int = 0,
+        swap_every: int = 0,
+    ) -> None:
+        """Map the slow-tier file under ``directory``, writing it first when it is missing.
+
+        ``bits`` (1..16, 0 = exact): loads are quantized to that many bits and copy that share
+        of the record, like a lower-precision cold copy. ``swap_every`` (0 = never): every that
+        many loads hand back the weights of the expert's neighbour, a broken eviction.
+        """
         self.cfg = cfg
+        self.bits = bits
+        self.swap_every = swap_every
+        self.loads = 0
         self.record_bytes = max(record_bytes, cfg.expert_weight_bytes)
         self._weight_bytes = cfg.expert_weight_bytes
         if directory is None:
@@ -78,11 +98,32 @@ class SlowTier:
         """Byte offset of one expert's record."""
         return (layer * self.cfg.experts + expert) * self.record_bytes
 
-    def read(self, layer: int, expert: int) -> F32:
-        """Copy one whole record out of the file and return its weights (a fresh array)."""
+    def read(self, layer: int, expert: int, share: float = 1.0) -> F32:
+        """Copy one record (``share`` of it, never less than its weights) out of the file and
+        return its weights (a fresh array)."""
         start = self.offset(layer, expert)
-        record = np.array(self._map[start : start + self.record_bytes])
+        size = max(self._weight_bytes, int(self.record_bytes * share))
+        record = np.array(self._map[start : start + size])
         return record[: self._weight_bytes].view(np.float32)
+
+    @property
+    def exact(self) -> bool:
+        """Loads return the experts' own full-precision weights."""
+        return self.bits == 0 and self.swap_every == 0
+
+    def load(self, layer: int, expert: int) -> F32:
+        """An expert brought in from the slow tier: exact, or as ``bits``/``swap_every`` say."""
+        self.loads += 1
+        if self.swap_every and self.loads % self.swap_every == 0:
+            expert ^= 1  # the neighbour's weights, as from an eviction that swapped two records
+        if self.bits == 0:
+            return self.read(layer, expert)
+        weights = self.read(layer, expert, self.bits / 32.0)
+        # Symmetric uniform quantization of the whole expert to ``bits`` bits.
+        levels = float(2 ** (self.bits - 1) - 1) or 1.0
+        scale = float(np.abs(weights).max()) / levels or 1.0
+        quantized: F32 = (np.round(weights / scale) * scale).astype(np.float32)
+        return quantized
 
     def write(self, layer: int, expert: int, weights: F32) -> None:
         """Copy weights back into an expert's record (the eviction half of a swap)."""
@@ -126,15 +167,16 @@ class RowmapTiers(ExpertSource):
         self.counters.cold_lookups += 1
         self.counters.bytes_read += self.slow.record_bytes
         self.counters.expert_loads += 1
-        return self.slow.read(layer, expert)
+        return self.slow.load(layer, expert)
 
     def swap(self, layer: int, promoted: int, evicted: int) -> None:
         """Move ``evicted`` out to the slow tier and ``promoted`` into its slot, copying both."""
         slot = int(self.slot_of[layer, evicted])
         if slot < 0 or self.slot_of[layer, promoted] >= 0:
             raise ValueError(f"bad swap at layer {layer}: promote {promoted}, evict {evicted}")
-        self.slow.write(layer, evicted, self.rows[layer, slot])
-        self.rows[layer, slot] = self.slow.read(layer, promoted)
+        if self.slow.exact:  # a lossy or faulty row must never reach the shared file
+            self.slow.write(layer, evicted, self.rows[layer, slot])
+        self.rows[layer, slot] = self.slow.load(layer, promoted)
         self.counters.bytes_read += self.slow.record_bytes
         self.counters.expert_loads += 1
         self.slot_of[layer, evicted] = -1
@@ -175,7 +217,7 @@ class CacheTiers(ExpertSource):
         self.counters.cold_lookups += 1
         self.counters.bytes_read += self.slow.record_bytes
         self.counters.expert_loads += 1
-        weights = self.slow.read(layer, expert)
+        weights = self.slow.load(layer, expert)
         self.resident[key] = weights  # a miss always loads the record into the cache
         # The cache does not say which record it evicted; prune in batches so the scan is rare.
         if len(self.resident) > self.cache.capacity + _PRUNE_SLACK:

@@ -142,7 +142,9 @@ def build_context(
         "harness_version": __version__,
         "simulated": analysis.simulated,
         "verdict": ctx.verdict_context(analysis, verdict),
-        "cells": ctx.cells_context(card, analysis.engagement),
+        "cells": ctx.cells_context(
+            card, analysis.engagement, analysis.canaries, analysis.equivalence
+        ),
         "control": card.control,
         "boxes": ctx.boxes_context(root),
         "runtime_name": card.runtime if isinstance(card.runtime, str) else card.runtime.name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,9 @@ from harness.report.tables import frame_records
 
 if TYPE_CHECKING:
     from harness.analyze.campaign import CampaignAnalysis
+    from harness.analyze.canaries import CanaryCheck
     from harness.analyze.engagement import Engagement
+    from harness.analyze.equivalence import EquivalenceRow
 
 # Raw files a run folder may hold, linked from the provenance section.
 RUN_FILES = (
@@ -123,10 +126,16 @@ def _flatten_cell(cell: Cell) -> dict[str, str]:
     return flat
 
 
-def cells_context(card: Card, engagement: Engagement | None = None) -> list[dict[str, Any]]:
-    """Each cell with its settings; treatments show only what differs from the control, and
+def cells_context(
+    card: Card,
+    engagement: Engagement | None = None,
+    canaries: CanaryCheck | None = None,
+    equivalence: Sequence[EquivalenceRow] = (),
+) -> list[dict[str, Any]]:
+    """Each cell with its settings; treatments show only what differs from the control,
     whether the change took effect on its boots (``engagement``: ``{"bad": bool, "text"}``,
-    None where nothing was checked)."""
+    None where nothing was checked), and what its outputs showed (``outputs``: ``{"pill",
+    "bad", "text"}``: its canaries, or a lossy cell's equivalence endpoint)."""
     control = card.cells.get(card.control) if card.control else None
     base = _flatten_cell(control) if control is not None else {}
     out = []
@@ -149,6 +158,7 @@ def cells_context(card: Card, engagement: Engagement | None = None) -> list[dict
                 "control": is_control,
                 "settings": settings,
                 "engagement": None if is_control else _engagement(engagement, name),
+                "outputs": None if is_control else _outputs(canaries, equivalence, name),
             }
         )
     return out
@@ -164,6 +174,27 @@ def _engagement(engagement: Engagement | None, cell: str) -> dict[str, Any] | No
     parts = [failed] if failed else [f"engaged on every boot ({'; '.join(shown)})"] if shown else []
     parts += [loose] if loose else []
     return {"bad": failed is not None, "text": "; ".join(parts)} if parts else None
+
+
+def _outputs(
+    canaries: CanaryCheck | None, equivalence: Sequence[EquivalenceRow], cell: str
+) -> dict[str, Any] | None:
+    """The cell's outputs in one line: corrupt, its equivalence endpoint, or its canaries."""
+    row = next((r for r in equivalence if r.cell == cell), None)
+    if row is not None:
+        pill = {"equivalent": "equivalent", "not equivalent": "not equivalent"}
+        return {
+            "pill": pill.get(row.verdict, "equivalence not shown"),
+            "bad": row.verdict != "equivalent",
+            "text": f"outputs against the control's: {row.words()}",
+        }
+    if canaries is None:
+        return None
+    corrupt = canaries.corrupt_text(cell)
+    if corrupt is not None:
+        return {"pill": "corrupt", "bad": True, "text": corrupt}
+    clean = canaries.clean_text(cell)
+    return {"pill": "canaries", "bad": False, "text": clean} if clean else None
 
 
 def boxes_context(root: Path) -> list[dict[str, Any]]:

@@ -231,8 +231,11 @@ def _cells(context: dict[str, Any]) -> list[str]:
             + (f" (control: {_md(s['was'])})" if s["was"] is not None else "")
             for s in cell["settings"]
         )
-        engaged = cell.get("engagement")
-        said = f" — {_md(engaged['text'])}" if engaged else ""
+        said = "".join(
+            f" — {_md(line['text'])}"
+            for key in ("engagement", "outputs")
+            if (line := cell.get(key))
+        )
         out.append(
             f"- **{_md(cell['name'])}**{role}: {_md(cell['description'] or '')} {settings or ''}"
             f"{said}"

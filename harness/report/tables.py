@@ -31,6 +31,8 @@ LABEL_CLASS = {
     "confounded": "warn",
     "carry-over": "warn",
     "not engaged": "bad",
+    "corrupt": "bad",
+    "not equivalent": "bad",
 }
 
 

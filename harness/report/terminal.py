@@ -264,19 +264,24 @@ def print_verdict(verdict: Verdict, out: TextIO) -> None:
         console.print(f"UNVERIFIED: {shown(verdict.unverified)}")
 
 
+_VOID = ("not engaged", "corrupt", "not equivalent")
+
+
 def label_tally(labels: list[str], passed: bool) -> str:
     """The comparisons by label, as the report's headline counts them; "" with none."""
     if not labels:
         return ""
     counts = {k: labels.count(k) for k in ("better", "worse", "within noise", "inconclusive")}
-    other = len(labels) - sum(counts.values())
+    # Cells whose runs say nothing of speed: their change never showed, or broke the outputs.
+    void = [f"{n} {k}" for k in _VOID if (n := labels.count(k))]
+    other = len(labels) - sum(counts.values()) - sum(labels.count(k) for k in _VOID)
     # Every cell and metric, gated or not: worded apart from the verdict line above it, which
     # is the gates' alone ("undecided" there is a verdict; an inconclusive row here is not).
     text = (
         f"comparisons, gated or not: {counts['better']} better, {counts['worse']} worse, "
         f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive (more "
         "cycles would decide)" + (f", {other} flagged (confounded or carry-over)" if other else "")
-    )
+    ) + "".join(f", {v}" for v in void)
     if passed and counts["inconclusive"] == len(labels):
         text += ": the gates passed, but no comparison was decided"
     return text

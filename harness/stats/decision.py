@@ -141,6 +141,10 @@ class Comparison:
     # Why the cell's change did not take effect (harness.analyze.engagement): the label is then
     # *not engaged* whatever the statistics said.
     not_engaged: str | None = None
+    # Why the cell's boots computed something else (harness.analyze.canaries), or its lossy
+    # outputs are not shown equivalent (harness.analyze.equivalence): the label says so.
+    corrupt: str | None = None
+    not_equivalent: str | None = None
 
     @property
     def needed_text(self) -> str | None:
@@ -154,6 +158,10 @@ class Comparison:
         """Why the label is not the statistical one, in one clause (None when it is)."""
         if self.label == Label.NOT_ENGAGED and self.not_engaged:
             return f"statistically {self.raw_label}, but {self.not_engaged}"
+        if self.label == Label.CORRUPT and self.corrupt:
+            return f"statistically {self.raw_label}, but {self.corrupt}"
+        if self.not_equivalent and self.label in (Label.NOT_EQUIVALENT, Label.INCONCLUSIVE):
+            return f"statistically {self.raw_label}, but {self.not_equivalent}"
         unsettled = next((c for c in self.box_state if c.unsettled), None)
         if self.label == Label.CARRY_OVER and unsettled is not None and self.state_withholds:
             return f"statistically {self.raw_label}, but {unsettled.words()}"

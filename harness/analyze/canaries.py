@@ -1,0 +1,194 @@
+"""Did each boot compute what the control computes? Its canaries, checked against the control's.
+
+docs/design.md#canaries. Every warm boot answers the card's fixed greedy canary prompts before its
+block (:mod:`harness.drive.canaries`). A change that moves experts and not the math keeps those
+outputs; a boot whose outputs differ from the control's ran on wrong weights, and is *corrupt*:
+its runs are kept out of every comparison, each comparison of its cell is labelled *corrupt*,
+and the campaign's gates fail, naming the first differing token.
+
+Not compared: a cell the card declares ``lossy`` (judged by :mod:`.equivalence` where it gives a
+margin), and a cell that changes a knob the profile marks ``lossless: false`` (another seed is
+another model). A prompt on which the control's own boots disagree is no reference and is left
+out (said in the report); a cold run sends no canaries, so its boot is not checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.analyze.compare import CellComparison
+from harness.analyze.engagement import frozen_profile, run_knobs
+from harness.card import Card
+from harness.errors import HarnessError
+from harness.formats.records import CANARY_FILE, read_json
+from harness.stats.labels import Label
+
+
+@dataclass(frozen=True)
+class CorruptBoot:
+    """One boot whose canary output differs from the control's."""
+
+    cell: str
+    run_id: str
+    prompt_id: str
+    token: int  # index of the first differing stream chunk (token) of this boot's output
+    got: str
+    expected: str
+
+    def words(self) -> str:
+        return (
+            f"{self.run_id}: {self.prompt_id} token {self.token} gave {self.got!r} where the "
+            f"control's boots gave {self.expected!r}"
+        )
+
+
+@dataclass(frozen=True)
+class CanaryCheck:
+    """Every boot's canaries against the control's, and what was not compared and why."""
+
+    checked: dict[str, int] = field(default_factory=dict)  # cell -> boots compared
+    corrupt: tuple[CorruptBoot, ...] = ()
+    not_compared: dict[str, str] = field(default_factory=dict)  # cell -> why
+    unstable: tuple[str, ...] = ()  # prompts the control's boots disagree on
+
+    def corrupt_runs(self) -> set[str]:
+        return {c.run_id for c in self.corrupt}
+
+    def corrupt_text(self, cell: str) -> str | None:
+        """ "corrupt: canaries differ on 2 of 4 boots (…)"; None when the cell is clean."""
+        boots = [c for c in self.corrupt if c.cell == cell]
+        if not boots:
+            return None
+        shown = "; ".join(c.words() for c in boots[:2]) + ("; …" if len(boots) > 2 else "")
+        checked = self.checked.get(cell, len(boots))
+        every = ", so its figures are those corrupt boots'" if len(boots) >= checked else ""
+        return (
+            f"corrupt: canary outputs differ from the control's on {len(boots)} of "
+            f"{checked} boots{every} ({shown})"
+        )
+
+    def clean_text(self, cell: str) -> str | None:
+        """What the report says of a cell that is not corrupt: checked, or not and why."""
+        if cell in self.not_compared:
+            return f"canaries not compared: {self.not_compared[cell]}"
+        if self.corrupt_text(cell) is None and self.checked.get(cell):
+            return f"canaries equal the control's on {self.checked[cell]} boots"
+        return None
+
+    def apply(self, comparisons: list[CellComparison]) -> list[CellComparison]:
+        """The comparisons with every corrupt cell's relabelled."""
+        out = []
+        for item in comparisons:
+            why = self.corrupt_text(item.cell)
+            if why is not None:
+                changed = dataclasses.replace(item.comparison, label=Label.CORRUPT, corrupt=why)
+                item = dataclasses.replace(item, comparison=changed)
+            out.append(item)
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """For ``analysis.json``."""
+        return {
+            "checked": self.checked,
+            "corrupt": [dataclasses.asdict(c) for c in self.corrupt],
+            "not_compared": self.not_compared,
+            "unstable": list(self.unstable),
+        }
+
+
+def _canaries(root: Path, run_id: str) -> dict[str, dict[str, Any]] | None:
+    """A run's canaries by prompt id (None: it sent none, or its file cannot be read)."""
+    path = root / "runs" / run_id / CANARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        entries = read_json(path).get("canaries")
+    except (HarnessError, AttributeError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    return {str(e["prompt_id"]): e for e in entries if isinstance(e, dict) and e.get("ok")}
+
+
+def _first_difference(got: dict[str, Any], expected: str) -> tuple[int, str, str]:
+    """The stream chunk where ``got`` first departs from ``expected``: (index, got, expected)."""
+    text = str(got.get("text", ""))
+    at = next((i for i, (a, b) in enumerate(zip(text, expected, strict=False)) if a != b), None)
+    if at is None:
+        at = min(len(text), len(expected))
+    pieces = [str(p) for p in got.get("pieces") or [text]]
+    start = 0
+    for index, piece in enumerate(pieces):
+        if start + len(piece) > at or index == len(pieces) - 1:
+            return index, piece, expected[start : start + max(len(piece), 1)]
+        start += len(piece)
+    return 0, "", expected[:1]
+
+
+def _why_not_compared(card: Card, cell: str, changed: list[str], lossless: dict[str, bool]) -> str:
+    lossy = card.cells[cell].lossy
+    if lossy is not False:
+        return "the cell is declared lossy" + (
+            " (judged by its equivalence margin)" if not isinstance(lossy, bool) else ""
+        )
+    models = [k for k in changed if not lossless.get(k, True)]
+    if models:
+        return f"{', '.join(models)} picks another model (lossless: false in the profile)"
+    return ""
+
+
+def check_canaries(root: Path, card: Card, runs: pd.DataFrame) -> CanaryCheck | None:
+    """Each treatment cell's boots' canaries against the control's (None: no control, no
+    profile, or no control boot that sent canaries)."""
+    profile = frozen_profile(root)
+    if profile is None or card.control is None or runs.empty:
+        return None
+    done = runs[runs["status"].eq("ok")]
+    ids = {cell: [str(r) for r in done.loc[done["cell"].eq(cell), "run_id"]] for cell in card.cells}
+    control = {r: c for r in ids.get(card.control, []) if (c := _canaries(root, r))}
+    if not control:
+        return None
+    reference: dict[str, str] = {}
+    unstable: list[str] = []
+    for prompt in sorted({p for c in control.values() for p in c}):
+        texts = {str(c[prompt].get("text", "")) for c in control.values() if prompt in c}
+        if len(texts) == 1:
+            reference[prompt] = texts.pop()
+        else:
+            unstable.append(prompt)
+    control_knobs = run_knobs(root, next(iter(control)))
+    lossless = {name: spec.lossless for name, spec in profile.knobs.items()}
+    checked: dict[str, int] = {}
+    corrupt: list[CorruptBoot] = []
+    not_compared: dict[str, str] = {}
+    for cell in card.treatments:
+        if not ids.get(cell):
+            continue
+        knobs = run_knobs(root, ids[cell][0])
+        changed = sorted(
+            k for k in set(knobs) | set(control_knobs) if knobs.get(k) != control_knobs.get(k)
+        )
+        why = _why_not_compared(card, cell, changed, lossless)
+        if why:
+            not_compared[cell] = why
+            continue
+        for run_id in ids[cell]:
+            mine = _canaries(root, run_id)
+            shared = [p for p in reference if mine and p in mine]
+            if not mine or not shared:
+                continue
+            checked[cell] = checked.get(cell, 0) + 1
+            for prompt in shared:
+                if str(mine[prompt].get("text", "")) != reference[prompt]:
+                    token, got, expected = _first_difference(mine[prompt], reference[prompt])
+                    corrupt.append(CorruptBoot(cell, run_id, prompt, token, got, expected))
+                    break
+    return CanaryCheck(checked, tuple(corrupt), not_compared, tuple(unstable))
+
+
+__all__ = ["CanaryCheck", "CorruptBoot", "check_canaries"]
