@@ -14,7 +14,7 @@ from tests.conftest import REPO
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 120
 MAX_RUN_LINES = 600  # harness/execute/run.py: a run's lifecycle, read top to bottom
-MAX_DESIGN_LINES = 612  # docs/design.md: a map, not a treatise (612: bisect and engagement)
+MAX_DESIGN_LINES = 624  # docs/design.md: a map, not a treatise (624: bisect, engagement, canaries)
 
 SOURCES = sorted((REPO / "harness").rglob("*.py"))
 
