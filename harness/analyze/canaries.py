@@ -69,7 +69,8 @@ class CanaryCheck:
         every = ", so its figures are those corrupt boots'" if len(boots) >= checked else ""
         return (
             f"corrupt: canary outputs differ from the control's on {len(boots)} of "
-            f"{checked} boots{every} ({shown})"
+            f"{checked} boots{every} ({shown}); a change meant to alter outputs is declared "
+            "`lossy` on its cell"
         )
 
     def clean_text(self, cell: str) -> str | None:
