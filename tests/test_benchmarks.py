@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 ELSEWHERE = {
     "drive": "tests/drive/test_bench_drive.py",
+    "faults": "tests/analyze/test_faults.py",
     "sim": "tests/sim/test_bench_sim.py",
     "sweep": "tests/sim/test_sweep.py",
     "vllm-client": "tests/engines/test_vllm.py",
