@@ -390,6 +390,45 @@ def test_threads_card_runs_from_card_to_report(tiny_model: Path, tmp_path: Path)
     assert "llama-cpp-threads" in page and "decode_tok_s" in page
 
 
+@pytest.mark.slow
+def test_gpu_layers_on_a_cpu_build_are_not_engaged(tiny_model: Path, tmp_path: Path) -> None:
+    """Issue 55: `n_gpu_layers: 99` parses, and this CPU build of llama-server ignores it (it
+    warns on stderr only at argument parsing, and prints no `offloaded N/M layers to GPU` line
+    at load, which a build that can offload prints). The profile's signature finds the counter
+    missing on every boot: the cell is *not engaged*, never *within noise*."""
+    ngl = 'knobs: {threads: 2, threads_batch: 2, fit: "off"}'
+    card = _card(
+        tmp_path,
+        tiny_model,
+        {
+            TWO_CYCLES: TWO_CYCLES.replace("cycles: 2", "cycles: 1"),
+            "requests: 10": "requests: 3",
+            "max_tokens: 32": "max_tokens: 8",
+            ngl: 'knobs: {threads: 1, threads_batch: 1, fit: "off", n_gpu_layers: 99}',
+        },
+    )
+    reports = tmp_path / "reports"
+    result = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=600)
+    assert result.code == 1, result.stdout + result.stderr
+    (root,) = (reports / "llama-cpp-threads").iterdir()
+    for folder in (root / "runs").iterdir():
+        log = (folder / "server.log").read_text(encoding="utf-8")
+        assert "layers to GPU" not in log  # what the signature reads: no such line here
+        # and what llama.cpp itself says of the knob, on the treatment's boots
+        ignored = "no usable GPU found, --gpu-layers option will be ignored" in log
+        assert ignored == ("-t2-" in folder.name), folder.name
+    from harness.analyze.campaign import analyze_campaign
+
+    analysis = analyze_campaign(root)
+    assert {str(c.comparison.label) for c in analysis.comparisons} == {"not engaged"}
+    assert analysis.engagement is not None
+    (row,) = analysis.engagement.rows
+    assert row.signature == "gpu_layers_offloaded > 0" and len(row.failed) == row.boots == 2
+    # The same model and math on the CPU: the canaries agree, so the cell is not corrupt.
+    assert analysis.canaries is not None and not analysis.canaries.corrupt
+    assert analysis.canaries.checked == {"t2": 2}
+
+
 SIM_CARD = """\
 campaign: llama-routing-sim
 runtime: refbox
