@@ -544,8 +544,9 @@ GATE_KINDS = (
 
 
 class Canaries(Strict):
-    """Fixed greedy prompts sent at the start of every warm boot, whose outputs must equal the
-    control's unless the cell is declared lossy (docs/design.md#canaries)."""
+    """Fixed greedy prompts sent before the warm-up of every warm boot (none without warm-up),
+    whose outputs must equal the control's unless the cell is declared lossy
+    (docs/design.md#canaries-and-equivalence)."""
 
     prompts: int = Field(3, ge=0, le=8, description="how many of the fixed prompts (0: none)")
     max_tokens: int = Field(16, ge=1, le=256, description="tokens generated per canary")

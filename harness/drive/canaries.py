@@ -1,10 +1,12 @@
-"""Canaries: a few fixed greedy prompts every warm boot answers before its block.
+"""Canaries: a few fixed greedy prompts every warm boot answers before its warm-up.
 
 docs/design.md#canaries. A residency change moves experts, not the math, so a boot's canary
 outputs must equal the control's; one that differs ran on wrong weights (an eviction that swapped
 two experts, a cache that served a stale record). The prompts are the harness's own, not the
 card's pool, so they never prime a prefix cache for the scored requests; they are sent greedy
-whatever the workload's temperature, and not scored.
+whatever the workload's temperature, and not scored. A run that sends no warm-up (a cold run,
+or ``workload.warmup_requests: 0``) sends no canaries either: its first scored request is the
+boot's first, and stays so.
 """
 
 from __future__ import annotations

@@ -445,7 +445,7 @@ class CampaignRunner:
         probes.read("start")
         own = 0
         if run.sends_warmup:
-            # Canaries first, on a warm run's fresh boot (a cold run must start cold).
+            # Canaries first, where a fresh boot warms up anyway (a cold run starts cold).
             own += self.driving.canaries(runtime, run, local_dir) if previous is None else 0
             warmups = self.driving.drive(runtime, build_phases(self.loaded, warmup=True), run)
             own += len(warmups)
