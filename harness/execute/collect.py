@@ -31,6 +31,7 @@ from harness.boxes.base import Box
 from harness.boxes.boxes import open_box
 from harness.card import Cell, KnobValue, LoadedCard
 from harness.card.phase_length import washout_requests
+from harness.drive.canaries import canary_phase
 from harness.drive.client import PhasePlan, UntilHook, WorkItem, drive
 from harness.drive.response_routes import RouteRows, collect_response_routes
 from harness.drive.workload import QUALITY_PHASE, build_phases, run_drive_spec
@@ -233,11 +234,13 @@ def _phases(
 ) -> list[PhasePlan]:
     """What the collection sends: one run's workload (``as_run``), or the split's prompts."""
     if as_run:
-        # A warm run's warm-up, then its washout (sent and not scored, phase -1 like the
-        # warm-up), then its phases: the trace replays as the run ran.
+        # A warm run's canaries and warm-up, then its washout (sent and not scored, phase -1
+        # like the warm-up), then its phases: the trace replays as the run ran.
         washout = washout_requests(loaded)
+        canaries = canary_phase(loaded.card) if loaded.card.workload.warmup_requests else []
         return (
-            build_phases(loaded, warmup=True)
+            canaries
+            + build_phases(loaded, warmup=True)
             + (build_phases(loaded, True, washout) if washout else [])
             + build_phases(loaded, warmup=False)
         )

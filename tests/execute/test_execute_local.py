@@ -149,9 +149,9 @@ def test_never_ready_and_hang_are_failures_with_reasons(tmp_path: Path) -> None:
         for r in failed
     }
     assert "not ready after 10 s" in reasons["control"]
-    # Hung in the warmup: one timed-out request, then nothing more is sent.
+    # Hung in the canaries, the boot's first requests: one timed out, then nothing more is sent.
     assert reasons["wide"].startswith("runtime hung: request "), reasons["wide"]
-    assert "(phase warmup) timed out after 3 s" in reasons["wide"]
+    assert "(phase canary) timed out after 3 s" in reasons["wide"]
 
 
 def _stop_leftovers(reports: Path) -> None:

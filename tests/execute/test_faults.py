@@ -133,8 +133,10 @@ def test_a_hung_runtime_fails_its_run_within_one_request_timeout(
             ),
             "requests: 2}": "requests: 4}",
             "requests: 2, shift: true}": "requests: 4, shift: true}",
-            # No washout: the tokens before the hang are the warm-up's and the scored ones.
+            # No washout, no canaries: the tokens before the hang are the warm-up's and the
+            # scored ones.
             "retries: 0": "retries: 1, washout: 0",
+            "control: control\n": "control: control\ncanaries: {prompts: 0}\n",
         },
     )
     loaded = load_card(card)

@@ -223,6 +223,9 @@ def test_a_tiny_ring_drained_often_keeps_every_step_and_one_never_drained_loses(
     requests = pd.read_parquet(folder / "requests.parquet")
     steps = int(requests["completion_tokens"].sum())  # one ring record per generated token
     assert steps == 25 * 32 and steps > 6 * 128  # the 128-slot ring wrapped six times
+    canaries = read_json(folder / "canaries.json")["canaries"]
+    steps += sum(len(c["pieces"]) for c in canaries)  # the boot's canaries ran first
+    assert steps == 25 * 32 + 3 * 16
     assert ring["seq"].tolist() == list(range(1, steps + 1))
     assert record["ring_lost"] == 0
     monitor = read_json(folder / "monitor.json")
