@@ -445,7 +445,7 @@ def analyze_campaign(
         warnings.append(mismatch)
     look = look_state(card, planned_cycles(planned), events)
     imported = (root / "IMPORTED").is_file()
-    canaries = check_canaries(root, card, runs) if not imported else None
+    canaries = check_canaries(root, card, runs, tables.outputs) if not imported else None
     comparisons = _comparisons(card, tables, look, canaries, imported=imported)
     engagement = check_engagement(root, card, runs) if not imported else None
     if engagement is not None:

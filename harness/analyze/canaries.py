@@ -2,7 +2,9 @@
 
 docs/design.md#canaries. Every warm boot answers the card's fixed greedy canary prompts before its
 block (:mod:`harness.drive.canaries`). A change that moves experts and not the math keeps those
-outputs; a boot whose outputs differ from the control's ran on wrong weights, and is *corrupt*:
+outputs, and its scored outputs too where the workload is greedy and sent one request at a time
+(48 canary tokens alone missed an intermittent fault in 2 of 20 campaigns: ``harness bench
+faults``); a boot whose outputs differ from the control's ran on wrong weights, and is *corrupt*:
 its runs are kept out of every comparison, each comparison of its cell is labelled *corrupt*,
 and the campaign's gates fail, naming the first differing token.
 
@@ -36,14 +38,15 @@ class CorruptBoot:
     cell: str
     run_id: str
     prompt_id: str
-    token: int  # index of the first differing stream chunk (token) of this boot's output
+    token: int  # the first differing stream chunk (token) of this boot's output, or character
     got: str
     expected: str
+    unit: str = "token"  # "character" for a scored output, whose chunks are not kept
 
     def words(self) -> str:
         return (
-            f"{self.run_id}: {self.prompt_id} token {self.token} gave {self.got!r} where the "
-            f"control's boots gave {self.expected!r}"
+            f"{self.run_id}: {self.prompt_id} {self.unit} {self.token} gave {self.got!r} where "
+            f"the control's boots gave {self.expected!r}"
         )
 
 
@@ -116,13 +119,30 @@ def _canaries(root: Path, run_id: str) -> dict[str, dict[str, Any]] | None:
     return {str(e["prompt_id"]): e for e in entries if isinstance(e, dict) and e.get("ok")}
 
 
+def _scored(card: Card, outputs: pd.DataFrame) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each run's scored greedy outputs by prompt id, where they are comparable: a greedy
+    workload sent one request at a time (batching can move a float, and a token with it). A
+    prompt a run answered differently twice is left out of its answers."""
+    workload = card.workload
+    if outputs.empty or workload.temperature > 0 or workload.concurrency > 1:
+        return {}
+    rows = outputs[outputs["ok"] & ~outputs["phase"].isin(["quality", "logits"])]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (run_id, prompt), texts in rows.groupby(["run_id", "prompt_id"])["output_text"]:
+        if texts.nunique() == 1:
+            out.setdefault(str(run_id), {})[str(prompt)] = {"text": str(texts.iloc[0])}
+    return out
+
+
 def _first_difference(got: dict[str, Any], expected: str) -> tuple[int, str, str]:
     """The stream chunk where ``got`` first departs from ``expected``: (index, got, expected)."""
     text = str(got.get("text", ""))
     at = next((i for i, (a, b) in enumerate(zip(text, expected, strict=False)) if a != b), None)
     if at is None:
         at = min(len(text), len(expected))
-    pieces = [str(p) for p in got.get("pieces") or [text]]
+    if not got.get("pieces"):  # a scored output: its chunks are not kept, name the character
+        return at, text[at : at + 8], expected[at : at + 8]
+    pieces = [str(p) for p in got["pieces"]]
     start = 0
     for index, piece in enumerate(pieces):
         if start + len(piece) > at or index == len(pieces) - 1:
@@ -143,15 +163,24 @@ def _why_not_compared(card: Card, cell: str, changed: list[str], lossless: dict[
     return ""
 
 
-def check_canaries(root: Path, card: Card, runs: pd.DataFrame) -> CanaryCheck | None:
-    """Each treatment cell's boots' canaries against the control's (None: no control, no
-    profile, or no control boot that sent canaries)."""
+def check_canaries(
+    root: Path, card: Card, runs: pd.DataFrame, outputs: pd.DataFrame
+) -> CanaryCheck | None:
+    """Each treatment cell's boots' canaries, and its scored greedy outputs where a greedy
+    workload sent them one at a time, against the control's (None: no control, no profile, or
+    no control boot that sent canaries)."""
     profile = frozen_profile(root)
     if profile is None or card.control is None or runs.empty:
         return None
     done = runs[runs["status"].eq("ok")]
     ids = {cell: [str(r) for r in done.loc[done["cell"].eq(cell), "run_id"]] for cell in card.cells}
-    control = {r: c for r in ids.get(card.control, []) if (c := _canaries(root, r))}
+    scored = _scored(card, outputs)
+
+    def answers(run_id: str) -> dict[str, dict[str, Any]] | None:
+        canaries = _canaries(root, run_id)
+        return None if canaries is None else {**scored.get(run_id, {}), **canaries}
+
+    control = {r: c for r in ids.get(card.control, []) if (c := answers(r))}
     if not control:
         return None
     reference: dict[str, str] = {}
@@ -179,7 +208,7 @@ def check_canaries(root: Path, card: Card, runs: pd.DataFrame) -> CanaryCheck | 
             not_compared[cell] = why
             continue
         for run_id in ids[cell]:
-            mine = _canaries(root, run_id)
+            mine = answers(run_id)
             shared = [p for p in reference if mine and p in mine]
             if not mine or not shared:
                 continue
@@ -187,7 +216,8 @@ def check_canaries(root: Path, card: Card, runs: pd.DataFrame) -> CanaryCheck | 
             for prompt in shared:
                 if str(mine[prompt].get("text", "")) != reference[prompt]:
                     token, got, expected = _first_difference(mine[prompt], reference[prompt])
-                    corrupt.append(CorruptBoot(cell, run_id, prompt, token, got, expected))
+                    unit = "token" if mine[prompt].get("pieces") else "character"
+                    corrupt.append(CorruptBoot(cell, run_id, prompt, token, got, expected, unit))
                     break
     return CanaryCheck(checked, tuple(corrupt), not_compared, tuple(unstable))
 

@@ -10,7 +10,7 @@ control:
 * ``empty``: 8 hot slots under ``fault: empty-hot`` (reported as set, none resident);
 * ``ignored``: an adaptive policy under ``fault: ignore-policy`` (reported, never run);
 * ``swapped``: ``fault: swap-weights`` (every 5th expert loaded gets its neighbour's weights);
-* ``fine``: cold experts at 12 bits, declared ``lossy: {margin: 0.2}``;
+* ``fine``: cold experts at 12 bits, declared ``lossy: {margin: 0.1}``;
 * ``coarse``: cold experts at 3 bits, declared the same.
 
 Figures, each the share of campaigns (target 1 for the faults and the clean change, 0.95 for
@@ -66,7 +66,7 @@ def card_text(seed: int, pool: Path) -> str:
             "knobs": {**_BASE, "seed": seed, **knobs},
         }
         if name in ("fine", "coarse"):
-            cell["lossy"] = {"margin": 0.2}
+            cell["lossy"] = {"margin": 0.1}
         cells[name] = cell
     card = {
         "campaign": f"faults-{seed}",

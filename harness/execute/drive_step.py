@@ -234,8 +234,8 @@ class DriveStep:
         if not phases:
             return []
         spec = run_drive_spec(self.loaded, runtime)
-        if greedy:
-            spec = dataclasses.replace(spec, temperature=0.0)
+        if greedy:  # one at a time too: a batch can move a float, and a token with it
+            spec = dataclasses.replace(spec, temperature=0.0, concurrency=1)
         phase_knob = self.loaded.runtime.phase_live_knob
 
         def phase_live(phase: PhasePlan) -> dict[str, Any] | None:
