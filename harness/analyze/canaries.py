@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from harness.analyze.compare import CellComparison
-from harness.analyze.engagement import frozen_profile, run_knobs
+from harness.analyze.engagement import changed_knobs, frozen_profile, run_knobs
 from harness.card import Card
 from harness.errors import HarnessError
 from harness.formats.records import CANARY_FILE, read_json
@@ -199,10 +199,7 @@ def check_canaries(
     for cell in card.treatments:
         if not ids.get(cell):
             continue
-        knobs = run_knobs(root, ids[cell][0])
-        changed = sorted(
-            k for k in set(knobs) | set(control_knobs) if knobs.get(k) != control_knobs.get(k)
-        )
+        changed = changed_knobs(run_knobs(root, ids[cell][0]), control_knobs)
         why = _why_not_compared(card, cell, changed, lossless)
         if why:
             not_compared[cell] = why

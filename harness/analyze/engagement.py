@@ -122,6 +122,11 @@ def run_knobs(root: Path, run_id: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in knobs.items()} if isinstance(knobs, dict) else {}
 
 
+def changed_knobs(knobs: dict[str, str], control: dict[str, str]) -> list[str]:
+    """The knobs whose effective value differs from the control's, sorted."""
+    return sorted(k for k in set(knobs) | set(control) if knobs.get(k) != control.get(k))
+
+
 def _shown(sig: EngagementSignature, value: float, control: list[float]) -> bool:
     if not math.isfinite(value):
         return False
@@ -157,9 +162,7 @@ def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement |
         if not ids.get(cell):
             continue
         knobs = run_knobs(root, ids[cell][0])
-        changed = sorted(
-            k for k in set(knobs) | set(control_knobs) if knobs.get(k) != control_knobs.get(k)
-        )
+        changed = changed_knobs(knobs, control_knobs)
         loose: list[str] = []
         for name in changed:
             spec = profile.knobs.get(name)
@@ -179,4 +182,11 @@ def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement |
     return Engagement(tuple(rows), unverified)
 
 
-__all__ = ["Engagement", "EngagementRow", "check_engagement", "frozen_profile", "run_knobs"]
+__all__ = [
+    "Engagement",
+    "EngagementRow",
+    "changed_knobs",
+    "check_engagement",
+    "frozen_profile",
+    "run_knobs",
+]
