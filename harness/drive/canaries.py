@@ -31,7 +31,10 @@ CANARY_PROMPTS = (
 
 
 def canary_phase(card: Card) -> list[PhasePlan]:
-    """The card's canaries as one unscored phase (none when ``canaries.prompts`` is 0)."""
+    """The card's canaries as one unscored phase (none when ``canaries.prompts`` is 0, or the
+    card sends no warm-up: its first scored request is the boot's first, and stays so)."""
+    if card.workload.warmup_requests == 0:
+        return []
     items = tuple(
         WorkItem(
             prompt_id=f"canary-{i + 1}",

@@ -237,9 +237,8 @@ def _phases(
         # A warm run's canaries and warm-up, then its washout (sent and not scored, phase -1
         # like the warm-up), then its phases: the trace replays as the run ran.
         washout = washout_requests(loaded)
-        canaries = canary_phase(loaded.card) if loaded.card.workload.warmup_requests else []
         return (
-            canaries
+            canary_phase(loaded.card)
             + build_phases(loaded, warmup=True)
             + (build_phases(loaded, True, washout) if washout else [])
             + build_phases(loaded, warmup=False)

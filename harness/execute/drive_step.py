@@ -308,10 +308,7 @@ class DriveStep:
 
     def canaries(self, runtime: RunningRuntime, run: Run, local_dir: Path) -> int:
         """Send the card's canaries (greedy, unscored) and keep their outputs in the run's
-        ``canaries.json``; returns how many were sent. None where the card sends no warm-up:
-        its first scored request is the boot's first, and stays so."""
-        if self.loaded.card.workload.warmup_requests == 0:
-            return 0
+        ``canaries.json``; returns how many were sent (none without warm-up: canary_phase)."""
         results = self.drive(runtime, canary_phase(self.loaded.card), run, greedy=True)
         if results:
             text = json.dumps(canary_record(results), indent=1, ensure_ascii=False)
