@@ -26,11 +26,12 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analyze.compare import CellComparison
+from harness.analyze.metrics import prometheus_sum
 from harness.card import Card
 from harness.card.frozen import frozen_paths
 from harness.card.resolve import load_runtime_profile
 from harness.errors import HarnessError
-from harness.formats.records import read_json
+from harness.formats.records import read_counters, read_json
 from harness.profiles.schema import EngagementSignature, RuntimeProfile
 from harness.stats.labels import Label
 
@@ -136,12 +137,23 @@ def _shown(sig: EngagementSignature, value: float, control: list[float]) -> bool
     return bool(finite) and not min(finite) <= value <= max(finite)
 
 
-def _value(runs: pd.DataFrame, run_id: str, metric: str) -> float:
-    if metric not in runs.columns:
+def _value(root: Path, runs: pd.DataFrame, run_id: str, metric: str) -> float:
+    """The run table's value, else the run's own counter delta: a profile's log counter
+    (llama.cpp's offloaded layers, vLLM's offloaded weights) is no run-table column."""
+    if metric in runs.columns:
+        cell = runs.loc[runs["run_id"] == run_id, metric]
+        number = pd.to_numeric(cell, errors="coerce")
+        if len(number) and math.isfinite(float(number.iloc[0])):
+            return float(number.iloc[0])
+    path = root / "runs" / run_id / "counters.json"
+    if not path.is_file():
         return math.nan
-    cell = runs.loc[runs["run_id"] == run_id, metric]
-    number = pd.to_numeric(cell, errors="coerce")
-    return float(number.iloc[0]) if len(number) else math.nan
+    try:
+        delta = read_counters(path).get("delta") or {}
+    except HarnessError:
+        return math.nan  # a damaged file shows nothing: fail closed
+    value = prometheus_sum(delta, metric)
+    return math.nan if value is None else value
 
 
 def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement | None:
@@ -172,9 +184,11 @@ def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement |
                 loose.append(name)
                 continue
             for sig in signatures:
-                control = [_value(runs, r, sig.metric) for r in control_ids]
+                control = [_value(root, runs, r, sig.metric) for r in control_ids]
                 failed = tuple(
-                    r for r in ids[cell] if not _shown(sig, _value(runs, r, sig.metric), control)
+                    r
+                    for r in ids[cell]
+                    if not _shown(sig, _value(root, runs, r, sig.metric), control)
                 )
                 rows.append(EngagementRow(cell, name, value, sig.text(), len(ids[cell]), failed))
         if loose:
