@@ -32,7 +32,7 @@ from harness.card.frozen import frozen_paths
 from harness.card.resolve import load_runtime_profile
 from harness.errors import HarnessError
 from harness.formats.records import read_counters, read_json
-from harness.profiles.schema import EngagementSignature, RuntimeProfile
+from harness.profiles.schema import EngagementSignature, RuntimeProfile, switch_state
 from harness.stats.labels import Label
 
 
@@ -118,9 +118,13 @@ def frozen_profile(root: Path) -> RuntimeProfile | None:
 
 
 def run_knobs(root: Path, run_id: str) -> dict[str, str]:
+    """A run's effective knobs as a card writes them: a switch reads ``true``/``false`` (what a
+    signature's ``when`` and ``unless`` name), not Python's ``True``."""
     data = read_json(root / "runs" / run_id / "run.json")
     knobs = data.get("knobs")
-    return {str(k): str(v) for k, v in knobs.items()} if isinstance(knobs, dict) else {}
+    if not isinstance(knobs, dict):
+        return {}
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in knobs.items()}
 
 
 def changed_knobs(knobs: dict[str, str], control: dict[str, str]) -> list[str]:
@@ -179,6 +183,8 @@ def check_engagement(root: Path, card: Card, runs: pd.DataFrame) -> Engagement |
         for name in changed:
             spec = profile.knobs.get(name)
             value = knobs.get(name, "(unset)")
+            if spec is not None and spec.switch and (state := switch_state(value)) is not None:
+                value = "true" if state else "false"  # `on`, `1`, True: as a signature names it
             signatures = [s for s in spec.engaged if s.applies(value)] if spec else []
             if not signatures:
                 loose.append(name)

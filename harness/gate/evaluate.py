@@ -35,6 +35,7 @@ from harness.catalog import METRICS
 from harness.errors import EXIT_GATE_FAILED, EXIT_INFRASTRUCTURE, EXIT_OK
 from harness.formats.records import write_json_atomic, write_text_atomic
 from harness.gate.confirm import mark_unconfirmed
+from harness.gate.implicit import IMPLICIT_GATES
 from harness.gate.quality import quality_gate
 from harness.gate.regression import regression_gate
 from harness.gate.result import (
@@ -502,51 +503,6 @@ def _survives(gate: SurvivesGate, analysis: CampaignAnalysis) -> GateResult:
     return GateResult(gate.kind, gate_name(gate), all_ok, summary, evidence, incomplete, undecided)
 
 
-def _cohorts(analysis: CampaignAnalysis) -> GateResult | None:
-    """Fails closed when a guard invalidated any cohort (its runs read ``invalid``)."""
-    runs = analysis.runs
-    if runs.empty or "status" not in runs.columns:
-        return None
-    invalid = runs[runs["status"] == "invalid"]
-    if invalid.empty:
-        return None
-    reasons = sorted(set(invalid["reason"].astype(str)))
-    return GateResult(
-        "cohorts",
-        "every cohort valid",
-        False,
-        f"{len(reasons)} cohort{'' if len(reasons) == 1 else 's'} invalid ({listed(reasons)}); "
-        "an invalid cohort is not repaired by a retry: rerun the campaign once the box is fit",
-        incomplete=True,
-    )
-
-
-def _canaries(analysis: CampaignAnalysis) -> GateResult | None:
-    """Fails when any boot's canaries differ from the control's (its weights were wrong)."""
-    check = analysis.canaries
-    if check is None or not check.corrupt:
-        return None
-    cells = sorted({c.cell for c in check.corrupt})
-    reasons = [text for cell in cells if (text := check.corrupt_text(cell))]
-    evidence = {"corrupt": [{"cell": c.cell, "run_id": c.run_id} for c in check.corrupt]}
-    return GateResult(
-        "canaries", "every boot's canaries equal the control's", False, "; ".join(reasons), evidence
-    )
-
-
-def _equivalence(analysis: CampaignAnalysis) -> GateResult | None:
-    """A lossy cell's outputs within its margin of the control's (its second endpoint)."""
-    rows = analysis.equivalence
-    if not rows:
-        return None
-    short = [r for r in rows if r.verdict != "equivalent"]
-    summary = "; ".join(f"{r.cell}: {r.verdict}, {r.words()}" for r in short or rows)
-    evidence = {r.cell: {"verdict": r.verdict, "mean": r.mean, "ci95": r.ci95} for r in rows}
-    return GateResult(
-        "equivalence", "lossy cells' outputs within their margins", not short, summary, evidence
-    )
-
-
 def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
     """Evaluate every gate of the card over the analysis."""
     results: list[GateResult] = []
@@ -567,7 +523,7 @@ def evaluate_gates(analysis: CampaignAnalysis) -> Verdict:
             results.append(regression_gate(gate, analysis))
         else:
             results.append(lockstep_gate(gate, analysis))
-    for implicit in (_cohorts(analysis), _canaries(analysis), _equivalence(analysis)):
+    for implicit in (check(analysis) for check in IMPLICIT_GATES):
         if implicit is not None:
             results.append(implicit)
     confirm_box = mark_unconfirmed(results, analysis)

@@ -85,7 +85,9 @@ class EngagementSignature(Strict):
     differs: bool = Field(
         False, description="each boot's value must lie outside the control's boots' range"
     )
-    when: list[str] | None = Field(None, description="only where the knob is one of these")
+    when: list[str] | None = Field(
+        None, description="only where the knob is one of these (a switch: true or false)"
+    )
     unless: list[str] = Field(
         default_factory=list, description="not where the knob is one of these (hot_slots 0)"
     )
@@ -504,6 +506,11 @@ class RuntimeProfile(Strict):
                 raise ValueError(
                     f"knobs.{knob_name}.engaged names {', '.join(unknown)}: not a metric, "
                     "counter or log counter of the run table (docs/reference.md#metrics)"
+                )
+            spelled = [v for g in knob.engaged for v in (g.when or []) + g.unless]
+            if bad := [v for v in spelled if knob.check(v) is not None]:
+                raise ValueError(
+                    f"knobs.{knob_name}.engaged: when/unless value {bad[0]!r} {knob.check(bad[0])}"
                 )
         if self.build is not None and self.build.knob not in self.knobs:
             raise ValueError(f"build.knob names {self.build.knob!r}, not in `knobs`")

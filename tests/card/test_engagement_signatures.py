@@ -29,6 +29,8 @@ def _profile_with(tmp_path: Path, engaged: list[dict[str, object]]) -> Path:
         ([{"metric": "hit_rat", "above": 0}], "engaged names hit_rat: not a metric"),
         ([{"metric": "hit_rate", "above": 0, "differs": True}], "one of `above: N`"),
         ([{"metric": "hit_rate"}], "one of `above: N`"),
+        # A value the knob itself refuses could never be a cell's: the signature would never apply.
+        ([{"metric": "hit_rate", "above": 0, "unless": ["none"]}], "when/unless value 'none'"),
     ],
 )
 def test_a_bad_signature_is_refused_naming_the_knob(

@@ -57,6 +57,7 @@ from harness.formats.expert_distribution import (
 from harness.formats.maps import write_count_dump
 from harness.formats.torchfile import write_torch_file
 from harness.runtimes.build_script import cache_root
+from harness.runtimes.log_counters import log_snapshot
 from harness.runtimes.recorder import per_token_counts
 from harness.sim.fitmap import coverage, frequency_hot
 from harness.sim.trace_files import load_trace
@@ -272,6 +273,11 @@ def test_kts_own_loader_places_what_fit_map_scores_for_a_dense_prefix_model(
     ours = frequency_hot(counts, PER_LAYER)
     for layer in range(DENSE, LAYERS):
         assert np.flatnonzero(masks[layer]).tolist() == ours[layer], layer
+    # The line KT logged making them is what kt_num_gpu_experts' engagement signature counts.
+    profile = load_runtime_profile(REPO / "campaigns" / "runtimes" / "sglang-kt.yaml")
+    specs = profile.telemetry.log_counters
+    counted = log_snapshot("\n".join(done["log"]) + "\n", specs)
+    assert counted["kt_gpu_experts"] == PER_LAYER * (LAYERS - DENSE)
 
 
 def test_kts_loader_refuses_a_two_dimensional_file_and_ignores_a_json(

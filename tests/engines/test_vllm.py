@@ -319,6 +319,15 @@ def test_campaign_passes_with_exact_outputs_and_vllm_counters(campaign: tuple[Pa
         )
     cache = [r for r in runs if "-cache-" in r.name]
     assert all(_sum(_delta(r), "vllm:prefix_cache_hits_total") > 0 for r in cache)
+    # prefix_caching's engagement signature: vLLM looked its cache up (it counts no lookup with
+    # caching off), so the cell is engaged and the verdict has no engagement failure.
+    from harness.analyze.campaign import analyze_campaign
+
+    engagement = analyze_campaign(root).engagement
+    assert engagement is not None
+    (row,) = engagement.rows
+    assert (row.cell, row.knob, row.value, row.engaged) == ("cache", "prefix_caching", "true", True)
+    assert all(_sum(_delta(r), "vllm:prefix_cache_queries_total") == 0 for r in runs[:1])
     env = json.loads((root / "boxes" / "local.json").read_text())
     assert "vllm 0.32.0+cpu" in env["runtime"]["version"]
     assert "RECORD sha256" in env["runtime"]["version"]
@@ -422,3 +431,58 @@ def test_bench_vllm_client_quick_prints_its_figures(vllm_env: Path) -> None:
     result = run_cli("bench", "vllm-client", "--quick", "--json", timeout_s=900)
     assert result.code == 0, result.stdout + result.stderr
     assert_figures("vllm-client", result.stdout)
+
+
+BETTER_SPEED = "{kind: better, metric: decode_tok_s}"
+
+
+@pytest.mark.slow
+def test_expert_offload_on_the_cpu_build_is_not_engaged(vllm_env: Path, tmp_path: Path) -> None:
+    """Issue 55: `cpu_offload_gb: 1` with `cpu_offload_params: experts` parses, and this CPU
+    build logs `Offloader set to UVAOffloader` (configured), but every weight is already in host
+    memory: the offloader moves nothing and never prints `Total CPU offloaded parameters`. The
+    cell is *not engaged*, never *within noise*, in one mirrored cycle (four boots)."""
+    cells = (
+        "cells:\n"
+        "  nocache: {knobs: {prefix_caching: false, enforce_eager: true}}\n"
+        "  offload:\n"
+        "    knobs: {prefix_caching: false, enforce_eager: true, cpu_offload_gb: 1,"
+        " cpu_offload_params: experts}\n"
+        "control: nocache\n"
+    )
+    shipped = CARD.read_text(encoding="utf-8")
+    card = shipped_card_variant(
+        CARD.name,
+        tmp_path / "card",
+        {
+            "requests: 6": "requests: 2",
+            shipped[shipped.index("cells:\n") : shipped.index("design:")]: cells,
+            shipped[
+                shipped.index("gates:\n") :
+            ]: "gates:\n  - {kind: better, metric: decode_tok_s}\n",
+        },
+    )
+    reports = tmp_path / "reports"
+    result = run_cli("run", str(card), "--reports", str(reports), "--quiet", timeout_s=1200)
+    assert result.code == 1, result.stdout + result.stderr  # the implicit engagement gate
+    (root,) = (reports / "vllm-moe").iterdir()
+    for folder in (root / "runs").iterdir():
+        log = (folder / "server.log").read_text(encoding="utf-8")
+        assert "Total CPU offloaded parameters" not in log  # what the signature counts
+        assert ("Offloader set to UVAOffloader" in log) == ("-offload-" in folder.name)
+    from harness.analyze.campaign import analyze_campaign
+
+    analysis = analyze_campaign(root)
+    labels = {c.cell: str(c.comparison.label) for c in analysis.comparisons}
+    assert labels == {"offload": "not engaged"}, labels
+    assert analysis.engagement is not None
+    rows = {(r.cell, r.knob): r for r in analysis.engagement.rows}
+    offload = rows[("offload", "cpu_offload_gb")]
+    assert offload.signature == "uva_offloads > 0" and len(offload.failed) == offload.boots == 2
+    # cpu_offload_params has no signature of its own: listed as not verified, not passed.
+    assert "cpu_offload_params" in analysis.engagement.unverified["offload"]
+    # The same weights and math: the canaries agree, so the cell is not corrupt.
+    assert analysis.canaries is not None and not analysis.canaries.corrupt
+    verdict = json.loads((root / "verdict.json").read_text())
+    failing = [g for g in verdict["gates"] if not g["passed"]]
+    assert [g["kind"] for g in failing] == ["better", "engagement"], failing

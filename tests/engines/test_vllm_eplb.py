@@ -114,9 +114,68 @@ def test_eplbs_rearrangement_lines_as_vllm_formats_them_are_counted_startup_left
     prefix = "(EngineCore_DP0 pid=7) INFO 12-05 07:30:01 [eplb_state.py:786] "
     specs = load_runtime_profile(RUNTIMES / "vllm.yaml").telemetry.log_counters
     log = "".join(prefix + line + "\n" for line in lines.values())
-    # Two real rearrangements (async and sync); the two at startup's profile run are not.
-    assert log_snapshot(log, specs)["eplb_rearrangements"] == 2
+    # Two real rearrangements (async and sync); the two at startup's profile run are not, and
+    # are what eplb's engagement signature counts: EPLB ran at this boot.
+    counted = log_snapshot(log, specs)
+    assert counted["eplb_rearrangements"] == 2
+    assert counted["eplb_profile_rearrangements"] == 2
     assert start_snapshot(specs, "INFO vllm serve\n")["eplb_rearrangements"] == 0
+
+
+# vLLM's own offload log lines, printed by vLLM's loggers in its venv: the format strings read from
+# the installed source (uva.py's %-format with vLLM's format_gib; prefetch.py's f-string, its
+# fields filled in), so a reworded line fails here before it reads *not engaged* on a GPU box.
+PRINT_OFFLOAD_LINES = """\
+import ast, inspect, types
+import vllm.model_executor.offloader.prefetch as prefetch
+import vllm.model_executor.offloader.uva as uva
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+from vllm.utils.mem_utils import format_gib
+
+configure_logging(LoggingConfig())  # as `vllm serve` configures its loggers, defaults kept
+
+def first_info(module, start):
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("info") and node.args):
+            text = ast.unparse(node.args[0])
+            if start in text:
+                return node.args[0]
+    raise SystemExit("no log call starting " + start)
+
+uva_format = first_info(uva, "Total CPU offloaded").value
+for size in (3 * 2**30, 5 * 2**20):
+    uva.logger.info(uva_format, format_gib(size))
+fstring = first_info(prefetch, "[PrefetchOffloader] Initialized")
+pool = types.SimpleNamespace(total_bytes=2**28)
+me = types.SimpleNamespace(module_offloaders=[0] * 12, total_offloaded_bytes=2**31,
+    buffer_pool=pool, group_size=4, num_in_group=1, prefetch_step=1, mode="cpu")
+line = eval(compile(ast.Expression(fstring), "prefetch", "eval"), {"self": me, "len": len})
+prefetch.logger.info(line)
+"""
+
+
+@pytest.mark.slow
+def test_the_offload_lines_as_vllm_prints_them_are_the_signatures_counters() -> None:
+    from harness.runtimes.vllm import build
+
+    build.ensure_built()
+    python = build.cache_root() / "vllm" / "venv" / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-c", PRINT_OFFLOAD_LINES], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = done.stdout + done.stderr
+    assert "Total CPU offloaded parameters: 3.0" in log, log[-2000:]
+    profile = load_runtime_profile(RUNTIMES / "vllm.yaml")
+    counted = log_snapshot(log, profile.telemetry.log_counters)
+    # Both UVA lines (5 MiB prints as 0.0 GiB: the signature counts lines, not the figure).
+    assert counted["uva_offloads"] == 2
+    assert counted["prefetch_offloaded_modules"] == 12
+    lane = load_runtime_profile(RUNTIMES / "cuda-lane.yaml").telemetry.log_counters
+    assert log_snapshot(log, lane)["uva_offloads"] == 2
 
 
 LIST_VLLM_FLAGS = (
