@@ -24,6 +24,9 @@ def tiny_card(folder: Path, *, gates: str = GATES) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pool.jsonl").write_text("\n".join(json.dumps(p) for p in POOL) + "\n")
     text = CARD.replace("campaign: tiny-report", "campaign: trust").split("gates:\n")[0] + gates
+    # Queue drains every 2 decode steps, so the adaptive cell's residency moves within its 32
+    # tokens: engaged (its hit rate leaves the control's), and the campaign passes.
+    text = text.replace('"4096"}', '"4096", "REFBOX_DRAIN_EVERY": "2"}')
     card = folder / "trust.yaml"
     card.write_text(text)
     return card

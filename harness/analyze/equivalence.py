@@ -7,18 +7,28 @@ greedy outputs on the held-out prompts are compared with the control's, prompt b
 * ``prefix_agreement``: the share of the control's output the cell reproduces before the first
   differing character (1 for an identical output, 0 when the first token differs);
 * ``token_agreement``: the share of the control's characters the cell's output matches at the
-  same position (a crude count: after a divergence the two texts rarely realign).
+  same position (a crude count: after a divergence the two texts rarely realign);
+* ``kl``: the mean per-token KL divergence, in nats, of the cell's next-token distribution from
+  the control's, over the positions where both saw the same context (up to and including the
+  first differing token), from the top log-probabilities the runtime returned
+  (``workload.logprobs``). Only the top N of each side is known, so each position's two
+  distributions are compared on the tokens both top lists hold plus one bucket for the rest of
+  the mass: a coarsening, so the figure is a lower bound on the full KL (exact when the shared
+  tokens hold all the mass).
 
 The unit is the prompt (its value averaged over the cell's boots); the endpoint is the mean over
-prompts with a t interval clipped to [0, 1]. It is *equivalent* when the interval's lower bound
-is at least ``1 - margin``, *not equivalent* when its upper bound is below, and otherwise not
-shown. A *better* needs both endpoints: a not-equivalent cell's comparisons are labelled so, and
-a *better* whose equivalence is not shown reads *inconclusive*.
+prompts with a t interval (agreements clipped to [0, 1], KL to [0, inf)). An agreement is
+*equivalent* when the interval's lower bound is at least ``1 - margin``, *not equivalent* when
+its upper bound is below; a KL is *equivalent* when the upper bound is at most ``margin``, *not
+equivalent* when the lower bound is above; otherwise not shown. A *better* needs both
+endpoints: a not-equivalent cell's comparisons are labelled so, and a *better* whose
+equivalence is not shown reads *inconclusive*.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 
@@ -48,7 +58,13 @@ class EquivalenceRow:
     worst: tuple[str, ...] = ()  # prompt ids with the lowest agreement
 
     def words(self) -> str:
-        """``prefix agreement 0.42 [0.30, 0.55] over 12 prompts, needs >= 0.90``."""
+        """``prefix agreement 0.42 [0.30, 0.55] over 12 prompts, needs >= 0.90`` (a KL: ``kl
+        0.012 [0.008, 0.016] nats over 12 prompts, needs <= 0.05``)."""
+        if self.metric == "kl":
+            ci = f" [{self.ci95[0]:.3g}, {self.ci95[1]:.3g}]" if self.ci95 else " (no interval)"
+            return (
+                f"KL {self.mean:.3g}{ci} nats over {self.prompts} prompts, needs <= {self.margin:g}"
+            )
         ci = f" [{self.ci95[0]:.2f}, {self.ci95[1]:.2f}]" if self.ci95 else " (no interval)"
         return (
             f"{self.metric.replace('_', ' ')} {self.mean:.2f}{ci} over {self.prompts} prompts, "
@@ -76,21 +92,65 @@ def token_agreement(got: str, expected: str) -> float:
 _METRICS = {"prefix_agreement": prefix_agreement, "token_agreement": token_agreement}
 
 
+def position_kl(reference: dict[str, float], mine: dict[str, float]) -> float:
+    """KL(reference || mine) in nats over the tokens both top lists hold and one bucket for the
+    rest of each side's mass (a lower bound on the full divergence)."""
+    shared = sorted(set(reference) & set(mine))
+    p = np.array([math.exp(reference[t]) for t in shared], dtype=np.float64)
+    q = np.array([math.exp(mine[t]) for t in shared], dtype=np.float64)
+    p = np.append(p, max(0.0, 1.0 - float(p.sum())))
+    q = np.append(q, max(0.0, 1.0 - float(q.sum())))
+    q = np.maximum(q, 1e-12)  # a bucket the reference fills and the cell never: very far, finite
+    keep = p > 0
+    return float(np.sum(p[keep] * np.log(p[keep] / q[keep])))
+
+
+def mean_kl(got: list[dict[str, object]], expected: list[dict[str, object]]) -> float | None:
+    """Mean :func:`position_kl` over the positions with one context: up to and including the
+    first token the two outputs pick differently. None when no position has both top lists."""
+    values = []
+    for mine, ref in zip(got, expected, strict=False):
+        mine_top, ref_top = mine.get("top"), ref.get("top")
+        if isinstance(mine_top, dict) and isinstance(ref_top, dict) and mine_top and ref_top:
+            values.append(position_kl(ref_top, mine_top))
+        if mine.get("token") != ref.get("token"):
+            break
+    return float(np.mean(values)) if values else None
+
+
+def _parsed(text: object) -> list[dict[str, object]]:
+    if not isinstance(text, str):
+        return []
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def _endpoint(cell: str, spec: Equivalence, per_prompt: pd.Series) -> EquivalenceRow:
     values = per_prompt.to_numpy(dtype=np.float64)
     n = len(values)
     mean = float(values.mean()) if n else math.nan
     ci: tuple[float, float] | None = None
+    kl = spec.metric == "kl"
     if n >= _MIN_PROMPTS:
         half = t_ppf(0.975, n - 1) * float(values.std(ddof=1)) / math.sqrt(n)
-        ci = (max(0.0, mean - half), min(1.0, mean + half))
-    floor = 1.0 - spec.margin
+        ci = (max(0.0, mean - half), mean + half if kl else min(1.0, mean + half))
     verdict = "not shown"
-    if ci is not None and ci[0] >= floor:
+    if ci is not None and kl:
+        if ci[1] <= spec.margin:
+            verdict = "equivalent"
+        elif ci[0] > spec.margin:
+            verdict = "not equivalent"
+    elif ci is not None and ci[0] >= 1.0 - spec.margin:
         verdict = "equivalent"
-    elif ci is not None and ci[1] < floor:
+    elif ci is not None and ci[1] < 1.0 - spec.margin:
         verdict = "not equivalent"
-    worst = tuple(str(p) for p in per_prompt.sort_values().index[:3] if per_prompt[p] < 1.0)
+    if kl:  # the farthest prompts
+        worst = tuple(str(p) for p in per_prompt.sort_values().index[::-1][:3] if per_prompt[p] > 0)
+    else:
+        worst = tuple(str(p) for p in per_prompt.sort_values().index[:3] if per_prompt[p] < 1.0)
     return EquivalenceRow(cell, spec.metric, spec.margin, n, mean, ci, verdict, worst)
 
 
@@ -109,14 +169,37 @@ def check_equivalence(card: Card, outputs: pd.DataFrame) -> list[EquivalenceRow]
         mine = mine[mine["prompt_id"].isin(reference.index)]
         if mine.empty:
             continue
-        score = _METRICS[spec.metric]
-        values = [
-            score(str(text), str(reference[prompt]))
-            for prompt, text in zip(mine["prompt_id"], mine["output_text"], strict=True)
-        ]
-        per_prompt = pd.Series(values, index=mine["prompt_id"].to_numpy()).groupby(level=0).mean()
+        if spec.metric == "kl":
+            values = _kl_values(control, reference, mine)
+        else:
+            score = _METRICS[spec.metric]
+            values = [
+                score(str(text), str(reference[prompt]))
+                for prompt, text in zip(mine["prompt_id"], mine["output_text"], strict=True)
+            ]
+        numbers = pd.Series(values, index=mine["prompt_id"].to_numpy(), dtype="float64")
+        per_prompt = numbers.dropna().groupby(level=0).mean()
         rows.append(_endpoint(cell, spec, per_prompt))
     return rows
+
+
+def _kl_values(control: pd.DataFrame, reference: pd.Series, mine: pd.DataFrame) -> list[float]:
+    """Each of the cell's requests' mean KL from the control's reference output of its prompt
+    (a control request whose output is the reference); NaN where either has no logprobs."""
+    if "logprobs" not in control.columns or "logprobs" not in mine.columns:
+        return [math.nan] * len(mine)
+    expected: dict[str, list[dict[str, object]]] = {}
+    for prompt, text, logprobs in zip(
+        control["prompt_id"], control["output_text"], control["logprobs"], strict=True
+    ):
+        parsed = _parsed(logprobs)
+        if prompt not in expected and text == reference[prompt] and parsed:
+            expected[prompt] = parsed
+    out = []
+    for prompt, logprobs in zip(mine["prompt_id"], mine["logprobs"], strict=True):
+        value = mean_kl(_parsed(logprobs), expected.get(prompt, []))
+        out.append(math.nan if value is None else value)
+    return out
 
 
 def apply_equivalence(
@@ -148,6 +231,8 @@ __all__ = [
     "EquivalenceRow",
     "apply_equivalence",
     "check_equivalence",
+    "mean_kl",
+    "position_kl",
     "prefix_agreement",
     "token_agreement",
 ]

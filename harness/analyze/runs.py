@@ -275,6 +275,8 @@ def _read_run(
                 "ok": bool(request["ok"]),
                 "output_sha256": request["output_sha256"],
                 "output_text": request["output_text"],
+                # Per-token log-probabilities (JSON), where the workload asked for them.
+                "logprobs": _text_or_none(request.get("logprobs")),
             }
         )
     if (run_dir / LOGITS_DIR).is_dir():
@@ -337,3 +339,7 @@ def _queue(
     last = float(t_ns.max() - t_ns.min()) / 1e9
     spans = list(zip(starts, [*starts[1:], last], strict=True))
     return queue_saturation(run_dir / "route-trace.jsonl", ring, spans)
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None

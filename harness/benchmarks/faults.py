@@ -11,7 +11,10 @@ control:
 * ``ignored``: an adaptive policy under ``fault: ignore-policy`` (reported, never run);
 * ``swapped``: ``fault: swap-weights`` (every 5th expert loaded gets its neighbour's weights);
 * ``fine``: cold experts at 12 bits, declared ``lossy: {margin: 0.1}``;
-* ``coarse``: cold experts at 3 bits, declared the same.
+* ``coarse``: cold experts at 3 bits, declared the same;
+* ``fine_kl`` and ``coarse_kl``: cold experts at 6 and 3 bits, declared ``lossy: {metric: kl,
+  margin: 0.003}`` (nats, from the top 5 log-probabilities every request asks for: at 6 bits the
+  refbox's mean KL is about 0.0002, at 3 bits about 0.01).
 
 Figures, each the share of campaigns (target 1 for the faults and the clean change, 0.95 for
 the lossy pair), beside the baseline the same campaigns give with the statistics alone (the
@@ -20,7 +23,7 @@ comparisons' ``raw_label``: what the harness said before these checks existed):
 * each fault labelled *not engaged* or *corrupt* on every comparison, and none *better*,
   *worse* or *within noise*;
 * the clean change labelled neither;
-* the lossy pair *equivalent* and *not equivalent*.
+* each lossy pair *equivalent* and *not equivalent*.
 
 Full size: 20 campaigns, two at a time (the labels checked do not read timing). ``--quick``: 1,
 which ``tests/analyze/test_faults.py`` runs and then reads whole (record, report, verdict).
@@ -51,6 +54,14 @@ _CELLS: dict[str, dict[str, object]] = {
     "swapped": {"fault": "swap-weights"},
     "fine": {"cold_bits": 12},
     "coarse": {"cold_bits": 3},
+    "fine_kl": {"cold_bits": 6},
+    "coarse_kl": {"cold_bits": 3},
+}
+_LOSSY = {
+    "fine": {"margin": 0.1},
+    "coarse": {"margin": 0.1},
+    "fine_kl": {"metric": "kl", "margin": 0.003},
+    "coarse_kl": {"metric": "kl", "margin": 0.003},
 }
 _FAULTS = ("empty", "ignored", "swapped")
 _BLOCKED = {"not engaged", "corrupt"}
@@ -65,15 +76,15 @@ def card_text(seed: int, pool: Path) -> str:
             "env": {"REFBOX_LAYERS": "2", "REFBOX_EXPERTS": "8"},
             "knobs": {**_BASE, "seed": seed, **knobs},
         }
-        if name in ("fine", "coarse"):
-            cell["lossy"] = {"margin": 0.1}
+        if name in _LOSSY:
+            cell["lossy"] = _LOSSY[name]
         cells[name] = cell
     card = {
         "campaign": f"faults-{seed}",
         "box": "local",
         "runtime": "refbox",
         "prompts": {"pools": [str(pool)], "heldout": {"split": "heldout"}},
-        "workload": {"max_tokens": 12, "warmup_requests": 1, "passes": 1},
+        "workload": {"max_tokens": 12, "warmup_requests": 1, "passes": 1, "logprobs": 5},
         "cells": cells,
         "control": "frozen",
         "design": {"order": "abba", "cycles": 1, "cache_states": ["warm"], "seed": seed},
@@ -166,7 +177,9 @@ def run_bench(quick: bool = False, folder: Path | None = None) -> list[Figure]:
             passed=all(clean),
         )
     )
-    for cell, want in (("fine", "equivalent"), ("coarse", "not equivalent")):
+    pairs = [("fine", "equivalent"), ("coarse", "not equivalent")]
+    pairs += [("fine_kl", "equivalent"), ("coarse_kl", "not equivalent")]
+    for cell, want in pairs:
         hits = [o.equivalence.get(cell) == want for o in outcomes]
         better = [bool(o.raw.get(cell, set()) & {"better"}) for o in outcomes]
         figures.append(

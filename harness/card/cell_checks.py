@@ -53,6 +53,16 @@ def check_cells(card: Card, runtime: RuntimeProfile | None, where: Locator, out:
                 "an equivalence margin compares greedy "
                 "outputs: set workload.temperature to 0, or declare `lossy: true`",
             )
+        if (
+            not isinstance(cell.lossy, bool)
+            and cell.lossy.metric == "kl"
+            and card.workload.logprobs < 1
+        ):
+            out.add(
+                ("cells", name, "lossy", "metric"),
+                "kl compares next-token distributions: set workload.logprobs (e.g. 5) so the "
+                "runtime returns them, or use prefix_agreement",
+            )
         for key, rel in cell.files.items():
             if not _is_file(where, rel):
                 out.add(("cells", name, "files", key), _missing_file(key, rel, where.card_dir))

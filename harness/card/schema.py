@@ -132,6 +132,13 @@ class Workload(Strict):
     temperature: float = Field(
         0.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy, so outputs can be compared"
     )
+    logprobs: int = Field(
+        0,
+        ge=0,
+        le=20,
+        description="top log-probabilities asked for per generated token (OpenAI `logprobs`; "
+        "0: none); the `kl` equivalence metric reads them",
+    )
     phases: list[Phase] | None = Field(None, description="default: one pass over held-out prompts")
 
     @field_validator("phases")
@@ -149,18 +156,30 @@ class Equivalence(Strict):
     """A lossy cell's second endpoint: its greedy outputs on the held-out prompts agree with the
     control's within a non-inferiority margin (docs/design.md#equivalence)."""
 
-    metric: Literal["prefix_agreement", "token_agreement"] = Field(
+    metric: Literal["prefix_agreement", "token_agreement", "kl"] = Field(
         "prefix_agreement",
         description="per prompt: the share of the control's output reproduced before the first "
-        "differing character (prefix_agreement), or at the same positions (token_agreement)",
+        "differing character (prefix_agreement), or at the same positions (token_agreement); "
+        "or the mean per-token KL divergence from the control's next-token distribution, in "
+        "nats, over the tokens both generate alike (kl: needs workload.logprobs)",
     )
     margin: float = Field(
         gt=0,
-        lt=1,
+        le=10,
         allow_inf_nan=False,
         description="how far the mean agreement may fall below the control's own (1): it "
-        "passes when the 95% interval's lower bound is at least 1 - margin",
+        "passes when the 95% interval's lower bound is at least 1 - margin (below 1); for kl, "
+        "the most mean KL allowed: it passes when the interval's upper bound is at most margin",
     )
+
+    @model_validator(mode="after")
+    def _agreement_below_one(self) -> Equivalence:
+        if self.metric != "kl" and self.margin >= 1:
+            raise ValueError(
+                f"margin {self.margin:g} of an agreement (a share, at most 1) excludes nothing: "
+                "give one below 1"
+            )
+        return self
 
 
 class Cell(Strict):

@@ -72,6 +72,8 @@ class RequestResult:
     server_timings: dict[str, Any] | None = None
     prompt_bytes: int = 0  # UTF-8 bytes of the prompt as sent (messages: their contents)
     target_prompt_tokens: int | None = None
+    # Per generated token, when asked for: {"token", "logprob", "top": {token: logprob}}.
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def output_sha256(self) -> str:
@@ -90,6 +92,7 @@ class DriveSpec:
     timeout_s: float = 300.0
     temperature: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    logprobs: int = 0  # top log-probabilities asked for per token (0: none)
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,11 @@ def request_body(spec: DriveSpec, item: WorkItem) -> tuple[str, dict[str, Any]]:
     if spec.flavour == "chat":
         messages = list(item.messages or ()) or [{"role": "user", "content": item.prompt or ""}]
         body["messages"] = messages
+        if spec.logprobs:
+            body.update(logprobs=True, top_logprobs=spec.logprobs)
         return "/v1/chat/completions", body
+    if spec.logprobs:
+        body["logprobs"] = spec.logprobs
     prompt = item.prompt
     if prompt is None:
         prompt = "\n".join(m.get("content", "") for m in item.messages or ())
@@ -135,6 +142,37 @@ def _chunk_text(payload: dict[str, Any]) -> str:
         return str(choice.get("text") or "")
     delta = choice.get("delta") or {}
     return str(delta.get("content") or "")
+
+
+def chunk_logprobs(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunk's tokens with their log-probabilities, as either shape servers send: chat's
+    (and llama-server's) ``content`` list of ``{token, logprob, top_logprobs: [{token,
+    logprob}]}``, or the completions API's parallel ``tokens``, ``token_logprobs`` and
+    ``top_logprobs`` (one ``{token: logprob}`` each). Anything else reads as none."""
+    choices = payload.get("choices") or []
+    block = choices[0].get("logprobs") if choices else None
+    if not isinstance(block, dict):
+        return []
+    out: list[dict[str, Any]] = []
+    if isinstance(block.get("content"), list):
+        for entry in block["content"]:
+            top = {
+                str(t.get("token")): float(t["logprob"])
+                for t in entry.get("top_logprobs") or []
+                if isinstance(t, dict) and isinstance(t.get("logprob"), int | float)
+            }
+            logprob = entry.get("logprob")
+            own = float(logprob) if isinstance(logprob, int | float) else None
+            out.append({"token": str(entry.get("token")), "logprob": own, "top": top})
+        return out
+    tokens = block.get("tokens") or []
+    own_list = block.get("token_logprobs") or [None] * len(tokens)
+    tops = block.get("top_logprobs") or [None] * len(tokens)
+    for token, own, top in zip(tokens, own_list, tops, strict=False):
+        picked = {str(k): float(v) for k, v in (top or {}).items() if isinstance(v, int | float)}
+        value = float(own) if isinstance(own, int | float) else None
+        out.append({"token": str(token), "logprob": value, "top": picked})
+    return out
 
 
 def is_reasoning_chunk(payload: dict[str, Any]) -> bool:
@@ -332,6 +370,8 @@ async def send_one(
                 if payload.get("timings"):
                     result.server_timings = payload["timings"]
                 text = _chunk_text(payload)
+                if spec.logprobs:
+                    result.logprobs.extend(chunk_logprobs(payload))
                 thinking = thinking or is_reasoning_chunk(payload)
                 if text:
                     stalled_since = now

@@ -135,4 +135,5 @@ def run_drive_spec(loaded: LoadedCard, runtime: RunningRuntime) -> DriveSpec:
         timeout_s=workload.request_timeout_s,
         temperature=workload.temperature,
         extra_body=dict(api.extra_body),
+        logprobs=workload.logprobs,
     )

@@ -6,6 +6,7 @@ numbers made run-wide, so a resumed run's records read like those of one that ra
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
@@ -45,6 +46,8 @@ def requests_frame(results: list[RequestResult], cell: str, boot: int = 0) -> pd
                 "output_text": r.output_text,
                 "output_sha256": r.output_sha256,
                 **timings_columns(r.server_timings),
+                # Only where asked for (workload.logprobs): JSON, one entry a token.
+                **({"logprobs": json.dumps(r.logprobs)} if r.logprobs else {}),
             }
         )
     if not rows:

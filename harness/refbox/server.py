@@ -81,7 +81,8 @@ from harness.errors import HarnessError, KnobError
 from harness.formats.maps import read_rowmap, write_count_dump
 from harness.formats.safe_write import write_text_atomic
 from harness.refbox.engine import Engine
-from harness.refbox.model import I64
+from harness.refbox.logprobs import asked_top, token_logprobs
+from harness.refbox.model import F32, I64
 from harness.refbox.options import ServeConfig, error_message, parse_serve_args
 
 __all__ = ["serve_main"]
@@ -392,8 +393,14 @@ class Server:
         asked = args.routed_experts_format == "vllm" or body.get("return_routed_experts") is True
         if args.enable_return_routed_experts and asked and not body.get("stream"):
             routes = []
+        try:
+            meta.top = asked_top(body, chat=chat)
+        except ValueError as exc:
+            raise _bad_request(f"{'top_logprobs' if chat else 'logprobs'}: {exc}") from None
         async with self.serial:
-            tokens = self._tokens(engine, prompt, max_tokens, float(temperature), seed, routes)
+            tokens = self._tokens(
+                engine, prompt, max_tokens, float(temperature), seed, routes, meta.top is not None
+            )
             if body.get("stream"):
                 return await self._stream(request, tokens, meta, usage, include_usage)
             return await self._whole(tokens, meta, usage, routes)
@@ -401,7 +408,7 @@ class Server:
     async def _stream(
         self,
         request: web.Request,
-        tokens: AsyncIterator[int],
+        tokens: AsyncIterator[tuple[int, F32 | None]],
         meta: _Meta,
         usage: dict[str, int],
         include_usage: bool,
@@ -412,11 +419,16 @@ class Server:
         await response.prepare(request)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         index = 0
-        async for token in tokens:
+        async for token, logits in tokens:
             index += 1
             text = decoder.decode(bytes((token,)), final=index == usage["completion_tokens"])
             finish = "length" if index == usage["completion_tokens"] else None
-            await _send(response, meta.chunk(text, finish, first=index == 1))
+            chunk = meta.chunk(text, finish, first=index == 1)
+            if logits is not None and meta.top is not None:
+                chunk["choices"][0]["logprobs"] = token_logprobs(
+                    token, logits, meta.top, chat=meta.chat, offset=index - 1
+                )
+            await _send(response, chunk)
             if await self._after_token():
                 return response  # shutting down during an injected hang
         if include_usage:
@@ -427,13 +439,13 @@ class Server:
 
     async def _whole(
         self,
-        tokens: AsyncIterator[int],
+        tokens: AsyncIterator[tuple[int, F32 | None]],
         meta: _Meta,
         usage: dict[str, int],
         routes: list[I64] | None = None,
     ) -> web.Response:
         out = bytearray()
-        async for token in tokens:
+        async for token, _ in tokens:  # log-probabilities are streamed only
             out.append(token)
             if await self._after_token():
                 raise web.HTTPServiceUnavailable(text="shutting down")
@@ -471,16 +483,21 @@ class Server:
         temperature: float,
         seed: int,
         routes: list[I64] | None = None,
-    ) -> AsyncIterator[int]:
-        """Run the engine's generator in a worker thread and hand its tokens to the loop."""
+        with_logits: bool = False,
+    ) -> AsyncIterator[tuple[int, F32 | None]]:
+        """Run the engine's generator in a worker thread and hand its tokens to the loop, each
+        with the logits it was picked from when ``with_logits``."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         cancel = threading.Event()
 
         def work() -> None:
             try:
-                for token in engine.generate(prompt, max_tokens, temperature, seed, routes):
-                    loop.call_soon_threadsafe(queue.put_nowait, token)
+                picked: list[F32] | None = [] if with_logits else None
+                generated = engine.generate(prompt, max_tokens, temperature, seed, routes, picked)
+                for token in generated:
+                    item = (token, picked[-1] if picked else None)
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
                     if cancel.is_set():
                         break
             except BaseException as exc:  # handed to the request, which re-raises it
@@ -496,7 +513,7 @@ class Server:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                assert isinstance(item, int)
+                assert isinstance(item, tuple)
                 yield item
         finally:
             cancel.set()
@@ -539,6 +556,7 @@ class _Meta:
 
     def __init__(self, id: str, created: int, model: str, chat: bool) -> None:
         self.id, self.created, self.model, self.chat = id, created, model, chat
+        self.top: int | None = None  # top log-probabilities asked for per token
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}

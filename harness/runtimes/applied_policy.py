@@ -84,9 +84,7 @@ def add_exit_counters(
     payload: dict[str, Any], specs: Sequence[LogCounter], text: str, *, where: str
 ) -> dict[str, Any]:
     """``counters.json`` with the exit counters read from the log after the stop: before 0 (the
-    process counted from its boot), after and delta the value printed. With no line, a ``sum``
-    or ``count`` counter is 0 (no event: vLLM printed no offload line), a ``last`` one missing
-    (its cumulative line was never printed)."""
+    process counted from its boot), after and delta the value printed; missing when no line."""
     exits = exit_specs(specs)
     if not exits:
         return payload
@@ -97,10 +95,10 @@ def add_exit_counters(
     missing = dict(payload.get("missing") or {})
     for spec in exits:
         for name in spec.counters():
-            if name in snapshot or spec.mode != "last":
+            if name in snapshot:
                 before[name] = 0.0
-                after[name] = snapshot.get(name, 0.0)
-                delta[name] = snapshot.get(name, 0.0)
+                after[name] = snapshot[name]
+                delta[name] = snapshot[name]
                 missing.pop(name, None)
             else:
                 missing[name] = (

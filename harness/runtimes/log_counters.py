@@ -85,15 +85,13 @@ def missing_log_counters(
     before: dict[str, float] | None,
     after: dict[str, float] | None,
 ) -> dict[str, str]:
-    """{counter: why it has no delta} for the declared live counters a run could not count.
+    """{counter: why it has no delta} for the declared counters a run could not count.
 
     ``before`` comes from :func:`start_snapshot`, so a counter absent there is a ``last`` one
     whose line was not printed yet: what the process had counted is unknown.
     """
     missing: dict[str, str] = {}
     for spec in specs:
-        if spec.at == "exit":
-            continue  # read after the stop: add_exit_counters says what it lacks
         for name in spec.counters():
             if after is None or name not in after:
                 missing[name] = "no log line gave it by the end of the run"

@@ -3,14 +3,23 @@ declarations, and the reference runtime's load faults that feed them (issue 55).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.special import log_softmax
+from scipy.stats import entropy
 
 from harness.analyze.canaries import _first_difference
-from harness.analyze.equivalence import check_equivalence, prefix_agreement, token_agreement
+from harness.analyze.equivalence import (
+    check_equivalence,
+    mean_kl,
+    position_kl,
+    prefix_agreement,
+    token_agreement,
+)
 from harness.card.schema import Card, Equivalence
 from harness.refbox.model import ModelConfig, expert_weights
 from harness.refbox.tiers import RowmapTiers, SlowTier
@@ -26,12 +35,12 @@ def test_agreement_counts_what_the_control_wrote() -> None:
     assert prefix_agreement("", "") == token_agreement("", "") == 1.0
 
 
-def _card(margin: float) -> Card:
+def _card(margin: float, metric: str = "prefix_agreement") -> Card:
     return Card.model_validate(
         {
             "campaign": "eq",
             "prompts": {"pools": ["p.jsonl"]},
-            "cells": {"a": {}, "b": {"lossy": {"margin": margin}}},
+            "cells": {"a": {}, "b": {"lossy": {"margin": margin, "metric": metric}}},
             "control": "a",
         }
     )
@@ -90,6 +99,74 @@ def test_a_margin_must_leave_room_both_ways() -> None:
         Equivalence(margin=0)
     with pytest.raises(ValueError):
         Equivalence(margin=1)
+    assert Equivalence(metric="kl", margin=2).margin == 2  # nats: no ceiling of 1
+
+
+def _top(log_p: np.ndarray, n: int) -> dict[str, float]:
+    order = np.argsort(-log_p)[:n]
+    return {f"t{i}": float(log_p[i]) for i in order}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kl_is_the_full_divergence_coarsened_to_the_shared_top_tokens(seed: int) -> None:
+    # Two next-token distributions over 64 tokens; the runtime returns only each one's top 5.
+    # The reference figure is scipy's KL of the two full distributions, each summed into the
+    # same partition (the tokens both top lists hold, and the rest), computed from the full
+    # distributions rather than from the top lists.
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, 64)
+    p_log = log_softmax(logits)
+    q_log = log_softmax(logits + rng.normal(0, 0.5 + seed * 0.3, 64))
+    p_top, q_top = _top(p_log, 5), _top(q_log, 5)
+    shared = [int(t[1:]) for t in set(p_top) & set(q_top)]
+    rest = np.setdiff1d(np.arange(64), shared)
+    p, q = np.exp(p_log), np.exp(q_log)
+    coarse_p = np.append(p[shared], p[rest].sum())
+    coarse_q = np.append(q[shared], q[rest].sum())
+    assert position_kl(p_top, q_top) == pytest.approx(entropy(coarse_p, coarse_q), rel=1e-9)
+    assert position_kl(p_top, q_top) <= entropy(p, q) + 1e-12  # never more than the full KL
+    # Every token listed: the figure is the full divergence.
+    everything_p, everything_q = _top(p_log, 64), _top(q_log, 64)
+    assert position_kl(everything_p, everything_q) == pytest.approx(entropy(p, q), rel=1e-6)
+    assert position_kl(p_top, p_top) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_kl_counts_the_positions_of_one_context_and_stops_after_a_divergence() -> None:
+    near = {"a": -0.1, "b": -2.5}
+    far = {"a": -2.5, "b": -0.1}
+    control = [{"token": "a", "top": near}] * 4
+    # The cell picks "b" at position 2: that position counts (same context), the rest do not.
+    cell = [{"token": "a", "top": near}, {"token": "a", "top": near}]
+    cell += [{"token": "b", "top": far}, {"token": "a", "top": far}]
+    value = mean_kl(cell, control)  # type: ignore[arg-type]
+    assert value == pytest.approx(position_kl(near, far) / 3)
+    assert mean_kl([], control) is None  # type: ignore[arg-type]
+
+
+def _kl_outputs(shift: list[float]) -> pd.DataFrame:
+    rows = []
+    for i, delta in enumerate(shift):
+        ref = {"x": -0.05, "y": -3.0}
+        moved = {"x": -0.05 - delta, "y": -3.0 + delta}
+        for name, top in (("a", ref), ("b", moved)):
+            entries = [{"token": "x", "logprob": top["x"], "top": top}] * 4
+            rows.append(
+                {"cell": name, "prompt_id": f"p{i}", "phase": "main", "ok": True,
+                 "output_text": "xxxx", "logprobs": json.dumps(entries)}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_kl_endpoint_passes_under_its_margin_and_fails_over_it() -> None:
+    card = _card(0.05, "kl")
+    (row,) = check_equivalence(card, _kl_outputs([0.0] * 6))
+    assert row.verdict == "equivalent" and row.mean == pytest.approx(0.0, abs=1e-12)
+    (row,) = check_equivalence(card, _kl_outputs([2.0, 2.1, 2.2, 2.0, 2.1, 2.2]))
+    assert row.verdict == "not equivalent" and row.ci95 is not None and row.ci95[0] > 0.05
+    assert "nats over 6 prompts, needs <= 0.05" in row.words()
+    # Without logprobs there is nothing to judge: no prompt, no interval.
+    (row,) = check_equivalence(card, _kl_outputs([0.0] * 6).drop(columns="logprobs"))
+    assert row.verdict == "not shown" and row.prompts == 0
 
 
 def test_the_load_faults_change_loads_and_never_the_file() -> None:
@@ -105,3 +182,18 @@ def test_the_load_faults_change_loads_and_never_the_file() -> None:
     tiers = RowmapTiers(swapped, [[0]])
     tiers.swap(0, promoted=1, evicted=0)  # the evicted row is not written back over the file
     assert np.array_equal(swapped.read(0, 0), truth[0].ravel())
+
+
+def test_a_kl_margin_without_logprobs_asked_for_is_refused(tmp_path: Path) -> None:
+    pool = DATA / "pools" / "small.jsonl"
+    card = tmp_path / "kl.yaml"
+    card.write_text(
+        f"campaign: kl\nruntime: refbox\nprompts: {{pools: [{pool}]}}\ncontrol: a\n"
+        "cells:\n  a: {}\n  b: {lossy: {metric: kl, margin: 0.05}}\n",
+        encoding="utf-8",
+    )
+    result = run_cli("validate", str(card))
+    assert result.code == 2 and "cells.b.lossy.metric" in result.stdout + result.stderr
+    assert "set workload.logprobs" in result.stdout + result.stderr
+    card.write_text(card.read_text().replace("control: a", "control: a\nworkload: {logprobs: 5}"))
+    assert run_cli("validate", str(card)).code == 0

@@ -15,6 +15,9 @@ boots a cell, 2 layers of 8 experts), each treatment against a frozen control wi
 * ``fine`` and ``coarse``: cold experts quantized to 12 and 3 bits, declared lossy with a
   margin of 0.1 on prefix agreement. 12 bits reproduce the control's outputs; 3 bits keep about
   a third: *equivalent*, and *not equivalent* whatever its speed.
+* ``fine_kl`` and ``coarse_kl``: 6 and 3 bits, declared lossy with a margin of 0.003 nats of
+  mean per-token KL, read from the top 5 log-probabilities the refbox streams with every token:
+  the same two answers from the distributions rather than the text.
 
 Each such cell's comparisons carry no other label, the gates fail saying which signature,
 boot and token, and record, report and terminal say so. Before issue 55 there were no such
@@ -46,7 +49,8 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
         labels.setdefault(c.cell, set()).add(str(c.comparison.label))
     assert labels["ignored"] == labels["empty"] == {"not engaged"}, labels
     assert labels["swapped"] == {"corrupt"} and labels["coarse"] == {"not equivalent"}, labels
-    for cell in ("adaptive", "fine"):
+    assert labels["coarse_kl"] == {"not equivalent"}, labels
+    for cell in ("adaptive", "fine", "fine_kl"):
         assert not labels[cell] & {"not engaged", "corrupt", "not equivalent"}, labels
 
     # Engagement: which signature failed on which boots, and what no signature covers.
@@ -77,6 +81,9 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     equivalence = {r.cell: r for r in analysis.equivalence}
     assert equivalence["fine"].verdict == "equivalent", equivalence
     assert equivalence["coarse"].verdict == "not equivalent", equivalence
+    fine_kl, coarse_kl = equivalence["fine_kl"], equivalence["coarse_kl"]
+    assert fine_kl.verdict == "equivalent" and coarse_kl.verdict == "not equivalent"
+    assert fine_kl.prompts == coarse_kl.prompts == 8 and fine_kl.mean < coarse_kl.mean
 
     # Where people read: the verdict, the record, the report, the terminal.
     verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
@@ -90,6 +97,9 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     assert "swapped/warm: ratio" in better and "corrupt (statistically" in better
     assert not gates["canaries"]["passed"] and first.words() in gates["canaries"]["reason"]
     assert gates["equivalence"]["reason"].startswith("coarse: not equivalent, prefix agreement")
+    assert "coarse_kl: not equivalent, KL " in gates["equivalence"]["reason"]
+    assert not gates["engagement"]["passed"]
+    assert gates["engagement"]["reason"].startswith("empty: not engaged: hot_slots=8")
     record = (root / "record.md").read_text(encoding="utf-8")
     lines = {x.split("**")[1]: x for x in record.splitlines() if x.startswith("- **")}
     assert "— not engaged: hot_slots=8: hit_rate > 0 not shown on 2 of 2 boots" in lines["empty"]
@@ -103,6 +113,7 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
         "— corrupt: canary outputs differ from the control's on 2 of 2 boots" in (lines["swapped"])
     )
     assert "outputs against the control's: prefix agreement 1.00 [1.00, 1.00]" in lines["fine"]
+    assert "nats over 8 prompts, needs <= 0.003" in lines["fine_kl"]
     report = (root / "report.html").read_text(encoding="utf-8")
     assert report.count('<p class="small engagement"><span class="pill bad">') == 2
     for pill in ('bad">corrupt', 'bad">not equivalent', 'neutral">equivalent'):

@@ -112,7 +112,7 @@ def test_shipped_profiles_validate_and_a_bad_column_map_is_named(tmp_path: Path)
     assert result.code == 0, result.stderr
     assert (
         "ok: " in result.stdout
-        and "(runtime ds4, command driver, 15 knobs, 4 log counters)" in (result.stdout)
+        and "(runtime ds4, command driver, 15 knobs, 6 log counters)" in (result.stdout)
     )
     bad = tmp_path / "runtimes" / "ds4.yaml"
     bad.parent.mkdir()
