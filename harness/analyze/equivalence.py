@@ -17,10 +17,16 @@ greedy outputs on the held-out prompts are compared with the control's, prompt b
   tokens hold all the mass).
 
 The unit is the prompt (its value averaged over the cell's boots); the endpoint is the mean over
-prompts with a t interval (agreements clipped to [0, 1], KL to [0, inf)). An agreement is
-*equivalent* when the interval's lower bound is at least ``1 - margin``, *not equivalent* when
-its upper bound is below; a KL is *equivalent* when the upper bound is at most ``margin``, *not
-equivalent* when the lower bound is above; otherwise not shown. A *better* needs both
+prompts with a 95% interval. An agreement's is the one for any values in [0, 1]
+(:mod:`harness.stats.bounded`: outputs that mostly agree exactly have no spread, and a t
+interval over them would claim what a few prompts cannot show); it is *equivalent* when the
+lower bound is at least ``1 - margin``, *not equivalent* when the upper bound is below, and
+otherwise not shown, with how many prompts would show it. A KL's runs from the t lower bound
+(conservative for right-skewed values) to a Cantelli upper bound (see ``_CANTELLI``); it is
+*equivalent* when the upper bound is at most ``margin`` and *not equivalent* when the lower
+bound is above. KL has no bound free of assumptions: a prompt far off the rest that the sample
+missed is not covered (8 prompts of which one in ten is far off: the upper bound holds the true
+mean in about half the campaigns). A *better* needs both
 endpoints: a not-equivalent cell's comparisons are labelled so, and a *better* whose
 equivalence is not shown reads *inconclusive*.
 """
@@ -38,10 +44,16 @@ import pandas as pd
 from harness.analyze.compare import CellComparison
 from harness.card import Card
 from harness.card.schema import Equivalence
+from harness.stats.bounded import needed_for_lower, unit_mean_interval
 from harness.stats.distributions import t_ppf
 from harness.stats.labels import Label
 
-_MIN_PROMPTS = 3  # fewer prompts give no interval worth the name
+_MIN_PROMPTS = 3  # a KL over fewer prompts gives no interval worth the name
+# A KL's upper bound: Cantelli's one-sided k = sqrt((1 - a) / a) at a = 2.5%, with the sample
+# spread, as wide as the distribution-free bound for a known variance. The t bound's 2.4 spreads
+# held the true mean in 72-88% of simulated campaigns of skewed (lognormal) per-prompt KL at 8 to
+# 32 prompts; this one in 90-99.8% (tests/stats/test_bounded.py).
+_CANTELLI = math.sqrt(0.975 / 0.025)
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,7 @@ class EquivalenceRow:
     ci95: tuple[float, float] | None
     verdict: str  # "equivalent", "not equivalent" or "not shown"
     worst: tuple[str, ...] = ()  # prompt ids with the lowest agreement
+    needed: int | None = None  # prompts that, agreeing as these do, would show it (not shown)
 
     def words(self) -> str:
         """``prefix agreement 0.42 [0.30, 0.55] over 12 prompts, needs >= 0.90`` (a KL: ``kl
@@ -66,9 +79,10 @@ class EquivalenceRow:
                 f"KL {self.mean:.3g}{ci} nats over {self.prompts} prompts, needs <= {self.margin:g}"
             )
         ci = f" [{self.ci95[0]:.2f}, {self.ci95[1]:.2f}]" if self.ci95 else " (no interval)"
+        more = f" (about {self.needed} prompts agreeing as these do would show it)"
         return (
             f"{self.metric.replace('_', ' ')} {self.mean:.2f}{ci} over {self.prompts} prompts, "
-            f"needs >= {1 - self.margin:.2f}"
+            f"needs >= {1 - self.margin:.2f}" + (more if self.needed else "")
         )
 
 
@@ -133,25 +147,29 @@ def _endpoint(cell: str, spec: Equivalence, per_prompt: pd.Series) -> Equivalenc
     n = len(values)
     mean = float(values.mean()) if n else math.nan
     ci: tuple[float, float] | None = None
-    kl = spec.metric == "kl"
-    if n >= _MIN_PROMPTS:
-        half = t_ppf(0.975, n - 1) * float(values.std(ddof=1)) / math.sqrt(n)
-        ci = (max(0.0, mean - half), mean + half if kl else min(1.0, mean + half))
+    needed: int | None = None
     verdict = "not shown"
-    if ci is not None and kl:
-        if ci[1] <= spec.margin:
-            verdict = "equivalent"
-        elif ci[0] > spec.margin:
-            verdict = "not equivalent"
-    elif ci is not None and ci[0] >= 1.0 - spec.margin:
-        verdict = "equivalent"
-    elif ci is not None and ci[1] < 1.0 - spec.margin:
-        verdict = "not equivalent"
-    if kl:  # the farthest prompts
+    if spec.metric == "kl":
+        if n >= _MIN_PROMPTS:
+            spread = float(values.std(ddof=1)) / math.sqrt(n)
+            ci = (max(0.0, mean - t_ppf(0.975, n - 1) * spread), mean + _CANTELLI * spread)
+            if ci[1] <= spec.margin:
+                verdict = "equivalent"
+            elif ci[0] > spec.margin:
+                verdict = "not equivalent"
         worst = tuple(str(p) for p in per_prompt.sort_values().index[::-1][:3] if per_prompt[p] > 0)
     else:
+        floor = 1.0 - spec.margin
+        if n:
+            ci = unit_mean_interval(values.tolist())
+            if ci[0] >= floor:
+                verdict = "equivalent"
+            elif ci[1] < floor:
+                verdict = "not equivalent"
+            else:
+                needed = needed_for_lower(mean, floor)
         worst = tuple(str(p) for p in per_prompt.sort_values().index[:3] if per_prompt[p] < 1.0)
-    return EquivalenceRow(cell, spec.metric, spec.margin, n, mean, ci, verdict, worst)
+    return EquivalenceRow(cell, spec.metric, spec.margin, n, mean, ci, verdict, worst, needed)
 
 
 def check_equivalence(card: Card, outputs: pd.DataFrame) -> list[EquivalenceRow]:

@@ -1,4 +1,4 @@
-"""Student's t, the normal and chi-square: the tails and quantiles the analysis reads.
+"""Student's t, the normal, chi-square and beta: the tails and quantiles the analysis reads.
 
 Each is the special function ``scipy.stats`` itself calls for that distribution (scipy 1.17's
 ``t_gen``, ``norm_gen`` and ``chi2_gen`` delegate to exactly these), so the numbers are the
@@ -83,12 +83,18 @@ def chi2_isf(q: float, df: float) -> float:
     return float(special.chdtri(df, q))
 
 
+def beta_ppf(q: float, a: float, b: float) -> float:
+    """The q quantile of Beta(a, b) (``scipy.stats.beta.ppf``)."""
+    return float(special.betaincinv(a, b, q))
+
+
 def chi2_ppf(q: float, df: float) -> float:
     """The q quantile of chi-square(df) (``scipy.stats.chi2.ppf``)."""
     return float(2.0 * special.gammaincinv(df / 2.0, q))
 
 
 __all__ = [
+    "beta_ppf",
     "chi2_isf",
     "chi2_ppf",
     "norm_cdf",

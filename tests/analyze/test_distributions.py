@@ -47,3 +47,9 @@ def test_chi_square_is_scipys(df: int) -> None:
     for q in LEVELS:
         assert dist.chi2_isf(q, df) == float(sps.chi2.isf(q, df)), (q, df)
         assert dist.chi2_ppf(q, df) == float(sps.chi2.ppf(q, df)), (q, df)
+
+
+@pytest.mark.parametrize(("a", "b"), [(1.0, 8.0), (3.5, 20.25), (17.0, 1.5), (0.5, 0.5)])
+def test_beta_is_scipys(a: float, b: float) -> None:
+    for q in (0.001, 0.025, 0.5, 0.975, 0.999):
+        assert dist.beta_ppf(q, a, b) == float(sps.beta.ppf(q, a, b)), (q, a, b)

@@ -57,8 +57,14 @@ def _outputs(control: list[str], cell: list[str]) -> pd.DataFrame:
 
 def test_the_endpoint_passes_fails_or_says_not_shown() -> None:
     same = ["abcdefghij"] * 6
+    # Six prompts that all agree cannot show a 10% margin: one prompt in ten diverging would
+    # go unseen in six about half the time. 36 can.
     (row,) = check_equivalence(_card(0.1), _outputs(same, same))
-    assert row.verdict == "equivalent" and row.ci95 == (1.0, 1.0) and row.prompts == 6
+    assert row.verdict == "not shown" and row.needed == 36 and row.prompts == 6
+    assert row.ci95 is not None and row.ci95[0] == pytest.approx(0.025 ** (1 / 6))
+    assert "about 36 prompts agreeing as these do would show it" in row.words()
+    (row,) = check_equivalence(_card(0.1), _outputs(same * 6, same * 6))
+    assert row.verdict == "equivalent" and row.ci95 is not None and row.ci95[0] >= 0.9
     broken = ["abXdefghij"] * 6  # 20% of each output before the first difference
     (row,) = check_equivalence(_card(0.1), _outputs(same, broken))
     assert row.verdict == "not equivalent" and row.mean == pytest.approx(0.2)

@@ -13,8 +13,9 @@ boots a cell, 2 layers of 8 experts), each treatment against a frozen control wi
   neighbour's weights). No counter shows it; its canaries and scored greedy outputs do, on
   every boot: *corrupt*.
 * ``fine`` and ``coarse``: cold experts quantized to 12 and 3 bits, declared lossy with a
-  margin of 0.1 on prefix agreement. 12 bits reproduce the control's outputs; 3 bits keep about
-  a third: *equivalent*, and *not equivalent* whatever its speed.
+  margin of 0.2 on prefix agreement. 12 bits reproduce the control's outputs on all 20 prompts
+  (a lower bound of 0.83: 20 is about the fewest that can show 0.8); 3 bits keep about a third:
+  *equivalent*, and *not equivalent* whatever its speed.
 * ``fine_kl`` and ``coarse_kl``: 6 and 3 bits, declared lossy with a margin of 0.003 nats of
   mean per-token KL, read from the top 5 log-probabilities the refbox streams with every token:
   the same two answers from the distributions rather than the text.
@@ -83,7 +84,7 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     assert equivalence["coarse"].verdict == "not equivalent", equivalence
     fine_kl, coarse_kl = equivalence["fine_kl"], equivalence["coarse_kl"]
     assert fine_kl.verdict == "equivalent" and coarse_kl.verdict == "not equivalent"
-    assert fine_kl.prompts == coarse_kl.prompts == 8 and fine_kl.mean < coarse_kl.mean
+    assert fine_kl.prompts == coarse_kl.prompts == 20 and fine_kl.mean < coarse_kl.mean
 
     # Where people read: the verdict, the record, the report, the terminal.
     verdict = json.loads((root / "verdict.json").read_text(encoding="utf-8"))
@@ -112,8 +113,8 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     assert (
         "— corrupt: canary outputs differ from the control's on 2 of 2 boots" in (lines["swapped"])
     )
-    assert "outputs against the control's: prefix agreement 1.00 [1.00, 1.00]" in lines["fine"]
-    assert "nats over 8 prompts, needs <= 0.003" in lines["fine_kl"]
+    assert "outputs against the control's: prefix agreement 1.00 [0.83, 1.00]" in lines["fine"]
+    assert "nats over 20 prompts, needs <= 0.003" in lines["fine_kl"]
     report = (root / "report.html").read_text(encoding="utf-8")
     assert report.count('<p class="small engagement"><span class="pill bad">') == 2
     for pill in ('bad">corrupt', 'bad">not equivalent', 'neutral">equivalent'):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from harness.boxes.local import LocalBox
 from harness.card import Cell
 from harness.card.resolve import load_runtime_profile
+from harness.drive.client import DriveSpec, PhasePlan, WorkItem, run_drive
 from harness.errors import RecordError
 from harness.profiles.box import BoxSpec
 from harness.profiles.telemetry import LogCounter
@@ -141,8 +143,20 @@ def test_llama_server_timing_lines_count_the_tokens_of_the_requests_between(
             completion += answer["usage"]["completion_tokens"]
             prompt += answer["usage"]["prompt_tokens"]
         after = log_snapshot(box.read_text(spec.log_path), specs)
+        # The log-probabilities llama-server streams (its `logprobs` alias of n_probs, answered
+        # in chat's `content` shape), as the harness's client reads them.
+        drive = DriveSpec(base_url=runtime.base_url, flavour="completions", model="m",
+                          extra_body={"cache_prompt": False}, logprobs=3)  # fmt: skip
+        item = WorkItem("p", "prose", "main", 0, 8, prompt="The lighthouse keeper")
+        (streamed,) = run_drive(drive, [PhasePlan("main", 0, (item,))])
     finally:
         assert runtime.stop()
+    assert streamed.ok and len(streamed.logprobs) == streamed.completion_tokens == 8
+    assert "".join(t["token"] for t in streamed.logprobs) == streamed.output_text
+    for token in streamed.logprobs:
+        top = token["top"]
+        assert len(top) == 3 and sum(math.exp(v) for v in top.values()) <= 1 + 1e-6
+        assert token["logprob"] == pytest.approx(max(top.values()))  # greedy: the top one
     assert missing_log_counters(specs, before, after) == {}
     assert after["log_eval_tokens"] - before["log_eval_tokens"] == completion
     assert after["log_prompt_tokens"] - before["log_prompt_tokens"] == prompt

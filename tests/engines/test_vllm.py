@@ -456,6 +456,7 @@ def test_expert_offload_on_the_cpu_build_is_not_engaged(vllm_env: Path, tmp_path
         tmp_path / "card",
         {
             "requests: 6": "requests: 2",
+            "warmup_requests: 1": "warmup_requests: 1\n  logprobs: 3",
             shipped[shipped.index("cells:\n") : shipped.index("design:")]: cells,
             shipped[
                 shipped.index("gates:\n") :
@@ -470,6 +471,16 @@ def test_expert_offload_on_the_cpu_build_is_not_engaged(vllm_env: Path, tmp_path
         log = (folder / "server.log").read_text(encoding="utf-8")
         assert "Total CPU offloaded parameters" not in log  # what the signature counts
         assert ("Offloader set to UVAOffloader" in log) == ("-offload-" in folder.name)
+        # workload.logprobs: vLLM's completions stream (`tokens`, `token_logprobs`,
+        # `top_logprobs`), as the client read it: one entry a token, greedy picks the top one.
+        requests = pd.read_parquet(folder / "requests.parquet")
+        for row in requests.itertuples():
+            tokens = json.loads(row.logprobs)
+            assert len(tokens) == row.completion_tokens == 16
+            assert "".join(t["token"] for t in tokens) == row.output_text
+            for token in tokens:
+                assert len(token["top"]) == 3
+                assert token["logprob"] == pytest.approx(max(token["top"].values()))
     from harness.analyze.campaign import analyze_campaign
 
     analysis = analyze_campaign(root)
