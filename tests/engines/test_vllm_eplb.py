@@ -156,17 +156,22 @@ prefetch.logger.info(line)
 """
 
 
-@pytest.mark.slow
-def test_the_offload_lines_as_vllm_prints_them_are_the_signatures_counters() -> None:
+def _in_vllms_venv(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by the python of vLLM's venv (built when missing), which must succeed."""
     from harness.runtimes.vllm import build
 
     build.ensure_built()
     python = build.cache_root() / "vllm" / "venv" / "bin" / "python"
     done = subprocess.run(
-        [str(python), "-c", PRINT_OFFLOAD_LINES], capture_output=True, text=True, timeout=300,
-        check=False,
-    )  # fmt: skip
+        [str(python), "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+@pytest.mark.slow
+def test_the_offload_lines_as_vllm_prints_them_are_the_signatures_counters() -> None:
+    done = _in_vllms_venv(PRINT_OFFLOAD_LINES)
     log = done.stdout + done.stderr
     assert "Total CPU offloaded parameters: 3.0" in log, log[-2000:]
     profile = load_runtime_profile(RUNTIMES / "vllm.yaml")
@@ -190,16 +195,7 @@ LIST_VLLM_FLAGS = (
 def test_every_flag_of_the_vllm_profile_is_one_vllms_own_parser_declares() -> None:
     # vLLM 0.32's engine arguments, as its own parser builds them (the CPU build's: the same
     # arg_utils.py a CUDA build has).
-    from harness.runtimes.vllm import build
-
-    build.ensure_built()
-    python = build.cache_root() / "vllm" / "venv" / "bin" / "python"
-    done = subprocess.run(
-        [str(python), "-c", LIST_VLLM_FLAGS], capture_output=True, text=True, timeout=300,
-        check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    declared = set(done.stdout.split())
+    declared = set(_in_vllms_venv(LIST_VLLM_FLAGS).stdout.split())
     profile = load_runtime_profile(RUNTIMES / "vllm.yaml")
     flags = {spec.arg for spec in profile.knobs.values() if spec.arg}
     flags |= {spec.off_arg for spec in profile.knobs.values() if spec.off_arg}
