@@ -44,7 +44,7 @@ import pandas as pd
 from harness.analyze.compare import CellComparison
 from harness.card import Card
 from harness.card.schema import Equivalence
-from harness.stats.bounded import needed_for_lower, unit_mean_interval
+from harness.stats.bounded import needed_for_lower, needed_for_upper, unit_mean_interval
 from harness.stats.distributions import t_ppf
 from harness.stats.labels import Label
 
@@ -79,7 +79,8 @@ class EquivalenceRow:
                 f"KL {self.mean:.3g}{ci} nats over {self.prompts} prompts, needs <= {self.margin:g}"
             )
         ci = f" [{self.ci95[0]:.2f}, {self.ci95[1]:.2f}]" if self.ci95 else " (no interval)"
-        more = f" (about {self.needed} prompts agreeing as these do would show it)"
+        way = "show it" if self.mean > 1 - self.margin else "show it falls short"
+        more = f" (about {self.needed} prompts agreeing as these do would {way})"
         return (
             f"{self.metric.replace('_', ' ')} {self.mean:.2f}{ci} over {self.prompts} prompts, "
             f"needs >= {1 - self.margin:.2f}" + (more if self.needed else "")
@@ -167,7 +168,7 @@ def _endpoint(cell: str, spec: Equivalence, per_prompt: pd.Series) -> Equivalenc
             elif ci[1] < floor:
                 verdict = "not equivalent"
             else:
-                needed = needed_for_lower(mean, floor)
+                needed = needed_for_lower(mean, floor) or needed_for_upper(mean, floor)
         worst = tuple(str(p) for p in per_prompt.sort_values().index[:3] if per_prompt[p] < 1.0)
     return EquivalenceRow(cell, spec.metric, spec.margin, n, mean, ci, verdict, worst, needed)
 

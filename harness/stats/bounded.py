@@ -16,7 +16,7 @@ says how many.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from harness.stats.distributions import beta_ppf
 
@@ -38,19 +38,32 @@ def needed_for_lower(mean: float, floor: float, confidence: float = 0.95) -> int
     None when no count can (the mean is not above the floor)."""
     if mean <= floor:
         return None
+    return _fewest(lambda n: unit_mean_interval([mean] * n, confidence)[0] >= floor)
+
+
+def needed_for_upper(mean: float, floor: float, confidence: float = 0.95) -> int | None:
+    """How many values with this ``mean`` put the interval's upper bound below ``floor``; None
+    when no count can (the mean is not below the floor)."""
+    if mean >= floor:
+        return None
+    return _fewest(lambda n: unit_mean_interval([mean] * n, confidence)[1] < floor)
+
+
+def _fewest(shown: Callable[[int], bool]) -> int | None:
+    """The least n for which ``shown(n)`` holds, ``shown`` turning true for good as n grows."""
     n = 1
-    while unit_mean_interval([mean] * n, confidence)[0] < floor:
+    while not shown(n):
         n *= 2
         if n > 1_000_000:
             return None
-    low, high = n // 2, n  # the bound rises with n at a fixed mean: bisect the first count
+    low, high = n // 2, n
     while low + 1 < high:
         middle = (low + high) // 2
-        if unit_mean_interval([mean] * middle, confidence)[0] >= floor:
+        if shown(middle):
             high = middle
         else:
             low = middle
     return high
 
 
-__all__ = ["needed_for_lower", "unit_mean_interval"]
+__all__ = ["needed_for_lower", "needed_for_upper", "unit_mean_interval"]

@@ -73,6 +73,7 @@ def test_the_endpoint_passes_fails_or_says_not_shown() -> None:
     (row,) = check_equivalence(_card(0.1), _outputs(same, mixed))
     assert row.verdict == "not shown" and row.ci95 is not None
     assert row.ci95[0] < 0.9 < row.ci95[1] and row.worst == ("p5",)
+    assert "about 102 prompts agreeing as these do would show it falls short" in row.words()
     assert "needs >= 0.90" in row.words()
 
 

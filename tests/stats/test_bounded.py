@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness.analyze.equivalence import _CANTELLI
-from harness.stats.bounded import needed_for_lower, unit_mean_interval
+from harness.stats.bounded import needed_for_lower, needed_for_upper, unit_mean_interval
 from harness.stats.distributions import t_ppf
 
 Draw = Callable[[np.random.Generator, int], np.ndarray]
@@ -65,6 +65,11 @@ def test_all_agreeing_prompts_bound_the_mean_as_the_rule_of_three_says() -> None
         assert unit_mean_interval([1.0] * n)[0] == pytest.approx(0.025 ** (1 / n))
     assert needed_for_lower(1.0, 0.9) == 36 and needed_for_lower(1.0, 0.8) == 17
     assert needed_for_lower(0.85, 0.9) is None  # a mean under the floor: no count shows it
+    # The other way: a mean of 0.67 against 0.8 needs this many prompts to be shown below it.
+    n = needed_for_upper(0.67, 0.8)
+    assert n is not None and unit_mean_interval([0.67] * n)[1] < 0.8
+    assert unit_mean_interval([0.67] * (n - 1))[1] >= 0.8
+    assert needed_for_upper(0.85, 0.8) is None
     assert unit_mean_interval([]) == (0.0, 1.0)
 
 
