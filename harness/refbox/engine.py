@@ -39,6 +39,7 @@ from harness.formats.safe_write import open_in_place
 from harness.policy import kernels as policy_kernels
 from harness.policy.residency import ExpertCache, PolicyKnobs, ResidencyPolicy, Swap
 from harness.refbox.heat import BoxHeat, HeatSettings
+from harness.refbox.lossy import LossyMode, runner_up
 from harness.refbox.model import (
     BOS,
     F32,
@@ -90,6 +91,7 @@ class EngineOptions:
     # neighbour's weights.
     fault: Literal["none", "empty-hot", "ignore-policy", "swap-weights"] = "none"
     cold_bits: int = 0  # a lossy mode: experts loaded from the slow tier quantized (0 = exact)
+    lossy: LossyMode = field(default_factory=LossyMode)  # modes of a known divergence
     phase: int = 0
     # SGLang's recorder dialect: None (off) or "stat"; masks: KT's GPU masks in each dump.
     expert_recorder: str | None = None
@@ -339,8 +341,12 @@ class Engine:
             self._request_done()
             return
         logits = self._step([BOS, *prompt], state, prefill=True, routes=routes)
+        lossy = self.opts.lossy
         for i in range(max_tokens):
+            logits = lossy.logits(logits)
             token = pick_token(logits, temperature, rng)
+            if lossy.flips(self.cfg.seed, prompt, i):
+                token = runner_up(logits)
             if logits_out is not None:
                 logits_out.append(logits)
             with self.lock:

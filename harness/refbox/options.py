@@ -26,6 +26,7 @@ from harness.policy.residency import ExpertCache, PolicyKnobs, parse_priority
 from harness.refbox.engine import Engine, EngineOptions
 from harness.refbox.flags import UsageError, build_parser
 from harness.refbox.heat import HeatSettings, read_heat, write_heat
+from harness.refbox.lossy import LossyMode
 from harness.refbox.model import ModelConfig
 
 __all__ = ["ServeConfig", "build_parser", "error_message", "parse_serve_args"]
@@ -136,6 +137,12 @@ def _check_ranges(a: argparse.Namespace) -> None:
         f"must be an epoch time in seconds (>= 0), got {a.drift_origin}",
     )
     _need(0 <= a.cold_bits <= 16, "--cold-bits", f"must be 0 (exact) to 16, got {a.cold_bits}")
+    _need(0 <= a.flip_pct <= 100, "--flip-pct", f"must be 0 to 100, got {a.flip_pct}")
+    _need(
+        0 <= a.runner_up_mass < 1,
+        "--runner-up-mass",
+        f"must be at least 0 and below 1, got {a.runner_up_mass}",
+    )
     _need(
         0 <= a.step_slowdown_pct < math.inf,
         "--step-slowdown-pct",
@@ -325,6 +332,7 @@ def _validate(a: argparse.Namespace) -> ServeConfig:
         step_slowdown_pct=a.step_slowdown_pct,
         fault=a.fault,
         cold_bits=a.cold_bits,
+        lossy=LossyMode(flip_pct=a.flip_pct, runner_up_mass=a.runner_up_mass),
         phase=a.phase,
         expert_recorder=recorder_mode,
         expert_recorder_masks=a.record_kt_gpu_expert_distribution,
