@@ -16,9 +16,10 @@ says how many.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from harness.stats.distributions import beta_ppf
+from harness.stats.fewest import fewest
 
 
 def unit_mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -38,7 +39,7 @@ def needed_for_lower(mean: float, floor: float, confidence: float = 0.95) -> int
     None when no count can (the mean is not above the floor)."""
     if mean <= floor:
         return None
-    return _fewest(lambda n: unit_mean_interval([mean] * n, confidence)[0] >= floor)
+    return fewest(lambda n: unit_mean_interval([mean] * n, confidence)[0] >= floor)
 
 
 def needed_for_upper(mean: float, floor: float, confidence: float = 0.95) -> int | None:
@@ -46,24 +47,7 @@ def needed_for_upper(mean: float, floor: float, confidence: float = 0.95) -> int
     when no count can (the mean is not below the floor)."""
     if mean >= floor:
         return None
-    return _fewest(lambda n: unit_mean_interval([mean] * n, confidence)[1] < floor)
-
-
-def _fewest(shown: Callable[[int], bool]) -> int | None:
-    """The least n for which ``shown(n)`` holds, ``shown`` turning true for good as n grows."""
-    n = 1
-    while not shown(n):
-        n *= 2
-        if n > 1_000_000:
-            return None
-    low, high = n // 2, n
-    while low + 1 < high:
-        middle = (low + high) // 2
-        if shown(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return fewest(lambda n: unit_mean_interval([mean] * n, confidence)[1] < floor)
 
 
 __all__ = ["needed_for_lower", "needed_for_upper", "unit_mean_interval"]

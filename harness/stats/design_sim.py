@@ -31,6 +31,7 @@ import numpy.typing as npt
 from harness.stats.crossover import MIN_CARRY_CYCLES, fit_terms_many
 from harness.stats.cycles import Cycle, FloatArray
 from harness.stats.distributions import t_isf
+from harness.stats.fewest import fewest
 from harness.stats.layout import cycle_pattern, fleet_box
 from harness.stats.sequential_t import balanced_t, balanced_weights
 
@@ -458,20 +459,7 @@ def fixed_cycles_needed(
         )  # fmt: skip
         return stop.decided_share >= 0.8
 
-    if start > most:
-        return None
-    low, high = max(1, start - 1), max(2, start)
-    while not decides(high):
-        if high >= most:
-            return None
-        low, high = high, min(most, high * 2)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if decides(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return fewest(decides, start=max(2, start), most=most)  # one cycle has no spread
 
 
 __all__ = [
