@@ -27,6 +27,7 @@ import pytest
 from harness.card import load_runtime_profile
 from harness.runtimes.log_counters import log_snapshot
 from tests.conftest import REPO
+from tests.engines.logged import logger_call
 from tests.engines.test_ds4_parsers import _tarball
 from tests.engines.test_kt_conformance import kt_wheels
 from tests.engines.test_sglang_conformance import _wheel as sglang_wheel
@@ -41,17 +42,8 @@ def _counted(profile: str, log: str) -> dict[str, float]:
 
 
 def _logged(source: str, needle: str) -> ast.expr:
-    """The first argument of the first ``logger.info(...)`` whose message contains ``needle``."""
-    for node in ast.walk(ast.parse(source)):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "info"
-            and node.args
-            and needle in ast.unparse(node.args[0])
-        ):
-            return node.args[0]
-    raise AssertionError(f"the release no longer logs {needle!r}")
+    """The message of the first ``logger.info(...)`` whose message contains ``needle``."""
+    return logger_call(source, needle).args[0]
 
 
 def _render(message: ast.expr, names: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from harness.card.resolve import load_runtime_profile
 from harness.runtimes.boot import boot_spec
 from harness.runtimes.log_counters import log_snapshot, start_snapshot
 from tests.conftest import REPO
+from tests.engines.logged import logger_call
 
 RUNTIMES = REPO / "campaigns" / "runtimes"
 
@@ -84,17 +85,10 @@ def _rearranging_format() -> tuple[str, list[str]]:
     build.ensure_built()
     found = sorted(build.cache_root().glob("vllm/venv/lib/python3*/site-packages/vllm"))
     source = (found[0] / "distributed" / "eplb" / "eplb_state.py").read_text(encoding="utf-8")
-    for node in ast.walk(ast.parse(source)):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "info"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and str(node.args[0].value).startswith("Rearranging experts")
-        ):
-            return str(node.args[0].value), [ast.unparse(a) for a in node.args[1:]]
-    raise AssertionError("vLLM's eplb_state.py no longer logs 'Rearranging experts'")
+    call = logger_call(source, "Rearranging experts")
+    message = call.args[0]
+    assert isinstance(message, ast.Constant), ast.unparse(message)
+    return str(message.value), [ast.unparse(a) for a in call.args[1:]]
 
 
 @pytest.mark.slow
