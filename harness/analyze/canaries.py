@@ -6,7 +6,10 @@ outputs, and its scored outputs too where the workload is greedy and sent one re
 (48 canary tokens alone missed an intermittent fault in 2 of 20 campaigns: ``harness bench
 faults``); a boot whose outputs differ from the control's ran on wrong weights, and is *corrupt*:
 its runs are kept out of every comparison, each comparison of its cell is labelled *corrupt*,
-and the campaign's gates fail, naming the first differing token.
+and the campaign's gates fail, naming the first differing token. Where the workload asks for
+``logprobs``, each token's log-probability must also be the control's, within
+``canaries.logprob_tolerance`` nats: weights that moved a little keep every argmax, and only
+these show it.
 
 Not compared: a cell the card declares ``lossy`` (judged by :mod:`.equivalence` where it gives a
 margin), and a cell that changes a knob the profile marks ``lossless: false`` (another seed is
@@ -17,6 +20,7 @@ out (said in the report); a cold run sends no canaries, so its boot is not check
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +45,16 @@ class CorruptBoot:
     token: int  # the first differing stream chunk (token) of this boot's output, or character
     got: str
     expected: str
-    unit: str = "token"  # "character" for a scored output, whose chunks are not kept
+    # "character" for a scored output, whose chunks are not kept; "log-probability" where the
+    # text agrees and token ``token``'s log-probability does not
+    unit: str = "token"
 
     def words(self) -> str:
+        if self.unit == "log-probability":
+            return (
+                f"{self.run_id}: {self.prompt_id} token {self.token}'s log-probability "
+                f"{self.got} where the control's boots gave {self.expected}"
+            )
         return (
             f"{self.run_id}: {self.prompt_id} {self.unit} {self.token} gave {self.got!r} where "
             f"the control's boots gave {self.expected!r}"
@@ -127,11 +138,48 @@ def _scored(card: Card, outputs: pd.DataFrame) -> dict[str, dict[str, dict[str, 
     if outputs.empty or workload.temperature > 0 or workload.concurrency > 1:
         return {}
     rows = outputs[outputs["ok"] & ~outputs["phase"].isin(["quality", "logits"])]
+    if "logprobs" not in rows.columns:
+        rows = rows.assign(logprobs=None)
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for (run_id, prompt), texts in rows.groupby(["run_id", "prompt_id"])["output_text"]:
+    for (run_id, prompt), group in rows.groupby(["run_id", "prompt_id"]):
+        texts = group["output_text"]
         if texts.nunique() == 1:
-            out.setdefault(str(run_id), {})[str(prompt)] = {"text": str(texts.iloc[0])}
+            out.setdefault(str(run_id), {})[str(prompt)] = {
+                "text": str(texts.iloc[0]),
+                "logprobs": _chosen(group["logprobs"].iloc[0]),
+            }
     return out
+
+
+def _chosen(logprobs: object) -> list[float | None]:
+    """Each token's own log-probability from a request's ``logprobs`` record (none: [])."""
+    if not isinstance(logprobs, str):
+        return []
+    try:
+        entries = json.loads(logprobs)
+    except json.JSONDecodeError:
+        return []
+    return [_number(e.get("logprob")) for e in entries if isinstance(e, dict)]
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _logprobs(answer: dict[str, Any]) -> list[float | None]:
+    values = answer.get("logprobs")
+    return [_number(v) for v in values] if isinstance(values, list) else []
+
+
+def _moved(
+    mine: list[float | None], reference: list[float | None], tolerance: float
+) -> tuple[int, float, float] | None:
+    """The first token whose log-probability moved more than ``tolerance``: (index, mine,
+    reference); None when none did (or either side has none)."""
+    for index, (got, expected) in enumerate(zip(mine, reference, strict=False)):
+        if got is not None and expected is not None and abs(got - expected) > tolerance:
+            return index, got, expected
+    return None
 
 
 def _first_difference(got: dict[str, Any], expected: str) -> tuple[int, str, str]:
@@ -183,14 +231,21 @@ def check_canaries(
     control = {r: c for r in ids.get(card.control, []) if (c := answers(r))}
     if not control:
         return None
+    tolerance = card.canaries.logprob_tolerance
     reference: dict[str, str] = {}
+    reference_logprobs: dict[str, list[float | None]] = {}
     unstable: list[str] = []
     for prompt in sorted({p for c in control.values() for p in c}):
         texts = {str(c[prompt].get("text", "")) for c in control.values() if prompt in c}
-        if len(texts) == 1:
-            reference[prompt] = texts.pop()
-        else:
+        if len(texts) != 1:
             unstable.append(prompt)
+            continue
+        reference[prompt] = texts.pop()
+        lists = [v for c in control.values() if prompt in c and (v := _logprobs(c[prompt]))]
+        if lists and all(_moved(v, lists[0], tolerance) is None for v in lists[1:]):
+            reference_logprobs[prompt] = lists[0]
+        elif lists:  # the control's own boots move more than the tolerance: no yardstick
+            unstable.append(f"{prompt} (log-probabilities)")
     control_knobs = run_knobs(root, next(iter(control)))
     lossless = {name: spec.lossless for name, spec in profile.knobs.items()}
     checked: dict[str, int] = {}
@@ -215,6 +270,18 @@ def check_canaries(
                     token, got, expected = _first_difference(mine[prompt], reference[prompt])
                     unit = "token" if mine[prompt].get("pieces") else "character"
                     corrupt.append(CorruptBoot(cell, run_id, prompt, token, got, expected, unit))
+                    break
+                moved = _moved(
+                    _logprobs(mine[prompt]), reference_logprobs.get(prompt, []), tolerance
+                )
+                if moved is not None:
+                    index, got_lp, expected_lp = moved
+                    corrupt.append(
+                        CorruptBoot(
+                            cell, run_id, prompt, index, f"{got_lp:.4f}", f"{expected_lp:.4f}",
+                            "log-probability",
+                        )
+                    )  # fmt: skip
                     break
     return CanaryCheck(checked, tuple(corrupt), not_compared, tuple(unstable))
 

@@ -9,7 +9,9 @@ control. The faults' card (20 held-out prompts):
 * ``adaptive``: an adaptive policy, a clean change (it takes effect and keeps the outputs);
 * ``empty``: 8 hot slots under ``fault: empty-hot`` (reported as set, none resident);
 * ``ignored``: an adaptive policy under ``fault: ignore-policy`` (reported, never run);
-* ``swapped``: ``fault: swap-weights`` (every 5th expert loaded gets its neighbour's weights).
+* ``swapped``: ``fault: swap-weights`` (every 5th expert loaded gets its neighbour's weights);
+* ``nudged``: ``fault: scale-logits`` (every logit times 1.1: each greedy output kept, only the
+  log-probabilities the card asks for show it).
 
 The lossy modes' card (60 prompts, each asking for its top 5 log-probabilities), modes whose
 divergence is fixed by construction (:mod:`harness.refbox.lossy`), whatever the weights:
@@ -68,6 +70,7 @@ _FAULT_CELLS: dict[str, dict[str, object]] = {
     "empty": {"hot_slots": 8, "fault": "empty-hot"},
     "ignored": {"policy": "adaptive", "fault": "ignore-policy"},
     "swapped": {"fault": "swap-weights"},
+    "nudged": {"fault": "scale-logits"},
 }
 _LOSSY_CELLS: dict[str, dict[str, object]] = {
     "frozen": {},
@@ -90,7 +93,7 @@ TRUTH = {
     "fine_kl": f"KL <= {-math.log(1 - 0.0005):.4f}",
     "coarse_kl": f"KL in [{mixed_kl(0.5, 0.3):.3f}, {-math.log(1 - 0.3):.3f}]",
 }
-_FAULTS = ("empty", "ignored", "swapped")
+_FAULTS = ("empty", "ignored", "swapped", "nudged")
 _BLOCKED = {"not engaged", "corrupt"}
 _DECIDED = {"better", "worse", "within noise"}
 
@@ -138,6 +141,7 @@ class _Outcome:
     labels: dict[str, set[str]]  # cell -> its comparisons' labels
     raw: dict[str, set[str]]  # cell -> what the statistics alone said
     equivalence: dict[str, EquivalenceRow]  # lossy cell -> its endpoint
+    text_caught: set[str]  # cells a boot of which differed from the control's in its text
 
 
 def _campaign(folder: Path, seed: int, pool: Path, lossy: bool) -> _Outcome:
@@ -155,7 +159,9 @@ def _campaign(folder: Path, seed: int, pool: Path, lossy: bool) -> _Outcome:
     for item in analysis.comparisons:
         labels.setdefault(item.cell, set()).add(str(item.comparison.label))
         raw.setdefault(item.cell, set()).add(str(item.comparison.raw_label))
-    return _Outcome(labels, raw, {r.cell: r for r in analysis.equivalence})
+    corrupt = analysis.canaries.corrupt if analysis.canaries else ()
+    text = {c.cell for c in corrupt if c.unit != "log-probability"}
+    return _Outcome(labels, raw, {r.cell: r for r in analysis.equivalence}, text)
 
 
 def _pool(folder: Path, name: str, count: int) -> Path:
@@ -206,13 +212,15 @@ def _fault_figures(outcomes: list[_Outcome], count: int) -> list[Figure]:
             for o in outcomes
         ]
         decided = [bool(o.raw.get(cell, set()) & _DECIDED) for o in outcomes]
+        text = [cell in o.text_caught for o in outcomes]
         figures.append(
             Figure(
                 name=f"{cell}: campaigns labelled not engaged or corrupt",
                 value=_share(blocked),
                 unit=f"of {count}",
                 baseline=f"statistics alone decided {_share(decided):.2f} of them (better, "
-                "worse or within noise)",
+                "worse or within noise)"
+                + (f"; outputs' text alone caught {_share(text):.2f}" if cell == "nudged" else ""),
                 target="1",
                 passed=all(blocked),
             )

@@ -564,11 +564,20 @@ GATE_KINDS = (
 
 class Canaries(Strict):
     """Fixed greedy prompts sent before the warm-up of every warm boot (none without warm-up),
-    whose outputs must equal the control's unless the cell is declared lossy
-    (docs/design.md#canaries-and-equivalence)."""
+    whose outputs (and log-probabilities, where the workload asks for them) must equal the
+    control's unless the cell is declared lossy (docs/design.md#canaries-and-equivalence)."""
 
     prompts: int = Field(3, ge=0, le=8, description="how many of the fixed prompts (0: none)")
     max_tokens: int = Field(16, ge=1, le=256, description="tokens generated per canary")
+    logprob_tolerance: float = Field(
+        0.05,
+        ge=0,
+        le=10,
+        allow_inf_nan=False,
+        description="where the workload asks for `logprobs`, how far (nats) a token's "
+        "log-probability may move from the control's before the boot is corrupt: a change of "
+        "the weights that keeps the argmax shows here; 0: exactly equal",
+    )
 
 
 class Card(Strict):

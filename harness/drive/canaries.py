@@ -6,7 +6,8 @@ two experts, a cache that served a stale record). The prompts are the harness's 
 card's pool, so they never prime a prefix cache for the scored requests; they are sent greedy
 whatever the workload's temperature, and not scored. A run that sends no warm-up (a cold run,
 or ``workload.warmup_requests: 0``) sends no canaries either: its first scored request is the
-boot's first, and stays so.
+boot's first, and stays so. Where the workload asks for ``logprobs``, the canaries carry them
+too: a change of the weights small enough to keep every argmax still moves them.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def canary_phase(card: Card) -> list[PhasePlan]:
 
 
 def canary_record(results: list[RequestResult]) -> dict[str, Any]:
-    """What ``canaries.json`` holds: each canary's output and its stream chunks (tokens)."""
+    """What ``canaries.json`` holds: each canary's output, its stream chunks (tokens) and, where
+    the workload asked for them, each token's log-probability."""
     out = []
     for result in results:
         pieces, at = [], 0
@@ -65,6 +67,7 @@ def canary_record(results: list[RequestResult]) -> dict[str, Any]:
                 "error": result.error,
                 "text": result.output_text,
                 "pieces": pieces,
+                "logprobs": [e.get("logprob") for e in result.logprobs],
             }
         )
     return {"version": 1, "canaries": out}

@@ -89,7 +89,9 @@ class EngineOptions:
     # the policy knobs as given and runs the residency frozen. One that breaks the outputs:
     # "swap-weights" hands every SWAP_WEIGHTS_EVERY-th expert loaded from the slow tier its
     # neighbour's weights.
-    fault: Literal["none", "empty-hot", "ignore-policy", "swap-weights"] = "none"
+    # "scale-logits" multiplies every logit by SCALE_LOGITS_BY: the argmax, and so every greedy
+    # output, stays; only the log-probabilities show it (a scale applied twice).
+    fault: Literal["none", "empty-hot", "ignore-policy", "swap-weights", "scale-logits"] = "none"
     cold_bits: int = 0  # a lossy mode: experts loaded from the slow tier quantized (0 = exact)
     lossy: LossyMode = field(default_factory=LossyMode)  # modes of a known divergence
     phase: int = 0
@@ -99,6 +101,7 @@ class EngineOptions:
 
 
 SWAP_WEIGHTS_EVERY = 5
+SCALE_LOGITS_BY = 1.1
 
 COUNTER_NAMES = (
     "tokens",
@@ -343,6 +346,8 @@ class Engine:
         logits = self._step([BOS, *prompt], state, prefill=True, routes=routes)
         lossy = self.opts.lossy
         for i in range(max_tokens):
+            if self.opts.fault == "scale-logits":
+                logits = logits * np.float32(SCALE_LOGITS_BY)
             logits = lossy.logits(logits)
             token = pick_token(logits, temperature, rng)
             if lossy.flips(self.cfg.seed, prompt, i):

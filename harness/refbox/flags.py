@@ -225,13 +225,14 @@ _OPTIONS: dict[str, tuple[_Option, ...]] = {
         ),
         _option(
             "--fault",
-            choices=["none", "empty-hot", "ignore-policy", "swap-weights"],
+            choices=["none", "empty-hot", "ignore-policy", "swap-weights", "scale-logits"],
             default="none",
             help="a change that silently never takes effect, for engagement checks: empty-hot "
             "keeps no expert resident while reporting --hot-slots as set; ignore-policy "
             "reports --policy as given and runs the residency frozen; or one that breaks the "
             "outputs, for canaries: swap-weights gives every 5th expert loaded from the slow "
-            "tier its neighbour's weights (none)",
+            "tier its neighbour's weights; scale-logits multiplies every logit by 1.1, which "
+            "keeps every greedy output and moves the log-probabilities (none)",
         ),
         _option(
             "--cold-bits",

@@ -13,6 +13,8 @@ faults' (20 prompts):
 * ``swapped``: ``fault: swap-weights`` (every 5th expert loaded from the slow tier gets its
   neighbour's weights). No counter shows it; its canaries and scored greedy outputs do, on
   every boot: *corrupt*.
+* ``nudged``: ``fault: scale-logits`` (every logit times 1.1). Every greedy output is the
+  control's; the log-probabilities the card asks for are not: *corrupt*, by those alone.
 
 The lossy modes' (60 prompts, modes of a divergence fixed by construction):
 
@@ -55,7 +57,7 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     for c in analysis.comparisons:
         labels.setdefault(c.cell, set()).add(str(c.comparison.label))
     assert labels["ignored"] == labels["empty"] == {"not engaged"}, labels
-    assert labels["swapped"] == {"corrupt"}, labels
+    assert labels["swapped"] == labels["nudged"] == {"corrupt"}, labels
     for c in lossy.comparisons:
         labels.setdefault(c.cell, set()).add(str(c.comparison.label))
     assert labels["coarse"] == labels["coarse_kl"] == {"not equivalent"}, labels
@@ -78,14 +80,19 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     # Canaries: every warm boot answered them; only the swapped cell's differ.
     canaries = analysis.canaries
     assert canaries is not None
-    assert canaries.checked == {"adaptive": 2, "empty": 2, "ignored": 2, "swapped": 2}
+    assert canaries.checked == {"adaptive": 2, "empty": 2, "ignored": 2, "swapped": 2, "nudged": 2}
+    runs = analysis.runs
     assert {c.run_id for c in canaries.corrupt} == set(
-        analysis.runs.loc[analysis.runs["cell"] == "swapped", "run_id"]
+        runs.loc[runs["cell"].isin(["swapped", "nudged"]), "run_id"]
     )
+    nudged = [c for c in canaries.corrupt if c.cell == "nudged"]
+    assert {c.unit for c in nudged} == {"log-probability"}, nudged
+    assert re.search(r"canary-\d token \d+'s log-probability -", nudged[0].words()), nudged
+    assert abs(float(nudged[0].got) - float(nudged[0].expected)) > 0.05
     lossy_canaries = lossy.canaries
     assert lossy_canaries is not None and not lossy_canaries.corrupt
     assert lossy_canaries.not_compared["fine"].startswith("the cell is declared lossy")
-    first = canaries.corrupt[0]
+    first = next(c for c in canaries.corrupt if c.cell == "swapped")
     assert first.got != first.expected and first.unit in ("token", "character")
 
     # Equivalence: the lossy pair on either side of its margin.
@@ -127,6 +134,7 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
     assert (
         "— corrupt: canary outputs differ from the control's on 2 of 2 boots" in (lines["swapped"])
     )
+    assert "log-probability" in lines["nudged"] and "— corrupt: canary" in lines["nudged"]
     record = (lossy_root / "record.md").read_text(encoding="utf-8")
     lines = {x.split("**")[1]: x for x in record.splitlines() if x.startswith("- **")}
     fine = equivalence["fine"]
