@@ -2,7 +2,8 @@
 
 The bench of issue 55 checks the equivalence endpoint against what these modes put it at, so
 the modes are checked here against an independent computation: scipy's relative entropy over
-whole distributions, and the flips' rate against a binomial band.
+whole distributions, and the flips' rate against a binomial band. So is the fault only a
+canary's log-probabilities can catch.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import pytest
 from scipy.special import rel_entr, softmax
 
 from harness.analyze.equivalence import position_kl
+from harness.benchmarks.faults import FIRST_SEED
+from harness.card.schema import Canaries
+from harness.drive.canaries import CANARY_PROMPTS
 from harness.refbox.engine import Engine, EngineOptions
-from harness.refbox.logprobs import top_logprobs
+from harness.refbox.logprobs import chosen_logprob, top_logprobs
 from harness.refbox.lossy import LossyMode, flip_agreement, mixed_kl
 from harness.refbox.model import ModelConfig
 
@@ -71,3 +75,24 @@ def test_flipped_outputs_keep_the_agreement_their_rate_gives() -> None:
     # 150 prompts: the mean's standard error is about 0.03 around 0.539.
     assert abs(float(np.mean(shares)) - flip_agreement(10, 12)) < 0.1
     assert flip_agreement(0.5, 12) == pytest.approx(0.968, abs=5e-4)
+
+
+def test_scale_logits_keeps_every_greedy_token_and_moves_log_probabilities() -> None:
+    """``fault: scale-logits`` on the faults bench's 20 weights seeds: the canaries' greedy
+    tokens are the exact model's, and some token's log-probability moves by more than twice
+    the default tolerance, so only the log-probabilities can catch it, and they do."""
+    tolerance = Canaries().logprob_tolerance
+    for seed in range(FIRST_SEED, FIRST_SEED + 20):
+        cfg = ModelConfig(layers=2, experts=8, seed=seed)
+        exact = Engine(cfg, EngineOptions(hot_slots=8, expert_bytes=0))
+        scaled = Engine(cfg, EngineOptions(hot_slots=8, expert_bytes=0, fault="scale-logits"))
+        moved = 0.0
+        for text in CANARY_PROMPTS[:3]:
+            want_logits: list[np.ndarray] = []
+            got_logits: list[np.ndarray] = []
+            want = list(exact.generate(text.encode(), 16, logits_out=want_logits))
+            got = list(scaled.generate(text.encode(), 16, logits_out=got_logits))
+            assert got == want, (seed, text)
+            for token, a, b in zip(want, want_logits, got_logits, strict=True):
+                moved = max(moved, abs(chosen_logprob(b, token) - chosen_logprob(a, token)))
+        assert moved > 2 * tolerance, (seed, moved)
