@@ -481,6 +481,11 @@ def test_expert_offload_on_the_cpu_build_is_not_engaged(vllm_env: Path, tmp_path
             for token in tokens:
                 assert len(token["top"]) == 3
                 assert token["logprob"] == pytest.approx(max(token["top"].values()))
+        # Each canary carries its tokens' log-probabilities, compared with the control's too.
+        canaries = json.loads((folder / "canaries.json").read_text(encoding="utf-8"))["canaries"]
+        assert canaries and all(c["logprobs"] and None not in c["logprobs"] for c in canaries), (
+            canaries
+        )
     from harness.analyze.campaign import analyze_campaign
 
     analysis = analyze_campaign(root)
@@ -492,7 +497,8 @@ def test_expert_offload_on_the_cpu_build_is_not_engaged(vllm_env: Path, tmp_path
     assert offload.signature == "uva_offloads > 0" and len(offload.failed) == offload.boots == 2
     # cpu_offload_params has no signature of its own: listed as not verified, not passed.
     assert "cpu_offload_params" in analysis.engagement.unverified["offload"]
-    # The same weights and math: the canaries agree, so the cell is not corrupt.
+    # The same weights and math: the canaries agree, text and log-probabilities, so the cell is
+    # not corrupt.
     assert analysis.canaries is not None and not analysis.canaries.corrupt
     verdict = json.loads((root / "verdict.json").read_text())
     failing = [g for g in verdict["gates"] if not g["passed"]]
