@@ -8,7 +8,7 @@ the equivalence endpoint cannot know which verdict is right. These two can:
   the prompt and the position, is the runner-up byte instead of the argmax; the next-byte
   distributions are untouched (a KL of 0). A prompt of L bytes keeps ``T / L`` of its output
   with ``T`` the bytes before the first flip, so the mean prefix agreement over prompts is
-  ``sum((1 - p) ** k for k in 1..L) / L`` (p = P/100): 0.968 at 0.5% and 0.539 at 10% for 12
+  ``sum((1 - p) ** k for k in 1..L) / L`` (p = P/100): 0.968 at 0.5% and 0.538 at 10% for 12
   bytes, and at least the share of prompts with no flip, ``(1 - p) ** L``, whatever the bytes.
 * ``--runner-up-mass E``: every next-byte distribution p becomes ``(1 - E) p + E`` on p's
   runner-up. Its KL from p is ``p2 log(p2 / ((1 - E) p2 + E)) - (1 - p2) log(1 - E)`` with p2
