@@ -20,7 +20,6 @@ out (said in the report); a cold run sends no canaries, so its boot is not check
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pandas as pd
 
 from harness.analyze.compare import CellComparison
 from harness.analyze.engagement import changed_knobs, frozen_profile, run_knobs
+from harness.analyze.equivalence import parsed_logprobs
 from harness.card import Card
 from harness.errors import HarnessError
 from harness.formats.records import CANARY_FILE, read_json
@@ -153,13 +153,7 @@ def _scored(card: Card, outputs: pd.DataFrame) -> dict[str, dict[str, dict[str, 
 
 def _chosen(logprobs: object) -> list[float | None]:
     """Each token's own log-probability from a request's ``logprobs`` record (none: [])."""
-    if not isinstance(logprobs, str):
-        return []
-    try:
-        entries = json.loads(logprobs)
-    except json.JSONDecodeError:
-        return []
-    return [_number(e.get("logprob")) for e in entries if isinstance(e, dict)]
+    return [_number(e.get("logprob")) for e in parsed_logprobs(logprobs)]
 
 
 def _number(value: object) -> float | None:

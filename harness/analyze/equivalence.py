@@ -133,7 +133,9 @@ def mean_kl(got: list[dict[str, object]], expected: list[dict[str, object]]) -> 
     return float(np.mean(values)) if values else None
 
 
-def _parsed(text: object) -> list[dict[str, object]]:
+def parsed_logprobs(text: object) -> list[dict[str, object]]:
+    """A request's ``logprobs`` record (requests.parquet: JSON, one entry a token) as its
+    entries; [] where it has none or cannot be read."""
     if not isinstance(text, str):
         return []
     try:
@@ -211,12 +213,12 @@ def _kl_values(control: pd.DataFrame, reference: pd.Series, mine: pd.DataFrame) 
     for prompt, text, logprobs in zip(
         control["prompt_id"], control["output_text"], control["logprobs"], strict=True
     ):
-        parsed = _parsed(logprobs)
+        parsed = parsed_logprobs(logprobs)
         if prompt not in expected and text == reference[prompt] and parsed:
             expected[prompt] = parsed
     out = []
     for prompt, logprobs in zip(mine["prompt_id"], mine["logprobs"], strict=True):
-        value = mean_kl(_parsed(logprobs), expected.get(prompt, []))
+        value = mean_kl(parsed_logprobs(logprobs), expected.get(prompt, []))
         out.append(math.nan if value is None else value)
     return out
 
@@ -251,6 +253,7 @@ __all__ = [
     "apply_equivalence",
     "check_equivalence",
     "mean_kl",
+    "parsed_logprobs",
     "position_kl",
     "prefix_agreement",
     "token_agreement",
