@@ -49,7 +49,7 @@ from harness.execute.resume import (
     CHECKPOINT_S,
     continues_from,
 )
-from harness.execute.run_records import BootState, Records, SharedBoot
+from harness.execute.run_records import BootState, Records, SharedBoot, failure_reason
 from harness.execute.scope import ProgressCallback, RunnerScope
 from harness.execute.soak import MonitorSettings, RingStore, RunMonitor
 from harness.formats.maps import CountDump
@@ -281,8 +281,7 @@ class CampaignRunner:
             state.results.extend(exc.results)  # what was sent, for the records
             record.reason = exc.message
         except (HarnessError, OSError) as exc:
-            message, _, tail = str(exc).partition("; log tail:\n")
-            record.reason = message.strip() or type(exc).__name__
+            record.reason, tail = failure_reason(exc)
             if isinstance(exc, InfrastructureError) and tail:
                 record.log_tail = tail
         finally:

@@ -63,6 +63,18 @@ from harness.runtimes.log_counters import (
 )
 
 
+def failure_reason(exc: Exception) -> tuple[str, str]:
+    """A failed run's one-line reason and the runtime's log tail its error carried. A runtime
+    that exited says why in its last line (a flag it refused): the reason ends with it, so the
+    terminal shows it without opening server.log."""
+    message, _, tail = str(exc).partition("; log tail:\n")
+    reason = message.strip() or type(exc).__name__
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
+    if last and "exited" in reason:
+        reason += f" (its last line: {last[:200]})"
+    return reason, tail
+
+
 @dataclass
 class BootState:
     """One boot of a run: its remote folder, ring store, monitor and checkpoint journal."""

@@ -332,6 +332,13 @@ def test_bad_model_path_fails_with_the_servers_own_error(
     message = str(caught.value)
     assert "exited during boot" in message
     assert "/nonexistent/m.gguf" in message and "failed to load model" in message
+    # The run's one-line reason, which the terminal prints, ends with the server's last line.
+    from harness.execute.run_records import failure_reason
+
+    reason, tail = failure_reason(caught.value)
+    last = [line for line in tail.splitlines() if line.strip()][-1].strip()
+    assert reason.startswith("runtime llama-cpp exited during boot (its last line: ")
+    assert reason.endswith(f"{last[:200]})") and last in message, reason
 
 
 @pytest.mark.slow
