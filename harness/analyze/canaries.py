@@ -14,7 +14,8 @@ these show it.
 Not compared: a cell the card declares ``lossy`` (judged by :mod:`.equivalence` where it gives a
 margin), and a cell that changes a knob the profile marks ``lossless: false`` (another seed is
 another model). A prompt on which the control's own boots disagree is no reference and is left
-out (said in the report); a cold run sends no canaries, so its boot is not checked.
+out (said beside each cell in the report and record); a cold run sends no canaries, so its boot
+is not checked.
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ class CanaryCheck:
         if cell in self.not_compared:
             return f"canaries not compared: {self.not_compared[cell]}"
         if self.corrupt_text(cell) is None and self.checked.get(cell):
-            return f"canaries equal the control's on {self.checked[cell]} boots"
+            shown = ", ".join(self.unstable[:3]) + (", …" if len(self.unstable) > 3 else "")
+            left = f" (left out, the control's own boots differ: {shown})" if shown else ""
+            return f"canaries equal the control's on {self.checked[cell]} boots{left}"
         return None
 
     def apply(self, comparisons: list[CellComparison]) -> list[CellComparison]:

@@ -12,7 +12,7 @@ import pytest
 from scipy.special import log_softmax
 from scipy.stats import entropy
 
-from harness.analyze.canaries import _first_difference
+from harness.analyze.canaries import CanaryCheck, _first_difference
 from harness.analyze.equivalence import (
     check_equivalence,
     mean_kl,
@@ -204,3 +204,13 @@ def test_a_kl_margin_without_logprobs_asked_for_is_refused(tmp_path: Path) -> No
     assert "set workload.logprobs" in result.stdout + result.stderr
     card.write_text(card.read_text().replace("control: a", "control: a\nworkload: {logprobs: 5}"))
     assert run_cli("validate", str(card)).code == 0
+
+
+def test_a_cell_line_says_which_prompts_the_controls_own_boots_left_out() -> None:
+    check = CanaryCheck(checked={"b": 2}, unstable=("p1", "p2 (log-probabilities)"))
+    assert check.clean_text("b") == (
+        "canaries equal the control's on 2 boots (left out, the control's own boots differ: "
+        "p1, p2 (log-probabilities))"
+    )
+    plain = CanaryCheck(checked={"b": 2}).clean_text("b")
+    assert plain == "canaries equal the control's on 2 boots"
