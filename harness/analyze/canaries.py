@@ -75,15 +75,19 @@ class CanaryCheck:
         return {c.run_id for c in self.corrupt}
 
     def corrupt_text(self, cell: str) -> str | None:
-        """ "corrupt: canaries differ on 2 of 4 boots (…)"; None when the cell is clean."""
+        """ "corrupt: canary outputs differ from the control's on 2 of 4 boots (…)"; None when
+        the cell is clean. It says "log-probabilities" where only they differ, and "greedy"
+        where a scored output (not only a canary) does."""
         boots = [c for c in self.corrupt if c.cell == cell]
         if not boots:
             return None
         shown = "; ".join(c.words() for c in boots[:2]) + ("; …" if len(boots) > 2 else "")
         checked = self.checked.get(cell, len(boots))
         every = ", so its figures are those corrupt boots'" if len(boots) >= checked else ""
+        what = "log-probabilities" if all(c.unit == "log-probability" for c in boots) else "outputs"
+        where = "canary" if all(c.prompt_id.startswith("canary-") for c in boots) else "greedy"
         return (
-            f"corrupt: canary outputs differ from the control's on {len(boots)} of "
+            f"corrupt: {where} {what} differ from the control's on {len(boots)} of "
             f"{checked} boots{every} ({shown}); a change meant to alter outputs is declared "
             "`lossy` on its cell"
         )

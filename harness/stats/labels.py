@@ -40,7 +40,7 @@ class Label(StrEnum):
     CONFOUNDED = "confounded"  # statistically decided, but flagged drift could explain it
     CARRY_OVER = "carry-over"  # statistically decided, but carry-over could explain it
     NOT_ENGAGED = "not engaged"  # the cell's change did not show on its boots: nothing to compare
-    CORRUPT = "corrupt"  # a boot's canary outputs differ from the control's: wrong weights
+    CORRUPT = "corrupt"  # a boot computed other outputs than the control: wrong weights
     NOT_EQUIVALENT = "not equivalent"  # a lossy cell's outputs agree less than its margin allows
 
     @property

@@ -131,10 +131,9 @@ def test_planted_faults_are_blocked_and_lossy_cells_judged_on_equivalence(tmp_pa
         in (lines["adaptive"])
     )
     assert "canaries equal the control's on 2 boots" in lines["adaptive"]
-    assert (
-        "— corrupt: canary outputs differ from the control's on 2 of 2 boots" in (lines["swapped"])
-    )
-    assert "log-probability" in lines["nudged"] and "— corrupt: canary" in lines["nudged"]
+    assert "— corrupt: " in lines["swapped"] and "— corrupt: " in lines["nudged"]
+    assert "outputs differ from the control's on 2 of 2 boots" in lines["swapped"]
+    assert "log-probabilities differ from the control's on 2 of 2 boots" in lines["nudged"]
     record = (lossy_root / "record.md").read_text(encoding="utf-8")
     lines = {x.split("**")[1]: x for x in record.splitlines() if x.startswith("- **")}
     fine = equivalence["fine"]
