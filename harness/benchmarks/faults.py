@@ -85,14 +85,18 @@ _LOSSY = {
     "fine_kl": {"metric": "kl", "margin": 0.003},
     "coarse_kl": {"metric": "kl", "margin": 0.003},
 }
+
+
 # What each lossy mode's construction puts the endpoint at (harness.refbox.lossy), whatever the
 # weights: a mean prefix agreement over 12-byte outputs, a per-position KL's bounds in nats.
-TRUTH = {
-    "fine": f"agreement {flip_agreement(0.5, _MAX_TOKENS):.3f}",
-    "coarse": f"agreement {flip_agreement(10, _MAX_TOKENS):.3f}",
-    "fine_kl": f"KL <= {-math.log(1 - 0.0005):.4f}",
-    "coarse_kl": f"KL in [{mixed_kl(0.5, 0.3):.3f}, {-math.log(1 - 0.3):.3f}]",
-}
+def _truth(knobs: dict[str, object]) -> str:
+    if "flip_pct" in knobs:
+        return f"agreement {flip_agreement(float(str(knobs['flip_pct'])), _MAX_TOKENS):.3f}"
+    mass = float(str(knobs["runner_up_mass"]))
+    return f"KL in [{mixed_kl(0.5, mass):.2g}, {-math.log(1 - mass):.2g}]"
+
+
+TRUTH = {cell: _truth(knobs) for cell, knobs in _LOSSY_CELLS.items() if knobs}
 _FAULTS = ("empty", "ignored", "swapped", "nudged")
 _BLOCKED = {"not engaged", "corrupt"}
 _DECIDED = {"better", "worse", "within noise"}
